@@ -1,0 +1,64 @@
+"""How long `mf-config validate` takes, side by side with plain YAML parsing of the same file.
+
+Each measurement is a fresh process (import cost included, as a user pays it):
+  baseline: python -c "import yaml; yaml.safe_load(open(FILE))"
+  mf-config: python -m mf_config validate FILE   (import, load, structure, every rule)
+  mf_config import: python -c "import mf_config" (the import alone, for orientation)
+The runs are interleaved so that machine noise hits all of them alike; the medians and their
+ratio are printed. Usage: python benchmarks/config_load.py [FILE] [--runs N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+DEFAULT_FILE = ROOT / "examples" / "spec_skeleton.yaml"
+
+
+def commands(file: Path) -> dict[str, list[str]]:
+    py = sys.executable
+    return {
+        "yaml.safe_load (baseline)": [
+            py, "-c", f"import yaml; yaml.safe_load(open({str(file)!r}))"],
+        "mf-config validate": [py, "-m", "mf_config", "validate", str(file)],
+        "import mf_config": [py, "-c", "import mf_config"],
+    }
+
+
+def wall(command: list[str]) -> float:
+    start = time.perf_counter()
+    subprocess.run(command, check=True, stdout=subprocess.DEVNULL)
+    return time.perf_counter() - start
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("file", nargs="?", type=Path, default=DEFAULT_FILE)
+    parser.add_argument("--runs", type=int, default=30)
+    args = parser.parse_args()
+    runs = commands(args.file)
+    for command in runs.values():  # warm the page cache and the .pyc files
+        wall(command)
+    times: dict[str, list[float]] = {name: [] for name in runs}
+    for index in range(args.runs):
+        for name, command in runs.items():
+            times[name].append(wall(command))
+        print(f"\rrun {index + 1}/{args.runs}", end="", file=sys.stderr, flush=True)
+    print(file=sys.stderr)
+    baseline = statistics.median(times["yaml.safe_load (baseline)"])
+    print(f"file: {args.file.name}, {args.runs} runs each, median wall time of a fresh process")
+    print(f"{'command':<28}{'median ms':>10}{'min ms':>9}{'x baseline':>12}")
+    for name, values in times.items():
+        median = statistics.median(values)
+        ratio = median / baseline
+        print(f"{name:<28}{median * 1000:>10.1f}{min(values) * 1000:>9.1f}{ratio:>12.2f}")
+
+
+if __name__ == "__main__":
+    main()

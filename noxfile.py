@@ -1,0 +1,55 @@
+"""Sessions: `tests` (the whole suite), `lint` (ruff + the layering contract), `demo` (the main
+job: for now, validating the example configs), `bench` (side-by-side measurements).
+
+Every session installs the packages from this checkout into a fresh virtual environment.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import nox
+
+ROOT = Path(__file__).parent
+PACKAGES = ["mf-config", "mf-parallel", "mf-memory", "mf-data", "mf-train"]
+TEST_REQUIREMENTS = ["pytest>=8", "hypothesis>=6.100", "jsonschema>=4.20"]
+
+nox.options.sessions = ["lint", "tests"]
+nox.options.reuse_existing_virtualenvs = False
+
+
+def install_packages(session: nox.Session) -> None:
+    session.install(*(f"-e{ROOT / 'packages' / name}" for name in PACKAGES))
+
+
+@nox.session(python="3.11")
+def tests(session: nox.Session) -> None:
+    """The whole test suite."""
+    install_packages(session)
+    session.install(*TEST_REQUIREMENTS)
+    session.run("pytest", *session.posargs)
+
+
+@nox.session(python="3.11")
+def lint(session: nox.Session) -> None:
+    """ruff, and the import-linter contract that keeps the package stack strict."""
+    install_packages(session)
+    session.install("ruff>=0.6", "import-linter>=2.1")
+    session.run("ruff", "check", ".")
+    session.run("lint-imports")
+
+
+@nox.session(python="3.11")
+def demo(session: nox.Session) -> None:
+    """The main job. Until mf-train lands: validate every example configuration."""
+    session.install(f"{ROOT / 'packages' / 'mf-config'}")
+    examples = sorted(str(path) for path in (ROOT / "examples").glob("*.yaml"))
+    session.run("mf-config", "validate", *examples)
+    session.run("mf-config", "show", examples[0])
+
+
+@nox.session(python="3.11")
+def bench(session: nox.Session) -> None:
+    """Benchmarks, each against a baseline measured in the same run."""
+    session.install(f"{ROOT / 'packages' / 'mf-config'}")
+    session.run("python", "benchmarks/config_load.py", *session.posargs)

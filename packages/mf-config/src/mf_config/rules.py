@@ -1,0 +1,399 @@
+"""Value rules: what a well-typed configuration must also satisfy.
+
+Types are the converter's job; this module checks values and how fields fit together, all
+before any model or device is touched. Each rule names the sections it reads and is skipped
+when one of them failed to structure (its errors are already reported). Bounds declared on the
+fields (`gt`, `ge`, `le` metadata) are checked generically; the rest are written out below.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import attrs
+
+from .errors import ConfigIssue, MappingKey, Path
+from .layer_spec import LayerSpec, order_problems
+from .sections import REQUIRED_SECTIONS, TrainConfig
+from .yaml_source import Source
+
+
+@dataclass
+class Check:
+    """What a rule sees: the structured config, where values came from, what failed."""
+
+    config: TrainConfig
+    source: Source
+    failed: set[str] = field(default_factory=set)
+    issues: list[ConfigIssue] = field(default_factory=list)
+
+    def error(self, path: Path, message: str) -> None:
+        self.issues.append(self.source.issue(path, message))
+
+    def warn(self, path: Path, message: str) -> None:
+        self.issues.append(self.source.issue(path, message, "warning"))
+
+    def written(self, *path: str) -> bool:
+        """Whether the user wrote this path (in the file or an override)."""
+        node: Any = self.source.data
+        for key in path:
+            if not isinstance(node, dict) or key not in node:
+                return False
+            node = node[key]
+        return True
+
+    def num_layers(self) -> int | None:
+        """The model's layer count, when the model section gives it (and structured)."""
+        return None if "model" in self.failed else self.config.model.num_layers()
+
+
+Rule = Callable[[Check], None]
+_RULES: list[tuple[tuple[str, ...], Rule]] = []
+
+
+def rule(*sections: str) -> Callable[[Rule], Rule]:
+    """Register a rule that reads `sections` of the config."""
+
+    def register(fn: Rule) -> Rule:
+        _RULES.append((sections, fn))
+        return fn
+
+    return register
+
+
+def run_rules(config: TrainConfig, source: Source, failed: set[str]) -> list[ConfigIssue]:
+    """Every value-rule problem and warning of a structured config."""
+    check = Check(config, source, failed)
+    for name, a in attrs.fields_dict(TrainConfig).items():
+        if name in failed:
+            _check_raw_bounds(check, a.type, source.data.get(name), (name,))
+        else:
+            _check_bounds(check, getattr(config, name), (name,))
+    for sections, fn in _RULES:
+        if not failed.intersection(sections):
+            fn(check)
+    return check.issues
+
+
+def _check_bounds(check: Check, value: Any, path: Path) -> None:
+    if isinstance(value, list):
+        for index, item in enumerate(value):
+            _check_bounds(check, item, (*path, index))
+        return
+    if not attrs.has(type(value)) or isinstance(value, LayerSpec):
+        return
+    for a in attrs.fields(type(value)):
+        item = getattr(value, a.name)
+        if type(item) in (int, float):
+            message = _bound_problem(item, a.metadata)
+            if message:
+                check.error((*path, a.name), message)
+        else:
+            _check_bounds(check, item, (*path, a.name))
+
+
+def _check_raw_bounds(check: Check, cls: Any, raw: Any, path: Path) -> None:
+    """Bounds of the well-typed numbers in a section that failed to structure as a whole."""
+    if not attrs.has(cls) or not isinstance(raw, dict):
+        return
+    for a in attrs.fields(cls):
+        item = raw.get(a.name)
+        if type(item) in (int, float):
+            message = _bound_problem(item, a.metadata)
+            if message:
+                check.error((*path, a.name), message)
+        else:
+            _check_raw_bounds(check, a.type, item, (*path, a.name))
+
+
+def _bound_problem(value: float, bounds: Any) -> str | None:
+    if "gt" in bounds and not value > bounds["gt"]:
+        return f"must be positive, got {value}" if bounds["gt"] == 0 else (
+            f"must be > {bounds['gt']}, got {value}")
+    if "ge" in bounds and not value >= bounds["ge"]:
+        return f"must be >= {bounds['ge']}, got {value}"
+    if "le" in bounds and not value <= bounds["le"]:
+        return f"must be <= {bounds['le']}, got {value}"
+    return None
+
+
+@rule()
+def required_sections(check: Check) -> None:
+    data = check.source.data
+    for name in REQUIRED_SECTIONS:
+        if name not in data:
+            check.error((name,), f"the {name} section is required")
+    model, dataset = data.get("model"), data.get("train_dataset")
+    if isinstance(model, dict) and not (model.get("model_type") or model.get("architectures")):
+        check.error(("model",), "the model section needs model_type or architectures "
+                    "(for example model_type: qwen3)")
+    if isinstance(dataset, dict):
+        loader = dataset.get("dataloader")
+        if not isinstance(loader, dict) or not loader.get("type"):
+            check.error(("train_dataset", "dataloader", "type"), "a data loader type is required "
+                        "(for example BlendedMegatronDatasetDataLoader)")
+
+
+@rule("context")
+def context_rules(check: Check) -> None:
+    context = check.config.context
+    if context.mode == 0:
+        check.error(("context", "mode"), "graph mode (0) is not supported: mf trains in "
+                    "PyNative mode; set mode: 1")
+    elif context.mode != 1:
+        check.error(("context", "mode"), f"must be 1 (PyNative), got {context.mode}")
+    memory = context.max_device_memory
+    if memory is not None and not re.fullmatch(r"\d+(\.\d+)?GB", memory):
+        check.error(("context", "max_device_memory"),
+                    f"must be a size in GB such as \"59GB\", got {memory!r}")
+
+
+@rule("training")
+def training_rules(check: Check) -> None:
+    training = check.config.training
+    if training.local_batch_size > training.global_batch_size > 0:
+        check.error(("training", "local_batch_size"),
+                    f"local_batch_size ({training.local_batch_size}) exceeds global_batch_size "
+                    f"({training.global_batch_size}); one micro-batch cannot be larger than the "
+                    "global batch")
+    rampup = training.rampup_batch_size
+    if rampup is None:
+        return
+    path = ("training", "rampup_batch_size")
+    if len(rampup) != 3:
+        check.error(path, "must be [start_global_batch_size, increment, rampup_samples], "
+                    f"got {len(rampup)} values")
+        return
+    start, increment, samples = rampup
+    for index, (value, name, least) in enumerate(
+            [(start, "start_global_batch_size", 1), (increment, "increment", 1),
+             (samples, "rampup_samples", 0)]):
+        if value < least:
+            check.error((*path, index), f"{name} must be >= {least}, got {value}")
+    if start > 0 and increment > 0:
+        if start > training.global_batch_size:
+            check.error((*path, 0), f"start_global_batch_size ({start}) exceeds "
+                        f"global_batch_size ({training.global_batch_size})")
+        elif (training.global_batch_size - start) % increment:
+            check.error((*path, 1), f"global_batch_size - start_global_batch_size "
+                        f"({training.global_batch_size - start}) is not a multiple of the "
+                        f"increment ({increment})")
+
+
+@rule("parallelism")
+def parallelism_rules(check: Check) -> None:
+    p = check.config.parallelism
+    section = "parallelism"
+    if p.data_parallel_shard == 0 or p.data_parallel_shard < -1:
+        check.error((section, "data_parallel_shard"),
+                    f"must be -1 (shard over all data-parallel ranks) or >= 1, "
+                    f"got {p.data_parallel_shard}")
+    if (p.moe_token_dispatcher_type == "alltoall_deredundancy"
+            and p.expert_parallel < p.npu_nums_per_device):
+        check.error((section, "expert_parallel"),
+                    f"moe_token_dispatcher_type 'alltoall_deredundancy' needs expert_parallel >= "
+                    f"npu_nums_per_device, got {p.expert_parallel} < {p.npu_nums_per_device}")
+    ulysses = p.ulysses_degree_in_cp
+    if ulysses is not None and ulysses >= 1 and p.context_parallel % ulysses:
+        check.error((section, "ulysses_degree_in_cp"),
+                    f"must divide context_parallel ({p.context_parallel}), got {ulysses}")
+    if p.context_parallel_method == "hybrid" and ulysses is None:
+        check.error((section, "ulysses_degree_in_cp"),
+                    "is required when context_parallel_method is 'hybrid'")
+    if p.tensor_parallel > 1 and check.written(section, "sequence_parallel") \
+            and not p.sequence_parallel:
+        check.warn((section, "sequence_parallel"),
+                   "sequence parallelism is always on with tensor_parallel > 1; "
+                   "sequence_parallel: False is ignored")
+    if p.pipeline_parallel_interleave_num > 1 and \
+            p.pipeline_parallel_schedule != "interleaved_1f1b":
+        check.error((section, "pipeline_parallel_schedule"),
+                    f"pipeline_parallel_interleave_num {p.pipeline_parallel_interleave_num} needs "
+                    f"the 'interleaved_1f1b' schedule, got {p.pipeline_parallel_schedule!r}")
+
+
+@rule("parallelism", "model")
+def layers_per_stage_rules(check: Check) -> None:
+    p = check.config.parallelism
+    path = ("parallelism", "pipeline_parallel_layers_per_stage")
+    if p.pipeline_parallel_layers_per_stage is None:
+        return
+    try:
+        counts = p.layers_per_stage()
+    except ValueError:
+        check.error(path, "must be a list of layer counts or a string such as \"4,4,3,3\", "
+                    f"got {p.pipeline_parallel_layers_per_stage!r}")
+        return
+    assert counts is not None
+    for index, count in enumerate(counts):
+        if count < 1:
+            check.error((*path, index), f"every stage needs at least one layer, got {count}")
+    chunks = p.pipeline_parallel * p.pipeline_parallel_interleave_num
+    if len(counts) != chunks:
+        check.error(path, f"needs one entry per stage and model chunk: pipeline_parallel "
+                    f"({p.pipeline_parallel}) x pipeline_parallel_interleave_num "
+                    f"({p.pipeline_parallel_interleave_num}) = {chunks}, got {len(counts)}")
+    layers = check.config.model.extras.get("num_hidden_layers",
+                                           check.config.model.extras.get("num_layers"))
+    if type(layers) is int and sum(counts) != layers:
+        check.error(path, f"the stages hold {sum(counts)} layers, but the model has {layers}; "
+                    "every layer must be placed exactly once")
+
+
+@rule("parallelism", "model")
+def expert_parallel_rules(check: Check) -> None:
+    experts = check.config.model.extras.get("n_routed_experts")
+    ep = check.config.parallelism.expert_parallel
+    if type(experts) is int and experts > 0 and experts % ep:
+        check.error(("parallelism", "expert_parallel"),
+                    f"must divide model.n_routed_experts ({experts}), got {ep}")
+
+
+@rule("optimizer")
+def optimizer_rules(check: Check) -> None:
+    betas = check.config.optimizer.betas
+    path = ("optimizer", "betas")
+    if len(betas) != 2:
+        check.error(path, f"must be two coefficients [beta1, beta2], got {len(betas)}")
+    for index, beta in enumerate(betas):
+        if not 0 <= beta < 1:
+            check.error((*path, index), f"must be in [0, 1), got {beta}")
+
+
+@rule("train_dataset")
+def dataset_rules(check: Check) -> None:
+    names = check.config.train_dataset.dataloader.column_names
+    path = ("train_dataset", "dataloader", "column_names")
+    if not names:
+        check.error(path, "must name at least one column")
+    for index, name in enumerate(names):
+        if name in names[:index]:
+            check.error((*path, index), f"column {name!r} is listed twice")
+
+
+@rule("model")
+def model_rules(check: Check) -> None:
+    extras = check.config.model.extras
+    for name, least in (("num_hidden_layers", 1), ("num_layers", 1), ("mtp_num_layers", 0),
+                        ("num_nextn_predict_layers", 0)):
+        value = extras.get(name)
+        if name in extras and (type(value) is not int or value < least):
+            check.error(("model", name), f"must be an integer >= {least}, got {value!r}")
+
+
+@rule("monitor")
+def monitor_rules(check: Check) -> None:
+    targets = check.config.monitor.moe_monitor.target_layers
+    path = ("monitor", "moe_monitor", "target_layers")
+    if isinstance(targets, int) and targets <= 0:
+        check.error(path, f"an integer target_layers must be > 0, got {targets}")
+    if isinstance(targets, list):
+        num_layers = check.num_layers()
+        for index, layer in enumerate(targets):
+            if layer < 0:
+                check.error((*path, index), f"must be a layer id >= 0, got {layer}")
+            elif num_layers is not None and layer >= num_layers:
+                check.error((*path, index), f"layer {layer} does not exist; the model has "
+                            f"{num_layers} layers")
+
+
+@rule("profiler")
+def profiler_rules(check: Check) -> None:
+    profiler = check.config.profiler
+    if 0 < profiler.end_step < profiler.start_step:
+        check.error(("profiler", "start_step"),
+                    "start_step must be less than or equal to end_step, but got "
+                    f"{profiler.start_step} and {profiler.end_step}")
+    for index, rank in enumerate(profiler.profiler_rank or []):
+        if rank < 0:
+            check.error(("profiler", "profiler_rank", index), f"must be a rank >= 0, got {rank}")
+
+
+def _check_specs(check: Check, specs: list[LayerSpec], path: Path) -> None:
+    if not specs:
+        check.error(path, "must list at least one layer spec, such as ['0-3']")
+    for index, message in order_problems(specs, check.num_layers()):
+        check.error((*path, index), message)
+
+
+def _check_module_specs(check: Check, modules: dict[str, list[LayerSpec]], path: Path) -> None:
+    for module, specs in modules.items():
+        if not module.strip():
+            check.error((*path, MappingKey(module)), "a module path must not be empty")
+        _check_specs(check, specs, (*path, MappingKey(module)))
+
+
+@rule("recompute")
+def recompute_rules(check: Check) -> None:
+    recompute = check.config.recompute
+    full, select = recompute.full_recompute_layer, recompute.select_module
+    if recompute.mode == "full" and not full:
+        check.error(("recompute", "full_recompute_layer"),
+                    "mode 'full' needs a non-empty list of layer specs, such as ['0-3']")
+    if recompute.mode == "select" and not select:
+        check.error(("recompute", "select_module"), "mode 'select' needs a mapping of module "
+                    "path to layer specs, such as {attention: ['0-1']}")
+    if full:
+        _check_specs(check, full, ("recompute", "full_recompute_layer"))
+        if recompute.mode != "full":
+            check.warn(("recompute", "full_recompute_layer"),
+                       f"ignored because mode is {recompute.mode!r}, not 'full'")
+    if select:
+        _check_module_specs(check, select, ("recompute", "select_module"))
+        if recompute.mode != "select":
+            check.warn(("recompute", "select_module"),
+                       f"ignored because mode is {recompute.mode!r}, not 'select'")
+
+
+@rule("recompute_comm")
+def recompute_comm_rules(check: Check) -> None:
+    comm = check.config.recompute_comm
+    if comm.enable and not comm.select_module:
+        check.error(("recompute_comm", "select_module"), "enable: True needs a mapping of "
+                    "communication module path to layer specs, such as {attention.qkv: ['0-3']}")
+    if comm.select_module:
+        _check_module_specs(check, comm.select_module, ("recompute_comm", "select_module"))
+
+
+@rule("swap")
+def swap_rules(check: Check) -> None:
+    swap = check.config.swap
+    for index, entry in enumerate(swap.layer_swap or []):
+        _check_specs(check, entry.layers, ("swap", "layer_swap", index, "layers"))
+    for index, op in enumerate(swap.op_swap or []):
+        if not op.op_name.strip():
+            check.error(("swap", "op_swap", index, "op_name"),
+                        "must name a module, such as 'attention'")
+        _check_specs(check, op.layers, ("swap", "op_swap", index, "layers"))
+    if not swap.enable:
+        return
+    if not swap.layer_swap and not swap.op_swap:
+        check.error(("swap", "enable"), "swap is enabled but neither layer_swap nor op_swap "
+                    "lists anything to offload")
+    num_layers = check.num_layers()
+    if num_layers is not None and swap.default_prefetch > num_layers - 1 >= 0:
+        check.error(("swap", "default_prefetch"), f"must be in [1, {num_layers - 1}] "
+                    f"(num_layers - 1), got {swap.default_prefetch}")
+    elif num_layers == 1:
+        check.error(("swap", "default_prefetch"), "a one-layer model has no layer to prefetch "
+                    "from; swap needs at least two layers")
+
+
+@rule("swap", "parallelism")
+def swap_pipeline_rule(check: Check) -> None:
+    pp = check.config.parallelism.pipeline_parallel
+    if check.config.swap.enable and pp > 1:
+        check.error(("swap", "enable"), f"swap cannot be combined with pipeline parallelism "
+                    f"(pipeline_parallel is {pp}); disable one of them")
+
+
+@rule("callbacks")
+def callback_rules(check: Check) -> None:
+    for index, callback in enumerate(check.config.callbacks):
+        if not (callback.type or "").strip():
+            check.error(("callbacks", index, "type"),
+                        "every callback needs a non-empty type naming a registered callback")
+

@@ -1,0 +1,272 @@
+"""YAML text -> plain data, with the source line of every value.
+
+Plain `yaml.safe_load` is not strict enough for a training configuration: it silently keeps the
+last of two equal keys, reads `1e-5` as a string (YAML 1.1), expands a "billion laughs" alias
+tree until memory runs out, and forgets where each value came from. This module composes the
+YAML node tree with a safe loader and builds the data itself, so that it can:
+
+- reject a key repeated in one mapping (and say where the first one was),
+- read `1e-5` as a float (and keep dates as strings),
+- bound alias expansion and mapping depth,
+- record the line of every mapping entry and list item, for error messages.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from pathlib import Path as FilePath
+from typing import Any
+
+import yaml
+
+from .errors import ConfigError, ConfigIssue, Path, format_path
+
+MAX_MAPPING_DEPTH = 10
+"""Mappings nested deeper than this are rejected (the anchor's limit; only mappings count)."""
+MAX_VALUES = 100_000
+"""Upper bound on values built from one document, which stops alias bombs early."""
+
+_FLOAT_TAG = "tag:yaml.org,2002:float"
+_TIMESTAMP_TAG = "tag:yaml.org,2002:timestamp"
+_MERGE_TAG = "tag:yaml.org,2002:merge"
+_MAP_TAG = "tag:yaml.org,2002:map"
+_SEQ_TAG = "tag:yaml.org,2002:seq"
+# YAML 1.1's float forms plus the exponent without a dot (`1e-5`), as YAML 1.2 reads it.
+_FLOAT_PATTERN = re.compile(
+    r"""^(?:[-+]?[0-9][0-9_]*\.[0-9_]*(?:[eE][-+]?[0-9]+)?
+    |[-+]?[0-9][0-9_]*[eE][-+]?[0-9]+
+    |[-+]?\.[0-9_]+(?:[eE][-+]?[0-9]+)?
+    |[-+]?\.(?:inf|Inf|INF)
+    |\.(?:nan|NaN|NAN))$""",
+    re.X,
+)
+
+_BaseLoader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
+
+class UnreadableFile(ConfigError):
+    """The file could not be read at all (missing, a directory, no permission)."""
+
+
+class _ConfigLoader(_BaseLoader):  # type: ignore[misc, valid-type]
+    """A safe loader whose float resolver accepts `1e-5` and which leaves dates as strings."""
+
+
+_ConfigLoader.yaml_implicit_resolvers = {
+    first: [(tag, rx) for tag, rx in resolvers if tag not in (_FLOAT_TAG, _TIMESTAMP_TAG)]
+    for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
+}
+_ConfigLoader.add_implicit_resolver(_FLOAT_TAG, _FLOAT_PATTERN, list("-+0123456789."))
+
+
+@dataclass
+class Source:
+    """Configuration data and where each part of it came from."""
+
+    data: dict[str, Any]
+    file: str | None = None
+    lines: dict[Path, int] = field(default_factory=dict)
+    """Source line of each mapping entry and list item, keyed by its path."""
+    origins: dict[Path, str] = field(default_factory=dict)
+    """The `--set` override that wrote a path, keyed by that path."""
+
+    def issue(self, path: Path, message: str, severity: str = "error") -> ConfigIssue:
+        """A `ConfigIssue` at `path`, located by the nearest enclosing value that has a source."""
+        line, origin = self._locate(path)
+        return ConfigIssue(format_path(path), message, line, origin, self.file, severity)
+
+    def _locate(self, path: Path) -> tuple[int | None, str | None]:
+        for end in range(len(path), -1, -1):
+            prefix = tuple(path[:end])
+            if prefix in self.origins:
+                return None, self.origins[prefix]
+            if prefix in self.lines:
+                return self.lines[prefix], None
+        return None, None
+
+
+def load_file(path: str | FilePath) -> Source:
+    """Read and parse a configuration file; every failure is a `ConfigError` naming the file."""
+    name = str(path)
+    try:
+        raw = FilePath(path).read_bytes()
+    except FileNotFoundError:
+        raise _unreadable(name, "file not found") from None
+    except IsADirectoryError:
+        raise _unreadable(name, "is a directory, not a configuration file") from None
+    except OSError as exc:
+        raise _unreadable(name, f"cannot be read: {exc.strerror or exc}") from None
+    return load_text(_decode(raw, name), name)
+
+
+def load_text(text: str, file: str | None = None) -> Source:
+    """Parse configuration YAML from a string (`file` only names it in messages)."""
+    loader = _ConfigLoader(text)
+    try:
+        root = loader.get_single_node()
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark or exc.context_mark
+        line = mark.line + 1 if mark is not None else None
+        column = f" (column {mark.column + 1})" if mark is not None else ""
+        problem = " ".join(p for p in (exc.context, exc.problem) if p)
+        raise _fatal(file, line, f"YAML syntax error: {problem}{column}") from None
+    except yaml.YAMLError as exc:
+        raise _fatal(file, None, f"YAML syntax error: {exc}") from None
+    if root is None:
+        raise _fatal(file, None, "the file is empty; a configuration needs at least the "
+                     "model, train_dataset and training sections")
+    builder = _Builder(loader, file)
+    try:
+        data = builder.build(root, (), 0)
+    finally:
+        loader.dispose()
+    if builder.problems:
+        raise ConfigError(builder.problems)
+    if not isinstance(data, dict):
+        raise _fatal(file, root.start_mark.line + 1,
+                     f"the top level must be a mapping of sections, got {_kind(data)}")
+    return Source(data, file, builder.lines)
+
+
+def _decode(raw: bytes, name: str) -> str:
+    if raw.startswith(b"\xef\xbb\xbf"):
+        raw = raw[3:]
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = raw[: exc.start].count(b"\n") + 1
+        bad = raw[exc.start : exc.start + 1].hex()
+        raise _fatal(name, line, f"not UTF-8 text: byte 0x{bad} at offset {exc.start} "
+                     "cannot be decoded; save the file as UTF-8") from None
+
+
+def _fatal(file: str | None, line: int | None, message: str) -> ConfigError:
+    return ConfigError([ConfigIssue("", message, line, None, file)])
+
+
+def _unreadable(file: str, message: str) -> UnreadableFile:
+    return UnreadableFile([ConfigIssue("", message, None, None, file)])
+
+
+def _kind(value: Any) -> str:
+    if isinstance(value, list):
+        return "a list"
+    if value is None:
+        return "null"
+    return f"{type(value).__name__} {value!r}"
+
+
+class _TooLarge(Exception):
+    pass
+
+
+class _Builder:
+    """Walks a composed node tree into dicts, lists and scalars, recording lines."""
+
+    def __init__(self, loader: Any, file: str | None):
+        self.loader = loader
+        self.file = file
+        self.lines: dict[Path, int] = {(): 1}
+        self.problems: list[ConfigIssue] = []
+        self.count = 0
+
+    def build(self, node: yaml.Node, path: Path, depth: int) -> Any:
+        try:
+            return self._value(node, path, depth)
+        except _TooLarge:
+            self.problems.append(ConfigIssue(
+                "", f"the document expands to more than {MAX_VALUES} values through YAML "
+                "aliases (an alias bomb?); write the values out or use fewer aliases",
+                node.start_mark.line + 1, None, self.file))
+            return None
+
+    def _value(self, node: yaml.Node, path: Path, depth: int) -> Any:
+        self.count += 1
+        if self.count > MAX_VALUES:
+            raise _TooLarge
+        if isinstance(node, yaml.MappingNode):
+            return self._mapping(node, path, depth + 1)
+        if isinstance(node, yaml.SequenceNode):
+            self._check_tag(node, _SEQ_TAG)
+            items = []
+            for index, item in enumerate(node.value):
+                self.lines[(*path, index)] = item.start_mark.line + 1
+                items.append(self._value(item, (*path, index), depth))
+            return items
+        return self._scalar(node)
+
+    def _mapping(self, node: yaml.MappingNode, path: Path, depth: int) -> dict[Any, Any]:
+        self._check_tag(node, _MAP_TAG)
+        if depth > MAX_MAPPING_DEPTH:
+            self._problem(node, f"mappings are nested deeper than {MAX_MAPPING_DEPTH} levels")
+            return {}
+        result: dict[Any, Any] = {}
+        explicit = []
+        for key_node, value_node in node.value:
+            if key_node.tag == _MERGE_TAG:
+                self._merge(result, value_node, path, depth)
+            else:
+                explicit.append((key_node, value_node))
+        first_line: dict[Any, int] = {}
+        for key_node, value_node in explicit:
+            key = self._scalar(key_node) if isinstance(key_node, yaml.ScalarNode) else None
+            if not isinstance(key_node, yaml.ScalarNode) or isinstance(key, (list, dict)):
+                self._problem(key_node, "a mapping key must be a plain value, not a mapping "
+                              "or a list")
+                continue
+            line = key_node.start_mark.line + 1
+            if key in first_line:
+                self._problem(key_node, f"duplicate key {key!r} in one mapping "
+                              f"(first written on line {first_line[key]})")
+                continue
+            first_line[key] = line
+            self.lines[(*path, key)] = line
+            result[key] = self._value(value_node, (*path, key), depth)
+        return result
+
+    def _merge(self, result: dict[Any, Any], node: yaml.Node, path: Path, depth: int) -> None:
+        """`<<: *anchor` (or a list of anchors): keys not already present are taken over."""
+        sources = node.value if isinstance(node, yaml.SequenceNode) else [node]
+        for source in sources:
+            if not isinstance(source, yaml.MappingNode):
+                self._problem(source, "a merge key (<<) needs a mapping or a list of mappings")
+                continue
+            merged = self._mapping(source, path, depth)
+            for key, value in merged.items():
+                result.setdefault(key, value)
+
+    def _scalar(self, node: yaml.Node) -> Any:
+        try:
+            return self.loader.construct_object(node)
+        except yaml.constructor.ConstructorError as exc:
+            self._problem(node, f"unsupported YAML value: {exc.problem}; only plain YAML "
+                          "(no Python or custom tags) is allowed")
+            return None
+
+    def _check_tag(self, node: yaml.Node, expected: str) -> None:
+        if node.tag != expected:
+            self._problem(node, f"unsupported YAML tag {node.tag!r}; only plain mappings, "
+                          "lists and scalars are allowed")
+
+    def _problem(self, node: yaml.Node, message: str) -> None:
+        self.problems.append(ConfigIssue("", message, node.start_mark.line + 1, None, self.file))
+
+
+def load_value(text: str) -> Any:
+    """Parse one YAML value (as written after `=` in an override) with the same rules."""
+    loader = _ConfigLoader(text)
+    try:
+        node = loader.get_single_node()
+    except yaml.YAMLError as exc:
+        raise ValueError(f"not a YAML value: {exc}") from None
+    if node is None:
+        return None
+    builder = _Builder(loader, None)
+    try:
+        value = builder.build(node, (), 0)
+    finally:
+        loader.dispose()
+    if builder.problems:
+        raise ValueError(builder.problems[0].message)
+    return value
