@@ -14,7 +14,10 @@ from typing import Any
 from .errors import ConfigError, ConfigIssue, Path
 from .yaml_source import Source, load_value
 
-_SEGMENT = re.compile(r"""\.?(?:([A-Za-z_][\w-]*)|\[(\d+)\]|\["([^"]*)"\]|\['([^']*)'\])""")
+# A name (after a dot, except at the start), or a bracketed index or quoted key.
+_BRACKETS = r"""|\[(\d+)\]|\["([^"]*)"\]|\['([^']*)'\]"""
+_FIRST = re.compile(r"([A-Za-z_][\w-]*)" + _BRACKETS)
+_NEXT = re.compile(r"\.([A-Za-z_][\w-]*)" + _BRACKETS)
 
 
 def parse_key_path(text: str) -> Path:
@@ -22,8 +25,8 @@ def parse_key_path(text: str) -> Path:
     path: list[str | int] = []
     position = 0
     while position < len(text):
-        match = _SEGMENT.match(text, position)
-        if match is None or (position == 0 and text.startswith(".")):
+        match = (_NEXT if path else _FIRST).match(text, position)
+        if match is None:
             raise ValueError(f"cannot read the key path {text!r} at {text[position:]!r}; "
                              "write it as section.key, list[0].key or map[\"a.b\"]")
         name, index, double, single = match.groups()

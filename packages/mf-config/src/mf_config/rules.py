@@ -101,7 +101,7 @@ def _check_raw_bounds(check: Check, cls: Any, raw: Any, path: Path) -> None:
         return
     for a in attrs.fields(cls):
         item = raw.get(a.name)
-        if type(item) in (int, float):
+        if type(item) is int or (type(item) is float and abs(item) < float("inf")):
             message = _bound_problem(item, a.metadata)
             if message:
                 check.error((*path, a.name), message)
@@ -374,12 +374,12 @@ def swap_rules(check: Check) -> None:
         check.error(("swap", "enable"), "swap is enabled but neither layer_swap nor op_swap "
                     "lists anything to offload")
     num_layers = check.num_layers()
-    if num_layers is not None and swap.default_prefetch > num_layers - 1 >= 0:
-        check.error(("swap", "default_prefetch"), f"must be in [1, {num_layers - 1}] "
-                    f"(num_layers - 1), got {swap.default_prefetch}")
-    elif num_layers == 1:
+    if num_layers == 1:
         check.error(("swap", "default_prefetch"), "a one-layer model has no layer to prefetch "
                     "from; swap needs at least two layers")
+    elif num_layers is not None and swap.default_prefetch > num_layers - 1:
+        check.error(("swap", "default_prefetch"), f"must be in [1, {num_layers - 1}] "
+                    f"(num_layers - 1), got {swap.default_prefetch}")
 
 
 @rule("swap", "parallelism")

@@ -217,7 +217,7 @@ class ModelConfig(OpenSection):
     def num_layers(self) -> int | None:
         """Decoder layers plus multi-token-prediction layers, when the section says them."""
         base = self.extras.get("num_hidden_layers", self.extras.get("num_layers"))
-        if not _is_count(base):
+        if not _is_count(base) or base == 0:
             return None
         extra = self.extras.get("mtp_num_layers", self.extras.get("num_nextn_predict_layers", 0))
         return base + extra if _is_count(extra) else base

@@ -1,0 +1,138 @@
+"""The `mf-config` command: exit codes, output format, `show` round trip, never a traceback."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+from conftest import spec_yaml_blocks
+
+from mf_config import load_config
+from mf_config.cli import main
+
+SCRIPT = Path(sys.executable).parent / "mf-config"
+SKELETON = spec_yaml_blocks()[0]
+
+
+def run(*args: str) -> subprocess.CompletedProcess[str]:
+    """The installed console script, as a user runs it."""
+    return subprocess.run([str(SCRIPT), *args], capture_output=True, text=True, timeout=60)
+
+
+@pytest.fixture()
+def good(tmp_path) -> Path:
+    path = tmp_path / "train.yaml"
+    path.write_text(SKELETON, encoding="utf-8")
+    return path
+
+
+@pytest.fixture()
+def broken(tmp_path) -> Path:
+    text = SKELETON.replace("global_batch_size: 8", "global_batch_size: 0").replace(
+        "  seed: 42", "  seed: 42\n  stepz: 3").replace('mode: "None"', "mode: full2")
+    path = tmp_path / "broken.yaml"
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+def line_of(path: Path, fragment: str) -> int:
+    lines = path.read_text(encoding="utf-8").splitlines()
+    return next(number for number, line in enumerate(lines, 1) if fragment in line)
+
+
+def test_validate_ok(good) -> None:
+    result = run("validate", str(good))
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == f"{good}: OK\n"
+    assert result.stderr == ""
+
+
+def test_validate_reports_every_problem_with_file_and_line(broken) -> None:
+    result = run("validate", str(broken))
+    assert result.returncode == 1
+    assert result.stdout == ""
+    assert result.stderr.splitlines() == [
+        f"{broken}:{line_of(broken, 'global_batch_size')}: training.global_batch_size: "
+        "must be positive, got 0",
+        f"{broken}:{line_of(broken, 'stepz')}: training.stepz: Unknown configuration keys for "
+        "TrainingConfig: ['stepz']; did you mean 'steps'?",
+        f"{broken}:{line_of(broken, 'full2')}: recompute.mode: must be one of 'None', 'full', "
+        "'select'; got 'full2' (a string)",
+    ]
+
+
+def test_validate_several_files(good, broken) -> None:
+    result = run("validate", str(good), str(broken))
+    assert result.returncode == 1
+    assert result.stdout == f"{good}: OK\n"
+    assert len(result.stderr.splitlines()) == 3
+
+
+def test_validate_with_overrides(good) -> None:
+    result = run("validate", str(good), "--set", "training.steps=0", "--set", "training.seed=3")
+    assert result.returncode == 1
+    assert result.stderr == (f"{good} (--set training.steps=0): training.steps: "
+                             "must be positive, got 0\n")
+    assert run("validate", str(good), "--set", "training.steps=7").returncode == 0
+
+
+def test_warnings_are_printed_but_the_file_is_valid(good) -> None:
+    result = run("validate", str(good), "--set", "parallelism.tensor_parallel=2",
+                 "--set", "parallelism.sequence_parallel=false")
+    assert result.returncode == 0
+    assert "parallelism.sequence_parallel: warning: sequence parallelism is always on" in \
+        result.stderr
+    assert result.stdout == f"{good}: OK\n"
+
+
+@pytest.mark.parametrize("args", [[], ["validate"], ["frobnicate"], ["show"],
+                                  ["validate", "x.yaml", "--set"]])
+def test_usage_errors_exit_2(args) -> None:
+    result = run(*args)
+    assert result.returncode == 2
+    assert "usage: mf-config" in result.stderr and "Traceback" not in result.stderr
+
+
+def test_unreadable_file_exits_2(tmp_path, good) -> None:
+    result = run("validate", str(good), str(tmp_path / "missing.yaml"))
+    assert result.returncode == 2
+    assert result.stderr == f"{tmp_path / 'missing.yaml'}: file not found\n"
+    assert result.stdout == f"{good}: OK\n"
+
+
+@pytest.mark.parametrize("content", [b"\xff\xfe", b"a: [1\n", b"- 1\n", b"", b"a: !!python/none x"])
+def test_bad_content_exits_1_without_traceback(tmp_path, content) -> None:
+    path = tmp_path / "bad.yaml"
+    path.write_bytes(content)
+    result = run("validate", str(path))
+    assert result.returncode == 1
+    assert result.stderr.startswith(str(path)) and "Traceback" not in result.stderr
+
+
+def test_show_prints_effective_config_that_validates(good, tmp_path) -> None:
+    result = run("show", str(good), "--set", "training.steps=5")
+    assert result.returncode == 0, result.stderr
+    shown = yaml.safe_load(result.stdout)
+    assert shown["training"]["steps"] == 5
+    assert shown["checkpoint"]["save_max"] == 5  # a default the file did not write
+    assert shown["context"] == {"device_target": "auto", "mode": 1, "max_device_memory": None}
+    assert list(shown) == ["context", "checkpoint", "training", "parallelism", "optimizer",
+                           "lr_scheduler", "train_dataset", "model", "monitor", "profiler",
+                           "recompute", "recompute_comm", "swap", "callbacks"]
+    again = tmp_path / "shown.yaml"
+    again.write_text(result.stdout, encoding="utf-8")
+    assert run("validate", str(again)).returncode == 0
+    assert load_config(again) == load_config(good, ["training.steps=5"])
+
+
+def test_show_of_an_invalid_file_exits_1(broken) -> None:
+    result = run("show", str(broken))
+    assert result.returncode == 1 and result.stdout == ""
+
+
+def test_main_can_be_called_in_process(good, capsys) -> None:
+    assert main(["validate", str(good)]) == 0
+    assert capsys.readouterr().out == f"{good}: OK\n"

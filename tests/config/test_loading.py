@@ -1,0 +1,199 @@
+"""The loading rules: files, encodings, YAML syntax, duplicate keys, aliases, depth, floats."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from conftest import spec_yaml_blocks
+
+from mf_config import ConfigError, load_config
+from mf_config.yaml_source import MAX_MAPPING_DEPTH, UnreadableFile, load_text
+
+SKELETON = spec_yaml_blocks()[0]
+
+
+def only_issue(exc: pytest.ExceptionInfo[ConfigError]):
+    assert len(exc.value.errors) == 1, exc.value.errors
+    return exc.value.errors[0]
+
+
+def write(tmp_path, text: str | bytes, name: str = "train.yaml"):
+    path = tmp_path / name
+    if isinstance(text, bytes):
+        path.write_bytes(text)
+    else:
+        path.write_text(text, encoding="utf-8")
+    return path
+
+
+def test_missing_file_names_it(tmp_path) -> None:
+    with pytest.raises(UnreadableFile) as exc:
+        load_config(tmp_path / "nope.yaml")
+    issue = only_issue(exc)
+    assert issue.file == str(tmp_path / "nope.yaml") and "file not found" in issue.message
+    assert str(issue) == f"{tmp_path / 'nope.yaml'}: file not found"
+
+
+def test_directory_is_not_a_config(tmp_path) -> None:
+    with pytest.raises(UnreadableFile) as exc:
+        load_config(tmp_path)
+    assert "is a directory" in only_issue(exc).message
+
+
+def test_non_utf8_names_line_and_byte(tmp_path) -> None:
+    path = write(tmp_path, "training:\n  steps: 10\n# caf\xe9\n".encode("latin-1"))
+    with pytest.raises(ConfigError) as exc:
+        load_config(path)
+    issue = only_issue(exc)
+    assert issue.line == 3 and "not UTF-8" in issue.message and "0xe9" in issue.message
+    assert issue.file == str(path)
+
+
+def test_utf8_bom_is_accepted(tmp_path) -> None:
+    path = write(tmp_path, b"\xef\xbb\xbf" + SKELETON.encode("utf-8"))
+    assert load_config(path).training.global_batch_size == 8
+
+
+@pytest.mark.parametrize("text", ["", "\n\n", "# only a comment\n"])
+def test_empty_file(tmp_path, text: str) -> None:
+    with pytest.raises(ConfigError) as exc:
+        load_config(write(tmp_path, text))
+    assert "the file is empty" in only_issue(exc).message
+
+
+@pytest.mark.parametrize(("text", "kind"), [("- a\n- b\n", "a list"), ("42\n", "int 42"),
+                                            ("hello\n", "str 'hello'")])
+def test_top_level_must_be_a_mapping(tmp_path, text: str, kind: str) -> None:
+    with pytest.raises(ConfigError) as exc:
+        load_config(write(tmp_path, text))
+    assert only_issue(exc).message == f"the top level must be a mapping of sections, got {kind}"
+
+
+def test_syntax_error_has_line_and_column(tmp_path) -> None:
+    path = write(tmp_path, "training:\n  steps: 10\n  seed: [1, 2\nmodel: {}\n")
+    with pytest.raises(ConfigError) as exc:
+        load_config(path)
+    issue = only_issue(exc)
+    assert issue.line == 4
+    assert issue.message.startswith("YAML syntax error:") and "(column 6)" in issue.message
+    assert "did not find expected ',' or ']'" in issue.message
+
+
+def test_tab_indentation_is_a_syntax_error_with_line() -> None:
+    with pytest.raises(ConfigError) as exc:
+        load_text("training:\n\tsteps: 1\n", "t.yaml")
+    assert only_issue(exc).line == 2
+
+
+def test_duplicate_key_is_an_error_naming_both_lines() -> None:
+    text = "training:\n  steps: 10\n  seed: 1\n  steps: 20\n"
+    with pytest.raises(ConfigError) as exc:
+        load_text(text, "t.yaml")
+    issue = only_issue(exc)
+    assert issue.line == 4
+    assert issue.message == "duplicate key 'steps' in one mapping (first written on line 2)"
+
+
+def test_duplicate_sections_are_errors_too() -> None:
+    with pytest.raises(ConfigError) as exc:
+        load_text("training: {}\nmodel: {}\ntraining: {steps: 1}\n")
+    assert "duplicate key 'training'" in only_issue(exc).message
+
+
+def test_every_duplicate_is_reported() -> None:
+    with pytest.raises(ConfigError) as exc:
+        load_text("a: 1\na: 2\nb: {x: 1, x: 2}\n")
+    assert [issue.line for issue in exc.value.errors] == [2, 3]
+
+
+def test_alias_bomb_fails_fast() -> None:
+    lines = ["a0: &a0 [x, x, x, x, x, x, x, x, x, x]"]
+    for level in range(1, 10):
+        previous = f"*a{level - 1}"
+        lines.append(f"a{level}: &a{level} [{', '.join([previous] * 10)}]")
+    start = time.perf_counter()
+    with pytest.raises(ConfigError) as exc:
+        load_text("\n".join(lines) + "\n", "bomb.yaml")
+    assert time.perf_counter() - start < 10  # 10**10 values if expanded; fails long before
+    assert "alias bomb" in only_issue(exc).message
+
+
+def test_modest_aliases_are_fine() -> None:
+    data = load_text("base: &b {hidden_size: 64}\nmodel: *b\n").data
+    assert data["model"] == {"hidden_size": 64}
+
+
+def test_merge_keys_take_explicit_values_first() -> None:
+    text = "defaults: &d {steps: 5, seed: 1}\ntraining:\n  <<: *d\n  seed: 7\n"
+    source = load_text(text)
+    assert source.data["training"] == {"steps": 5, "seed": 7}
+    assert source.lines[("training", "seed")] == 4
+
+
+def test_mapping_depth_limit() -> None:
+    def nested(depth: int) -> str:
+        return "".join(f"{'  ' * i}k{i}:\n" for i in range(depth - 1)) + "  " * (depth - 1) + "v: 1\n"
+
+    load_text(nested(MAX_MAPPING_DEPTH))
+    with pytest.raises(ConfigError) as exc:
+        load_text(nested(MAX_MAPPING_DEPTH + 1))
+    assert f"deeper than {MAX_MAPPING_DEPTH}" in only_issue(exc).message
+
+
+def test_lists_do_not_count_toward_depth() -> None:
+    value = load_text("a: [[[[[[[[[[[[1]]]]]]]]]]]]\n").data["a"]
+    for _ in range(12):
+        value = value[0]
+    assert value == 1
+
+
+@pytest.mark.parametrize(("text", "value"), [
+    ("1e-5", 1e-5), ("1.e-5", 1e-5), ("1.0e-5", 1e-5), ("1E5", 1e5), ("-2e+3", -2e3),
+    ("3.", 3.0), (".5", 0.5), ("1_000.5", 1000.5), ("+.5e1", 5.0),
+])
+def test_exponent_floats_are_floats(text: str, value: float) -> None:
+    parsed = load_text(f"x: {text}\n").data["x"]
+    assert parsed == value and isinstance(parsed, float)
+
+
+@pytest.mark.parametrize(("text", "value"), [
+    ("'1e-5'", "1e-5"), ("10", 10), ("0x10", 16), ("1.2.3", "1.2.3"), ("2024-01-01", "2024-01-01"),
+    ("e5", "e5"), ("True", True), ("None", "None"), ("null", None), ("~", None),
+])
+def test_other_scalars_keep_their_yaml_meaning(text: str, value: object) -> None:
+    parsed = load_text(f"x: {text}\n").data["x"]
+    assert parsed == value and type(parsed) is type(value)
+
+
+def test_learning_rate_1e_5_loads_as_float(tmp_path) -> None:
+    text = SKELETON.replace("learning_rate: 1.e-5", "learning_rate: 1e-5")
+    assert "learning_rate: 1e-5" in text
+    config = load_config(write(tmp_path, text))
+    assert config.lr_scheduler.learning_rate == 1e-5
+
+
+@pytest.mark.parametrize("text", [
+    "x: !!python/object/apply:os.system ['true']\n",
+    "x: !!python/name:os.system\n",
+    "x: !custom 3\n",
+    "x: !!set {a, b}\n",
+])
+def test_no_python_or_custom_tags(text: str) -> None:
+    with pytest.raises(ConfigError) as exc:
+        load_text(text)
+    assert only_issue(exc).line == 1
+
+
+def test_lines_are_recorded_for_entries_and_items() -> None:
+    source = load_text("a:\n  b:\n    - 1\n    - c: 2\n")
+    assert source.lines[("a",)] == 1
+    assert source.lines[("a", "b")] == 2
+    assert source.lines[("a", "b", 1)] == 4
+    assert source.lines[("a", "b", 1, "c")] == 4
+
+
+def test_several_documents_are_rejected() -> None:
+    with pytest.raises(ConfigError) as exc:
+        load_text("a: 1\n---\nb: 2\n")
+    assert "YAML syntax error" in only_issue(exc).message

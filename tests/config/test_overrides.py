@@ -1,0 +1,100 @@
+"""Dotted `key.path=value` overrides: applied before validation, validated like the file."""
+
+from __future__ import annotations
+
+import pytest
+from conftest import spec_yaml_blocks
+
+from mf_config import ConfigError, LayerSpec, load_config
+from mf_config.overrides import parse_key_path
+
+
+@pytest.fixture()
+def skeleton_file(tmp_path):
+    path = tmp_path / "train.yaml"
+    path.write_text(spec_yaml_blocks()[0], encoding="utf-8")
+    return path
+
+
+@pytest.mark.parametrize(("text", "path"), [
+    ("training.steps", ("training", "steps")),
+    ("callbacks[0].type", ("callbacks", 0, "type")),
+    ('recompute.select_module["attention.qkv"][1]',
+     ("recompute", "select_module", "attention.qkv", 1)),
+    ("recompute.select_module['mlp']", ("recompute", "select_module", "mlp")),
+    ("model.rope-theta", ("model", "rope-theta")),
+])
+def test_key_paths(text, path) -> None:
+    assert parse_key_path(text) == path
+
+
+@pytest.mark.parametrize("text", ["", ".a", "a..b", "a[x]", "a.[0]x", "a b"])
+def test_bad_key_paths(text) -> None:
+    with pytest.raises(ValueError):
+        parse_key_path(text)
+
+
+def test_values_are_parsed_as_yaml(skeleton_file) -> None:
+    config = load_config(skeleton_file, [
+        "training.steps=10", "training.max_norm=1e-2", "lr_scheduler.learning_rate=3e-4",
+        "training.deterministic=true", "checkpoint.prefix=qwen3",
+        "recompute.mode=full", "recompute.full_recompute_layer=['0-3', 5]",
+        "model.rope_scaling={type: yarn, factor: 4}",
+        "train_dataset.dataloader.config.seq_length=128",
+    ])
+    assert config.training.steps == 10 and config.training.max_norm == 0.01
+    assert config.lr_scheduler.learning_rate == 3e-4
+    assert config.training.deterministic is True
+    assert config.checkpoint.prefix == "qwen3"
+    assert config.recompute.full_recompute_layer == [LayerSpec(0, 3), LayerSpec(5, 5)]
+    assert config.model.rope_scaling == {"type": "yarn", "factor": 4}
+    assert config.train_dataset.dataloader.config["seq_length"] == 128
+
+
+def test_overrides_create_sections_and_list_items(skeleton_file) -> None:
+    config = load_config(skeleton_file, ["context.device_target=CPU",
+                                         "callbacks=[{type: A}]", "callbacks[0].every=3"])
+    assert config.context.device_target == "CPU"
+    assert config.callbacks[0].type == "A" and config.callbacks[0].every == 3
+
+
+def test_override_errors_name_the_override(skeleton_file) -> None:
+    with pytest.raises(ConfigError) as exc:
+        load_config(skeleton_file, ["training.global_batch_size=0", "training.stepz=3"])
+    issues = {issue.path: issue for issue in exc.value.errors}
+    assert set(issues) == {"training.global_batch_size", "training.stepz"}
+    bad = issues["training.global_batch_size"]
+    assert bad.line is None and bad.origin == "--set training.global_batch_size=0"
+    assert str(bad) == (f"{skeleton_file} (--set training.global_batch_size=0): "
+                        "training.global_batch_size: must be positive, got 0")
+    assert "Unknown configuration keys for TrainingConfig: ['stepz']" in \
+        issues["training.stepz"].message
+
+
+def test_file_errors_keep_their_lines_next_to_overrides(skeleton_file) -> None:
+    with pytest.raises(ConfigError) as exc:
+        load_config(skeleton_file, ["profiler.start_step=5", "profiler.end_step=3"])
+    (issue,) = exc.value.errors
+    assert issue.path == "profiler.start_step" and issue.origin == "--set profiler.start_step=5"
+
+
+def test_an_override_replacing_a_section_drops_its_old_lines(skeleton_file) -> None:
+    with pytest.raises(ConfigError) as exc:
+        load_config(skeleton_file, ["training={steps: -1}"])
+    (issue,) = exc.value.errors
+    assert issue.path == "training.steps" and issue.origin == "--set training={steps: -1}"
+
+
+@pytest.mark.parametrize(("override", "fragment"), [
+    ("training.steps", "expected key.path=value"),
+    ("training.steps.x=1", "training.steps is not a mapping, so it has no key 'x'"),
+    ("callbacks[3].type=A", "callbacks has 0 items, so [3] does not exist"),
+    ("training[0]=1", "training is not a list"),
+    ("a b=1", "cannot read the key path"),
+    ("training.steps=[1", "not a YAML value"),
+])
+def test_malformed_overrides(skeleton_file, override, fragment) -> None:
+    with pytest.raises(ConfigError) as exc:
+        load_config(skeleton_file, [override])
+    (issue,) = exc.value.errors
+    assert issue.message.startswith(f"bad override {override!r}") and fragment in issue.message
