@@ -436,3 +436,27 @@ def test_from_dict_raises_config_error_with_every_issue() -> None:
                                                                  "training.steps"]
     assert isinstance(exc.value, ValueError)
     assert "2 problems in the configuration" in str(exc.value)
+
+
+def test_num_layers_extra_key_is_readable_and_counts() -> None:
+    data = with_sections(model={"model_type": "qwen3", "num_layers": 4})
+    data["monitor"]["moe_monitor"]["target_layers"] = [0]
+    data["recompute"] = {"mode": "full", "full_recompute_layer": ["4"]}
+    config_problems = problems(data)
+    assert config_problems == [("recompute.full_recompute_layer[0]",
+                                "'4' names layer 4, but the model has 4 layers "
+                                "(valid layer ids are 0 to 3)")]
+    data["recompute"]["full_recompute_layer"] = ["3"]
+    config = valid(data)
+    assert config.model.num_layers == 4 and config.model.layer_count() == 4
+
+
+def test_keys_that_are_not_strings_get_readable_paths() -> None:
+    data = skeleton()
+    data["training"][None] = 1
+    data["model"][3] = "x"
+    found = problems(data)
+    assert ("training[None]", "Unknown configuration keys for TrainingConfig: [None]; allowed "
+            "keys: steps, local_batch_size, global_batch_size, max_norm, seed, deterministic, "
+            "rampup_batch_size, use_skip_step_on_nan, max_consecutive_skipped_steps") in found
+    assert ("model[3]", "mapping keys must be strings, got 3 (an integer)") in found

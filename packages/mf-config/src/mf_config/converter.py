@@ -246,12 +246,12 @@ def _class_hook(cls: type) -> Callable[[Any, Any], Any]:
             try:
                 kwargs[name] = converter.structure(value[name], field_type)
             except Exception as exc:
-                exc.__notes__ = [*getattr(exc, "__notes__", []),
-                                 AttributeValidationNote(f"@ attribute {name}", name, field_type)]
-                errors.append(exc)
+                errors.append(_at(exc, name, field_type))
         unknown = [key for key in value if key not in names]
         if is_open:
             kwargs["extras"] = {key: copy.deepcopy(value[key]) for key in unknown}
+            errors += [_at(ValueProblem(f"mapping keys must be strings, got {describe(key)}"),
+                           key, Any) for key in unknown if not isinstance(key, str)]
         elif unknown:
             errors.append(ForbiddenExtraKeysError("", cls, set(unknown)))
         if errors:
@@ -259,6 +259,13 @@ def _class_hook(cls: type) -> Callable[[Any, Any], Any]:
         return cls(**kwargs)
 
     return structure
+
+
+def _at(exc: Exception, name: Any, field_type: Any) -> Exception:
+    """Note on `exc` that it happened at attribute (or key) `name`."""
+    note = AttributeValidationNote(f"@ attribute {name}", name, field_type)
+    exc.__notes__ = [*getattr(exc, "__notes__", []), note]
+    return exc
 
 
 def _open_unstructure_hook(cls: type) -> Callable[[Any], dict[str, Any]]:

@@ -25,8 +25,10 @@ def format_path(path: Path) -> str:
     """Dotted form of a path: `recompute.select_module["mlp"][1]`, `callbacks[2].type`."""
     text = ""
     for part in path:
-        if isinstance(part, int):
+        if isinstance(part, int) and not isinstance(part, bool):
             text += f"[{part}]"
+        elif not isinstance(part, str):  # a YAML key that is not a string: null, true, 1.5
+            text += f"[{part!r}]"
         elif isinstance(part, MappingKey) or not part.isidentifier():
             text += f'["{part}"]'
         else:
@@ -81,4 +83,4 @@ def emit_warnings(issues: Sequence[ConfigIssue]) -> None:
     """Send each warning-severity issue through the `warnings` module."""
     for issue in issues:
         if issue.severity == "warning":
-            warnings.warn(str(issue), ConfigWarning, stacklevel=3)
+            warnings.warn(str(issue), ConfigWarning, stacklevel=4)

@@ -47,7 +47,7 @@ class Check:
 
     def num_layers(self) -> int | None:
         """The model's layer count, when the model section gives it (and structured)."""
-        return None if "model" in self.failed else self.config.model.num_layers()
+        return None if "model" in self.failed else self.config.model.layer_count()
 
 
 Rule = Callable[[Check], None]

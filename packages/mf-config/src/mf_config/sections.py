@@ -214,7 +214,7 @@ class ModelConfig(OpenSection):
     model_type: str | None = setting(None, "Model type id, such as deepseek_v3 or qwen3.")
     architectures: str | None = setting(None, "Model class name, such as DeepseekV3ForCausalLM.")
 
-    def num_layers(self) -> int | None:
+    def layer_count(self) -> int | None:
         """Decoder layers plus multi-token-prediction layers, when the section says them."""
         base = self.extras.get("num_hidden_layers", self.extras.get("num_layers"))
         if not _is_count(base) or base == 0:
