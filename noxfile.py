@@ -22,7 +22,7 @@ def install_packages(session: nox.Session) -> None:
     session.install(*(f"-e{ROOT / 'packages' / name}" for name in PACKAGES))
 
 
-@nox.session(python="3.11")
+@nox.session
 def tests(session: nox.Session) -> None:
     """The whole test suite."""
     install_packages(session)
@@ -30,7 +30,7 @@ def tests(session: nox.Session) -> None:
     session.run("pytest", *session.posargs)
 
 
-@nox.session(python="3.11")
+@nox.session
 def lint(session: nox.Session) -> None:
     """ruff, and the import-linter contract that keeps the package stack strict."""
     install_packages(session)
@@ -39,7 +39,7 @@ def lint(session: nox.Session) -> None:
     session.run("lint-imports")
 
 
-@nox.session(python="3.11")
+@nox.session
 def demo(session: nox.Session) -> None:
     """The main job. Until mf-train lands: validate every example configuration."""
     session.install(f"{ROOT / 'packages' / 'mf-config'}")
@@ -48,7 +48,7 @@ def demo(session: nox.Session) -> None:
     session.run("mf-config", "show", examples[0])
 
 
-@nox.session(python="3.11")
+@nox.session
 def bench(session: nox.Session) -> None:
     """Benchmarks, each against a baseline measured in the same run."""
     session.install(f"{ROOT / 'packages' / 'mf-config'}")

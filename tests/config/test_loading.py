@@ -133,7 +133,8 @@ def test_merge_keys_take_explicit_values_first() -> None:
 
 def test_mapping_depth_limit() -> None:
     def nested(depth: int) -> str:
-        return "".join(f"{'  ' * i}k{i}:\n" for i in range(depth - 1)) + "  " * (depth - 1) + "v: 1\n"
+        keys = "".join(f"{'  ' * i}k{i}:\n" for i in range(depth - 1))
+        return keys + "  " * (depth - 1) + "v: 1\n"
 
     load_text(nested(MAX_MAPPING_DEPTH))
     with pytest.raises(ConfigError) as exc:
