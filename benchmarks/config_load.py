@@ -2,7 +2,8 @@
 
 Each measurement is a fresh process (import cost included, as a user pays it):
   baseline: python -c "import yaml; yaml.safe_load(open(FILE))"
-  mf-config: python -m mf_config validate FILE   (import, load, structure, every rule)
+  mf-config: mf-config validate FILE   (the console script beside this interpreter: import,
+             load, structure, every rule)
   mf_config import: python -c "import mf_config" (the import alone, for orientation)
 The runs are interleaved so that machine noise hits all of them alike; the medians and their
 ratio are printed. Usage: python benchmarks/config_load.py [FILE] [--runs N]
@@ -23,10 +24,12 @@ DEFAULT_FILE = ROOT / "examples" / "spec_skeleton.yaml"
 
 def commands(file: Path) -> dict[str, list[str]]:
     py = sys.executable
+    script = Path(py).parent / "mf-config"
+    validate = [str(script)] if script.exists() else [py, "-m", "mf_config"]
     return {
         "yaml.safe_load (baseline)": [
             py, "-c", f"import yaml; yaml.safe_load(open({str(file)!r}))"],
-        "mf-config validate": [py, "-m", "mf_config", "validate", str(file)],
+        "mf-config validate": [*validate, "validate", str(file)],
         "import mf_config": [py, "-c", "import mf_config"],
     }
 

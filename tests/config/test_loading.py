@@ -8,7 +8,7 @@ import pytest
 from conftest import spec_yaml_blocks
 
 from mf_config import ConfigError, load_config
-from mf_config.yaml_source import MAX_MAPPING_DEPTH, UnreadableFile, load_text
+from mf_config.yaml_source import MAX_MAPPING_DEPTH, UnreadableFile, dump_text, load_text
 
 SKELETON = spec_yaml_blocks()[0]
 
@@ -179,6 +179,10 @@ def test_learning_rate_1e_5_loads_as_float(tmp_path) -> None:
     "x: !!python/name:os.system\n",
     "x: !custom 3\n",
     "x: !!set {a, b}\n",
+    "x: !!binary aGk=\n",
+    "x: !!timestamp 2001-12-14\n",
+    "!!set a: 1\n",
+    "x: !!omap [a: 1]\n",
 ])
 def test_no_python_or_custom_tags(text: str) -> None:
     with pytest.raises(ConfigError) as exc:
@@ -198,3 +202,20 @@ def test_several_documents_are_rejected() -> None:
     with pytest.raises(ConfigError) as exc:
         load_text("a: 1\n---\nb: 2\n")
     assert "YAML syntax error" in only_issue(exc).message
+
+
+@pytest.mark.parametrize(("text", "message"), [
+    ("x: 0b_\n", "cannot read '0b_' as int"),
+    ("x: !!float abc\n", "cannot read 'abc' as float"),
+    ("x: &a [*a]\n", "a recursive alias"),
+    ("x: &a {<<: *a}\n", "a recursive alias"),
+])
+def test_odd_scalars_and_recursive_aliases_are_config_errors(text: str, message: str) -> None:
+    with pytest.raises(ConfigError) as exc:
+        load_text(text)
+    assert message in only_issue(exc).message
+
+
+def test_dump_quotes_what_the_loader_would_read_as_numbers() -> None:
+    data = {"a": "1e5", "b": "-.5", "c": "5", "d": "None", "e": 1e-05, "f": "true", "g": "中文"}
+    assert load_text(dump_text(data)).data == data

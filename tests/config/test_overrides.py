@@ -98,3 +98,12 @@ def test_malformed_overrides(skeleton_file, override, fragment) -> None:
         load_config(skeleton_file, [override])
     (issue,) = exc.value.errors
     assert issue.message.startswith(f"bad override {override!r}") and fragment in issue.message
+
+
+def test_override_values_obey_the_nesting_limit(skeleton_file) -> None:
+    deep = "model" + ".a" * 8 + "={b: {c: 1}}"
+    with pytest.raises(ConfigError) as exc:
+        load_config(skeleton_file, [deep])
+    (issue,) = exc.value.errors
+    assert "nested deeper than 10" in issue.message
+    load_config(skeleton_file, ["model" + ".a" * 8 + "={b: 1}"])

@@ -460,3 +460,11 @@ def test_keys_that_are_not_strings_get_readable_paths() -> None:
             "keys: steps, local_batch_size, global_batch_size, max_norm, seed, deterministic, "
             "rampup_batch_size, use_skip_step_on_nan, max_consecutive_skipped_steps") in found
     assert ("model[3]", "mapping keys must be strings, got 3 (an integer)") in found
+
+
+@pytest.mark.parametrize(("data", "kind"), [([], "a list"), (None, "NoneType"), ("x", "str")])
+def test_from_dict_of_something_else_is_a_config_error(data, kind) -> None:
+    with pytest.raises(ConfigError) as exc:
+        TrainConfig.from_dict(data)
+    (issue,) = exc.value.errors
+    assert issue.message == f"the configuration must be a mapping of sections, got {kind}"

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 
 from .errors import ConfigError, ConfigIssue
 from .validate import check_source, load_source
-from .yaml_source import UnreadableFile
+from .yaml_source import UnreadableFile, dump_text
 
 EXIT_OK, EXIT_INVALID, EXIT_USAGE = 0, 1, 2
 
@@ -88,11 +88,7 @@ def _show(args: argparse.Namespace) -> int:
         print(issue, file=sys.stderr)
     if status != EXIT_OK:
         return status
-    import yaml
-
-    dumper = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
-    sys.stdout.write(yaml.dump(config.to_dict(), Dumper=dumper, sort_keys=False,  # type: ignore[union-attr]
-                               default_flow_style=False, allow_unicode=True))
+    sys.stdout.write(dump_text(config.to_dict()))  # type: ignore[attr-defined]
     return EXIT_OK
 
 

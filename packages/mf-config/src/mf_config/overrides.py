@@ -60,7 +60,8 @@ def _parse(text: str) -> tuple[Path, Any]:
     key, separator, value = text.partition("=")
     if not separator:
         raise ValueError("expected key.path=value")
-    return parse_key_path(key.strip()), load_value(value)
+    path = parse_key_path(key.strip())
+    return path, load_value(value, depth=sum(isinstance(part, str) for part in path))
 
 
 def _write(data: dict[str, Any], path: Path, value: Any) -> None:

@@ -24,6 +24,10 @@ def check_source(source: Source) -> tuple[TrainConfig, list[ConfigIssue]]:
     value-rule problems of the others. A section that failed is left at its defaults in the
     returned config, and rules that read it are skipped.
     """
+    if not isinstance(source.data, dict):
+        kind = "a list" if isinstance(source.data, list) else type(source.data).__name__
+        return TrainConfig(), [source.issue((), f"the configuration must be a mapping of "
+                                                 f"sections, got {kind}")]
     issues: list[ConfigIssue] = []
     sections, failed = {}, set()
     for key in source.data:

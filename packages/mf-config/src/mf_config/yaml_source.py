@@ -32,11 +32,12 @@ _TIMESTAMP_TAG = "tag:yaml.org,2002:timestamp"
 _MERGE_TAG = "tag:yaml.org,2002:merge"
 _MAP_TAG = "tag:yaml.org,2002:map"
 _SEQ_TAG = "tag:yaml.org,2002:seq"
+_SCALAR_TAGS = {f"tag:yaml.org,2002:{kind}" for kind in ("str", "int", "float", "bool", "null")}
 # YAML 1.1's float forms plus the exponent without a dot (`1e-5`), as YAML 1.2 reads it.
 _FLOAT_PATTERN = re.compile(
     r"""^(?:[-+]?[0-9][0-9_]*\.[0-9_]*(?:[eE][-+]?[0-9]+)?
     |[-+]?[0-9][0-9_]*[eE][-+]?[0-9]+
-    |[-+]?\.[0-9_]+(?:[eE][-+]?[0-9]+)?
+    |[-+]?\.[0-9][0-9_]*(?:[eE][-+]?[0-9]+)?
     |[-+]?\.(?:inf|Inf|INF)
     |\.(?:nan|NaN|NAN))$""",
     re.X,
@@ -53,11 +54,16 @@ class _ConfigLoader(_BaseLoader):  # type: ignore[misc, valid-type]
     """A safe loader whose float resolver accepts `1e-5` and which leaves dates as strings."""
 
 
-_ConfigLoader.yaml_implicit_resolvers = {
-    first: [(tag, rx) for tag, rx in resolvers if tag not in (_FLOAT_TAG, _TIMESTAMP_TAG)]
-    for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
-}
-_ConfigLoader.add_implicit_resolver(_FLOAT_TAG, _FLOAT_PATTERN, list("-+0123456789."))
+class _ConfigDumper(yaml.SafeDumper):
+    """A dumper that quotes every string `_ConfigLoader` would read as something else."""
+
+
+for _cls in (_ConfigLoader, _ConfigDumper):
+    _cls.yaml_implicit_resolvers = {
+        first: [(tag, rx) for tag, rx in resolvers if tag not in (_FLOAT_TAG, _TIMESTAMP_TAG)]
+        for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
+    }
+    _cls.add_implicit_resolver(_FLOAT_TAG, _FLOAT_PATTERN, list("-+0123456789."))
 
 
 @dataclass
@@ -157,6 +163,11 @@ def _kind(value: Any) -> str:
     return f"{type(value).__name__} {value!r}"
 
 
+def dump_text(data: Any) -> str:
+    """YAML for plain data that `load_text` reads back to the same data."""
+    return yaml.dump(data, Dumper=_ConfigDumper, sort_keys=False, default_flow_style=False)
+
+
 class _TooLarge(Exception):
     pass
 
@@ -170,6 +181,8 @@ class _Builder:
         self.lines: dict[Path, int] = {(): 1}
         self.problems: list[ConfigIssue] = []
         self.count = 0
+        self.open_nodes: set[int] = set()
+        """Collections being built, to catch an alias to an enclosing collection."""
 
     def build(self, node: yaml.Node, path: Path, depth: int) -> Any:
         try:
@@ -185,16 +198,27 @@ class _Builder:
         self.count += 1
         if self.count > MAX_VALUES:
             raise _TooLarge
-        if isinstance(node, yaml.MappingNode):
-            return self._mapping(node, path, depth + 1)
-        if isinstance(node, yaml.SequenceNode):
-            self._check_tag(node, _SEQ_TAG)
-            items = []
-            for index, item in enumerate(node.value):
-                self.lines[(*path, index)] = item.start_mark.line + 1
-                items.append(self._value(item, (*path, index), depth))
-            return items
-        return self._scalar(node)
+        if isinstance(node, yaml.ScalarNode):
+            return self._scalar(node)
+        if id(node) in self.open_nodes:
+            self._problem(node, "an alias refers to a value that contains it (a recursive "
+                          "alias); write the value out instead")
+            return None
+        self.open_nodes.add(id(node))
+        try:
+            if isinstance(node, yaml.MappingNode):
+                return self._mapping(node, path, depth + 1)
+            return self._sequence(node, path, depth)
+        finally:
+            self.open_nodes.discard(id(node))
+
+    def _sequence(self, node: yaml.SequenceNode, path: Path, depth: int) -> list[Any]:
+        self._check_tag(node, _SEQ_TAG)
+        items = []
+        for index, item in enumerate(node.value):
+            self.lines[(*path, index)] = item.start_mark.line + 1
+            items.append(self._value(item, (*path, index), depth))
+        return items
 
     def _mapping(self, node: yaml.MappingNode, path: Path, depth: int) -> dict[Any, Any]:
         self._check_tag(node, _MAP_TAG)
@@ -232,16 +256,21 @@ class _Builder:
             if not isinstance(source, yaml.MappingNode):
                 self._problem(source, "a merge key (<<) needs a mapping or a list of mappings")
                 continue
-            merged = self._mapping(source, path, depth)
+            merged = self._value(source, path, depth - 1) or {}
             for key, value in merged.items():
                 result.setdefault(key, value)
 
     def _scalar(self, node: yaml.Node) -> Any:
+        if node.tag not in _SCALAR_TAGS:
+            self._problem(node, f"unsupported YAML tag {node.tag!r}; only plain YAML values "
+                          "(strings, numbers, booleans, null) are allowed")
+            return None
         try:
             return self.loader.construct_object(node)
-        except yaml.constructor.ConstructorError as exc:
-            self._problem(node, f"unsupported YAML value: {exc.problem}; only plain YAML "
-                          "(no Python or custom tags) is allowed")
+        except Exception:  # PyYAML's constructors raise ValueError, IndexError, ... on odd text
+            kind = node.tag.rsplit(":", 1)[-1]
+            shown = node.value if len(node.value) <= 40 else node.value[:40] + "..."
+            self._problem(node, f"cannot read {shown!r} as {kind}")
             return None
 
     def _check_tag(self, node: yaml.Node, expected: str) -> None:
@@ -253,8 +282,11 @@ class _Builder:
         self.problems.append(ConfigIssue("", message, node.start_mark.line + 1, None, self.file))
 
 
-def load_value(text: str) -> Any:
-    """Parse one YAML value (as written after `=` in an override) with the same rules."""
+def load_value(text: str, depth: int = 0) -> Any:
+    """Parse one YAML value (as written after `=` in an override) with the same rules.
+
+    `depth` is the number of mappings the value will sit in, for the nesting limit.
+    """
     loader = _ConfigLoader(text)
     try:
         node = loader.get_single_node()
@@ -264,7 +296,7 @@ def load_value(text: str) -> Any:
         return None
     builder = _Builder(loader, None)
     try:
-        value = builder.build(node, (), 0)
+        value = builder.build(node, (), depth)
     finally:
         loader.dispose()
     if builder.problems:

@@ -1,0 +1,77 @@
+"""mf-config stays light: importing and using it never imports numpy, MindSpore or the packages
+above it in the stack (each check runs in a fresh interpreter)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+SKELETON = ROOT / "examples" / "spec_skeleton.yaml"
+HEAVY = ("numpy", "mindspore")
+ABOVE = ("mf_parallel", "mf_memory", "mf_data", "mf_train")
+
+USE_MF_CONFIG = f"""
+import mf_config
+config = mf_config.load_config({str(SKELETON)!r}, overrides=["training.steps=10"])
+assert config.training.steps == 10 and config.model.hidden_size == 1792
+config.to_dict()
+from mf_config.cli import main
+from mf_config.schema import json_schema
+json_schema()
+"""
+
+
+def modules_after(code: str, tmp_path: Path) -> set[str]:
+    """The names in sys.modules after running `code` in a new interpreter.
+
+    numpy and MindSpore need not be installed here, so an optional `try: import numpy` would go
+    unnoticed: the interpreter runs in `tmp_path`, where importable tripwire packages of those
+    names are placed (first on sys.path), so any attempt to import them shows up.
+    """
+    for name in HEAVY:
+        (tmp_path / name).mkdir(exist_ok=True)
+        (tmp_path / name / "__init__.py").write_text("TRIPWIRE = True\n", encoding="utf-8")
+    script = code + "\nimport json, sys\nprint(json.dumps(sorted(sys.modules)))\n"
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                            cwd=tmp_path, timeout=120, check=False)
+    assert result.returncode == 0, result.stderr
+    return set(json.loads(result.stdout.splitlines()[-1]))
+
+
+def starting_with(modules: set[str], prefixes: tuple[str, ...]) -> list[str]:
+    return sorted(m for m in modules if m.startswith(prefixes))
+
+
+def test_import_mf_config_imports_no_numpy_or_mindspore(tmp_path: Path) -> None:
+    modules = modules_after("import mf_config", tmp_path)
+    assert "mf_config" in modules
+    assert starting_with(modules, HEAVY) == []
+
+
+def test_loading_a_config_imports_no_numpy_or_mindspore(tmp_path: Path) -> None:
+    modules = modules_after(USE_MF_CONFIG, tmp_path)
+    assert {"mf_config.validate", "mf_config.cli", "mf_config.schema", "yaml"} <= modules
+    assert starting_with(modules, HEAVY) == []
+
+
+def test_mf_config_imports_no_package_above_it(tmp_path: Path) -> None:
+    modules = modules_after(USE_MF_CONFIG, tmp_path)
+    assert starting_with(modules, ABOVE) == []
+
+
+@pytest.mark.parametrize("name", ABOVE)
+def test_the_check_sees_a_package_that_is_imported(tmp_path: Path, name: str) -> None:
+    """The same check does flag an upper package when one is imported (installed in this env)."""
+    pytest.importorskip(name)
+    modules = modules_after(f"import mf_config\nimport {name}", tmp_path)
+    assert name in starting_with(modules, ABOVE)
+
+
+def test_the_check_sees_numpy_when_it_is_imported(tmp_path: Path) -> None:
+    modules = modules_after("import mf_config\nimport numpy\nassert numpy.TRIPWIRE", tmp_path)
+    assert starting_with(modules, HEAVY) == ["numpy"]
