@@ -3,8 +3,9 @@
 cattrs' defaults are lenient where a configuration must be strict: `int("5")` and `int(True)`
 succeed, a string structures as a list of characters, a union tries members blindly. The hooks
 here accept a value only when its YAML type is the declared one (an int is fine where a float
-is expected), and say what was expected. With detailed validation on, cattrs collects every
-failing field; `problems()` flattens that exception tree into (path, message) pairs.
+is expected), and say what was expected. Sections, lists and mappings collect the failures of
+all their members into cattrs' exception groups (with cattrs' attribute and item notes), and
+`problems()` flattens that tree into (path, message) pairs.
 """
 
 from __future__ import annotations
@@ -297,33 +298,22 @@ converter.register_unstructure_hook_factory(
 
 def problems(exc: BaseException, path: Path) -> list[tuple[Path, str]]:
     """Flatten a structuring failure into (path, message) pairs, one per problem."""
-    if isinstance(exc, ClassValidationError):
+    if isinstance(exc, (ClassValidationError, IterableValidationError)):
         with_notes, others = exc.group_exceptions()
         found = []
         for sub, note in with_notes:
-            found += problems(sub, (*path, note.name))
-        for sub in others:
-            found += problems(sub, path)
-        return found
-    if isinstance(exc, IterableValidationError):
-        with_notes, others = exc.group_exceptions()
-        found = []
-        for sub, note in with_notes:
-            found += problems(sub, (*path, note.index))
+            step = note.name if isinstance(note, AttributeValidationNote) else note.index
+            found += problems(sub, (*path, step))
         for sub in others:
             found += problems(sub, path)
         return found
     if isinstance(exc, ForbiddenExtraKeysError):
-        return [(( *path, key), _unknown_key_message(exc.cl, key)) for key in sorted(
-            exc.extra_fields, key=str)]
+        allowed = declared_fields(exc.cl)
+        return [((*path, key), unknown_keys_message(exc.cl.__name__, key, allowed))
+                for key in sorted(exc.extra_fields, key=str)]
     if isinstance(exc, ValueProblem):
         return [(path, str(exc))]
     return [(path, f"{type(exc).__name__}: {exc}")]
-
-
-def _unknown_key_message(cls: type, key: Any) -> str:
-    """`Unknown configuration keys for X: ['key']` plus the nearest known name."""
-    return unknown_keys_message(cls.__name__, key, declared_fields(cls))
 
 
 def unknown_keys_message(owner: str, key: Any, allowed: tuple[str, ...]) -> str:
