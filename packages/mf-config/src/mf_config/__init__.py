@@ -35,6 +35,7 @@ from .sections import (
     TrainStateConfig,
 )
 from .validate import load_config
+from .yaml_source import UnreadableFile
 
 __version__ = "0.1.0"
 
@@ -66,5 +67,6 @@ __all__ = [
     "TrainDatasetConfig",
     "TrainStateConfig",
     "TrainingConfig",
+    "UnreadableFile",
     "load_config",
 ]

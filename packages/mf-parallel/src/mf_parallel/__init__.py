@@ -1,4 +1,43 @@
-"""mf-parallel: parallel topology, batch math and MindSpore data/tensor parallelism.
+"""mf-parallel: parallel layouts for mf, worked out in pure Python before anything is launched.
 
-Not built yet: its contents arrive with issue 3. See README.md beside this package.
+    from mf_parallel import make_plan
+    plan = make_plan(parallelism, training, world_size=8, num_layers=12, seq_length=4096)
+
+This package's plan never imports MindSpore; the runtime (collectives, data and tensor
+parallelism on real ranks) will live in its own module and import MindSpore lazily.
 """
+
+from .batch import BatchPlan, Rampup
+from .dims import ParallelDims
+from .errors import PlanError
+from .mesh import DIMENSIONS, GROUP_KINDS, RankMesh
+from .pipeline_layout import PipelineError, StageLayout, stage_layout
+from .pipeline_schedules import SCHEDULES, Action, Kind, build_schedule
+from .pipeline_simulator import ScheduleError, SimulationResult, simulate
+from .plan import Plan, make_plan, plan_summary
+from .sequence import check_sequence_length, sequence_divisor
+
+__all__ = [
+    "DIMENSIONS",
+    "GROUP_KINDS",
+    "SCHEDULES",
+    "Action",
+    "BatchPlan",
+    "Kind",
+    "ParallelDims",
+    "PipelineError",
+    "Plan",
+    "PlanError",
+    "Rampup",
+    "RankMesh",
+    "ScheduleError",
+    "SimulationResult",
+    "StageLayout",
+    "build_schedule",
+    "check_sequence_length",
+    "make_plan",
+    "plan_summary",
+    "sequence_divisor",
+    "simulate",
+    "stage_layout",
+]

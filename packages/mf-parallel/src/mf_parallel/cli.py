@@ -1,0 +1,130 @@
+"""`mf-parallel plan`: show what a parallel layout does before anything is launched.
+
+    mf-parallel plan --config train.yaml --world-size 8 [--rank 3] [--json] [--set k=v ...]
+
+Exit status: 0 the layout works, 1 it does not (the reason is printed) or the configuration is
+invalid, 2 usage error or unreadable file.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+from mf_config import ConfigError, TrainConfig, UnreadableFile, load_config
+
+from .errors import PlanError
+from .plan import Plan, make_plan, plan_summary
+
+EXIT_OK, EXIT_INVALID, EXIT_USAGE = 0, 1, 2
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the CLI; returns the exit status."""
+    args = _parser().parse_args(argv)
+    if args.command != "plan":
+        _parser().print_usage(sys.stderr)
+        return EXIT_USAGE
+    try:
+        config = load_config(args.config, args.overrides)
+    except ConfigError as exc:
+        for issue in exc.errors:
+            print(issue, file=sys.stderr)
+        return EXIT_USAGE if isinstance(exc, UnreadableFile) else EXIT_INVALID
+    try:
+        plan = make_plan(config.parallelism, config.training, args.world_size,
+                         num_layers=decoder_layers(config), seq_length=sequence_length(config))
+        if args.rank is not None:
+            plan.mesh.coordinates(args.rank)  # checks the rank is in the world
+    except PlanError as exc:
+        print(f"{args.config}: invalid parallel layout: {exc}", file=sys.stderr)
+        return EXIT_INVALID
+    if args.json:
+        print(json.dumps(plan_summary(plan, args.rank), indent=2))
+    else:
+        print(describe(plan, args.rank))
+    return EXIT_OK
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="mf-parallel",
+                                     description="Parallel layouts of mf training jobs.")
+    parser.set_defaults(command=None)
+    commands = parser.add_subparsers(title="commands", metavar="COMMAND")
+    plan = commands.add_parser("plan", help="show the degrees, batches, stages and groups")
+    plan.add_argument("--config", required=True, metavar="FILE", help="train.yaml")
+    plan.add_argument("--world-size", required=True, type=int, metavar="N",
+                      help="number of ranks")
+    plan.add_argument("--rank", type=int, metavar="R", help="also show the groups of rank R")
+    plan.add_argument("--json", action="store_true", help="print JSON instead of text")
+    plan.add_argument("--set", dest="overrides", action="append", default=[],
+                      metavar="KEY.PATH=VALUE", help="override a config value (repeatable)")
+    plan.set_defaults(command="plan")
+    return parser
+
+
+def decoder_layers(config: TrainConfig) -> int | None:
+    """Decoder layers to place on pipeline stages (`num_hidden_layers` or `num_layers`)."""
+    value = config.model.get("num_hidden_layers", config.model.get("num_layers"))
+    return value if isinstance(value, int) else None
+
+
+def sequence_length(config: TrainConfig) -> int | None:
+    """`model.seq_length`, else the data loader's `config.seq_length`."""
+    value = config.model.get("seq_length")
+    if value is None:
+        loader_config = config.train_dataset.dataloader.get("config")
+        value = loader_config.get("seq_length") if isinstance(loader_config, dict) else None
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def describe(plan: Plan, rank: int | None = None) -> str:
+    """The plan as readable text."""
+    d, batch = plan.dims, plan.batch
+    lines = [
+        d.describe(),
+        "dimension order (outer -> inner): pipeline, replicate, shard, context, tensor",
+        f"batch: micro-batch {batch.micro_batch_size} x data parallel {d.data} x "
+        f"{batch.accumulation_steps()} accumulation steps = global batch "
+        f"{batch.effective_global_batch_size()}",
+    ]
+    if d.pipeline > 1 or plan.layout is not None:
+        lines.append(_pipeline_line(plan))
+    if plan.layout is not None:
+        lines += [f"  {line}" for line in plan.layout.describe().splitlines()]
+    lines += [f"warning: {warning}" for warning in plan.warnings]
+    if rank is not None:
+        lines += _rank_lines(plan, rank)
+    return "\n".join(lines)
+
+
+def _pipeline_line(plan: Plan) -> str:
+    text = f"pipeline: {plan.dims.pipeline} stages"
+    if plan.interleave > 1:
+        text += f" x {plan.interleave} chunks"
+    if plan.dims.pipeline > 1:
+        text += f", schedule {plan.schedule}"
+    if plan.simulation is not None:
+        text += (f", bubble {plan.simulation.bubble_fraction:.1%} "
+                 "(simulated, backward = 2 x forward)")
+    return text
+
+
+def _rank_lines(plan: Plan, rank: int) -> list[str]:
+    coords = ", ".join(f"{k} {v}" for k, v in plan.mesh.coordinates(rank).items())
+    lines = [f"rank {rank}: {coords}"]
+    for kind, group in plan.mesh.groups_of(rank).items():
+        lines.append(f"  {kind + ' group':<18}{_ranks(group)}")
+    return lines
+
+
+def _ranks(group: list[Any]) -> str:
+    return "[" + ", ".join(str(r) for r in group) + "]"
+
+
+def run() -> None:
+    """Console-script entry point."""
+    sys.exit(main())

@@ -1,0 +1,94 @@
+"""Parallel degrees: how a world of ranks is divided between the kinds of parallelism.
+
+The layout follows torchtitan's `ParallelDims`: the world is pipeline x data x context x tensor,
+and data parallelism is itself replicate x shard (HSDP when both are above one; plain FSDP when
+replicate is one). Data parallelism is what is left once the other degrees are taken:
+`world_size // (tensor * context * pipeline)`.
+
+Expert parallelism does not add ranks: it is laid over ranks the layout already has. Experts
+are spread over the shard x context ranks of each pipeline stage (each expert then still sharded
+by tensor parallelism), or, when the expert degree is larger than that block, over shard x
+context x tensor (experts are then not tensor-sharded). torchtitan calls these ETP = TP and
+ETP = 1; MindFormers borrows data and model-parallel ranks the same way.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import attrs
+
+from mf_config import ParallelismConfig
+
+from .errors import PlanError
+
+ExpertSpan = Literal["shard_context", "shard_context_tensor"]
+
+
+@attrs.frozen(kw_only=True)
+class ParallelDims:
+    """The degree of every kind of parallelism, for one world size. Build with `from_config`."""
+
+    world_size: int
+    pipeline: int
+    data_replicate: int
+    data_shard: int
+    context: int
+    tensor: int
+    expert: int
+    expert_span: ExpertSpan
+
+    @property
+    def data(self) -> int:
+        """Data-parallel degree: replicate x shard."""
+        return self.data_replicate * self.data_shard
+
+    @property
+    def hsdp(self) -> bool:
+        """Hybrid sharding: sharded within groups, replicated across them."""
+        return self.data_replicate > 1 and self.data_shard > 1
+
+    @classmethod
+    def from_config(cls, parallelism: ParallelismConfig, world_size: int) -> ParallelDims:
+        """Derive every degree; `PlanError` names the degrees when they cannot fit."""
+        if world_size < 1:
+            raise PlanError(f"the world size must be >= 1, got {world_size}")
+        tp, cp, pp = (parallelism.tensor_parallel, parallelism.context_parallel,
+                      parallelism.pipeline_parallel)
+        model_ranks = tp * cp * pp
+        if world_size % model_ranks:
+            raise PlanError(
+                f"world size {world_size} is not divisible by tensor_parallel ({tp}) x "
+                f"context_parallel ({cp}) x pipeline_parallel ({pp}) = {model_ranks}")
+        data = world_size // model_ranks
+        shard = data if parallelism.data_parallel_shard == -1 else parallelism.data_parallel_shard
+        if data % shard:
+            raise PlanError(
+                f"data_parallel_shard ({shard}) must divide the data-parallel degree {data} "
+                f"(world size {world_size} / (tensor {tp} x context {cp} x pipeline {pp}))")
+        ep = parallelism.expert_parallel
+        return cls(world_size=world_size, pipeline=pp, data_replicate=data // shard,
+                   data_shard=shard, context=cp, tensor=tp, expert=ep,
+                   expert_span=_expert_span(ep, shard, cp, tp))
+
+    def describe(self) -> str:
+        """One line: `world 8 = pipeline 2 x data 2 (replicate 1 x shard 2) x context 1 x ...`."""
+        text = (f"world {self.world_size} = pipeline {self.pipeline} x data {self.data} "
+                f"(replicate {self.data_replicate} x shard {self.data_shard}) x context "
+                f"{self.context} x tensor {self.tensor}")
+        if self.expert > 1:
+            over = self.expert_span.replace("_", " x ")
+            text += f"; expert {self.expert} over {over}"
+        return text
+
+
+def _expert_span(ep: int, shard: int, cp: int, tp: int) -> ExpertSpan:
+    if ep == 1 or (shard * cp) % ep == 0:
+        return "shard_context"
+    if ep % tp == 0 and (shard * cp * tp) % ep == 0:
+        return "shard_context_tensor"
+    raise PlanError(
+        f"expert_parallel ({ep}) must divide data_parallel_shard x context_parallel "
+        f"({shard} x {cp} = {shard * cp}), or be a multiple of tensor_parallel ({tp}) that "
+        f"divides data_parallel_shard x context_parallel x tensor_parallel "
+        f"({shard * cp * tp}): expert parallelism borrows those ranks")

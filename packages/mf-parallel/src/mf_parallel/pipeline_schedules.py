@@ -1,0 +1,201 @@
+"""Pipeline schedules as per-stage lists of actions.
+
+A schedule says, for every stage, the order in which it runs forward (F) and backward (B)
+computations of (micro-batch, chunk), and the point-to-point messages around them: the
+activations a forward sends to the next virtual stage (SEND_F / RECV_F) and the gradients a
+backward sends to the previous one (SEND_B / RECV_B).
+
+Each schedule is defined only by its compute order; `with_communication` then adds the
+messages the same way for all of them: a receive just before the computation that needs it,
+a send just after the computation that produced it. (Megatron pairs sends and receives in
+fused calls; kept apart, a stage waits only for the message it is about to use.)
+
+The schedules, with p stages, m micro-batches and v chunks per stage:
+- `gpipe`: every forward, then every backward; peak memory of m micro-batches' activations.
+- `1f1b`: p - stage - 1 warm-up forwards, then alternately one forward and one backward, then
+  the remaining backwards; at most p - stage micro-batches in flight, same bubble as GPipe.
+- `interleaved_1f1b`: Megatron's schedule with v chunks per stage; the bubble shrinks by v.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Callable
+
+import attrs
+
+from .pipeline_layout import PipelineError, virtual_stage
+
+
+class Kind(enum.Enum):
+    """What an action does."""
+
+    F = "F"
+    B = "B"
+    SEND_F = "SEND_F"
+    RECV_F = "RECV_F"
+    SEND_B = "SEND_B"
+    RECV_B = "RECV_B"
+
+
+COMPUTE = frozenset({Kind.F, Kind.B})
+SENDS = frozenset({Kind.SEND_F, Kind.SEND_B})
+
+
+@attrs.frozen
+class Action:
+    """One step of a stage: a computation, or a message to or from `peer` stage.
+
+    `chunk` is always this stage's chunk the action belongs to: SEND_F(mb, c) carries the
+    output of F(mb, c); RECV_F(mb, c) brings the input of F(mb, c); likewise SEND_B / RECV_B for
+    the gradients of B(mb, c). Across the wrap from the last stage to the first the two ends of
+    one message therefore name different chunks (c on stage p - 1, c + 1 on stage 0).
+    """
+
+    kind: Kind
+    microbatch: int
+    chunk: int = 0
+    peer: int | None = None
+
+    def __attrs_post_init__(self) -> None:
+        if (self.kind in COMPUTE) != (self.peer is None):
+            need = "takes no peer stage" if self.kind in COMPUTE else "needs a peer stage"
+            raise ValueError(f"{self.kind.value} {need}, got peer={self.peer}")
+
+    def __str__(self) -> str:
+        text = f"{self.kind.value}(mb {self.microbatch}, chunk {self.chunk}"
+        if self.peer is None:
+            return text + ")"
+        direction = "to" if self.kind in SENDS else "from"
+        return f"{text}, {direction} stage {self.peer})"
+
+
+Schedule = list[list[Action]]
+ComputeOrder = Callable[[int, int, int, int], list[Action]]
+
+
+def gpipe_order(stage: int, num_stages: int, num_microbatches: int,
+                num_chunks: int) -> list[Action]:
+    """Every forward in micro-batch order, then every backward in the same order."""
+    forwards = [Action(Kind.F, mb) for mb in range(num_microbatches)]
+    return forwards + [Action(Kind.B, mb) for mb in range(num_microbatches)]
+
+
+def one_f_one_b_order(stage: int, num_stages: int, num_microbatches: int,
+                      num_chunks: int) -> list[Action]:
+    """Warm-up forwards, then one forward one backward, then the cool-down backwards.
+
+    Stage s runs p - s - 1 forwards ahead, so its first backward is due as soon as the
+    micro-batch it started has come back from the last stage; it never holds more than p - s
+    micro-batches' activations.
+    """
+    warmup = min(num_stages - stage - 1, num_microbatches)
+    order = [Action(Kind.F, mb) for mb in range(warmup)]
+    for mb in range(warmup, num_microbatches):
+        order += [Action(Kind.F, mb), Action(Kind.B, mb - warmup)]
+    return order + [Action(Kind.B, mb) for mb in range(num_microbatches - warmup,
+                                                        num_microbatches)]
+
+
+def interleaved_order(stage: int, num_stages: int, num_microbatches: int,
+                      num_chunks: int) -> list[Action]:
+    """Megatron's interleaved 1F1B compute order.
+
+    Forwards go in groups of p micro-batches: micro-batches 0..p-1 through chunk 0, then the
+    same group through chunk 1, ..., chunk v-1, then the next group. Backwards go in the same
+    groups with the chunks reversed. Stage s runs 2 (p - s - 1) + (v - 1) p forwards ahead
+    (Megatron's warm-up), then alternates one forward and one backward.
+
+    With zero-time messages this takes (v m + p - 1)(t_f + t_b) for chunk times t_f and t_b:
+    Megatron's bubble of (p - 1)/(v m) of the ideal time. The warm-up is Megatron's even with a
+    single chunk, where it runs p - s - 1 more forwards ahead than `1f1b` (same time, more
+    activations held), so that the memory figures are those of the schedule Megatron runs.
+    """
+    total = num_microbatches * num_chunks
+    warmup = min(2 * (num_stages - stage - 1) + (num_chunks - 1) * num_stages, total)
+
+    def position(index: int, forward: bool) -> tuple[int, int]:
+        group, in_group = divmod(index, num_stages * num_chunks)
+        chunk = in_group // num_stages
+        if not forward:
+            chunk = num_chunks - 1 - chunk
+        return group * num_stages + in_group % num_stages, chunk
+
+    order = [Action(Kind.F, *position(index, True)) for index in range(warmup)]
+    for index in range(warmup, total):
+        order += [Action(Kind.F, *position(index, True)),
+                  Action(Kind.B, *position(index - warmup, False))]
+    return order + [Action(Kind.B, *position(index, False))
+                    for index in range(total - warmup, total)]
+
+
+SCHEDULES: dict[str, ComputeOrder] = {
+    "gpipe": gpipe_order,
+    "1f1b": one_f_one_b_order,
+    "interleaved_1f1b": interleaved_order,
+}
+
+
+def build_schedule(name: str, num_stages: int, num_microbatches: int,
+                   num_chunks: int = 1) -> Schedule:
+    """The actions of every stage under schedule `name` (the config's names).
+
+    Raise `PipelineError` for an unknown name or numbers the schedule cannot run.
+    """
+    order = SCHEDULES.get(name)
+    if order is None:
+        raise PipelineError(f"unknown pipeline schedule {name!r}; known: {', '.join(SCHEDULES)}")
+    _check(name, num_stages, num_microbatches, num_chunks)
+    return [with_communication(order(stage, num_stages, num_microbatches, num_chunks),
+                               stage, num_stages, num_chunks)
+            for stage in range(num_stages)]
+
+
+def with_communication(compute: list[Action], stage: int, num_stages: int,
+                       num_chunks: int) -> list[Action]:
+    """`compute` with each message received just before its use and sent right after.
+
+    With one stage every virtual stage is local and nothing is sent; otherwise the neighbours
+    of a virtual stage always live on the two neighbouring stages.
+    """
+    if num_stages == 1:
+        return list(compute)
+    last = num_stages * num_chunks - 1
+    previous, following = (stage - 1) % num_stages, (stage + 1) % num_stages
+    actions = []
+    for action in compute:
+        mb, chunk = action.microbatch, action.chunk
+        virtual = virtual_stage(stage, chunk, num_stages)
+        if action.kind is Kind.F:
+            if virtual > 0:
+                actions.append(Action(Kind.RECV_F, mb, chunk, previous))
+            actions.append(action)
+            if virtual < last:
+                actions.append(Action(Kind.SEND_F, mb, chunk, following))
+        else:
+            if virtual < last:
+                actions.append(Action(Kind.RECV_B, mb, chunk, following))
+            actions.append(action)
+            if virtual > 0:
+                actions.append(Action(Kind.SEND_B, mb, chunk, previous))
+    return actions
+
+
+def _check(name: str, num_stages: int, num_microbatches: int, num_chunks: int) -> None:
+    if num_stages < 1:
+        raise PipelineError(f"the number of pipeline stages must be >= 1, got {num_stages}")
+    if num_microbatches < 1:
+        raise PipelineError(f"the number of micro-batches must be >= 1, got {num_microbatches}")
+    if num_chunks < 1:
+        raise PipelineError(f"the number of chunks per stage must be >= 1, got {num_chunks}")
+    if name != "interleaved_1f1b":
+        if num_chunks != 1:
+            raise PipelineError(
+                f"{name} runs one model chunk per stage, got {num_chunks}; "
+                f"use interleaved_1f1b for pipeline_parallel_interleave_num > 1")
+        return
+    if num_microbatches % num_stages:
+        raise PipelineError(
+            f"interleaved_1f1b needs the number of micro-batches ({num_microbatches}) to be a "
+            f"multiple of pipeline_parallel ({num_stages}), as Megatron's interleaved schedule "
+            f"does")

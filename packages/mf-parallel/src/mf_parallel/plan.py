@@ -1,0 +1,99 @@
+"""The plan: everything a parallel layout decides, worked out before any rank is started.
+
+`make_plan` takes the typed `parallelism` and `training` sections and a world size, and returns
+a `Plan`: the degrees, every rank's coordinates and groups, the batch math, and the pipeline's
+stage layout and schedule (checked by simulation). It is pure Python; it never imports
+MindSpore, so a laptop can answer "what does this layout do?" in milliseconds.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import attrs
+
+from mf_config import ParallelismConfig, TrainingConfig
+
+from .batch import BatchPlan
+from .dims import ParallelDims
+from .errors import PlanError
+from .mesh import DIMENSIONS, RankMesh
+from .pipeline_layout import PipelineError, StageLayout, stage_layout
+from .pipeline_schedules import build_schedule
+from .pipeline_simulator import SimulationResult, simulate
+from .sequence import check_sequence_length
+
+
+@attrs.frozen(kw_only=True)
+class Plan:
+    """The parallel layout of one training job."""
+
+    dims: ParallelDims
+    mesh: RankMesh
+    batch: BatchPlan
+    schedule: str
+    """Pipeline schedule name, as in the config."""
+    interleave: int
+    """Model chunks per pipeline stage."""
+    layout: StageLayout | None
+    """Decoder layers of each stage and chunk; None when the layer count is not known."""
+    simulation: SimulationResult | None
+    """The schedule run on a unit-time model (t_b = 2 t_f); None without pipeline parallelism."""
+    warnings: tuple[str, ...] = ()
+
+
+def make_plan(parallelism: ParallelismConfig, training: TrainingConfig, world_size: int, *,
+              num_layers: int | None = None, seq_length: int | None = None) -> Plan:
+    """Work out the whole layout; `PlanError` says what does not fit and why."""
+    dims = ParallelDims.from_config(parallelism, world_size)
+    batch = BatchPlan.from_config(training, dims.data)
+    if seq_length is not None:
+        causal = parallelism.context_parallel_mask_type == "causal"
+        check_sequence_length(seq_length, dims.tensor, dims.context, causal)
+    interleave = parallelism.pipeline_parallel_interleave_num
+    try:
+        layout = None if num_layers is None else stage_layout(
+            num_layers, dims.pipeline, interleave, parallelism.layers_per_stage())
+        simulation = None
+        if dims.pipeline > 1:
+            actions = build_schedule(parallelism.pipeline_parallel_schedule, dims.pipeline,
+                                     batch.accumulation_steps(), interleave)
+            simulation = simulate(actions, num_chunks=interleave, forward_time=1.0,
+                                  backward_time=2.0)
+    except (PipelineError, ValueError) as exc:
+        raise PlanError(str(exc)) from None
+    return Plan(dims=dims, mesh=RankMesh(dims), batch=batch,
+                schedule=parallelism.pipeline_parallel_schedule, interleave=interleave,
+                layout=layout, simulation=simulation, warnings=tuple(batch.warnings()))
+
+
+def plan_summary(plan: Plan, rank: int | None = None) -> dict[str, Any]:
+    """The plan as plain data (what `mf-parallel plan --json` prints)."""
+    d = plan.dims
+    summary: dict[str, Any] = {
+        "world_size": d.world_size,
+        "data_parallel": d.data,
+        "data_parallel_shard": d.data_shard,
+        "data_parallel_replicate": d.data_replicate,
+        "tensor_parallel": d.tensor,
+        "context_parallel": d.context,
+        "pipeline_parallel": d.pipeline,
+        "expert_parallel": d.expert,
+        "expert_span": list(d.expert_span.split("_")),
+        "dimension_order": list(DIMENSIONS),
+        "micro_batch_size": plan.batch.micro_batch_size,
+        "num_accumulation_steps": plan.batch.accumulation_steps(),
+        "global_batch_size": plan.batch.global_batch_size,
+        "effective_global_batch_size": plan.batch.effective_global_batch_size(),
+        "pipeline_schedule": plan.schedule,
+        "pipeline_interleave_num": plan.interleave,
+        "warnings": list(plan.warnings),
+    }
+    if plan.layout is not None:
+        summary["stage_layers"] = plan.layout.as_lists()
+    if plan.simulation is not None:
+        summary["pipeline_bubble_fraction"] = round(plan.simulation.bubble_fraction, 4)
+    if rank is not None:
+        summary["rank"] = {"rank": rank, "coordinates": plan.mesh.coordinates(rank),
+                           "groups": plan.mesh.groups_of(rank)}
+    return summary

@@ -1,0 +1,92 @@
+"""`make_plan` and the `mf-parallel plan` command."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from mf_config import ParallelismConfig, TrainingConfig
+from mf_parallel.errors import PlanError
+from mf_parallel.plan import make_plan, plan_summary
+
+ROOT = Path(__file__).resolve().parents[2]
+SKELETON = ROOT / "examples" / "spec_skeleton.yaml"
+SCRIPT = Path(sys.executable).parent / "mf-parallel"
+
+
+def run(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([str(SCRIPT), *args], capture_output=True, text=True, timeout=60)
+
+
+def test_plan_of_a_pipeline_layout() -> None:
+    plan = make_plan(ParallelismConfig(pipeline_parallel=2, tensor_parallel=2),
+                     TrainingConfig(global_batch_size=16, local_batch_size=1), 8,
+                     num_layers=12, seq_length=4096)
+    summary = plan_summary(plan, rank=5)
+    assert summary["data_parallel"] == 2 and summary["num_accumulation_steps"] == 8
+    assert summary["stage_layers"] == [[list(range(0, 6))], [list(range(6, 12))]]
+    assert summary["rank"]["coordinates"] == {"pipeline": 1, "replicate": 0, "shard": 0,
+                                              "context": 0, "tensor": 1}
+    assert summary["rank"]["groups"]["pipeline"] == [1, 5]
+    # 1F1B, 2 stages, 8 micro-batches: bubble (p - 1) / (m + p - 1) = 1 / 9
+    assert summary["pipeline_bubble_fraction"] == round(1 / 9, 4)
+
+
+def test_plan_errors_are_plan_errors() -> None:
+    with pytest.raises(PlanError, match="seq_length 100 must be a multiple of"):
+        make_plan(ParallelismConfig(tensor_parallel=8), TrainingConfig(global_batch_size=8),
+                  8, seq_length=100)
+    with pytest.raises(PlanError, match="global_batch_size"):
+        make_plan(ParallelismConfig(), TrainingConfig(global_batch_size=4), 8)
+
+
+def test_cli_text(tmp_path) -> None:
+    result = run("plan", "--config", str(SKELETON), "--world-size", "8", "--rank", "3",
+                 "--set", "parallelism.tensor_parallel=2",
+                 "--set", "parallelism.pipeline_parallel=2",
+                 "--set", "training.global_batch_size=8")
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert lines[0] == ("world 8 = pipeline 2 x data 2 (replicate 1 x shard 2) x context 1 x "
+                        "tensor 2")
+    assert lines[2] == ("batch: micro-batch 1 x data parallel 2 x 4 accumulation steps = "
+                        "global batch 8")
+    assert lines[3].startswith("pipeline: 2 stages, schedule 1f1b, bubble 20.0%")
+    assert "rank 3: pipeline 0, replicate 0, shard 1, context 0, tensor 1" in lines
+    assert "  tensor group      [2, 3]" in lines
+
+
+def test_cli_json_has_the_promised_keys() -> None:
+    result = run("plan", "--config", str(SKELETON), "--world-size", "4", "--json",
+                 "--set", "parallelism.data_parallel_shard=2")
+    assert result.returncode == 0, result.stderr
+    summary = json.loads(result.stdout)
+    assert {k: summary[k] for k in ("data_parallel", "data_parallel_shard",
+                                     "data_parallel_replicate", "num_accumulation_steps")} == {
+        "data_parallel": 4, "data_parallel_shard": 2, "data_parallel_replicate": 2,
+        "num_accumulation_steps": 2}
+
+
+def test_cli_invalid_layout_exits_1_with_the_reason() -> None:
+    result = run("plan", "--config", str(SKELETON), "--world-size", "6",
+                 "--set", "parallelism.tensor_parallel=4")
+    assert result.returncode == 1
+    assert result.stderr == (f"{SKELETON}: invalid parallel layout: world size 6 is not "
+                             "divisible by tensor_parallel (4) x context_parallel (1) x "
+                             "pipeline_parallel (1) = 4\n")
+
+
+def test_cli_invalid_config_and_usage(tmp_path) -> None:
+    result = run("plan", "--config", str(SKELETON), "--world-size", "8",
+                 "--set", "training.global_batch_size=0")
+    assert result.returncode == 1 and "must be positive" in result.stderr
+    assert run("plan", "--config", str(tmp_path / "none.yaml"), "--world-size", "8"
+               ).returncode == 2
+    assert run("plan", "--world-size", "8").returncode == 2
+    assert run().returncode == 2
+    result = run("plan", "--config", str(SKELETON), "--world-size", "8", "--rank", "8")
+    assert result.returncode == 1 and "rank 8 is outside the world (0..7)" in result.stderr
