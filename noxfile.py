@@ -18,8 +18,13 @@ nox.options.sessions = ["lint", "tests"]
 nox.options.reuse_existing_virtualenvs = False
 
 
+EXTRAS = {"mf-parallel": "[runtime]"}
+"""Optional extras the sessions install (the MindSpore runtime of mf-parallel)."""
+
+
 def install_packages(session: nox.Session) -> None:
-    session.install(*(f"-e{ROOT / 'packages' / name}" for name in PACKAGES))
+    session.install(*(f"-e{ROOT / 'packages' / name}{EXTRAS.get(name, '')}"
+                      for name in PACKAGES))
 
 
 @nox.session

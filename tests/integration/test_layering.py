@@ -97,10 +97,14 @@ def imported_distributions(package: str) -> dict[str, list[str]]:
     return result
 
 
-def declared_distributions(package: str) -> set[str]:
+def declared_distributions(package: str, extras: bool = False) -> set[str]:
+    """Names in [project].dependencies (and, with `extras`, in every optional extra)."""
     project = tomllib.loads((PACKAGES_DIR / package / "pyproject.toml").read_text("utf-8"))
-    return {canonicalize_name(Requirement(r).name)
-            for r in project["project"].get("dependencies", [])}
+    requirements = list(project["project"].get("dependencies", []))
+    if extras:
+        for group in project["project"].get("optional-dependencies", {}).values():
+            requirements += group
+    return {canonicalize_name(Requirement(r).name) for r in requirements}
 
 
 def test_the_five_packages_are_there() -> None:
@@ -123,9 +127,9 @@ def test_the_parser_finds_imports_of_every_form() -> None:
 @pytest.mark.parametrize("package", STACK)
 def test_declared_dependencies_are_exactly_the_imported_ones(package: str) -> None:
     imported = imported_distributions(package)
-    declared = declared_distributions(package)
+    declared = declared_distributions(package, extras=True)
     undeclared = {d: sorted(set(files)) for d, files in imported.items() if d not in declared}
-    unused = declared - set(imported)
+    unused = declared_distributions(package) - set(imported)
     assert not undeclared, f"{package} imports but does not declare: {undeclared}"
     assert not unused, f"{package} declares but never imports: {sorted(unused)}"
 
@@ -167,3 +171,12 @@ def test_the_root_import_linter_contract_matches() -> None:
     layers = next(c["layers"] for c in contracts if c["type"] == "layers")
     assert [sorted(re.split(r"\s*\|\s*", layer)) for layer in layers] == [
         ["mf_train"], ["mf_data", "mf_memory"], ["mf_parallel"], ["mf_config"]]
+
+
+def test_mindspore_stays_in_the_runtime_of_mf_parallel() -> None:
+    """design.md: mf-parallel imports MindSpore only inside its runtime module, which is an
+    optional extra, so the plan installs and runs without it."""
+    imported = imported_distributions("mf-parallel")
+    assert all("/runtime/" in file for file in imported.get("mindspore", []))
+    assert "mindspore" not in declared_distributions("mf-parallel")
+    assert "mindspore" in declared_distributions("mf-parallel", extras=True)

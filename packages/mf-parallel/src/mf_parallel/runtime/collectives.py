@@ -1,0 +1,140 @@
+"""Collective operations, each with the backend's real operation or, where the backend lacks
+it, an emulation built from the operations it has.
+
+MindSpore 2.10's CPU backend (mccl) has all-reduce (sum only), all-gather and broadcast, but
+not reduce-scatter, all-to-all or send/recv (see shared/reference/mindspore-cpu.md). On CPU:
+- all-reduce with max, min or prod = all-gather, then the reduction on every rank;
+- reduce-scatter = all-reduce, then this rank's slice;
+- all-to-all = all-gather of every rank's chunks, then the chunks addressed to this rank;
+- all-gather and broadcast over a group other than the world (mccl runs them over the world
+  group only) = an all-reduce (sum) of a buffer in which each rank fills only its own part and
+  leaves zeros elsewhere: exact, at the cost of moving the whole buffer;
+- send/recv = that broadcast inside a two-rank group of sender and receiver.
+Ascend and GPU use the real operations. Every input is made contiguous first: the CPU backend
+silently reduces wrong values from non-contiguous tensors (the transposed weight's gradient).
+All operations are out of place and return new tensors.
+"""
+
+from __future__ import annotations
+
+import mindspore as ms
+from mindspore import communication, ops
+
+from .comm import Communication
+
+NATIVE_REDUCE_SCATTER = {"Ascend", "GPU"}
+NATIVE_ALL_TO_ALL = {"Ascend", "GPU"}
+
+
+class Collectives:
+    """Collectives over this rank's groups, addressed by kind (`"data"`, `"tensor"`, ...)."""
+
+    def __init__(self, comm: Communication):
+        self.comm = comm
+        self._pairs: set[str] = set()
+
+    def all_reduce(self, tensor: ms.Tensor, kind: str, op: str = "sum") -> ms.Tensor:
+        """Sum (or max, min, prod) over the group."""
+        group = self.comm.group(kind)
+        if group is None:
+            return tensor
+        if op == "sum" or self.comm.device_target in NATIVE_REDUCE_SCATTER:
+            return ops.AllReduce(op=op, group=group)(tensor.contiguous())
+        if op not in _LOCAL_REDUCTIONS:
+            raise ValueError(f"unknown reduction {op!r}; use sum, max, min or prod")
+        size = self.comm.group_size(kind)
+        stacked = self.all_gather(tensor.reshape(1, *tensor.shape), kind)
+        assert stacked.shape[0] == size
+        return _LOCAL_REDUCTIONS[op](stacked)
+
+    def all_gather(self, tensor: ms.Tensor, kind: str) -> ms.Tensor:
+        """The group's tensors concatenated along dim 0, in group-rank order."""
+        group = self.comm.group(kind)
+        if group is None:
+            return tensor
+        if self._native_everywhere(group):
+            return ops.AllGather(group=group)(tensor.contiguous())
+        size, me = self.comm.group_size(kind), self.comm.group_rank(kind)
+        parts = [tensor if index == me else ops.zeros_like(tensor) for index in range(size)]
+        return ops.AllReduce(op="sum", group=group)(ops.cat(parts))
+
+    def reduce_scatter(self, tensor: ms.Tensor, kind: str) -> ms.Tensor:
+        """Sum over the group, then this rank's equal slice of dim 0."""
+        group = self.comm.group(kind)
+        if group is None:
+            return tensor
+        size = self.comm.group_size(kind)
+        if tensor.shape[0] % size:
+            raise ValueError(f"reduce_scatter over {size} ranks needs dim 0 divisible by "
+                             f"{size}, got shape {tuple(tensor.shape)}")
+        if self.comm.device_target in NATIVE_REDUCE_SCATTER:
+            return ops.ReduceScatter(op="sum", group=group)(tensor.contiguous())
+        summed = self.all_reduce(tensor, kind)
+        return _chunk(summed, size, self.comm.group_rank(kind))
+
+    def all_to_all(self, tensor: ms.Tensor, kind: str) -> ms.Tensor:
+        """Chunk i of dim 0 goes to group rank i; returns the chunks received, in rank order."""
+        group = self.comm.group(kind)
+        if group is None:
+            return tensor
+        size = self.comm.group_size(kind)
+        if tensor.shape[0] % size:
+            raise ValueError(f"all_to_all over {size} ranks needs dim 0 divisible by {size}, "
+                             f"got shape {tuple(tensor.shape)}")
+        if self.comm.device_target in NATIVE_ALL_TO_ALL:
+            return ops.AlltoAll(size, 0, 0, group=group)(tensor.contiguous())
+        gathered = self.all_gather(tensor, kind)  # size x size chunks: [sender][receiver]
+        me = self.comm.group_rank(kind)
+        return ops.cat([_chunk(_chunk(gathered, size, sender), size, me)
+                        for sender in range(size)])
+
+    def broadcast(self, tensor: ms.Tensor, kind: str, src: int) -> ms.Tensor:
+        """`src`'s tensor (src is a global rank in the group) on every rank of the group."""
+        group = self.comm.group(kind)
+        if group is None:
+            return tensor
+        return self._broadcast(tensor, src, group)
+
+    def send_recv(self, tensor: ms.Tensor, src: int, dst: int) -> ms.Tensor:
+        """Point to point: `dst` gets `src`'s tensor (both ranks call this; `dst` passes a
+        buffer of the right shape and dtype). Returns the received tensor on `dst`."""
+        if src == dst:
+            return tensor
+        if self.comm.device_target not in NATIVE_ALL_TO_ALL:
+            return self._broadcast(tensor, src, self._pair_group(src, dst))
+        if self.comm.rank == src:
+            ops.Send(0, dst, group=communication.GlobalComm.WORLD_COMM_GROUP)(tensor)
+            return tensor
+        return ops.Receive(0, src, list(tensor.shape), tensor.dtype,
+                           group=communication.GlobalComm.WORLD_COMM_GROUP)()
+
+    def _native_everywhere(self, group: str) -> bool:
+        """Whether all-gather and broadcast run natively over `group` on this backend."""
+        return (self.comm.device_target in NATIVE_REDUCE_SCATTER
+                or group == communication.GlobalComm.WORLD_COMM_GROUP)
+
+    def _broadcast(self, tensor: ms.Tensor, src: int, group: str) -> ms.Tensor:
+        if self._native_everywhere(group):
+            return ops.Broadcast(root_rank=src, group=group)((tensor.contiguous(),))[0]
+        contribution = tensor if self.comm.rank == src else ops.zeros_like(tensor)
+        return ops.AllReduce(op="sum", group=group)(contribution.contiguous())
+
+    def _pair_group(self, a: int, b: int) -> str:
+        ranks = sorted((a, b))
+        name = f"mf_pair_{ranks[0]}_{ranks[1]}"
+        if name not in self._pairs:
+            communication.create_group(name, ranks)
+            self._pairs.add(name)
+        return name
+
+
+_LOCAL_REDUCTIONS = {
+    "max": lambda stacked: stacked.max(axis=0),
+    "min": lambda stacked: stacked.min(axis=0),
+    "prod": lambda stacked: stacked.prod(axis=0),
+}
+
+
+def _chunk(tensor: ms.Tensor, parts: int, index: int) -> ms.Tensor:
+    step = tensor.shape[0] // parts
+    return tensor[index * step:(index + 1) * step]

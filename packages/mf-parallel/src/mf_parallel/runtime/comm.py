@@ -1,0 +1,86 @@
+"""Communication set-up under msrun: initialise, then create the plan's groups on every rank.
+
+msrun sets the environment (`MS_ROLE`, `MS_WORKER_NUM`, `RANK_ID`, ...) that
+`mindspore.communication.init()` reads; init picks HCCL on Ascend, NCCL on GPU and mccl on CPU.
+Groups are created in one global order (kind by kind, groups sorted), each by its members only,
+so every rank issues the same creations in the same order. One-rank groups are not created:
+collectives over them are the identity (`Collectives` skips them).
+"""
+
+from __future__ import annotations
+
+import os
+
+import attrs
+import mindspore as ms
+from mindspore import communication
+
+from ..mesh import GROUP_KINDS, RankMesh
+from ..plan import Plan
+
+
+@attrs.frozen(kw_only=True)
+class Communication:
+    """This rank's place in the job: rank, world size, backend, and its group of every kind."""
+
+    rank: int
+    world_size: int
+    device_target: str
+    group_ranks: dict[str, list[int]]
+    """Kind -> the ranks of this rank's group of that kind."""
+    group_names: dict[str, str]
+    """Kind -> the MindSpore group name (only for groups of more than one rank)."""
+
+    def group(self, kind: str) -> str | None:
+        """MindSpore group name of this rank's `kind` group; None for a one-rank group."""
+        return self.group_names.get(kind)
+
+    def group_size(self, kind: str) -> int:
+        return len(self.group_ranks[kind])
+
+    def group_rank(self, kind: str) -> int:
+        """This rank's index inside its `kind` group."""
+        return self.group_ranks[kind].index(self.rank)
+
+
+def init_communication(plan: Plan, device_target: str = "CPU") -> Communication:
+    """Initialise MindSpore communication (if the job has several ranks) and the plan's groups."""
+    ms.set_context(mode=ms.PYNATIVE_MODE)
+    ms.set_device(device_target)
+    world = plan.dims.world_size
+    if world == 1:
+        groups = RankMesh(plan.dims).groups_of(0)
+        return Communication(rank=0, world_size=1, device_target=device_target,
+                             group_ranks=groups, group_names={})
+    if "MS_WORKER_NUM" not in os.environ and "RANK_SIZE" not in os.environ:
+        raise RuntimeError(f"the plan has {world} ranks but this process was not started by "
+                           "msrun (MS_WORKER_NUM is not set); launch it with mf_parallel.launch")
+    communication.init()
+    rank, size = communication.get_rank(), communication.get_group_size()
+    if size != world:
+        raise RuntimeError(f"the plan is for {world} ranks but msrun started {size}")
+    names = _create_groups(plan.mesh, rank, world)
+    return Communication(rank=rank, world_size=world, device_target=device_target,
+                         group_ranks=plan.mesh.groups_of(rank), group_names=names)
+
+
+def group_name(ranks: list[int], world_size: int) -> str:
+    """One name per rank set, the same on every member (the world group keeps its own name)."""
+    if len(ranks) == world_size:
+        return communication.GlobalComm.WORLD_COMM_GROUP
+    return "mf_" + "_".join(str(r) for r in ranks)
+
+
+def _create_groups(mesh: RankMesh, rank: int, world: int) -> dict[str, str]:
+    created: set[str] = set()
+    names = {}
+    for kind in GROUP_KINDS:
+        for ranks in mesh.groups(kind):
+            if len(ranks) == 1 or rank not in ranks:
+                continue
+            name = group_name(ranks, world)
+            if name not in created and len(ranks) < world:
+                communication.create_group(name, ranks)
+            created.add(name)
+            names[kind] = name
+    return names
