@@ -56,5 +56,7 @@ def demo(session: nox.Session) -> None:
 @nox.session
 def bench(session: nox.Session) -> None:
     """Benchmarks, each against a baseline measured in the same run."""
-    session.install(f"{ROOT / 'packages' / 'mf-config'}")
+    session.install(f"{ROOT / 'packages' / 'mf-config'}",
+                    f"{ROOT / 'packages' / 'mf-parallel'}[runtime]")
     session.run("python", "benchmarks/config_load.py", *session.posargs)
+    session.run("python", "benchmarks/dp_sync.py")
