@@ -1,0 +1,229 @@
+"""Tensor-parallel layers (Megatron-LM style) with sequence parallelism, for MindSpore PyNative.
+
+Column-parallel linear splits the output features over the tensor group; row-parallel linear
+splits the input features and sums the partial outputs; the vocabulary-parallel embedding and
+cross-entropy split the vocabulary. The communication between them is written as four small
+cells with their own backward (`bprop`), Megatron's conjugate pairs:
+
+| cell | forward | backward |
+|---|---|---|
+| `CopyToTensorRegion` | identity | all-reduce |
+| `ReduceFromTensorRegion` | all-reduce | identity |
+| `GatherFromSequenceRegion` | all-gather along dim 0 | reduce-scatter along dim 0 |
+| `ReduceScatterToSequenceRegion` | reduce-scatter along dim 0 | all-gather along dim 0 |
+
+(MindSpore's own `AllReduce` backward is another all-reduce, right for data parallelism but
+tensor-parallel-times too large here.) With sequence parallelism, activations outside the
+tensor-parallel regions are split along dim 0, the sequence dimension of Megatron's
+`[sequence, batch, hidden]` layout; the spec keeps sequence parallelism on whenever tensor
+parallelism is. A parameter that is replicated over the tensor group but used on the sequence
+slices (the row-parallel bias; the norms around the layers) then gets only its slice's share
+of the gradient: such parameters are marked, and `reduce_sequence_parallel_grads` sums their
+gradients over the tensor group, as Megatron-LM does.
+"""
+
+from __future__ import annotations
+
+import mindspore as ms
+import numpy as np
+from mindspore import Parameter, Tensor, nn, ops
+
+from .collectives import Collectives
+
+KIND = "tensor"
+
+
+class TensorGroup:
+    """The tensor-parallel group of this rank, with its collectives."""
+
+    def __init__(self, collectives: Collectives, sequence_parallel: bool | None = None):
+        self.collectives = collectives
+        self.size = collectives.comm.group_size(KIND)
+        self.rank = collectives.comm.group_rank(KIND)
+        self.sequence_parallel = self.size > 1 if sequence_parallel is None else sequence_parallel
+
+    def all_reduce(self, x: Tensor) -> Tensor:
+        return self.collectives.all_reduce(x, KIND)
+
+    def all_gather(self, x: Tensor) -> Tensor:
+        return self.collectives.all_gather(x, KIND)
+
+    def reduce_scatter(self, x: Tensor) -> Tensor:
+        return self.collectives.reduce_scatter(x, KIND)
+
+    def shard(self, full: np.ndarray, axis: int) -> np.ndarray:
+        """This rank's equal slice of `full` along `axis`."""
+        if full.shape[axis] % self.size:
+            raise ValueError(f"dimension {axis} of shape {full.shape} is not divisible by "
+                             f"tensor_parallel ({self.size})")
+        return np.split(full, self.size, axis=axis)[self.rank]
+
+
+class CopyToTensorRegion(nn.Cell):
+    """Identity forward; all-reduce of the gradient backward."""
+
+    def __init__(self, group: TensorGroup):
+        super().__init__()
+        self.group = group
+
+    def construct(self, x: Tensor) -> Tensor:
+        return x
+
+    def bprop(self, x: Tensor, out: Tensor, dout: Tensor) -> tuple[Tensor]:
+        return (self.group.all_reduce(dout),)
+
+
+class ReduceFromTensorRegion(nn.Cell):
+    """All-reduce forward; identity backward (the gradient is already the same everywhere)."""
+
+    def __init__(self, group: TensorGroup):
+        super().__init__()
+        self.group = group
+
+    def construct(self, x: Tensor) -> Tensor:
+        return self.group.all_reduce(x)
+
+    def bprop(self, x: Tensor, out: Tensor, dout: Tensor) -> tuple[Tensor]:
+        return (dout,)
+
+
+class GatherFromSequenceRegion(nn.Cell):
+    """All-gather along dim 0 forward; reduce-scatter along dim 0 backward."""
+
+    def __init__(self, group: TensorGroup):
+        super().__init__()
+        self.group = group
+
+    def construct(self, x: Tensor) -> Tensor:
+        return self.group.all_gather(x)
+
+    def bprop(self, x: Tensor, out: Tensor, dout: Tensor) -> tuple[Tensor]:
+        return (self.group.reduce_scatter(dout),)
+
+
+class ReduceScatterToSequenceRegion(nn.Cell):
+    """Reduce-scatter along dim 0 forward; all-gather along dim 0 backward."""
+
+    def __init__(self, group: TensorGroup):
+        super().__init__()
+        self.group = group
+
+    def construct(self, x: Tensor) -> Tensor:
+        return self.group.reduce_scatter(x)
+
+    def bprop(self, x: Tensor, out: Tensor, dout: Tensor) -> tuple[Tensor]:
+        return (self.group.all_gather(dout),)
+
+
+class ColumnParallelLinear(nn.Cell):
+    """`y = x A^T + b` with A's output features split over the tensor group.
+
+    Input: the full activation (or, with sequence parallelism, this rank's sequence slice,
+    gathered here). Output: this rank's slice of the output features, ready for a
+    `RowParallelLinear`.
+    """
+
+    def __init__(self, weight: np.ndarray, bias: np.ndarray | None, group: TensorGroup):
+        super().__init__()
+        self.weight = Parameter(Tensor(group.shard(weight, 0)), name="weight")
+        self.bias = None if bias is None else Parameter(Tensor(group.shard(bias, 0)),
+                                                        name="bias")
+        self.enter = (GatherFromSequenceRegion(group) if group.sequence_parallel
+                      else CopyToTensorRegion(group))
+
+    def construct(self, x: Tensor) -> Tensor:
+        y = ops.matmul(self.enter(x), self.weight.T)
+        return y if self.bias is None else y + self.bias
+
+
+class RowParallelLinear(nn.Cell):
+    """`y = x A^T + b` with A's input features split over the tensor group.
+
+    Input: this rank's slice of the features (a `ColumnParallelLinear`'s output). Output: the
+    full result, summed over the group (or, with sequence parallelism, this rank's sequence
+    slice of it). The bias is added once, after the sum.
+    """
+
+    def __init__(self, weight: np.ndarray, bias: np.ndarray | None, group: TensorGroup):
+        super().__init__()
+        self.weight = Parameter(Tensor(group.shard(weight, 1)), name="weight")
+        self.bias = None if bias is None else Parameter(Tensor(bias), name="bias")
+        if self.bias is not None and group.sequence_parallel:
+            mark_sequence_parallel(self.bias)
+        self.leave = (ReduceScatterToSequenceRegion(group) if group.sequence_parallel
+                      else ReduceFromTensorRegion(group))
+
+    def construct(self, x: Tensor) -> Tensor:
+        y = self.leave(ops.matmul(x, self.weight.T))
+        return y if self.bias is None else y + self.bias
+
+
+class VocabParallelEmbedding(nn.Cell):
+    """Embedding with the vocabulary split over the tensor group.
+
+    Each rank looks up the ids in its vocabulary range (others give zeros); the partial
+    results are summed over the group (or reduce-scattered along the sequence with sequence
+    parallelism). Ids are `[sequence, ...]`, so dim 0 is the sequence.
+    """
+
+    def __init__(self, table: np.ndarray, group: TensorGroup):
+        super().__init__()
+        self.group = group
+        self.weight = Parameter(Tensor(group.shard(table, 0)), name="weight")
+        self.per_rank = table.shape[0] // group.size
+        self.start = group.rank * self.per_rank
+        self.leave = (ReduceScatterToSequenceRegion(group) if group.sequence_parallel
+                      else ReduceFromTensorRegion(group))
+
+    def construct(self, ids: Tensor) -> Tensor:
+        local = ids - self.start
+        outside = ops.logical_or(local < 0, local >= self.per_rank)
+        local = ops.masked_fill(local, outside, 0)
+        rows = ops.gather(self.weight, local, 0)
+        rows = ops.masked_fill(rows, outside.expand_dims(-1), 0.0)
+        return self.leave(rows)
+
+
+def vocab_parallel_cross_entropy(logits: Tensor, targets: Tensor,
+                                 group: TensorGroup) -> Tensor:
+    """Per-token cross-entropy from logits split over the vocabulary (last dim).
+
+    The full logits never exist on one rank: the max, the sum of exponentials and the target's
+    logit are each reduced over the group. The gradient of each rank's logits is its slice of
+    `softmax - one_hot`, as for the unsplit loss.
+    """
+    per_rank = logits.shape[-1]
+    start = group.rank * per_rank
+    reduce = ReduceFromTensorRegion(group)
+    # The max only keeps exp() in range; it cancels in the loss, so no gradient flows into it.
+    local_max = ops.stop_gradient(logits.max(axis=-1, keepdims=True))
+    shifted = logits - ops.stop_gradient(group.collectives.all_reduce(local_max, KIND, op="max"))
+    sum_exp = reduce(ops.exp(shifted).sum(axis=-1))
+    local_targets = targets - start
+    outside = ops.logical_or(local_targets < 0, local_targets >= per_rank)
+    local_targets = ops.masked_fill(local_targets, outside, 0)
+    picked = ops.gather_elements(shifted, -1, local_targets.expand_dims(-1)).squeeze(-1)
+    target_logit = reduce(ops.masked_fill(picked, outside, 0.0))
+    return ops.log(sum_exp) - target_logit
+
+
+SEQUENCE_PARALLEL_ATTRIBUTE = "mf_sequence_parallel"
+
+
+def mark_sequence_parallel(param: Parameter) -> Parameter:
+    """Mark a tensor-replicated parameter used on sequence slices (its gradient needs a sum
+    over the tensor group)."""
+    setattr(param, SEQUENCE_PARALLEL_ATTRIBUTE, True)
+    return param
+
+
+def reduce_sequence_parallel_grads(params: list[Parameter], grads: tuple[Tensor, ...],
+                                   group: TensorGroup) -> tuple[Tensor, ...]:
+    """Sum the gradients of marked parameters over the tensor group; others pass through."""
+    return tuple(group.all_reduce(grad) if getattr(param, SEQUENCE_PARALLEL_ATTRIBUTE, False)
+                 else grad for param, grad in zip(params, grads, strict=True))
+
+
+def sequence_shard(x: np.ndarray, group: TensorGroup) -> ms.Tensor:
+    """This rank's slice of a full activation along the sequence (dim 0)."""
+    return Tensor(group.shard(x, 0))
