@@ -22,8 +22,8 @@ from mindspore import communication, ops
 
 from .comm import Communication
 
-NATIVE_REDUCE_SCATTER = {"Ascend", "GPU"}
-NATIVE_ALL_TO_ALL = {"Ascend", "GPU"}
+FULL_BACKENDS = {"Ascend", "GPU"}
+"""Backends with every collective natively (HCCL, NCCL); the CPU backend (mccl) is emulated."""
 
 
 class Collectives:
@@ -38,7 +38,7 @@ class Collectives:
         group = self.comm.group(kind)
         if group is None:
             return tensor
-        if op == "sum" or self.comm.device_target in NATIVE_REDUCE_SCATTER:
+        if op == "sum" or self.comm.device_target in FULL_BACKENDS:
             return ops.AllReduce(op=op, group=group)(tensor.contiguous())
         if op not in _LOCAL_REDUCTIONS:
             raise ValueError(f"unknown reduction {op!r}; use sum, max, min or prod")
@@ -63,11 +63,8 @@ class Collectives:
         group = self.comm.group(kind)
         if group is None:
             return tensor
-        size = self.comm.group_size(kind)
-        if tensor.shape[0] % size:
-            raise ValueError(f"reduce_scatter over {size} ranks needs dim 0 divisible by "
-                             f"{size}, got shape {tuple(tensor.shape)}")
-        if self.comm.device_target in NATIVE_REDUCE_SCATTER:
+        size = _divisible(tensor, self.comm.group_size(kind), "reduce_scatter")
+        if self.comm.device_target in FULL_BACKENDS:
             return ops.ReduceScatter(op="sum", group=group)(tensor.contiguous())
         summed = self.all_reduce(tensor, kind)
         return _chunk(summed, size, self.comm.group_rank(kind))
@@ -77,11 +74,8 @@ class Collectives:
         group = self.comm.group(kind)
         if group is None:
             return tensor
-        size = self.comm.group_size(kind)
-        if tensor.shape[0] % size:
-            raise ValueError(f"all_to_all over {size} ranks needs dim 0 divisible by {size}, "
-                             f"got shape {tuple(tensor.shape)}")
-        if self.comm.device_target in NATIVE_ALL_TO_ALL:
+        size = _divisible(tensor, self.comm.group_size(kind), "all_to_all")
+        if self.comm.device_target in FULL_BACKENDS:
             return ops.AlltoAll(size, 0, 0, group=group)(tensor.contiguous())
         gathered = self.all_gather(tensor, kind)  # size x size chunks: [sender][receiver]
         me = self.comm.group_rank(kind)
@@ -100,7 +94,7 @@ class Collectives:
         buffer of the right shape and dtype). Returns the received tensor on `dst`."""
         if src == dst:
             return tensor
-        if self.comm.device_target not in NATIVE_ALL_TO_ALL:
+        if self.comm.device_target not in FULL_BACKENDS:
             return self._broadcast(tensor, src, self._pair_group(src, dst))
         if self.comm.rank == src:
             ops.Send(0, dst, group=communication.GlobalComm.WORLD_COMM_GROUP)(tensor)
@@ -110,7 +104,7 @@ class Collectives:
 
     def _native_everywhere(self, group: str) -> bool:
         """Whether all-gather and broadcast run natively over `group` on this backend."""
-        return (self.comm.device_target in NATIVE_REDUCE_SCATTER
+        return (self.comm.device_target in FULL_BACKENDS
                 or group == communication.GlobalComm.WORLD_COMM_GROUP)
 
     def _broadcast(self, tensor: ms.Tensor, src: int, group: str) -> ms.Tensor:
@@ -133,6 +127,13 @@ _LOCAL_REDUCTIONS = {
     "min": lambda stacked: stacked.min(axis=0),
     "prod": lambda stacked: stacked.prod(axis=0),
 }
+
+
+def _divisible(tensor: ms.Tensor, size: int, operation: str) -> int:
+    if tensor.shape[0] % size:
+        raise ValueError(f"{operation} over {size} ranks needs dim 0 divisible by {size}, got "
+                         f"shape {tuple(tensor.shape)}")
+    return size
 
 
 def _chunk(tensor: ms.Tensor, parts: int, index: int) -> ms.Tensor:
