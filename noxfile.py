@@ -60,3 +60,4 @@ def bench(session: nox.Session) -> None:
                     f"{ROOT / 'packages' / 'mf-parallel'}[runtime]")
     session.run("python", "benchmarks/config_load.py", *session.posargs)
     session.run("python", "benchmarks/dp_sync.py")
+    session.run("python", "benchmarks/sharded_memory.py")
