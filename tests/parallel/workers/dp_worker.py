@@ -12,9 +12,9 @@ import sys
 from pathlib import Path
 
 import mindspore as ms
-import numpy as np
-from mindspore import Tensor, nn, ops
+from mindspore import ops
 from mindspore.experimental.optim import AdamW
+from tiny_problem import local_batch, tiny_mlp
 
 from mf_config import ParallelismConfig, TrainingConfig
 from mf_parallel import make_plan
@@ -30,16 +30,8 @@ plan = make_plan(ParallelismConfig(disable_gradient_division=(mode == "sum")),
 comm = init_communication(plan, "CPU")
 ms.set_seed(0)
 
-rng = np.random.default_rng(0)
-net = nn.SequentialCell(nn.Dense(16, 32), nn.Tanh(), nn.Dense(32, 8))
-for param in net.trainable_params():
-    param.set_data(Tensor(rng.normal(0, 0.3, param.shape).astype(np.float32)))
-data = np.random.default_rng(1)
-inputs = data.normal(size=(GLOBAL_BATCH, 16)).astype(np.float32)
-targets = data.normal(size=(GLOBAL_BATCH, 8)).astype(np.float32)
-local = GLOBAL_BATCH // world
-rows = slice(comm.group_rank("data") * local, (comm.group_rank("data") + 1) * local)
-x, y = Tensor(inputs[rows]), Tensor(targets[rows])
+net = tiny_mlp(32)
+x, y = local_batch(comm, GLOBAL_BATCH)
 
 optimizer = AdamW(net.trainable_params(), lr=1e-2)
 params = list(optimizer.parameters)

@@ -10,9 +10,9 @@ import sys
 from pathlib import Path
 
 import mindspore as ms
-import numpy as np
-from mindspore import Tensor, nn, ops
+from mindspore import ops
 from mindspore.experimental.optim import AdamW
+from tiny_problem import local_batch, tiny_mlp
 
 from mf_config import ParallelismConfig, TrainingConfig
 from mf_parallel import make_plan
@@ -25,16 +25,8 @@ BATCH = 8
 plan = make_plan(ParallelismConfig(data_parallel_shard=shard),
                  TrainingConfig(global_batch_size=BATCH, local_batch_size=BATCH // world), world)
 comm = init_communication(plan, "CPU")
-rng = np.random.default_rng(0)
-net = nn.SequentialCell(nn.Dense(16, 33), nn.Tanh(), nn.Dense(33, 8))  # 33: uneven slices
-for param in net.trainable_params():
-    param.set_data(Tensor(rng.normal(0, 0.3, param.shape).astype(np.float32)))
-data = np.random.default_rng(1)
-x_all = data.normal(size=(BATCH, 16)).astype(np.float32)
-y_all = data.normal(size=(BATCH, 8)).astype(np.float32)
-local = BATCH // world
-rows = slice(comm.group_rank("data") * local, (comm.group_rank("data") + 1) * local)
-x, y = Tensor(x_all[rows]), Tensor(y_all[rows])
+net = tiny_mlp(33)  # 833 parameters: slices of unequal length need padding
+x, y = local_batch(comm, BATCH)
 params = net.trainable_params()
 collectives = Collectives(comm)
 HYPER = {"lr": 1e-2, "betas": (0.9, 0.95), "eps": 1e-8, "weight_decay": 0.1}
