@@ -18,7 +18,7 @@ from .batch import BatchPlan
 from .dims import ParallelDims
 from .errors import PlanError
 from .mesh import DIMENSIONS, RankMesh
-from .pipeline_layout import PipelineError, StageLayout, stage_layout
+from .pipeline_layout import StageLayout, stage_layout
 from .pipeline_schedules import build_schedule
 from .pipeline_simulator import SimulationResult, simulate
 from .sequence import check_sequence_length
@@ -60,7 +60,7 @@ def make_plan(parallelism: ParallelismConfig, training: TrainingConfig, world_si
                                      batch.accumulation_steps(), interleave)
             simulation = simulate(actions, num_chunks=interleave, forward_time=1.0,
                                   backward_time=2.0)
-    except (PipelineError, ValueError) as exc:
+    except ValueError as exc:  # PipelineError, ScheduleError and the schedules' own checks
         raise PlanError(str(exc)) from None
     return Plan(dims=dims, mesh=RankMesh(dims), batch=batch,
                 schedule=parallelism.pipeline_parallel_schedule, interleave=interleave,

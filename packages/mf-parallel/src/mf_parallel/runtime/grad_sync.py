@@ -15,6 +15,7 @@ buffer takes 20x as long as a multiplication (63 ms against 3 ms, measured).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import mindspore as ms
@@ -35,7 +36,7 @@ class GradientSync:
         self.kind = kind
         self.average = average
         self.shapes = [tuple(shape) for shape in shapes]
-        self.buckets = _buckets([_numel(s) * itemsize for s in self.shapes], bucket_bytes)
+        self.buckets = _buckets([math.prod(s) * itemsize for s in self.shapes], bucket_bytes)
 
     @property
     def size(self) -> int:
@@ -52,7 +53,7 @@ class GradientSync:
         for bucket in self.buckets:
             flat = ops.cat([grads[i].reshape(-1) for i in bucket])
             flat = self._scaled(self.collectives.all_reduce(flat, self.kind))
-            pieces = mint.split(flat, [_numel(self.shapes[i]) for i in bucket])
+            pieces = mint.split(flat, [math.prod(self.shapes[i]) for i in bucket])
             for i, piece in zip(bucket, pieces, strict=True):
                 out[i] = piece.reshape(self.shapes[i])
         return tuple(out)
@@ -68,13 +69,6 @@ class GradientSync:
         """The mean of a per-rank loss over the ranks that saw different samples."""
         size = self.collectives.comm.group_size(kind)
         return self.collectives.all_reduce(loss, kind) / size if size > 1 else loss
-
-
-def _numel(shape: tuple[int, ...]) -> int:
-    count = 1
-    for dim in shape:
-        count *= dim
-    return count
 
 
 def _buckets(sizes: list[int], limit: int) -> list[list[int]]:

@@ -1,0 +1,67 @@
+"""A list of tensors laid end to end in one flat buffer, sharded over the `shard` group.
+
+The buffer is padded with zeros to a multiple of the shard degree, so each rank owns one
+contiguous slice of equal length. ZeRO-1/2 keep one such buffer for all parameters; fully
+sharded data parallel keeps one per sharded unit. With HSDP (replicate > 1) the slices are
+taken over the `shard` group, and reduced slices are then summed over the `replicate` group.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import mindspore as ms
+from mindspore import mint, ops
+
+from .collectives import Collectives
+
+
+class FlatShard:
+    """This rank's slice of the flat buffer of tensors with the given shapes."""
+
+    def __init__(self, shapes: Sequence[tuple[int, ...]], collectives: Collectives):
+        self.shapes = [tuple(shape) for shape in shapes]
+        self.numels = [math.prod(shape) for shape in self.shapes]
+        self.collectives = collectives
+        comm = collectives.comm
+        self.shards = comm.group_size("shard")
+        self.replicas = comm.group_size("replicate")
+        total = sum(self.numels)
+        self.length = -(-total // self.shards)
+        """Elements in each rank's slice."""
+        self.padding = self.length * self.shards - total
+        self.start = comm.group_rank("shard") * self.length
+
+    @property
+    def total(self) -> int:
+        """Elements in the tensors (without padding)."""
+        return sum(self.numels)
+
+    def flatten(self, tensors: Sequence[ms.Tensor]) -> ms.Tensor:
+        """The tensors concatenated, padded to the full buffer length."""
+        parts = [t.reshape(-1) for t in tensors]
+        if self.padding:
+            parts.append(ops.zeros(self.padding, parts[0].dtype))
+        return ops.cat(parts)
+
+    def own(self, flat: ms.Tensor) -> ms.Tensor:
+        """This rank's slice of a full flat buffer (a copy)."""
+        return flat[self.start:self.start + self.length].copy()
+
+    def reduce_scatter(self, flat: ms.Tensor) -> ms.Tensor:
+        """Sum a full flat buffer over every data-parallel rank; return this rank's slice."""
+        mine = self.collectives.reduce_scatter(flat, "shard")
+        return self.collectives.all_reduce(mine, "replicate")
+
+    def all_gather(self, mine: ms.Tensor) -> list[ms.Tensor]:
+        """The full tensors, in their shapes, from every rank's slice.
+
+        Each is a copy, not a view into the gathered buffer: MindSpore copies a view with an
+        offset each time an operation uses it, and a saved copy is not the parameter, so
+        fully sharded data parallel could not recognise it (see `fully_sharded`).
+        """
+        full = self.collectives.all_gather(mine, "shard")
+        pieces = mint.split(full[:self.total], self.numels)
+        return [piece.reshape(shape).copy()
+                for piece, shape in zip(pieces, self.shapes, strict=True)]
