@@ -1,4 +1,5 @@
-"""Sharded data parallel on real ranks equals plain data parallel; its per-rank state shrinks."""
+"""Sharded data parallel (ZeRO-1, ZeRO-2, FSDP under each reshard policy, and HSDP) on real
+ranks equals plain data parallel; its per-rank state shrinks with the shard degree."""
 
 from __future__ import annotations
 
@@ -13,16 +14,27 @@ pytest.importorskip("mindspore")
 from mf_parallel.launch import run_ranks
 
 WORKER = Path(__file__).resolve().parent / "workers" / "sharded_worker.py"
-STEPS = 4
+STEPS = 3
+PARAMS = 16 * 33 + 33 + 33 * 33 + 33 + 33 * 8 + 8  # the worker's 3-layer MLP: 1955
+FSDP = ("fsdp_always", "fsdp_never", "fsdp_default")
 pytestmark = pytest.mark.ranks
 
 
-def run(tmp_path: Path, name: str, world: int, strategy: str, shard: int) -> list[dict]:
-    out = tmp_path / name
-    out.mkdir()
+def launch(out: Path, world: int, shard: int) -> list[dict]:
     run_ranks(WORKER, world, log_dir=out / "logs", timeout=300,
-              args=[str(out), strategy, str(shard), str(STEPS)])
+              args=[str(out), str(shard), str(STEPS)])
     return [json.loads((out / f"rank{r}.json").read_text()) for r in range(world)]
+
+
+@pytest.fixture(scope="module")
+def two(tmp_path_factory) -> list[dict]:
+    return launch(tmp_path_factory.mktemp("sharded2"), 2, -1)
+
+
+@pytest.fixture(scope="module")
+def hsdp(tmp_path_factory) -> list[dict]:
+    """4 ranks as replicate 2 x shard 2."""
+    return launch(tmp_path_factory.mktemp("hsdp4"), 4, 2)
 
 
 def assert_same_weights(a: dict, b: dict) -> None:
@@ -30,24 +42,55 @@ def assert_same_weights(a: dict, b: dict) -> None:
         np.testing.assert_allclose(np.array(x), np.array(y), rtol=0, atol=1e-6)
 
 
-def test_zero_1_and_2_on_two_ranks_equal_plain_data_parallel(tmp_path) -> None:
-    plain = run(tmp_path, "plain", 2, "plain", -1)
-    for strategy in ("optim", "optim_grads"):
-        sharded = run(tmp_path, strategy, 2, strategy, -1)
-        for rank in range(2):
-            assert_same_weights(sharded[rank], plain[rank])
-        held = sharded[0]["held"]
-        count = sum(np.array(w).size for w in plain[0]["weights"])
-        assert count == 16 * 33 + 33 + 33 * 8 + 8 == 833
-        assert held["optimizer"] == 2 * 4 * 417  # two moments of a 417-float slice (833 / 2)
-        assert held["grads"] == (4 * 417 if strategy == "optim_grads" else 4 * 833)
+@pytest.mark.parametrize("strategy", ("optim", "optim_grads", *FSDP))
+def test_each_strategy_on_two_ranks_equals_plain_data_parallel(two, strategy) -> None:
+    for rank in two:
+        assert_same_weights(rank[strategy], rank["plain"])
 
 
-def test_hsdp_on_four_ranks_equals_plain_data_parallel(tmp_path) -> None:
-    """replicate 2 x shard 2: slices over the shard group, sums over the replicate group."""
-    plain = run(tmp_path, "plain4", 4, "plain", -1)
-    hsdp = run(tmp_path, "hsdp", 4, "optim_grads", 2)
+def test_state_kept_between_steps_shrinks_with_the_strategy(two) -> None:
+    """Bytes kept per rank with 2 shards: 1955 parameters, slices of 978 floats."""
+    full, mine = 4 * PARAMS, 4 * -(-PARAMS // 2)
+    held = {name: two[0][name]["held"] for name in ("optim", "optim_grads", "fsdp_always")}
+    assert held["optim"] == {"params": full + mine, "grads": full, "optimizer": 2 * mine}
+    assert held["optim_grads"] == {"params": full + mine, "grads": mine, "optimizer": 2 * mine}
+    # FSDP pads each of its 3 units (2 linear layers and the root) to an even length.
+    units = [16 * 33 + 33, 33 * 33 + 33, 33 * 8 + 8]
+    fsdp_mine = 4 * sum(-(-n // 2) for n in units)
+    assert held["fsdp_always"] == {"params": fsdp_mine, "grads": fsdp_mine,
+                                   "optimizer": 2 * fsdp_mine}
+
+
+def test_fsdp_parameters_are_empty_between_steps(two) -> None:
+    for name in FSDP:
+        assert two[0][name]["between_steps_shapes"] == [[0]] * 6
+
+
+def test_fsdp_reshard_policy_decides_the_gathers(two) -> None:
+    """Per step: a unit that reshards after forward is gathered twice (forward and backward),
+    one that keeps its parameters once; the root (the last linear layer) once."""
+    expected = {"fsdp_always": ([True, True], [2, 2, 1]),
+                "fsdp_never": ([False, False], [1, 1, 1]),
+                "fsdp_default": ([True, False], [2, 1, 1])}
+    for name, (flags, per_step) in expected.items():
+        result = two[0][name]
+        assert result["reshard_after_forward"] == flags
+        assert result["gathers"] == [STEPS * n for n in per_step]
+
+
+def test_fsdp_backward_reuses_regathered_weights_instead_of_saved_ones(two) -> None:
+    """Each resharding unit's weight is saved for backward as a reference, once per step."""
+    assert two[0]["fsdp_always"]["saved_replaced"] == 2 * STEPS
+    assert two[0]["fsdp_default"]["saved_replaced"] == STEPS
+    assert two[0]["fsdp_never"]["saved_replaced"] == 0
+
+
+def test_hsdp_groups(hsdp) -> None:
     assert [r["groups"]["shard"] for r in hsdp] == [[0, 1], [0, 1], [2, 3], [2, 3]]
     assert [r["groups"]["replicate"] for r in hsdp] == [[0, 2], [1, 3], [0, 2], [1, 3]]
-    for rank in range(4):
-        assert_same_weights(hsdp[rank], plain[rank])
+
+
+@pytest.mark.parametrize("strategy", ("optim_grads", "fsdp_default"))
+def test_hsdp_on_four_ranks_equals_plain_data_parallel(hsdp, strategy) -> None:
+    for rank in hsdp:
+        assert_same_weights(rank[strategy], rank["plain"])

@@ -5,10 +5,14 @@ import numpy as np
 from mindspore import Tensor, nn
 
 
-def tiny_mlp(hidden: int) -> nn.SequentialCell:
-    """16 -> hidden -> 8, weights drawn from a fixed seed."""
+def tiny_mlp(hidden: int, depth: int = 1) -> nn.SequentialCell:
+    """16 -> hidden (-> hidden, depth - 1 times) -> 8 with tanh between, weights drawn from a
+    fixed seed. The linear layers are cells 0, 2, 4, ..."""
     rng = np.random.default_rng(0)
-    net = nn.SequentialCell(nn.Dense(16, hidden), nn.Tanh(), nn.Dense(hidden, 8))
+    cells = [nn.Dense(16, hidden), nn.Tanh()]
+    for _ in range(depth - 1):
+        cells += [nn.Dense(hidden, hidden), nn.Tanh()]
+    net = nn.SequentialCell(*cells, nn.Dense(hidden, 8))
     for param in net.trainable_params():
         param.set_data(Tensor(rng.normal(0, 0.3, param.shape).astype(np.float32)))
     return net

@@ -3,8 +3,9 @@
     from mf_parallel import make_plan
     plan = make_plan(parallelism, training, world_size=8, num_layers=12, seq_length=4096)
 
-This package's plan never imports MindSpore; the runtime (collectives, data and tensor
-parallelism on real ranks) will live in its own module and import MindSpore lazily.
+This package's plan never imports MindSpore; the runtime (`mf_parallel.runtime`: collectives,
+data, sharded and tensor parallelism on real ranks) does, and is the optional extra
+`mf-parallel[runtime]`.
 """
 
 from .batch import BatchPlan, Rampup
@@ -16,10 +17,12 @@ from .pipeline_schedules import SCHEDULES, Action, Kind, build_schedule
 from .pipeline_simulator import ScheduleError, SimulationResult, simulate
 from .plan import Plan, make_plan, plan_summary
 from .sequence import check_sequence_length, sequence_divisor
+from .sharding import RESHARD_POLICIES, reshard_after_forward, reshard_plan
 
 __all__ = [
     "DIMENSIONS",
     "GROUP_KINDS",
+    "RESHARD_POLICIES",
     "SCHEDULES",
     "Action",
     "BatchPlan",
@@ -37,6 +40,8 @@ __all__ = [
     "check_sequence_length",
     "make_plan",
     "plan_summary",
+    "reshard_after_forward",
+    "reshard_plan",
     "sequence_divisor",
     "simulate",
     "stage_layout",

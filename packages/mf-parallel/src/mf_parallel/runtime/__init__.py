@@ -1,4 +1,5 @@
-"""The MindSpore side of mf-parallel: communication, collectives, data-parallel gradient sync.
+"""The MindSpore side of mf-parallel: communication, collectives, data-parallel gradient sync,
+sharded data parallelism (ZeRO-1/2 and FSDP) and tensor-parallel layers (`tensor_parallel`).
 
 Importing this package imports MindSpore (1-1.5 s); the plan (`mf_parallel`) never does.
 Install it with `pip install "mf-parallel[runtime]"`.
@@ -6,6 +7,15 @@ Install it with `pip install "mf-parallel[runtime]"`.
 
 from .collectives import Collectives
 from .comm import Communication, init_communication
+from .fully_sharded import FullyShardedDataParallel
 from .grad_sync import GradientSync
+from .sharded import ShardedDataParallel
 
-__all__ = ["Collectives", "Communication", "GradientSync", "init_communication"]
+__all__ = [
+    "Collectives",
+    "Communication",
+    "FullyShardedDataParallel",
+    "GradientSync",
+    "ShardedDataParallel",
+    "init_communication",
+]

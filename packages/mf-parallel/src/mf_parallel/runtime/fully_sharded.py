@@ -1,0 +1,239 @@
+"""Fully sharded data parallelism (`optim_grads_params`: ZeRO-3, FSDP), with HSDP.
+
+Between steps a rank keeps only its slice of every parameter (in `FlatShard` buffers, one
+per sharded unit), its slice of the gradients and the optimizer state of its slice; the
+model's parameters themselves hold empty placeholders. Around each unit (a cell, typically
+one decoder layer; the model's remaining parameters form the root unit), hooks do what
+PyTorch's FSDP does:
+
+- forward pre-hook: all-gather the unit's parameters into the model;
+- forward hook: if the unit reshards after forward (`sharding.reshard_after_forward`), free
+  them again;
+- backward pre-hook: gather them again if they were freed;
+- backward hook: free them.
+
+Freeing a parameter after forward only saves memory if autograd does not keep it for the
+backward pass, and it does (a matmul saves its weight). While the model runs forward, a
+`saved_tensors_hooks` pair therefore replaces each saved tensor that *is* a gathered
+parameter of a resharding unit by a reference to it, and hands the parameter back,
+re-gathered by the backward pre-hook, when the backward pass needs it. A saved view of a
+parameter with another shape (a transposed weight) is kept as it is: correct, not freed.
+
+`step` reduce-scatters each unit's gradients (then sums over the replicate group with HSDP)
+and updates the slices with AdamW, which is element-wise, so the result equals plain data
+parallelism: the tests compare them on real ranks. Parameters must be used only inside the
+cell that owns them (no weight shared between units), and units must not nest.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import NamedTuple
+
+import mindspore as ms
+from mindspore import Parameter, nn, ops
+from mindspore.experimental.optim import AdamW
+
+from mf_parallel.sharding import reshard_plan
+
+from .collectives import Collectives
+from .flat_shard import FlatShard
+
+
+class ShardedUnit:
+    """The parameters one cell owns, kept as this rank's slice and gathered on demand."""
+
+    def __init__(self, name: str, params: Sequence[Parameter], collectives: Collectives,
+                 reshard_after_forward: bool):
+        self.name = name
+        self.params = list(params)
+        self.reshard_after_forward = reshard_after_forward
+        self.flat = FlatShard([p.shape for p in self.params], collectives)
+        self.master = Parameter(self.flat.own(self.flat.flatten(self.params)),
+                                name=f"mf_fsdp_{name}")
+        self.gathered = True
+        self.gathers = 0
+        """All-gathers so far (tests and benchmarks read it)."""
+        self.reshard()
+
+    def unshard(self) -> None:
+        """Put the full parameters into the model (no-op when they are there)."""
+        if self.gathered:
+            return
+        for param, full in zip(self.params, self.flat.all_gather(self.master.value()),
+                               strict=True):
+            param.set_data(full, slice_shape=True)
+        self.gathered = True
+        self.gathers += 1
+
+    def reshard(self) -> None:
+        """Replace the full parameters by empty placeholders, freeing them."""
+        if not self.gathered:
+            return
+        for param in self.params:
+            param.set_data(ops.zeros((0,), param.dtype), slice_shape=True)
+        self.gathered = False
+
+
+class _ParamRef(NamedTuple):
+    unit: ShardedUnit
+    index: int
+
+
+class _SavedParams:
+    """Saved-tensor hooks that keep references, not copies, of gathered parameters."""
+
+    def __init__(self) -> None:
+        self.watched: dict[int, _ParamRef] = {}
+        self.replaced = 0
+        """Saved tensors replaced by references so far."""
+        self._context: ms.saved_tensors_hooks | None = None
+
+    def enter(self) -> None:
+        self.exit()  # a forward pass that raised never reached its exit
+        self._context = ms.saved_tensors_hooks(self._pack, self._unpack)
+        self._context.__enter__()
+
+    def exit(self) -> None:
+        if self._context is not None:
+            self._context.__exit__(None, None, None)
+            self._context = None
+
+    def watch(self, unit: ShardedUnit) -> None:
+        for index, param in enumerate(unit.params):
+            self.watched[param.data_ptr()] = _ParamRef(unit, index)
+
+    def unwatch(self, unit: ShardedUnit) -> None:
+        self.watched = {ptr: ref for ptr, ref in self.watched.items() if ref.unit is not unit}
+
+    def _pack(self, tensor: ms.Tensor) -> object:
+        ref = self.watched.get(tensor.data_ptr())
+        if ref is None or tuple(tensor.shape) != tuple(ref.unit.params[ref.index].shape):
+            return tensor
+        self.replaced += 1
+        return ref
+
+    @staticmethod
+    def _unpack(saved: object) -> ms.Tensor:
+        if not isinstance(saved, _ParamRef):
+            return saved
+        if not saved.unit.gathered:
+            raise RuntimeError(f"fully sharded unit {saved.unit.name!r} is needed by the "
+                               "backward pass but is not gathered: was its backward "
+                               "pre-hook skipped (a parameter used outside its own cell?)")
+        return saved.unit.params[saved.index].value()
+
+
+class FullyShardedDataParallel:
+    """Shards `model`'s parameters over the data-parallel ranks, unit by unit.
+
+    `units` are cells of `model` in forward order (its decoder layers, say); the parameters no
+    unit owns form a root unit. Take gradients over `self.params` (the model's trainable
+    parameters), then call `step`.
+    """
+
+    def __init__(self, model: nn.Cell, units: Sequence[nn.Cell], collectives: Collectives, *,
+                 lr: float, reshard_after_forward_policy: str = "default",
+                 pipeline_parallel: int = 1, betas: tuple[float, float] = (0.9, 0.95),
+                 eps: float = 1e-8, weight_decay: float = 0.0, average: bool = True):
+        self.params = list(model.trainable_params())
+        self.average = average
+        owned = _owned_params(units, self.params)
+        root = [p for p in self.params if id(p) not in {id(q) for ps in owned for q in ps}]
+        reshard = reshard_plan(reshard_after_forward_policy, len(units), pipeline_parallel)
+        self.units = [ShardedUnit(f"unit{i}", ps, collectives, flag)
+                      for i, (ps, flag) in enumerate(zip(owned, reshard, strict=True))]
+        self.root = ShardedUnit("root", root, collectives, False) if root else None
+        self._index = {id(p): i for i, p in enumerate(self.params)}
+        self.saved = _SavedParams()
+        for cell, unit in zip(units, self.units, strict=True):
+            self._hook_unit(cell, unit)
+        self._hook_root(model)
+        self.optimizer = AdamW([u.master for u in self._all_units()], lr=lr, betas=betas,
+                               eps=eps, weight_decay=weight_decay)
+
+    def step(self, grads: Sequence[ms.Tensor]) -> None:
+        """Reduce-scatter `grads` (aligned with `self.params`) and update every slice."""
+        if len(grads) != len(self.params):
+            raise ValueError(f"expected {len(self.params)} gradients, got {len(grads)}")
+        self.reshard()
+        slices = []
+        for unit in self._all_units():
+            mine = unit.flat.reduce_scatter(
+                unit.flat.flatten([grads[self._index[id(p)]] for p in unit.params]))
+            if self.average:
+                mine = mine * (1.0 / (unit.flat.shards * unit.flat.replicas))
+            slices.append(mine)
+        self.optimizer(tuple(slices))
+
+    def reshard(self) -> None:
+        """Free every gathered parameter (after an evaluation forward pass, say)."""
+        for unit in self._all_units():
+            unit.reshard()
+
+    def full_parameters(self) -> list[ms.Tensor]:
+        """Every parameter whole, in `self.params` order (a collective: all ranks call it)."""
+        full: dict[int, ms.Tensor] = {}
+        for unit in self._all_units():
+            for param, tensor in zip(unit.params, unit.flat.all_gather(unit.master.value()),
+                                     strict=True):
+                full[id(param)] = tensor
+        return [full[id(p)] for p in self.params]
+
+    def held_bytes(self) -> dict[str, int]:
+        """Bytes this rank keeps between steps for parameters, gradients and optimizer state."""
+        mine = sum(u.flat.length for u in self._all_units()) * 4
+        return {"params": mine, "grads": mine, "optimizer": 2 * mine}
+
+    def _all_units(self) -> list[ShardedUnit]:
+        return self.units + ([self.root] if self.root is not None else [])
+
+    def _hook_unit(self, cell: nn.Cell, unit: ShardedUnit) -> None:
+        def before_forward(_cell, _inputs):
+            unit.unshard()
+            if unit.reshard_after_forward:
+                self.saved.watch(unit)
+
+        def after_forward(_cell, _inputs, _output):
+            if unit.reshard_after_forward:
+                self.saved.unwatch(unit)
+                unit.reshard()
+
+        cell.register_forward_pre_hook(before_forward)
+        cell.register_forward_hook(after_forward)
+        cell.register_backward_pre_hook(lambda _cell, _grad_output: unit.unshard())
+        cell.register_backward_hook(lambda _cell, _grad_input, _grad_output: unit.reshard())
+
+    def _hook_root(self, model: nn.Cell) -> None:
+        def before_forward(_cell, _inputs):
+            if self.root is not None:
+                self.root.unshard()
+            self.saved.enter()
+
+        model.register_forward_pre_hook(before_forward)
+        model.register_forward_hook(lambda _cell, _inputs, _output: self.saved.exit())
+
+
+def _owned_params(units: Sequence[nn.Cell], params: list[Parameter]) -> list[list[Parameter]]:
+    """Each unit's trainable parameters; an error if a parameter is in two units or a unit's
+    parameter is not the model's."""
+    known = {id(p) for p in params}
+    seen: dict[int, int] = {}
+    owned = []
+    for index, cell in enumerate(units):
+        mine = list(cell.trainable_params())
+        for param in mine:
+            if id(param) not in known:
+                raise ValueError(f"unit {index} ({type(cell).__name__}) has parameter "
+                                 f"{param.name!r}, which is not a trainable parameter of the "
+                                 "model")
+            if id(param) in seen:
+                raise ValueError(f"parameter {param.name!r} is in units {seen[id(param)]} and "
+                                 f"{index}: fully sharded units must not nest or share "
+                                 "parameters")
+            seen[id(param)] = index
+        if not mine:
+            raise ValueError(f"unit {index} ({type(cell).__name__}) has no trainable "
+                             "parameters")
+        owned.append(mine)
+    return owned

@@ -1,0 +1,79 @@
+"""Fully sharded data parallel in one process: the wrapper's own checks and its hooks (the
+real-rank comparison with plain data parallel is in test_runtime_sharded.py)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+pytest.importorskip("mindspore")
+
+import mindspore as ms
+from mindspore import nn, ops
+
+from mf_config import ParallelismConfig, TrainingConfig
+from mf_parallel import make_plan
+from mf_parallel.runtime import Collectives, init_communication
+from mf_parallel.runtime.fully_sharded import FullyShardedDataParallel
+from mf_parallel.runtime.sharded import ShardedDataParallel
+
+sys.path.insert(0, str(Path(__file__).resolve().parent / "workers"))
+from tiny_problem import tiny_mlp
+
+
+@pytest.fixture(scope="module")
+def collectives() -> Collectives:
+    plan = make_plan(ParallelismConfig(), TrainingConfig(global_batch_size=8,
+                                                         local_batch_size=8), 1)
+    return Collectives(init_communication(plan, "CPU"))
+
+
+def test_nested_units_are_refused(collectives) -> None:
+    net = tiny_mlp(4, depth=2)
+    with pytest.raises(ValueError, match=r"is in units 0 and 1: fully sharded units must not "
+                                         r"nest or share parameters"):
+        FullyShardedDataParallel(net, [net, net[0]], collectives, lr=1e-2)
+
+
+def test_a_unit_outside_the_model_is_refused(collectives) -> None:
+    net, other = tiny_mlp(4), nn.Dense(2, 2)
+    with pytest.raises(ValueError, match=r"unit 0 \(Dense\) has parameter .* not a trainable "
+                                         r"parameter of the model"):
+        FullyShardedDataParallel(net, [other], collectives, lr=1e-2)
+
+
+def test_a_unit_without_parameters_is_refused(collectives) -> None:
+    net = tiny_mlp(4)
+    with pytest.raises(ValueError, match=r"unit 0 \(Tanh\) has no trainable parameters"):
+        FullyShardedDataParallel(net, [net[1]], collectives, lr=1e-2)
+
+
+def test_zero_1_2_point_to_fully_sharded_for_stage_3(collectives) -> None:
+    with pytest.raises(ValueError, match=r"not 'optim_grads_params' \(use fully_sharded"):
+        ShardedDataParallel(tiny_mlp(4).trainable_params(), collectives,
+                            "optim_grads_params", lr=1e-2)
+
+
+def test_forward_and_backward_gather_and_free_the_units(collectives) -> None:
+    """One step under `always`: parameters are empty before and after, full inside the
+    unit's forward; gradients equal those of an unsharded copy."""
+    net, reference = tiny_mlp(5, depth=2), tiny_mlp(5, depth=2)
+    fsdp = FullyShardedDataParallel(net, [net[0], net[2]], collectives, lr=1e-2,
+                                    reshard_after_forward_policy="always")
+    seen = []
+    net[2].register_forward_pre_hook(
+        lambda _cell, _inputs: seen.append([tuple(p.shape) for p in fsdp.params]))
+    x = ops.ones((3, 16), ms.float32)
+    _, grads = ms.value_and_grad(lambda a: net(a).sum(), None, fsdp.params)(x)
+    _, expected = ms.value_and_grad(lambda a: reference(a).sum(), None,
+                                    reference.trainable_params())(x)
+    # Hooks run in registration order: unit 1 gathered; unit 0 already freed; root gathered.
+    assert seen == [[(0,), (0,), (5, 5), (5,), (8, 5), (8,)]]
+    for got, want in zip(grads, expected, strict=True):
+        np.testing.assert_array_equal(got.asnumpy(), want.asnumpy())
+    assert [tuple(p.shape) for p in fsdp.params][:4] == [(0,), (0,), (0,), (0,)]
+    fsdp.step(grads)
+    assert all(tuple(p.shape) == (0,) for p in fsdp.params)
