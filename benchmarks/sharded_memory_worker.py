@@ -1,4 +1,4 @@
-"""One rank of `sharded_memory.py`: a few optimizer steps of one strategy; reports memory.
+"""One rank of `sharded_memory.py`: a few training steps of one strategy; reports memory.
 
 Usage: sharded_memory_worker.py OUT_DIR STRATEGY MILLIONS_OF_PARAMETERS
 """
@@ -9,14 +9,22 @@ import resource
 import sys
 from pathlib import Path
 
+import mindspore as ms
 import numpy as np
-from mindspore import Parameter, Tensor
+from mindspore import Tensor, nn
 from mindspore.experimental.optim import AdamW
 
 from mf_config import ParallelismConfig, TrainingConfig
 from mf_parallel import make_plan
-from mf_parallel.runtime import Collectives, GradientSync, init_communication
-from mf_parallel.runtime.sharded import ShardedDataParallel
+from mf_parallel.runtime import (
+    Collectives,
+    FullyShardedDataParallel,
+    GradientSync,
+    ShardedDataParallel,
+    init_communication,
+)
+
+WIDTH, BATCH, STEPS = 1024, 4, 3
 
 
 def peak_mib() -> float:
@@ -25,28 +33,32 @@ def peak_mib() -> float:
 
 out_dir, strategy, millions = Path(sys.argv[1]), sys.argv[2], float(sys.argv[3])
 world = int(os.environ.get("MS_WORKER_NUM", "1"))
-plan = make_plan(ParallelismConfig(), TrainingConfig(global_batch_size=world), world)
+plan = make_plan(ParallelismConfig(), TrainingConfig(global_batch_size=world * BATCH,
+                                                     local_batch_size=BATCH), world)
 comm = init_communication(plan, "CPU")
 collectives = Collectives(comm)
-shapes = [(1024, int(millions * 1024 * 1024) // (8 * 1024))] * 8  # 8 tensors
+layers = max(1, round(millions * 2**20 / (WIDTH * WIDTH)))
+model = nn.SequentialCell(*[nn.Dense(WIDTH, WIDTH, has_bias=False) for _ in range(layers)])
 rng = np.random.default_rng(comm.rank)
-params = [Parameter(Tensor(rng.normal(size=s).astype(np.float32)), name=f"p{i}")
-          for i, s in enumerate(shapes)]
-grads = [Tensor(rng.normal(size=s).astype(np.float32)) for s in shapes]
-before = peak_mib()  # parameters and gradients exist: what follows is the strategy's doing
+x = Tensor(rng.normal(size=(BATCH, WIDTH)).astype(np.float32))
+count = sum(p.size for p in model.trainable_params())
 if strategy == "plain":
-    optimizer = AdamW(params, lr=1e-3)
-    sync = GradientSync(collectives, shapes, average=True)
-    for _ in range(3):
-        optimizer(sync(grads))
-    held = {"params": sum(p.size for p in params) * 4, "grads": sum(p.size for p in params) * 4,
-            "optimizer": 2 * sum(p.size for p in params) * 4}
+    params = model.trainable_params()
+    optimizer, sync = AdamW(params, lr=1e-3), GradientSync(collectives, [p.shape for p in params])
+    update = lambda grads: optimizer(sync(grads))  # noqa: E731
+    held = {"params": count * 4, "grads": count * 4, "optimizer": 2 * count * 4}
+elif strategy == "optim_grads_params":
+    fsdp = FullyShardedDataParallel(model, list(model), collectives, lr=1e-3)
+    params, update, held = fsdp.params, fsdp.step, fsdp.held_bytes()
 else:
+    params = model.trainable_params()
     sharded = ShardedDataParallel(params, collectives, strategy, lr=1e-3)
-    for _ in range(3):
-        sharded.step(grads)
-    held = sharded.held_bytes()
-result = {"rank": comm.rank, "strategy": strategy, "world": world,
-          "parameters": int(sum(p.size for p in params)), "held": held,
-          "peak_increase_mib": peak_mib() - before}
+    update, held = sharded.step, sharded.held_bytes()
+grad_fn = ms.value_and_grad(lambda a: (model(a) ** 2).mean(), None, params)
+before = peak_mib()  # the model and the strategy's state exist: what follows is the steps
+for _ in range(STEPS):
+    _, grads = grad_fn(x)
+    update(grads)
+result = {"rank": comm.rank, "strategy": strategy, "world": world, "parameters": int(count),
+          "held": held, "setup_peak_mib": before, "peak_increase_mib": peak_mib() - before}
 (out_dir / f"{strategy}_{world}_rank{comm.rank}.json").write_text(json.dumps(result))
