@@ -18,8 +18,9 @@ nox.options.sessions = ["lint", "tests"]
 nox.options.reuse_existing_virtualenvs = False
 
 
-EXTRAS = {"mf-parallel": "[runtime]"}
-"""Optional extras the sessions install (the MindSpore runtime of mf-parallel)."""
+EXTRAS = {"mf-parallel": "[runtime]", "mf-data": "[hf]"}
+"""Optional extras the sessions install (the MindSpore runtime of mf-parallel, Hugging Face
+tokenizers for mf-data's preprocessing)."""
 
 
 def install_packages(session: nox.Session) -> None:

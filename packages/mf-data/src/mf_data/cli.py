@@ -1,0 +1,118 @@
+"""The ``mf-data`` command: ``preprocess`` JSON Lines into a Megatron corpus, ``inspect`` one.
+
+Each subcommand is one ``add_<name>`` function that registers its parser and handler; adding a
+subcommand means writing that function and listing it in ``SUBCOMMANDS``. Exit status: 0 on
+success, 1 on bad data (message on stderr, no traceback), 2 on bad usage (argparse).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from collections.abc import Callable, Sequence
+
+from mf_data.errors import DataError
+
+PROGRAM = "mf-data"
+DTYPE_NAMES = ("uint8", "int8", "int16", "uint16", "int32", "int64", "float32", "float64")
+
+
+def _non_negative_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
+    return value
+
+
+def _preprocess(args: argparse.Namespace) -> int:
+    from mf_data.preprocess import preprocess_jsonl
+    from mf_data.text_tokenizer import load_tokenizer
+
+    tokenizer = load_tokenizer(args.tokenizer, args.eod)
+    summary = preprocess_jsonl(args.input, args.output_prefix, tokenizer, json_key=args.json_key,
+                               dtype=args.dtype, progress=None if args.quiet else sys.stderr)
+    print(f"wrote {summary.prefix}.bin and {summary.prefix}.idx: {summary.documents:,} "
+          f"documents, {summary.sequences:,} sequences, {summary.tokens:,} tokens "
+          f"({summary.dtype.name}; tokenizer {tokenizer.name}, EOD {tokenizer.eod}) "
+          f"in {summary.seconds:.2f} s")
+    if summary.empty_documents:
+        print(f"note: {summary.empty_documents:,} of the documents produced no tokens; they "
+              f"are kept as documents without sequences, as Megatron does")
+    return 0
+
+
+def add_preprocess(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "preprocess", help="tokenize JSON Lines into PREFIX.bin/PREFIX.idx",
+        description="Tokenize one JSON object per line into a Megatron indexed dataset; each "
+                    "document ends with the EOD token (Megatron's --append-eod).")
+    parser.add_argument("--input", required=True, metavar="FILE.jsonl",
+                        help="JSON Lines input, one document per line")
+    parser.add_argument("--output-prefix", required=True, metavar="PREFIX",
+                        help="writes PREFIX.bin and PREFIX.idx")
+    parser.add_argument("--tokenizer", metavar="tokenizer.json",
+                        help="Hugging Face tokenizer.json (needs mf-data[hf]); default: UTF-8 "
+                             "bytes, ids 0-255, EOD 256")
+    parser.add_argument("--eod", type=_non_negative_int, metavar="ID",
+                        help="end-of-document token id (default: 256 for bytes, else the "
+                             "tokenizer's eos token)")
+    parser.add_argument("--json-key", default="text", metavar="KEY",
+                        help="key holding the text (default: text)")
+    parser.add_argument("--dtype", choices=DTYPE_NAMES,
+                        help="token dtype in .bin (default: uint16 if the vocabulary is below "
+                             "65500, else int32)")
+    parser.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
+    parser.set_defaults(handler=_preprocess)
+
+
+def _inspect(args: argparse.Namespace) -> int:
+    from mf_data.corpus_stats import corpus_stats, format_stats
+    from mf_data.indexed import IndexedDataset
+
+    stats = corpus_stats(IndexedDataset(args.prefix))
+    print(json.dumps(stats.to_dict(), indent=2) if args.json else format_stats(stats))
+    return 0
+
+
+def add_inspect(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "inspect", help="summarise PREFIX.bin/PREFIX.idx",
+        description="Print counts, dtype and sequence-length statistics of an indexed dataset.")
+    parser.add_argument("prefix", metavar="PREFIX", help="dataset path without .bin/.idx")
+    parser.add_argument("--json", action="store_true", help="print JSON instead of text")
+    parser.set_defaults(handler=_inspect)
+
+
+SUBCOMMANDS: tuple[Callable[[argparse._SubParsersAction], None], ...] = (
+    add_preprocess,
+    add_inspect,
+)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog=PROGRAM,
+                                     description="Megatron indexed datasets for mf.")
+    subparsers = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for add_subcommand in SUBCOMMANDS:
+        add_subcommand(subparsers)
+    return parser
+
+
+def run(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``mf-data`` console script; returns the exit status."""
+    args = build_parser().parse_args(argv)
+    try:
+        return args.handler(args)
+    except BrokenPipeError:
+        # The reader went away (e.g. `mf-data inspect PREFIX | head`): stop quietly, and keep
+        # the interpreter from complaining while it flushes stdout at exit.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
+    except (DataError, OSError) as error:
+        print(f"{PROGRAM}: error: {error}", file=sys.stderr)
+        return 1
