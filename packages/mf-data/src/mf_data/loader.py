@@ -1,0 +1,172 @@
+"""Batches of samples for one data-parallel rank, resumable from a count of consumed samples.
+
+The order is Megatron-LM's `MegatronPretrainingSampler`: the dataset is read in order (its
+shuffle index already shuffles), in global micro-batches of `micro_batch_size x data_parallel`
+samples, of which rank r takes the r-th contiguous `micro_batch_size`. Resuming from
+`consumed_samples` (a multiple of the global micro-batch, counted over all ranks, as the
+trainer's checkpoint records it) yields exactly the batches an uninterrupted run would have
+yielded from there.
+
+With `shuffle: true` the order within each pass over the dataset is additionally permuted by
+a numpy generator seeded with `seed + pass` (Megatron's random sampler does the same with
+torch's generator, so that order is not Megatron's). With `drop_remainder: false` the last
+incomplete global micro-batch is padded with padding samples (index None: loss mask all
+zeros), as Megatron pads, so every rank still gets a full batch.
+
+Columns are renamed by position from `column_names` (MindFormers' convention: the first name
+is the tokens, then labels, loss_mask, position_ids, then attention_mask or actual_seq_len) and
+cast to int32. Batches are built ahead in a background thread (`prefetch_size` of them), with
+`num_parallel_workers` threads building the samples of a batch.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+from collections.abc import Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Protocol
+
+import numpy as np
+
+from .errors import DataError
+
+SAMPLE_KEYS = ("tokens", "labels", "loss_mask", "position_ids")
+"""The fields every GPT sample has, in MindFormers' column order."""
+
+
+class SampleSource(Protocol):
+    """A dataset: `len()` samples, `[i]` a dict of numpy arrays (`[None]`: a padding sample)."""
+
+    def __len__(self) -> int: ...
+
+    def __getitem__(self, index: int | None) -> dict[str, np.ndarray]: ...
+
+
+def micro_batch_indices(num_samples: int, consumed_samples: int, micro_batch_size: int,
+                        data_parallel: int, rank: int, *, drop_remainder: bool = True,
+                        shuffle: bool = False, seed: int = 0) -> Iterator[list[int | None]]:
+    """Sample indices of each micro-batch of `rank`, from `consumed_samples` on."""
+    step = micro_batch_size * data_parallel
+    if consumed_samples % step:
+        raise DataError(f"consumed_samples {consumed_samples} is not a multiple of the global "
+                        f"micro-batch {micro_batch_size} x {data_parallel} = {step}")
+    if consumed_samples > num_samples:
+        raise DataError(f"consumed_samples {consumed_samples} is past the end of the dataset "
+                        f"({num_samples} samples)")
+    order = _pass_order(num_samples, shuffle, seed)
+    mine = slice(rank * micro_batch_size, (rank + 1) * micro_batch_size)
+    for start in range(consumed_samples, num_samples, step):
+        batch: list[int | None] = [int(i) for i in order[start:start + step]]
+        if len(batch) < step:
+            if drop_remainder:
+                return
+            batch += [None] * (step - len(batch))
+        yield batch[mine]
+
+
+def _pass_order(num_samples: int, shuffle: bool, seed: int) -> np.ndarray:
+    order = np.arange(num_samples, dtype=np.int64)
+    if shuffle:
+        np.random.default_rng(seed).shuffle(order)
+    return order
+
+
+class BatchLoader:
+    """Micro-batches of `dataset` for one data-parallel rank, as dicts of int32 arrays."""
+
+    def __init__(self, dataset: SampleSource, *, micro_batch_size: int, data_parallel: int = 1,
+                 rank: int = 0, column_names: Sequence[str] = ("input_ids", "labels"),
+                 consumed_samples: int = 0, drop_remainder: bool = True, shuffle: bool = False,
+                 seed: int = 0, num_parallel_workers: int = 1, prefetch_size: int = 1):
+        if not 0 <= rank < data_parallel:
+            raise DataError(f"rank {rank} is outside the data-parallel size {data_parallel}")
+        if micro_batch_size < 1:
+            raise DataError(f"micro_batch_size must be >= 1, got {micro_batch_size}")
+        self.dataset = dataset
+        self.micro_batch_size = micro_batch_size
+        self.data_parallel = data_parallel
+        self.rank = rank
+        self.column_names = list(column_names)
+        self.consumed_samples = consumed_samples
+        self.drop_remainder = drop_remainder
+        self.shuffle = shuffle
+        self.seed = seed
+        self.num_parallel_workers = num_parallel_workers
+        self.prefetch_size = prefetch_size
+        self._indices = micro_batch_indices(len(dataset), consumed_samples, micro_batch_size,
+                                            data_parallel, rank, drop_remainder=drop_remainder,
+                                            shuffle=shuffle, seed=seed)
+
+    def __len__(self) -> int:
+        """Micro-batches left for this rank."""
+        step = self.micro_batch_size * self.data_parallel
+        left = len(self.dataset) - self.consumed_samples
+        return left // step if self.drop_remainder else -(-left // step)
+
+    def __iter__(self) -> Iterator[dict[str, np.ndarray]]:
+        """Batches from the current position; each advances `consumed_samples` by one global
+        micro-batch (what a checkpoint should record)."""
+        with ThreadPoolExecutor(self.num_parallel_workers) as pool:
+            for batch in _prefetched(self._batches(pool), self.prefetch_size):
+                self.consumed_samples += self.micro_batch_size * self.data_parallel
+                yield batch
+
+    def _batches(self, pool: ThreadPoolExecutor) -> Iterator[dict[str, np.ndarray]]:
+        for indices in self._indices:
+            samples = list(pool.map(self.dataset.__getitem__, indices))
+            yield self.collate(samples)
+
+    def collate(self, samples: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
+        """Stack samples into named int32 columns, in `column_names` order."""
+        keys = sample_columns(samples[0])
+        if len(self.column_names) > len(keys):
+            raise DataError(f"train_dataset.dataloader.column_names has "
+                            f"{len(self.column_names)} names {self.column_names}, but the "
+                            f"samples have {len(keys)} columns {keys}")
+        return {name: np.stack([s[key] for s in samples]).astype(np.int32)
+                for name, key in zip(self.column_names, keys, strict=False)}
+
+
+def sample_columns(sample: dict[str, Any]) -> list[str]:
+    """A sample's fields in column order: tokens, labels, loss_mask, position_ids, then
+    actual_seq_len or attention_mask when present."""
+    extra = [key for key in ("actual_seq_len", "attention_mask") if key in sample]
+    return [*SAMPLE_KEYS, *extra[:1]]
+
+
+_DONE = object()
+
+
+def _prefetched(batches: Iterator[Any], depth: int) -> Iterator[Any]:
+    """`batches`, computed up to `depth` ahead in a background thread (errors re-raised)."""
+    buffer: queue.Queue[Any] = queue.Queue(maxsize=max(1, depth))
+    stop = threading.Event()
+
+    def produce() -> None:
+        try:
+            for batch in batches:
+                if stop.is_set():
+                    return
+                buffer.put(batch)
+            buffer.put(_DONE)
+        except BaseException as exc:  # handed to the consumer, raised there
+            buffer.put(exc)
+
+    worker = threading.Thread(target=produce, name="mf-data-prefetch", daemon=True)
+    worker.start()
+    try:
+        while True:
+            item = buffer.get()
+            if item is _DONE:
+                return
+            if isinstance(item, BaseException):
+                raise item
+            yield item
+    finally:
+        stop.set()
+        while worker.is_alive():  # unblock a producer waiting on a full buffer
+            try:
+                buffer.get_nowait()
+            except queue.Empty:
+                worker.join(timeout=0.05)
