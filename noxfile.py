@@ -18,9 +18,9 @@ nox.options.sessions = ["lint", "tests"]
 nox.options.reuse_existing_virtualenvs = False
 
 
-EXTRAS = {"mf-parallel": "[runtime]", "mf-data": "[hf]"}
-"""Optional extras the sessions install (the MindSpore runtime of mf-parallel, Hugging Face
-tokenizers for mf-data's preprocessing)."""
+EXTRAS = {"mf-parallel": "[runtime]", "mf-data": "[hf,mindspore]"}
+"""Optional extras the sessions install (the MindSpore runtime of mf-parallel; Hugging Face
+tokenizers and the MindSpore dataset adapter of mf-data)."""
 
 
 def install_packages(session: nox.Session) -> None:

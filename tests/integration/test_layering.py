@@ -180,3 +180,11 @@ def test_mindspore_stays_in_the_runtime_of_mf_parallel() -> None:
     assert all("/runtime/" in file for file in imported.get("mindspore", []))
     assert "mindspore" not in declared_distributions("mf-parallel")
     assert "mindspore" in declared_distributions("mf-parallel", extras=True)
+
+
+def test_mindspore_stays_in_the_adapter_of_mf_data() -> None:
+    """mf-data needs MindSpore only for its optional mindspore.dataset adapter."""
+    imported = imported_distributions("mf-data")
+    assert all(file.endswith("mindspore_adapter.py") for file in imported.get("mindspore", []))
+    assert "mindspore" not in declared_distributions("mf-data")
+    assert "mindspore" in declared_distributions("mf-data", extras=True)
