@@ -10,15 +10,15 @@ Files written here are identical to megatron-core 0.16.1's ``IndexedDatasetBuild
 from __future__ import annotations
 
 import os
-import secrets
 import struct
 from array import array
 from collections.abc import Iterable, Sequence
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, BinaryIO, ClassVar
 
 import numpy as np
 
+from mf_data.atomic_files import temporary_beside, write_atomically
 from mf_data.errors import DataError
 
 INDEX_MAGIC = b"MMIDIDX\x00\x00"
@@ -196,20 +196,6 @@ class IndexedDataset:
         return self.get(index)
 
 
-def _temporary_beside(path: str) -> tuple[int, str]:
-    """A fresh temporary file in the directory of ``path``, so the final rename is atomic.
-
-    Opened with mode 0o666 so the umask decides the final permissions, as for a plain open().
-    """
-    directory, name = os.path.split(os.path.abspath(path))
-    while True:
-        temporary = os.path.join(directory, f".{name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
-        try:
-            return os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666), temporary
-        except FileExistsError:
-            continue
-
-
 def write_index_file(idx_path: str | os.PathLike, dtype: Any, sequence_lengths: np.ndarray,
                      document_indices: np.ndarray) -> None:
     """Write a `.idx` atomically. Pointers follow from the lengths: sequences are contiguous."""
@@ -221,18 +207,12 @@ def write_index_file(idx_path: str | os.PathLike, dtype: Any, sequence_lengths: 
     documents = np.asarray(document_indices, dtype="<i8")
     header = _HEADER.pack(INDEX_MAGIC, INDEX_VERSION, DType.code_of(dtype), len(lengths),
                           len(documents))
-    path = os.fspath(idx_path)
-    handle, temporary = _temporary_beside(path)
-    try:
-        with os.fdopen(handle, "wb") as stream:
-            stream.write(header)
-            stream.write(lengths.tobytes())
-            stream.write(pointers.tobytes())
-            stream.write(documents.tobytes())
-        os.replace(temporary, path)
-    except BaseException:
-        Path(temporary).unlink(missing_ok=True)
-        raise
+
+    def write(stream: BinaryIO) -> None:
+        for part in (header, lengths.tobytes(), pointers.tobytes(), documents.tobytes()):
+            stream.write(part)
+
+    write_atomically(idx_path, write)
 
 
 class IndexedDatasetBuilder:
@@ -244,7 +224,7 @@ class IndexedDatasetBuilder:
         self.dtype = DType.dtype_of(DType.code_of(dtype))
         self._sequence_lengths = array("q")
         self._document_indices = array("q", [0])
-        handle, self._temporary = _temporary_beside(self.bin_path)
+        handle, self._temporary = temporary_beside(self.bin_path)
         self._stream = os.fdopen(handle, "wb")
 
     def _as_tokens(self, tokens: np.ndarray | Sequence[int]) -> np.ndarray:
