@@ -19,10 +19,8 @@ from typing import Any
 
 import numpy as np
 
-from mf_data.blended_dataset import BlendedDataset
-from mf_data.blending import blend_sizes, normalise_weights, parse_blend
+from mf_data.builder import SplitBuilder
 from mf_data.indexed import IndexedDataset, IndexedDatasetBuilder
-from mf_data.split import parse_split, split_indices, split_matrix
 
 SPLIT_NAMES = ("train", "valid", "test")
 SAMPLE_FIELDS = ("dataset_id", "tokens", "labels", "loss_mask", "position_ids", "attention_mask")
@@ -69,42 +67,13 @@ def our_config(case: Any, cache_dir: str | None) -> Any:
 
 
 def build_case(case: Any, corpus_dir: Path, cache_dir: str | None) -> list[Any]:
-    """The three split datasets (or None) of a case, from mf_data."""
-    from mf_data.gpt_dataset import GPTDataset
-
+    """The three split datasets (or None) of a case, from mf_data's builder (prefixes stay
+    relative, as on Megatron's side, which runs inside the corpus directory)."""
     cases = _cases()
-    config = our_config(case, cache_dir)
     lengths = {name: IndexedDataset(corpus_dir / name).sequence_lengths for name in cases.CORPORA}
     sizes = cases.resolved_sizes(case, lengths)
-    prefixes, weights = parse_blend(list(case.data_path))
-    matrix = split_matrix(parse_split(case.split))
-    indexed = {prefix: IndexedDataset(corpus_dir / prefix) for prefix in prefixes}
-
-    def constituent(prefix: str, split: int, num_samples: int | None) -> Any:
-        indices = split_indices(matrix[split], len(indexed[prefix]))
-        return GPTDataset(indexed[prefix], prefix, indices, num_samples, SPLIT_NAMES[split],
-                          config)
-
-    top: list[Any] = []
-    for split in range(3):
-        if matrix[split] is None:
-            top.append(None)
-        elif len(prefixes) == 1 and weights is None:
-            top.append(constituent(prefixes[0], split, sizes[split]))
-        elif weights is not None:
-            normalised = normalise_weights(weights)
-            planned = blend_sizes(sizes[split], normalised)
-            parts = [constituent(prefix, split, count)
-                     for prefix, count in zip(prefixes, planned.per_dataset, strict=True)]
-            top.append(BlendedDataset(parts, normalised, planned.total, SPLIT_NAMES[split],
-                                      cache_dir=cache_dir))
-        else:
-            parts = [constituent(prefix, split, None) for prefix in prefixes]
-            counts = [len(part) for part in parts]
-            size = None if sizes[split] is None else min(sizes[split], sum(counts))
-            top.append(BlendedDataset(parts, counts, size, SPLIT_NAMES[split],
-                                      cache_dir=cache_dir))
-    return top
+    builder = SplitBuilder(our_config(case, cache_dir), root=corpus_dir)
+    return list(builder.build(list(case.data_path), case.split, sizes))
 
 
 def our_sample(dataset: Any, index: int | None) -> dict[str, np.ndarray]:

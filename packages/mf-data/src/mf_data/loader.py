@@ -119,13 +119,9 @@ class BatchLoader:
 
     def collate(self, samples: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
         """Stack samples into named int32 columns, in `column_names` order."""
-        keys = sample_columns(samples[0])
-        if len(self.column_names) > len(keys):
-            raise DataError(f"train_dataset.dataloader.column_names has "
-                            f"{len(self.column_names)} names {self.column_names}, but the "
-                            f"samples have {len(keys)} columns {keys}")
-        return {name: np.stack([s[key] for s in samples]).astype(np.int32)
-                for name, key in zip(self.column_names, keys, strict=False)}
+        named = [named_columns(sample, self.column_names) for sample in samples]
+        return {name: np.stack([columns[name] for columns in named])
+                for name in self.column_names}
 
 
 def sample_columns(sample: dict[str, Any]) -> list[str]:
@@ -133,6 +129,18 @@ def sample_columns(sample: dict[str, Any]) -> list[str]:
     actual_seq_len or attention_mask when present."""
     extra = [key for key in ("actual_seq_len", "attention_mask") if key in sample]
     return [*SAMPLE_KEYS, *extra[:1]]
+
+
+def named_columns(sample: dict[str, np.ndarray],
+                  column_names: Sequence[str]) -> dict[str, np.ndarray]:
+    """The sample's fields named by `column_names` by position, as int32 (what the trainer
+    gets; MindFormers' convention)."""
+    keys = sample_columns(sample)
+    if len(column_names) > len(keys):
+        raise DataError(f"train_dataset.dataloader.column_names has {len(column_names)} names "
+                        f"{list(column_names)}, but the samples have {len(keys)} columns {keys}")
+    return {name: np.asarray(sample[key]).astype(np.int32)
+            for name, key in zip(column_names, keys, strict=False)}
 
 
 _DONE = object()

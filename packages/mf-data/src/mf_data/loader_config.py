@@ -46,6 +46,7 @@ class MegatronDatasetSettings(Section):
     eod_pad_length: int = setting(128, "Length of actual_seq_len.", gt=0)
     eod: int = setting(-1, "End-of-document token id.")
     pad: int = setting(-1, "Padding token id; -1 for none.")
+    allow_ambiguous_pad_tokens: bool = setting(False, "Keep a pad id equal to eod.")
     add_extra_token_to_sequence: bool = setting(True, "Read seq_length + 1 tokens per sample.")
     drop_last_partial_validation_sequence: bool = setting(True, "Drop a partial valid sample.")
 

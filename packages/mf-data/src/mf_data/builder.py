@@ -1,0 +1,166 @@
+"""The train, valid and test datasets of a configuration, built as Megatron's builder builds them.
+
+`build_datasets(dataloader)` reads `train_dataset.dataloader` (type
+`BlendedMegatronDatasetDataLoader`) and returns `(train, valid, test)`, None for a split
+that gets no data. It follows megatron-core's `BlendedMegatronDatasetBuilder`:
+
+- one prefix without a weight: one `GPTDataset` per split, over that split's share of the
+  sequences (`split` bookends), with `sizes[i]` samples;
+- prefixes with weights: per split, each prefix's dataset sized `ceil(ceil(size * w) * 1.005)`
+  and a `BlendedDataset` of `sum(ceil(size * w))` samples over them;
+- several prefixes without weights: each prefix's split for one epoch, blended by their
+  lengths, `min(size, total)` samples;
+- `train_data_path` / `valid_data_path` / `test_data_path` instead of `data_path` and
+  `split` (Megatron's blend per split): each split draws from all of its own files.
+
+The tests compare what this builds with Megatron's own builder (tests/data/parity).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from mf_config import DataloaderConfig
+
+from .blended_dataset import BlendedDataset
+from .blending import blend_sizes, normalise_weights, parse_blend
+from .errors import DataError
+from .gpt_dataset import GPTDataset, GPTDatasetConfig
+from .indexed import IndexedDataset
+from .loader_config import MegatronDatasetSettings, megatron_settings
+from .split import SPLIT_NAMES, parse_split, split_indices, split_matrix
+
+Dataset = GPTDataset | BlendedDataset
+WHOLE = (0.0, 1.0)
+"""The bookends of a split that draws from a whole file (blend per split)."""
+
+
+def build_datasets(dataloader: DataloaderConfig) -> tuple[Dataset | None, ...]:
+    """`(train, valid, test)` for the `train_dataset.dataloader` section."""
+    settings = megatron_settings(dataloader)
+    config = settings.config
+    builder = SplitBuilder(gpt_config(config), mmap=config.mmap_bin_files,
+                           threads=config.num_dataset_builder_threads)
+    per_split = [config.train_data_path, config.valid_data_path, config.test_data_path]
+    if any(per_split):
+        if config.data_path:
+            raise DataError("train_dataset.dataloader.config: give either data_path (with "
+                            "split) or train_data_path/valid_data_path/test_data_path, not both")
+        return builder.build_per_split(per_split, settings.sizes)
+    if not config.data_path:
+        raise DataError("train_dataset.dataloader.config.data_path: required: the .bin/.idx "
+                        "prefixes to train on, e.g. ['/data/corpus_text_document'] or "
+                        "['0.7', '/data/a', '0.3', '/data/b']")
+    return builder.build(config.data_path, config.split, settings.sizes)
+
+
+def gpt_config(settings: MegatronDatasetSettings) -> GPTDatasetConfig:
+    """mf-data's sample settings from the loader's config block."""
+    return GPTDatasetConfig(
+        sequence_length=settings.seq_length, eod=settings.eod, pad=settings.pad,
+        random_seed=settings.seed, split=settings.split,
+        add_extra_token_to_sequence=settings.add_extra_token_to_sequence,
+        reset_position_ids=settings.reset_position_ids,
+        reset_attention_mask=settings.reset_attention_mask,
+        eod_mask_loss=settings.eod_mask_loss,
+        create_attention_mask=settings.create_attention_mask,
+        create_compressed_eod_mask=settings.create_compressed_eod_mask,
+        eod_pad_length=settings.eod_pad_length,
+        allow_ambiguous_pad_tokens=settings.allow_ambiguous_pad_tokens,
+        drop_last_partial_validation_sequence=settings.drop_last_partial_validation_sequence,
+        path_to_cache=settings.path_to_cache)
+
+
+class SplitBuilder:
+    """Builds the datasets of the three splits from indexed files, as Megatron does."""
+
+    def __init__(self, config: GPTDatasetConfig, *, mmap: bool = True, threads: int = 1,
+                 root: str | os.PathLike | None = None):
+        """`root`: where relative prefixes are (the working directory by default); the
+        prefix as written stays the dataset's path in cache descriptions, as in Megatron."""
+        self.config = config
+        self.root = root
+        self.mmap = mmap
+        self.threads = threads
+        self._indexed: dict[str, IndexedDataset] = {}
+
+    def build(self, data_path: Sequence[str], split: str,
+              sizes: Sequence[int | None]) -> tuple[Dataset | None, ...]:
+        """Every split of one blend (`data_path`) cut by `split`."""
+        prefixes, weights = parse_blend(list(data_path))
+        matrix = split_matrix(parse_split(split))
+        _check_empty_splits(matrix, sizes, split)
+        return tuple(None if matrix[i] is None else
+                     self._split(prefixes, weights, i, [matrix[i]] * len(prefixes), sizes[i])
+                     for i in range(3))
+
+    def build_per_split(self, data_paths: Sequence[Sequence[str]],
+                        sizes: Sequence[int | None]) -> tuple[Dataset | None, ...]:
+        """Each split from its own blend of whole files (None where none is given)."""
+        out: list[Dataset | None] = []
+        for i, data_path in enumerate(data_paths):
+            if not data_path:
+                if sizes[i]:
+                    raise DataError(f"train_dataset.dataloader.sizes[{i}]: asks for {sizes[i]} "
+                                    f"{SPLIT_NAMES[i]} samples but no {SPLIT_NAMES[i]}_data_path "
+                                    "is given")
+                out.append(None)
+                continue
+            prefixes, weights = parse_blend(list(data_path))
+            out.append(self._split(prefixes, weights, i, [WHOLE] * len(prefixes), sizes[i]))
+        return tuple(out)
+
+    def _split(self, prefixes: list[str], weights: list[float] | None, split: int,
+               bookends: list[tuple[float, float]], size: int | None) -> Dataset:
+        name = SPLIT_NAMES[split]
+        if len(prefixes) == 1 and weights is None:
+            return self._gpt(prefixes[0], bookends[0], size, name)
+        if weights is not None:
+            if size is None:
+                raise DataError(f"train_dataset.dataloader.sizes[{split}]: a weighted blend "
+                                f"needs a sample count for {name}")
+            normalised = normalise_weights(weights)
+            planned = blend_sizes(size, normalised)
+            parts = self._gpts(prefixes, bookends, list(planned.per_dataset), name)
+            return BlendedDataset(parts, normalised, planned.total, name,
+                                  cache_dir=self._blend_cache)
+        parts = self._gpts(prefixes, bookends, [None] * len(prefixes), name)
+        counts = [len(part) for part in parts]
+        total = None if size is None else min(size, sum(counts))
+        return BlendedDataset(parts, counts, total, name, cache_dir=self._blend_cache)
+
+    @property
+    def _blend_cache(self) -> str | None:
+        """Blends are cached only in an explicit `path_to_cache`, as in Megatron."""
+        return self.config.path_to_cache or None
+
+    def _gpts(self, prefixes: list[str], bookends: list[tuple[float, float]],
+              sizes: list[int | None], name: str) -> list[GPTDataset]:
+        jobs = list(zip(prefixes, bookends, sizes, strict=True))
+        if self.threads == 1 or len(jobs) == 1:
+            return [self._gpt(*job, name) for job in jobs]
+        with ThreadPoolExecutor(self.threads) as pool:
+            return list(pool.map(lambda job: self._gpt(*job, name), jobs))
+
+    def _gpt(self, prefix: str, bookends: tuple[float, float], size: int | None,
+             name: str) -> GPTDataset:
+        indexed = self._open(prefix)
+        indices = split_indices(bookends, len(indexed))
+        return GPTDataset(indexed, prefix, indices, size, name, self.config)
+
+    def _open(self, prefix: str) -> IndexedDataset:
+        if prefix not in self._indexed:
+            path = os.path.join(self.root or "", os.path.expanduser(prefix))
+            self._indexed[prefix] = IndexedDataset(path, mmap=self.mmap)
+        return self._indexed[prefix]
+
+
+def _check_empty_splits(matrix: list[Any], sizes: Sequence[int | None], split: str) -> None:
+    for i, bookends in enumerate(matrix):
+        if bookends is None and sizes[i]:
+            raise DataError(f"train_dataset.dataloader.sizes[{i}]: asks for {sizes[i]} "
+                            f"{SPLIT_NAMES[i]} samples, but split {split!r} gives "
+                            f"{SPLIT_NAMES[i]} no data; give it a share or set the size to 0")

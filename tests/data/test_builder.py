@@ -1,0 +1,157 @@
+"""build_datasets: the three splits of a train_dataset.dataloader section, and `mf-data sample`."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from mf_config.converter import converter
+from mf_config.sections import DataloaderConfig
+from mf_data.blended_dataset import BlendedDataset
+from mf_data.builder import build_datasets
+from mf_data.errors import DataError
+from mf_data.gpt_dataset import GPTDataset, GPTDatasetConfig
+from mf_data.indexed import IndexedDataset, write_indexed
+from mf_data.split import split_indices
+
+EOD = 0
+
+
+@pytest.fixture(scope="module")
+def corpora(tmp_path_factory) -> Path:
+    """Two corpora of short documents (ids 1..200, each ending with EOD)."""
+    root = tmp_path_factory.mktemp("corpora")
+    rng = np.random.default_rng(3)
+    for name, count in (("a", 60), ("b", 40)):
+        documents = [[*rng.integers(1, 200, rng.integers(1, 30)).tolist(), EOD]
+                     for _ in range(count)]
+        write_indexed(root / name, documents, dtype=np.uint16)
+    return root
+
+
+def dataloader(config: dict, sizes=(50, 10, 5)) -> DataloaderConfig:
+    return converter.structure({
+        "type": "BlendedMegatronDatasetDataLoader", "sizes": list(sizes),
+        "column_names": ["input_ids", "labels", "loss_mask", "position_ids"],
+        "config": {"seq_length": 16, "eod": EOD, "create_attention_mask": False,
+                   "path_to_cache": "", **config}}, DataloaderConfig)
+
+
+def test_one_prefix_gives_a_gpt_dataset_per_split(corpora) -> None:
+    train, valid, test = build_datasets(dataloader({"data_path": [str(corpora / "a")],
+                                                    "split": "80, 15, 5"}))
+    assert all(isinstance(d, GPTDataset) for d in (train, valid, test))
+    indexed = IndexedDataset(corpora / "a")
+    direct = GPTDataset(indexed, str(corpora / "a"),
+                        split_indices((0.0, 0.8), len(indexed)), 50, "train",
+                        GPTDatasetConfig(sequence_length=16, eod=EOD, split="80, 15, 5",
+                                         create_attention_mask=False))
+    assert len(train) == len(direct) >= 50
+    for i in (0, 7, len(train) - 1):
+        for key, value in direct[i].items():
+            np.testing.assert_array_equal(train[i][key], value)
+
+
+def test_a_split_without_share_is_none(corpora) -> None:
+    train, valid, test = build_datasets(dataloader({"data_path": [str(corpora / "a")],
+                                                    "split": "1, 0, 0"}, sizes=(20, 0, 0)))
+    assert isinstance(train, GPTDataset) and valid is None and test is None
+
+
+def test_weights_give_a_blend_of_the_requested_size(corpora) -> None:
+    train, _, _ = build_datasets(dataloader({
+        "data_path": ["0.7", str(corpora / "a"), "0.3", str(corpora / "b")],
+        "split": "90, 10, 0"}, sizes=(100, 10, 0)))
+    assert isinstance(train, BlendedDataset) and len(train) == 100  # ceil(70) + ceil(30)
+    counts = np.bincount(np.asarray(train.dataset_index), minlength=2)
+    assert counts.tolist() == [70, 30]
+    assert set(train[0]) >= {"tokens", "labels", "loss_mask", "position_ids", "dataset_id"}
+
+
+def test_blend_per_split_draws_each_split_from_its_own_files(corpora) -> None:
+    train, valid, test = build_datasets(dataloader({
+        "train_data_path": [str(corpora / "a")], "valid_data_path": [str(corpora / "b")]},
+        sizes=(30, 5, 0)))
+    assert test is None
+    assert len(train.indices) == len(IndexedDataset(corpora / "a"))  # the whole file
+    assert len(valid.indices) == len(IndexedDataset(corpora / "b"))
+
+
+@pytest.mark.parametrize(("config", "sizes", "message"), [
+    ({}, (10, 0, 0), r"config\.data_path: required"),
+    ({"data_path": ["x"], "train_data_path": ["y"]}, (10, 0, 0), r"either data_path .* not both"),
+    ({"data_path": ["PREFIX"], "split": "1, 0, 0"}, (10, 5, 0),
+     r"sizes\[1\]: asks for 5 valid samples, but split '1, 0, 0' gives valid no data"),
+    ({"train_data_path": ["PREFIX"]}, (10, 5, 0),
+     r"sizes\[1\]: asks for 5 valid samples but no valid_data_path is given"),
+    ({"data_path": ["0.5", "PREFIX", "-1", "PREFIX"]}, (10, 0, 0), r"data_path\[2\]"),
+    ({"data_path": ["/no/such/corpus"]}, (10, 0, 0), r"/no/such/corpus"),
+])
+def test_bad_data_configurations(corpora, config, sizes, message) -> None:
+    config = {key: [str(corpora / "a") if v == "PREFIX" else v for v in value]
+              if isinstance(value, list) else value for key, value in config.items()}
+    with pytest.raises(DataError, match=message):
+        build_datasets(dataloader(config, sizes=sizes))
+
+
+TRAIN_YAML = """\
+training:
+  global_batch_size: 4
+  local_batch_size: 2
+model:
+  model_type: qwen3
+train_dataset:
+  dataloader:
+    type: BlendedMegatronDatasetDataLoader
+    sizes: [20, 0, 0]
+    column_names: ["input_ids", "labels", "loss_mask"]
+    config:
+      seq_length: 8
+      eod: 0
+      split: "1, 0, 0"
+      create_attention_mask: false
+      path_to_cache: ""
+      data_path: ["{prefix}"]
+"""
+
+
+def run_cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "mf_data", *args], capture_output=True,
+                          text=True, timeout=120)
+
+
+def test_sample_prints_what_the_trainer_sees(tmp_path) -> None:
+    text = "hello world, hello mf"
+    write_indexed(tmp_path / "corpus", [[*text.encode(), 256]], dtype=np.uint16)
+    config = tmp_path / "train.yaml"
+    config.write_text(TRAIN_YAML.format(prefix=tmp_path / "corpus").replace("eod: 0",
+                                                                             "eod: 256"))
+    result = run_cli("sample", str(config), "0", "--tokenizer", "bytes")
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert lines[0] == "train sample 0"
+    assert lines[1].startswith("  input_ids [8] int32: [")
+    assert lines[2].startswith("  labels [8] int32: [")
+    assert lines[3].startswith("  loss_mask [8] int32: [1, 1, 1, 1, 1, 1, 1, 1]")
+    ids = [int(v) for v in lines[1].split(": ", 1)[1].strip("[]").split(", ")]
+    decoded = bytes(ids).decode() if 256 not in ids else None
+    assert decoded is not None and decoded in text + text
+    assert lines[5] == "    " + repr(decoded)
+
+
+def test_sample_errors(tmp_path) -> None:
+    write_indexed(tmp_path / "corpus", [[1, 2, 3, 0]] * 10, dtype=np.uint16)
+    config = tmp_path / "train.yaml"
+    config.write_text(TRAIN_YAML.format(prefix=tmp_path / "corpus"))
+    result = run_cli("sample", str(config), "999")
+    assert result.returncode == 1
+    assert "sample 999 is outside the train split's" in result.stderr
+    result = run_cli("sample", str(config), "0", "--split", "valid")
+    assert result.returncode == 1 and "the valid split has no data" in result.stderr
+    result = run_cli("sample", str(config), "0", "--set", "training.global_batch_size=0")
+    assert result.returncode == 1 and "training.global_batch_size" in result.stderr
+    assert "Traceback" not in result.stderr
