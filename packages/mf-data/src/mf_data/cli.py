@@ -1,4 +1,5 @@
-"""The ``mf-data`` command: ``preprocess`` JSON Lines into a Megatron corpus, ``inspect`` one.
+"""The ``mf-data`` command: ``preprocess`` JSON Lines into a Megatron corpus, ``inspect`` one,
+``sample`` a training config's data as the trainer sees it.
 
 Each subcommand is one ``add_<name>`` function that registers its parser and handler; adding a
 subcommand means writing that function and listing it in ``SUBCOMMANDS``. Exit status: 0 on
@@ -88,9 +89,55 @@ def add_inspect(subparsers: argparse._SubParsersAction) -> None:
     parser.set_defaults(handler=_inspect)
 
 
+def _sample(args: argparse.Namespace) -> int:
+    from mf_config import ConfigError, load_config
+    from mf_data.builder import build_datasets
+    from mf_data.loader import named_columns
+    from mf_data.sample_report import format_sample
+
+    try:
+        config = load_config(args.config, overrides=args.overrides)
+    except ConfigError as error:
+        raise DataError(str(error)) from None
+    split = ("train", "valid", "test").index(args.split)
+    dataset = build_datasets(config.train_dataset.dataloader)[split]
+    if dataset is None:
+        raise DataError(f"{args.config}: the {args.split} split has no data (see "
+                        "train_dataset.dataloader.config.split and sizes)")
+    if not 0 <= args.index < len(dataset):
+        raise DataError(f"sample {args.index} is outside the {args.split} split's "
+                        f"{len(dataset):,} samples")
+    tokenizer = None
+    if args.tokenizer is not None:
+        from mf_data.text_tokenizer import load_tokenizer
+
+        tokenizer = load_tokenizer(None if args.tokenizer == "bytes" else args.tokenizer,
+                                   config.train_dataset.dataloader.config.get("eod"))
+    columns = named_columns(dataset[args.index], config.train_dataset.dataloader.column_names)
+    print(format_sample(args.index, args.split, columns, tokenizer))
+    return 0
+
+
+def add_sample(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "sample", help="print sample N of a training config's data",
+        description="Build the datasets of CONFIG's train_dataset and print sample N as the "
+                    "trainer sees it: int32 columns named by column_names, and the text "
+                    "when a tokenizer is given.")
+    parser.add_argument("config", metavar="CONFIG", help="the training YAML")
+    parser.add_argument("index", metavar="N", type=_non_negative_int, help="sample index")
+    parser.add_argument("--split", choices=("train", "valid", "test"), default="train")
+    parser.add_argument("--tokenizer", metavar="FILE",
+                        help="tokenizer.json to decode with, or 'bytes' for the byte tokenizer")
+    parser.add_argument("--set", dest="overrides", action="append", default=[],
+                        metavar="KEY=VALUE", help="override a config value (repeatable)")
+    parser.set_defaults(handler=_sample)
+
+
 SUBCOMMANDS: tuple[Callable[[argparse._SubParsersAction], None], ...] = (
     add_preprocess,
     add_inspect,
+    add_sample,
 )
 
 

@@ -1,0 +1,35 @@
+"""One sample shown as the trainer sees it: what `mf-data sample` prints."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+SHOWN = 24
+"""Values printed per column before eliding the middle."""
+
+
+def format_sample(index: int, split: str, columns: dict[str, np.ndarray],
+                  tokenizer: Any | None = None) -> str:
+    """A readable report: each column's shape and values, the decoded text with a tokenizer."""
+    lines = [f"{split} sample {index}"]
+    for name, values in columns.items():
+        lines.append(f"  {name} {list(values.shape)} int32: {_values(values)}")
+    first = next(iter(columns.values()))
+    if tokenizer is not None:
+        lines.append(f"  text of {next(iter(columns))}:")
+        lines.append("    " + repr(tokenizer.decode(first.tolist())))
+    return "\n".join(lines)
+
+
+def _values(values: np.ndarray) -> str:
+    if values.ndim > 1:
+        return (f"{int(values.sum())} of {values.size} set"
+                if values.max(initial=0) <= 1 and values.min(initial=0) >= 0
+                else f"min {values.min()}, max {values.max()}")
+    flat = values.tolist()
+    if len(flat) <= SHOWN:
+        return str(flat)
+    half = SHOWN // 2
+    return f"{str(flat[:half])[:-1]}, ... {str(flat[-half:])[1:]}"
