@@ -13,3 +13,12 @@ def test_import_does_not_pull_in_mindspore_or_siblings() -> None:
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                             check=True, timeout=60)
     assert result.stdout.strip() == "[]"
+
+
+def test_public_names_load_on_first_use() -> None:
+    code = ("import sys, mf_data; light = 'numpy' not in sys.modules; "
+            "from mf_data import build_datasets, BatchLoader, GPTDataset; "
+            "print(light, build_datasets.__module__, BatchLoader.__module__)")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                            check=True, timeout=60)
+    assert result.stdout.split() == ["True", "mf_data.builder", "mf_data.loader"]

@@ -162,3 +162,24 @@ def test_invalid_rank_and_batch() -> None:
         BatchLoader(CountingSamples(4), micro_batch_size=1, data_parallel=2, rank=2)
     with pytest.raises(DataError, match="micro_batch_size must be >= 1, got 0"):
         BatchLoader(CountingSamples(4), micro_batch_size=0)
+
+
+def test_for_rank_takes_the_data_parallel_position_from_the_plan() -> None:
+    """world 4 = data 2 x tensor 2: ranks 0 and 1 (one tensor group) read data rank 0's
+    batches, ranks 2 and 3 data rank 1's; settings come from train_dataset."""
+    from mf_config import ParallelismConfig, TrainDatasetConfig, TrainingConfig
+    from mf_config.converter import converter
+    from mf_parallel import make_plan
+
+    plan = make_plan(ParallelismConfig(tensor_parallel=2),
+                     TrainingConfig(global_batch_size=8, local_batch_size=2), 4)
+    section = converter.structure({"dataloader": {"column_names": ["input_ids"]},
+                                   "num_parallel_workers": 2, "prefetch_size": 3},
+                                  TrainDatasetConfig)
+    firsts = []
+    for rank in range(4):
+        loader = BatchLoader.for_rank(CountingSamples(16), section, plan, rank)
+        assert (loader.micro_batch_size, loader.data_parallel) == (2, 2)
+        assert (loader.num_parallel_workers, loader.prefetch_size) == (2, 3)
+        firsts.append(next(iter(loader))["input_ids"][:, 0].tolist())
+    assert firsts == [[0, 1], [0, 1], [2, 3], [2, 3]]

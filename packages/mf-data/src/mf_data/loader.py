@@ -29,6 +29,9 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from mf_config import TrainDatasetConfig
+from mf_parallel import Plan
+
 from .errors import DataError
 
 SAMPLE_KEYS = ("tokens", "labels", "loss_mask", "position_ids")
@@ -97,6 +100,22 @@ class BatchLoader:
         self._indices = micro_batch_indices(len(dataset), consumed_samples, micro_batch_size,
                                             data_parallel, rank, drop_remainder=drop_remainder,
                                             shuffle=shuffle, seed=seed)
+
+    @classmethod
+    def for_rank(cls, dataset: SampleSource, train_dataset: TrainDatasetConfig, plan: Plan,
+                 rank: int, *, consumed_samples: int = 0, seed: int = 0) -> BatchLoader:
+        """The loader of global rank `rank` in `plan`, configured by `train_dataset`: micro-
+        batches of the plan's `local_batch_size`, split over its data-parallel ranks (ranks
+        that differ only in tensor, context or pipeline position get the same batches)."""
+        data_group = plan.mesh.groups_of(rank)["data"]
+        return cls(dataset, micro_batch_size=plan.batch.micro_batch_size,
+                   data_parallel=len(data_group), rank=data_group.index(rank),
+                   column_names=train_dataset.dataloader.column_names,
+                   consumed_samples=consumed_samples,
+                   drop_remainder=train_dataset.drop_remainder,
+                   shuffle=train_dataset.dataloader.shuffle, seed=seed,
+                   num_parallel_workers=train_dataset.num_parallel_workers,
+                   prefetch_size=train_dataset.prefetch_size)
 
     def __len__(self) -> int:
         """Micro-batches left for this rank."""
