@@ -47,11 +47,17 @@ def lint(session: nox.Session) -> None:
 
 @nox.session
 def demo(session: nox.Session) -> None:
-    """The main job. Until mf-train lands: validate every example configuration."""
-    session.install(f"{ROOT / 'packages' / 'mf-config'}")
+    """The main job until mf-train lands: validate the example configs, then build the tiny
+    example's data and show a sample of it as the trainer will see it."""
+    session.install(*(f"-e{ROOT / 'packages' / name}"
+                      for name in ("mf-config", "mf-parallel", "mf-data")))
     examples = sorted(str(path) for path in (ROOT / "examples").glob("*.yaml"))
     session.run("mf-config", "validate", *examples)
     session.run("mf-config", "show", examples[0])
+    session.run("mf-data", "preprocess", "--input", "examples/data/tiny.jsonl",
+                "--output-prefix", "output/data/tiny_text_document")
+    session.run("mf-data", "inspect", "output/data/tiny_text_document")
+    session.run("mf-data", "sample", "examples/qwen3_tiny.yaml", "0", "--tokenizer", "bytes")
 
 
 @nox.session

@@ -138,8 +138,9 @@ def test_sample_prints_what_the_trainer_sees(tmp_path) -> None:
     assert lines[2].startswith("  labels [8] int32: [")
     assert lines[3].startswith("  loss_mask [8] int32: [1, 1, 1, 1, 1, 1, 1, 1]")
     ids = [int(v) for v in lines[1].split(": ", 1)[1].strip("[]").split(", ")]
-    decoded = bytes(ids).decode() if 256 not in ids else None
-    assert decoded is not None and decoded in text + text
+    decoded = "".join(chr(i) if i < 256 else "<|eod|>" for i in ids)
+    assert decoded in (text + "<|eod|>") * 3
+    assert lines[4] == "  text of input_ids (documents end at <|eod|>):"
     assert lines[5] == "    " + repr(decoded)
 
 

@@ -18,9 +18,25 @@ def format_sample(index: int, split: str, columns: dict[str, np.ndarray],
         lines.append(f"  {name} {list(values.shape)} int32: {_values(values)}")
     first = next(iter(columns.values()))
     if tokenizer is not None:
-        lines.append(f"  text of {next(iter(columns))}:")
-        lines.append("    " + repr(tokenizer.decode(first.tolist())))
+        lines.append(f"  text of {next(iter(columns))} (documents end at {EOD_MARK}):")
+        lines.append("    " + repr(decode_documents(first.tolist(), tokenizer)))
     return "\n".join(lines)
+
+
+EOD_MARK = "<|eod|>"
+
+
+def decode_documents(ids: list[int], tokenizer: Any) -> str:
+    """The text of `ids`, with EOD_MARK where a document ends (tokenizers drop the EOD)."""
+    pieces, current = [], []
+    for token in ids:
+        if token == tokenizer.eod:
+            pieces.append(tokenizer.decode(current) + EOD_MARK)
+            current = []
+        else:
+            current.append(token)
+    pieces.append(tokenizer.decode(current))
+    return "".join(pieces)
 
 
 def _values(values: np.ndarray) -> str:
