@@ -317,3 +317,18 @@ def test_shuffle_draws_come_after_the_document_draws() -> None:
     np.random.RandomState(4321).shuffle(fresh)
     np.testing.assert_array_equal(built.shuffle_index, continued)
     assert not np.array_equal(built.shuffle_index, fresh)
+
+
+@pytest.mark.parametrize("num_samples, drop_last, extra", [
+    (None, True, 1), (9000, True, 1), (9000, False, 0)])
+def test_large_corpora_build_the_sample_index_beside_the_shuffle(num_samples, drop_last,
+                                                                 extra) -> None:
+    """From 16,384 document-index entries the sample index is built in a second thread
+    while the shuffle index is drawn: the result is still Megatron's order."""
+    sizes = np.random.default_rng(1).integers(1, 60, 20_000).astype(np.int32)
+    indices = np.arange(20_000, dtype=np.int32)
+    assert len(indices) >= gpt_indices._OVERLAP_FROM
+    actual = build_gpt_indices(sizes, indices, num_samples, 64, 7, extra, drop_last)
+    expected = reference_indices(sizes, indices, num_samples, 64, 7, extra, drop_last)
+    for got, want in zip(actual, expected, strict=True):
+        np.testing.assert_array_equal(got, want)
