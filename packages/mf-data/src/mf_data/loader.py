@@ -137,10 +137,11 @@ class BatchLoader:
             yield self.collate(samples)
 
     def collate(self, samples: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
-        """Stack samples into named int32 columns, in `column_names` order."""
-        named = [named_columns(sample, self.column_names) for sample in samples]
-        return {name: np.stack([columns[name] for columns in named])
-                for name in self.column_names}
+        """Stack samples into named int32 columns, in `column_names` order (stacked first,
+        cast once: a [1, S, S] bool attention mask is cast after stacking, not per sample)."""
+        keys = _checked_keys(samples[0], self.column_names)
+        return {name: np.stack([sample[key] for sample in samples]).astype(np.int32, copy=False)
+                for name, key in zip(self.column_names, keys, strict=False)}
 
 
 def sample_columns(sample: dict[str, Any]) -> list[str]:
@@ -154,12 +155,17 @@ def named_columns(sample: dict[str, np.ndarray],
                   column_names: Sequence[str]) -> dict[str, np.ndarray]:
     """The sample's fields named by `column_names` by position, as int32 (what the trainer
     gets; MindFormers' convention)."""
+    keys = _checked_keys(sample, column_names)
+    return {name: np.asarray(sample[key]).astype(np.int32)
+            for name, key in zip(column_names, keys, strict=False)}
+
+
+def _checked_keys(sample: dict[str, Any], column_names: Sequence[str]) -> list[str]:
     keys = sample_columns(sample)
     if len(column_names) > len(keys):
         raise DataError(f"train_dataset.dataloader.column_names has {len(column_names)} names "
                         f"{list(column_names)}, but the samples have {len(keys)} columns {keys}")
-    return {name: np.asarray(sample[key]).astype(np.int32)
-            for name, key in zip(column_names, keys, strict=False)}
+    return keys
 
 
 _DONE = object()
