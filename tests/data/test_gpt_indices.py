@@ -15,6 +15,7 @@ from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 import mf_data.gpt_indices as gpt_indices
+from mf_data.compiled_walk import walker
 from mf_data.errors import DataError
 from mf_data.gpt_indices import (
     build_document_index,
@@ -139,10 +140,15 @@ def walk_cases(draw):
 @settings(max_examples=300, deadline=None)
 @given(walk_cases())
 def test_sample_index_equals_the_cpp_walk(case) -> None:
+    """The numpy path under each chunking strategy, and the compiled walk, against a line by
+    line Python copy of helpers.cpp."""
     expected = reference_sample_index(*case)
-    for chunk, search_cost in STRATEGIES:
-        with mock.patch.object(gpt_indices, "_CHUNK", chunk), \
-                mock.patch.object(gpt_indices, "_SEARCH_COST", search_cost):
+    paths = [{"walker": lambda: None, "_CHUNK": chunk, "_SEARCH_COST": cost}
+             for chunk, cost in STRATEGIES]
+    if walker() is not None:
+        paths.append({"walker": walker})
+    for patches in paths:
+        with mock.patch.multiple(gpt_indices, **patches):
             if expected[:, 1].min() < 0:  # Megatron's helpers.py asserts offsets >= 0
                 with pytest.raises(DataError, match="empty"):
                     build_sample_index(*case)

@@ -187,11 +187,11 @@ def test_writes_go_through_temporary_names_and_the_description_comes_last(
 
     def checking_save(stream, array, **kwargs):
         assert not os.path.exists(paths.description)
-        assert stream.name not in paths  # writing a temporary, not the final name
-        assert os.path.dirname(stream.name) == str(tmp_path)
         return real_save(stream, array, **kwargs)
 
     def recording_replace(source, target):
+        assert os.path.dirname(source) == str(tmp_path)  # a temporary beside the target
+        assert os.path.basename(source).startswith(".") and source.endswith(".tmp")
         replaced.append(target)
         return real_replace(source, target)
 

@@ -33,9 +33,8 @@ def temporary_beside(path: str | os.PathLike) -> tuple[int, str]:
 def write_atomically(path: str | os.PathLike, write: Callable[[BinaryIO], object]) -> None:
     """Call `write(stream)` on a temporary file, then rename it to `path`."""
     descriptor, temporary = temporary_beside(path)
-    os.close(descriptor)  # reopened by name: the stream's `name` is then the path
     try:
-        with open(temporary, "wb") as stream:
+        with os.fdopen(descriptor, "wb") as stream:
             write(stream)
         os.replace(temporary, path)
     except BaseException:

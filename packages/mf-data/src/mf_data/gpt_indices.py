@@ -5,8 +5,10 @@ Megatron (gpt_dataset.py ``_build_document_sample_shuffle_indices`` and helpers.
 form that numpy can evaluate in bulk: sample ``k`` starts ``k * seq_length`` tokens into the
 concatenation of the document index, so its row is found by a binary search of ``k * S + x`` in
 the running token count. ``build_sample_index`` does that in cache-sized chunks, which keeps
-memory flat; it is still about half as fast as the C++ walk (benchmarks/README.md), so the
-sample index is built beside the shuffle index, in a second thread.
+memory flat, but it is about half as fast as the C++ walk. So where a C compiler is available
+the walk itself is compiled at first use (`compiled_walk`) and the numpy path is the fallback;
+both give the same arrays (tested). Either way the sample index is built beside the shuffle
+index, in a second thread.
 
 One ``numpy.random.RandomState(seed)`` is consumed in Megatron's order: the document index
 shuffle(s), then the shuffle index shuffle(s). Same seed, same draws, same arrays.
@@ -19,6 +21,7 @@ from typing import NamedTuple
 
 import numpy as np
 
+from mf_data.compiled_walk import walker
 from mf_data.errors import DataError
 
 _INT32_MAX = int(np.iinfo(np.int32).max)
@@ -149,6 +152,13 @@ def build_sample_index(sequence_lengths: np.ndarray, document_index: np.ndarray,
     if len(document_index) == 0:
         raise DataError(f"document_index: empty, but {count} samples were asked for; the "
                         f"split exposes no sequences")
+    walk = walker()
+    if walk is not None:
+        _check_sequence_ids(document_index, len(lengths))
+        walk(lengths, document_index, seq_length, extra, sample_index[1:])
+        if sample_index[-1, 1] < 0:
+            _raise_empty_last_sequence(document_index, int(sample_index[-1, 1]))
+        return sample_index
     placed = _place_sample_ends(lengths, document_index, seq_length, extra, count, sample_index)
     if placed < count:
         _place_overflow_rows(lengths, document_index, extra, placed, sample_index)
@@ -240,12 +250,16 @@ def _place_overflow_rows(lengths: np.ndarray, document_index: np.ndarray, extra:
     last_position = len(document_index) - 1
     offset = int(lengths[document_index[last_position]]) - extra
     if offset < 0:
-        raise DataError(f"document_index: the last sequence (id {int(document_index[-1])}) is "
-                        f"empty, so the final partial sample would start at offset {offset}; "
-                        f"Megatron rejects this (helpers.py asserts offsets >= 0). Drop the "
-                        f"partial sample or remove empty sequences")
+        _raise_empty_last_sequence(document_index, offset)
     out[placed + 1:, 0] = last_position
     out[placed + 1:, 1] = offset
+
+
+def _raise_empty_last_sequence(document_index: np.ndarray, offset: int) -> None:
+    raise DataError(f"document_index: the last sequence (id {int(document_index[-1])}) is "
+                    f"empty, so the final partial sample would start at offset {offset}; "
+                    f"Megatron rejects this (helpers.py asserts offsets >= 0). Drop the "
+                    f"partial sample or remove empty sequences")
 
 
 def shuffle_index_dtype(total_size: int) -> np.dtype:
