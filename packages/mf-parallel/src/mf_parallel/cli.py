@@ -28,12 +28,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command != "plan":
         _parser().print_usage(sys.stderr)
         return EXIT_USAGE
-    try:
-        config = load_config(args.config, args.overrides)
-    except ConfigError as exc:
-        for issue in exc.errors:
-            print(issue, file=sys.stderr)
-        return EXIT_USAGE if isinstance(exc, UnreadableFile) else EXIT_INVALID
+    config = load_job_config(args)
+    if isinstance(config, int):
+        return config
     try:
         plan = make_plan(config.parallelism, config.training, args.world_size,
                          num_layers=decoder_layers(config), seq_length=sequence_length(config))
@@ -49,19 +46,36 @@ def main(argv: Sequence[str] | None = None) -> int:
     return EXIT_OK
 
 
+def load_job_config(args: argparse.Namespace) -> TrainConfig | int:
+    """The config of `--config` with the `--set` overrides, or, after printing its problems,
+    the exit status: 1 for an invalid config, 2 for an unreadable file."""
+    try:
+        return load_config(args.config, args.overrides)
+    except ConfigError as exc:
+        for issue in exc.errors:
+            print(issue, file=sys.stderr)
+        return EXIT_USAGE if isinstance(exc, UnreadableFile) else EXIT_INVALID
+
+
+def add_job_arguments(parser: argparse.ArgumentParser) -> None:
+    """`--config`, `--world-size`, `--json` and `--set`: what every command about one training
+    job on N ranks takes (`mf-parallel plan`, `mf-memory estimate`)."""
+    parser.add_argument("--config", required=True, metavar="FILE", help="train.yaml")
+    parser.add_argument("--world-size", required=True, type=int, metavar="N",
+                        help="number of ranks")
+    parser.add_argument("--json", action="store_true", help="print JSON instead of text")
+    parser.add_argument("--set", dest="overrides", action="append", default=[],
+                        metavar="KEY.PATH=VALUE", help="override a config value (repeatable)")
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="mf-parallel",
                                      description="Parallel layouts of mf training jobs.")
     parser.set_defaults(command=None)
     commands = parser.add_subparsers(title="commands", metavar="COMMAND")
     plan = commands.add_parser("plan", help="show the degrees, batches, stages and groups")
-    plan.add_argument("--config", required=True, metavar="FILE", help="train.yaml")
-    plan.add_argument("--world-size", required=True, type=int, metavar="N",
-                      help="number of ranks")
+    add_job_arguments(plan)
     plan.add_argument("--rank", type=int, metavar="R", help="also show the groups of rank R")
-    plan.add_argument("--json", action="store_true", help="print JSON instead of text")
-    plan.add_argument("--set", dest="overrides", action="append", default=[],
-                      metavar="KEY.PATH=VALUE", help="override a config value (repeatable)")
     plan.set_defaults(command="plan")
     return parser
 
