@@ -1,4 +1,5 @@
 """mf-memory: recompute, communication recompute, swap and memory estimates.
 
-Not built yet: its contents arrive with issue 5. See README.md beside this package.
+Modules: `layers` (the layer contract), `recompute` (recompute and communication recompute),
+`swap` (activation offload); MindSpore is imported by `recompute` and `swap` only. See README.md.
 """

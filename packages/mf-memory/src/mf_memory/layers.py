@@ -1,0 +1,101 @@
+"""The layer contract: how mf-memory finds a model's decoder layers and their sub-modules.
+
+A model honours the contract if it has `decoder_layers`, a sequence (e.g. `nn.CellList`) of its
+decoder layer cells in forward order, and optionally `layer_offset`, the global index of its first
+layer (a pipeline stage holds layers `layer_offset` to `layer_offset + len - 1`; default 0).
+The config's layer specs use global indices. A sub-module is a dotted attribute path from a
+layer (`attention`, `mlp.down`, `attention.qkv`).
+
+This module reads attributes only; it never imports MindSpore, so any object tree works.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from mf_config import LayerSpec
+
+
+class ContractError(ValueError):
+    """The model, or a config entry applied to it, does not fit the layer contract."""
+
+
+def decoder_layers(model: Any) -> list[Any]:
+    """The model's decoder layers in forward order."""
+    layers = getattr(model, "decoder_layers", None)
+    if layers is None:
+        raise ContractError(
+            f"{type(model).__name__} has no `decoder_layers`: recompute and swap need the model's "
+            "decoder layers as a sequence attribute `decoder_layers` (e.g. an nn.CellList), "
+            "optionally with `layer_offset`, the global index of its first layer")
+    try:
+        return list(layers)
+    except TypeError:
+        raise ContractError(f"{type(model).__name__}.decoder_layers is a "
+                            f"{type(layers).__name__}, not a sequence of layer cells") from None
+
+
+def layer_offset(model: Any) -> int:
+    """The global index of the model's first decoder layer (0 unless it is a pipeline stage)."""
+    offset = getattr(model, "layer_offset", 0)
+    if isinstance(offset, bool) or not isinstance(offset, int) or offset < 0:
+        raise ContractError(f"{type(model).__name__}.layer_offset must be an int >= 0, "
+                            f"got {offset!r}")
+    return offset
+
+
+def resolve_module(layer: Any, path: str, where: str, index: int | None = None) -> Any:
+    """The sub-module at dotted `path` of `layer`; `where` is the config path, for errors."""
+    if not path or any(not part for part in path.split(".")):
+        raise ContractError(f"{where}: {path!r} is not a module path; write attribute names "
+                            "joined by dots, such as 'attention' or 'attention.qkv'")
+    module = layer
+    walked = []
+    for part in path.split("."):
+        child = getattr(module, part, None) if not part.startswith("_") else None
+        if child is None or not _is_cell(child):
+            at = f"layer {index}" if index is not None else "the layer"
+            inside = ".".join(walked) or "the layer"
+            raise ContractError(
+                f"{where}: {at} ({type(layer).__name__}) has no sub-module {path!r}: "
+                f"{inside} has no cell {part!r}; its child cells are "
+                f"{_child_names(module) or 'none'}")
+        module = child
+        walked.append(part)
+    return module
+
+
+def select(model: Any, specs: Sequence[LayerSpec], where: str) -> list[tuple[int, Any]]:
+    """(global index, layer) for every layer the specs name, in spec order."""
+    layers = decoder_layers(model)
+    offset = layer_offset(model)
+    chosen = []
+    for spec in specs:
+        for index in spec.layers():
+            if not offset <= index < offset + len(layers):
+                raise ContractError(
+                    f"{where}: '{spec}' names layer {index}, but this model has "
+                    f"{len(layers)} decoder layers ({_range_text(offset, len(layers))})")
+            chosen.append((index, layers[index - offset]))
+    return chosen
+
+
+def layer_path(index: int, module_path: str | None = None) -> str:
+    """How reports name a layer or a module of it: `layers[3]`, `layers[3].attention`."""
+    return f"layers[{index}]" if not module_path else f"layers[{index}].{module_path}"
+
+
+def _range_text(offset: int, count: int) -> str:
+    if count == 0:
+        return "none"
+    return f"global layer ids {offset} to {offset + count - 1}"
+
+
+def _is_cell(obj: Any) -> bool:
+    return callable(obj) and hasattr(obj, "name_cells")
+
+
+def _child_names(module: Any) -> str:
+    names = getattr(module, "name_cells", lambda: {})()
+    return ", ".join(repr(name) for name in names)
