@@ -1,0 +1,131 @@
+"""`mf-memory estimate`: how much memory one device of a training job needs, before launching it.
+
+    mf-memory estimate --config train.yaml --world-size 8 [--rank R | --stage S] [--json]
+                       [--set key.path=value ...]
+
+Exit status: 0 the estimate was made (whether it fits or not is in the output), 1 invalid
+configuration or layout, 2 usage error or unreadable file. Never imports MindSpore.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+
+from mf_parallel import PlanError, make_plan
+from mf_parallel.cli import EXIT_INVALID, EXIT_OK, EXIT_USAGE, add_job_arguments, load_job_config
+
+from .estimate import (
+    MIB,
+    EstimateError,
+    LayerActivation,
+    MemoryEstimate,
+    estimate,
+    suggestions,
+)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the CLI; returns the exit status."""
+    parser = _parser()
+    args = parser.parse_args(argv)
+    if args.command != "estimate":
+        parser.print_usage(sys.stderr)
+        return EXIT_USAGE
+    config = load_job_config(args)
+    if isinstance(config, int):
+        return config
+    try:
+        stage = args.stage
+        if args.rank is not None:
+            plan = make_plan(config.parallelism, config.training, args.world_size)
+            stage = plan.mesh.coordinates(args.rank)["pipeline"]
+        result = estimate(config, args.world_size, stage)
+        tips = suggestions(config, args.world_size, result) if result.fits is False else []
+    except (PlanError, EstimateError) as exc:
+        print(f"{args.config}: {exc}", file=sys.stderr)
+        return EXIT_INVALID
+    if args.json:
+        data = result.as_dict()
+        data["suggestions"] = [{"change": label, "saves": saved} for label, saved in tips]
+        print(json.dumps(data, indent=2))
+    else:
+        print(describe(result, tips))
+    return EXIT_OK
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="mf-memory",
+                                     description="Memory estimates of mf training jobs.")
+    parser.set_defaults(command=None)
+    commands = parser.add_subparsers(title="commands", metavar="COMMAND")
+    est = commands.add_parser("estimate", help="per-device memory of a configuration")
+    add_job_arguments(est)
+    where = est.add_mutually_exclusive_group()
+    where.add_argument("--rank", type=int, metavar="R", help="estimate the stage of rank R")
+    where.add_argument("--stage", type=int, metavar="S",
+                       help="estimate pipeline stage S (default: the largest stage)")
+    est.set_defaults(command="estimate")
+    return parser
+
+
+def size(nbytes: int) -> str:
+    """`12.34 GiB` from 1 GiB, `1,234.5 MiB` from 1 MiB, `48.6 KiB` below."""
+    if abs(nbytes) >= 1024 * MIB:
+        return f"{nbytes / (1024 * MIB):,.2f} GiB"
+    if abs(nbytes) >= MIB:
+        return f"{nbytes / MIB:,.1f} MiB"
+    return f"{nbytes / 1024:,.1f} KiB"
+
+
+def describe(result: MemoryEstimate, tips: Sequence[tuple[str, int]] = ()) -> str:
+    """The estimate as a table, the verdict, and what to turn when it does not fit."""
+    span = f"layers {result.layers[0]}-{result.layers[-1]}" if result.layers else "no layers"
+    lines = [f"stage {result.stage} of {result.num_stages} ({span}); model "
+             f"{result.parameter_count:,} parameters; {result.in_flight} micro-batch(es) in "
+             "flight"]
+    rows = [("parameters", result.params), ("gradients", result.grads),
+            ("optimizer state", result.optimizer),
+            ("FSDP gathered parameters", result.gathered_params),
+            ("activations", result.activations), ("logits and loss", result.logits)]
+    lines += [f"  {name:<26}{size(value):>16}" for name, value in rows]
+    lines.append(f"  {'total':<26}{size(result.total):>16}")
+    lines.append("activations per layer (one micro-batch):")
+    for first, last, la in _runs(result.layer_activations):
+        span = f"layer {first}" if first == last else f"layers {first}-{last}"
+        lines.append(f"  {span:<14} kept {size(la.kept):>12} of {size(la.full):>12}"
+                     f"  {la.treatment}")
+    if result.transient:
+        lines.append(f"  recompute rebuild / swap prefetch (once): {size(result.transient)}")
+    lines += [f"warning: {w}" for w in result.warnings]
+    if result.limit is None:
+        lines.append("no context.max_device_memory set: no verdict")
+    elif result.fits:
+        lines.append(f"fits in {size(result.limit)} (headroom {size(result.headroom or 0)})")
+    else:
+        lines.append(f"does NOT fit in {size(result.limit)}: {size(-(result.headroom or 0))} "
+                     "over")
+        lines += [f"  {label} saves {size(saved)}" for label, saved in tips]
+    return "\n".join(lines)
+
+
+def _runs(layers: Sequence[LayerActivation]) -> list[tuple[int, int, LayerActivation]]:
+    """Consecutive layers with equal figures, as (first, last, one of them)."""
+    runs: list[tuple[int, int, LayerActivation]] = []
+    for la in layers:
+        if runs and runs[-1][1] == la.layer - 1 and _same(runs[-1][2], la):
+            runs[-1] = (runs[-1][0], la.layer, la)
+        else:
+            runs.append((la.layer, la.layer, la))
+    return runs
+
+
+def _same(a: LayerActivation, b: LayerActivation) -> bool:
+    return (a.full, a.kept, a.treatment) == (b.full, b.kept, b.treatment)
+
+
+def run() -> None:
+    """Console-script entry point."""
+    sys.exit(main())

@@ -1,0 +1,347 @@
+"""Per-device memory of a training job, worked out from its configuration alone.
+
+`estimate(config, world_size)` returns the bytes one device holds at its fullest: parameters,
+gradients, optimizer state, parameters gathered by FSDP, saved activations of every decoder
+layer, and the logits and loss of the last pipeline stage. Every figure is a formula over the
+config's numbers, written in the docstring of the function that computes it; no constant is
+fitted to measurements.
+
+Model: a Qwen3-style dense decoder given by its Hugging Face structure fields (`vocab_size`,
+`hidden_size`, `intermediate_size`, `num_hidden_layers`, `num_attention_heads`,
+`num_key_value_heads`, `head_dim`, `tie_word_embeddings`). The saved activations are those
+MindSpore's PyNative autograd keeps for the reference decoder (tests/memory/decoder_model.py):
+listed with `mindspore.saved_tensors_hooks`, each op keeps only the inputs its backward needs
+(a product with a constant keeps the constant, softmax its output, a matmul both operands).
+
+Notation in the formulas: b micro-batch, S sequence length, s = S / cp the local sequence,
+T = b s local tokens, t tensor parallel, T_sp = T / t when t > 1 (sequence parallelism is on
+whenever tensor parallelism is) else T, h hidden, a query heads, g key/value heads, d head
+dim, f intermediate, V vocabulary, e bytes per activation element.
+
+Pure Python: never imports MindSpore or numpy.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+import attrs
+
+from mf_config import LayerSpec, ModelConfig, TrainConfig
+from mf_parallel import Plan, make_plan
+
+from .activations import (
+    Geometry,
+    LayerActivation,
+    Saved,
+    embedding_tensors,
+    output_tensors,
+    stage_layer_activations,
+    transient_bytes,
+)
+from .model_shape import (
+    EstimateError,
+    ModelShape,
+    ParamGroup,
+    embedding_params,
+    is_positive,
+    layer_params,
+    output_params,
+    parameter_count,
+)
+
+DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "fp32": 4, "fp16": 2, "bf16": 2}
+OPTIMIZER_STATES = {"adamw": 2, "adam": 2, "muon": 1, "sgd": 1}
+"""float32 buffers per parameter: Adam's two moments, Muon's / SGD's momentum."""
+GIB, MIB = 1024**3, 1024**2
+
+def dtype_bytes(name: str, path: str) -> int:
+    """Bytes per element of a dtype name; `EstimateError` naming `path` otherwise."""
+    try:
+        return DTYPE_BYTES[str(name).lower()]
+    except KeyError:
+        raise EstimateError(f"{path}: unknown dtype {name!r}; allowed: float32, bfloat16, "
+                            "float16") from None
+
+
+def param_dtype(model: ModelConfig) -> tuple[int, int]:
+    """(parameter bytes, activation bytes): `model.params_dtype`, else `model.compute_dtype`,
+    else float32; activations in `compute_dtype`, else the parameters' dtype."""
+    if model.get("params_dtype") is not None:
+        params = dtype_bytes(model.get("params_dtype"), "model.params_dtype")
+    elif model.get("compute_dtype") is not None:
+        params = dtype_bytes(model.get("compute_dtype"), "model.compute_dtype")
+    else:
+        params = 4
+    compute = model.get("compute_dtype")
+    return params, dtype_bytes(compute, "model.compute_dtype") if compute else params
+
+
+def optimizer_bytes(groups: list[ParamGroup], tp: int, optimizer: str, param_bytes: int) -> int:
+    """Optimizer state, unsharded by FSDP: AdamW/Adam two float32 moments per parameter (8 B);
+    Muon one float32 momentum (4 B) on hidden matrices, AdamW's 8 B on the rest (embedding,
+    head, norms); SGD one momentum (4 B); plus a float32 master copy (4 B) when parameters are
+    16-bit."""
+    kind = optimizer.lower()
+    if kind not in OPTIMIZER_STATES:
+        raise EstimateError(f"optimizer.type: {optimizer!r} is not modelled; known: AdamW, "
+                            "Adam, Muon, SGD")
+    master = 4 if param_bytes < 4 else 0
+    total = 0
+    for group in groups:
+        states = OPTIMIZER_STATES[kind] if group.matrix or kind != "muon" else 2
+        total += group.per_device(tp) * (4 * states + master)
+    return total
+
+
+def shard(nbytes: int, degree: int) -> int:
+    """`nbytes / degree`, rounded up (each FSDP rank keeps one slice)."""
+    return -(-nbytes // degree)
+
+
+def gathered_param_bytes(stage_groups: list[list[ParamGroup]], outer: list[ParamGroup],
+                         tp: int, param_bytes: int, shard_degree: int, policy: str,
+                         pipeline: int) -> int:
+    """FSDP (`optim_grads_params`) gathers a unit's parameters around its use. At the start of
+    backward the units that did not reshard after forward (mf_parallel.reshard_plan) are still
+    gathered, one more resharded unit is gathered again, and the parameters outside the units
+    (embedding, final norm, head) stay gathered: each costs its full minus its own slice."""
+    from mf_parallel import reshard_plan
+
+    if shard_degree == 1 or not stage_groups:
+        return 0
+
+    def extra(groups: list[ParamGroup]) -> int:
+        full = sum(g.per_device(tp) for g in groups) * param_bytes
+        return full - shard(full, shard_degree)
+
+    plan = reshard_plan(policy, len(stage_groups), pipeline)
+    held = [extra(unit) for unit, reshards in zip(stage_groups, plan, strict=True)
+            if not reshards]
+    again = [extra(unit) for unit, reshards in zip(stage_groups, plan, strict=True) if reshards]
+    return sum(held) + max(again, default=0) + extra(outer)
+
+
+# ----------------------------------------------------------------------------- the result
+
+
+@dataclass(frozen=True)
+class MemoryEstimate:
+    """Bytes one device of one pipeline stage holds at its fullest."""
+
+    stage: int
+    num_stages: int
+    layers: tuple[int, ...]
+    params: int
+    grads: int
+    optimizer: int
+    gathered_params: int
+    activations: int
+    """Saved activations of the layers (times micro-batches in flight), embedding ids,
+    recompute rebuild and swap prefetch."""
+    logits: int
+    """Final norm, head input, logits and loss (last stage only), times micro-batches."""
+    in_flight: int
+    """Micro-batches whose activations the stage holds at once."""
+    transient: int
+    layer_activations: tuple[LayerActivation, ...]
+    parameter_count: int
+    """Parameters of the whole model."""
+    limit: int | None
+    warnings: tuple[str, ...] = field(default=())
+
+    @property
+    def total(self) -> int:
+        return (self.params + self.grads + self.optimizer + self.gathered_params
+                + self.activations + self.logits)
+
+    @property
+    def fits(self) -> bool | None:
+        """Whether the total fits `context.max_device_memory` (None without a limit)."""
+        return None if self.limit is None else self.total <= self.limit
+
+    @property
+    def headroom(self) -> int | None:
+        """limit - total: negative when it does not fit."""
+        return None if self.limit is None else self.limit - self.total
+
+    def as_dict(self) -> dict[str, Any]:
+        """Plain data in bytes (what `mf-memory estimate --json` prints)."""
+        return {
+            "stage": self.stage, "num_stages": self.num_stages,
+            "layers": list(self.layers), "parameter_count": self.parameter_count,
+            "params": self.params, "grads": self.grads, "optimizer": self.optimizer,
+            "gathered_params": self.gathered_params, "activations": self.activations,
+            "logits": self.logits, "total": self.total, "in_flight": self.in_flight,
+            "transient": self.transient,
+            "layer_activations": [
+                {"layer": la.layer, "full": la.full, "kept": la.kept,
+                 "treatment": la.treatment, "rebuilt": la.rebuilt, "swapped": la.swapped}
+                for la in self.layer_activations],
+            "max_device_memory": self.limit, "fits": self.fits, "headroom": self.headroom,
+            "warnings": list(self.warnings),
+        }
+
+
+_MEMORY = re.compile(r"\s*(\d+(?:\.\d+)?)\s*(GB|GIB|MB|MIB|KB|KIB|B)?\s*", re.IGNORECASE)
+_UNITS = {"gb": GIB, "gib": GIB, "mb": MIB, "mib": MIB, "kb": 1024, "kib": 1024, "b": 1}
+
+
+def parse_memory(text: str | None) -> int | None:
+    """`"58GB"` -> 58·2^30 bytes (MindSpore's GB are binary), `"1024MB"` -> 2^30; None stays
+    None. `EstimateError` naming context.max_device_memory otherwise."""
+    if text is None:
+        return None
+    match = _MEMORY.fullmatch(str(text))
+    if match is None:
+        raise EstimateError(f"context.max_device_memory: {text!r} is not a size; write it "
+                            "as \"58GB\" or \"1024MB\"")
+    unit = (match.group(2) or "B").lower()
+    return int(float(match.group(1)) * _UNITS[unit])
+
+
+def sequence_length(config: TrainConfig) -> int:
+    """`model.seq_length`, else the data loader's `config.seq_length`."""
+    value = config.model.get("seq_length")
+    if value is None:
+        loader = config.train_dataset.dataloader.get("config")
+        value = loader.get("seq_length") if isinstance(loader, dict) else None
+    if not is_positive(value):
+        raise EstimateError("model.seq_length: required (or train_dataset.dataloader.config."
+                            f"seq_length), a positive integer; got {value!r}")
+    return value
+
+
+def in_flight(plan: Plan, stage: int) -> int:
+    """Micro-batches whose activations stage `stage` holds at its fullest.
+
+    1 without pipeline parallelism (each micro-batch's backward ends before the next forward).
+    With it, the peak of forwards run minus backwards run in the simulated schedule
+    (mf_parallel.simulate): p - stage for 1F1B (the first stage holds the most), every
+    accumulation micro-batch for GPipe; per chunk with interleaving, counted here in whole
+    stages (peak / chunks, rounded up).
+    """
+    if plan.simulation is None:
+        return 1
+    return -(-plan.simulation.peak_in_flight[stage] // plan.interleave)
+
+
+def estimate(config: TrainConfig, world_size: int, stage: int | None = None) -> MemoryEstimate:
+    """The memory of pipeline stage `stage`, or of the stage with the largest total.
+
+    `EstimateError` for what the config lacks; `mf_parallel.PlanError` for a layout that does
+    not fit the world size, batch or sequence.
+    """
+    shape = ModelShape.from_config(config.model)
+    seq = sequence_length(config)
+    plan = make_plan(config.parallelism, config.training, world_size,
+                     num_layers=shape.num_layers, seq_length=seq)
+    limit = parse_memory(config.context.max_device_memory)
+    stages = range(plan.dims.pipeline) if stage is None else [stage]
+    if stage is not None and not 0 <= stage < plan.dims.pipeline:
+        raise EstimateError(f"stage {stage} does not exist: there are {plan.dims.pipeline} "
+                            f"pipeline stages (0-{plan.dims.pipeline - 1})")
+    results = [_stage_estimate(config, shape, seq, plan, s, limit) for s in stages]
+    return max(results, key=lambda r: r.total)
+
+
+def _stage_estimate(config: TrainConfig, shape: ModelShape, seq: int, plan: Plan, stage: int,
+                    limit: int | None) -> MemoryEstimate:
+    d = plan.dims
+    tp, last = d.tensor, d.pipeline - 1
+    _check_tp(shape, tp)
+    pbytes, abytes = param_dtype(config.model)
+    geo = Geometry(micro_batch=config.training.local_batch_size, seq_length=seq, tp=tp,
+                   cp=d.context, flash=bool(config.model.get("use_flash_attention", False)),
+                   act_bytes=abytes)
+    assert plan.layout is not None  # num_layers is always given
+    layers = [layer for chunk in range(plan.interleave) for layer in
+              plan.layout.layers(stage, chunk)]
+    unit_groups = [layer_params(shape) for _ in layers]
+    outer = ((embedding_params(shape) if stage == 0 else [])
+             + (output_params(shape, shares_embedding_stage=last == 0) if stage == last
+                else []))
+    groups = [g for unit in unit_groups for g in unit] + outer
+    unsharded = sum(g.per_device(tp) for g in groups) * pbytes
+    strategy, degree = config.parallelism.data_parallel_shard_strategy, d.data_shard
+    params = shard(unsharded, degree) if strategy == "optim_grads_params" else unsharded
+    grads = shard(unsharded, degree) if strategy != "optim" else unsharded
+    optimizer = shard(optimizer_bytes(groups, tp, config.optimizer.type, pbytes), degree)
+    gathered = (gathered_param_bytes(unit_groups, outer, tp, pbytes, degree,
+                                     config.parallelism.reshard_after_forward_policy,
+                                     d.pipeline)
+                if strategy == "optim_grads_params" else 0)
+    per_layer, warnings = stage_layer_activations(config, shape, geo, layers)
+    held = in_flight(plan, stage)
+    transient = transient_bytes(per_layer, config.swap.default_prefetch
+                                if config.swap.enable else 0)
+    first_stage = sum(s.bytes for s in embedding_tensors(geo)) if stage == 0 else 0
+    activations = held * (sum(la.kept for la in per_layer) + first_stage) + transient
+    logits = held * sum(s.bytes for s in output_tensors(shape, geo)) if stage == last else 0
+    return MemoryEstimate(
+        stage=stage, num_stages=d.pipeline, layers=tuple(layers), params=params, grads=grads,
+        optimizer=optimizer, gathered_params=gathered, activations=activations, logits=logits,
+        in_flight=held, transient=transient, layer_activations=tuple(per_layer),
+        parameter_count=parameter_count(shape), limit=limit,
+        warnings=tuple(warnings) + plan.warnings)
+
+
+def _check_tp(shape: ModelShape, tp: int) -> None:
+    for name, value in (("num_attention_heads", shape.num_heads),
+                        ("num_key_value_heads", shape.num_kv_heads),
+                        ("intermediate_size", shape.intermediate_size),
+                        ("vocab_size", shape.vocab_size)):
+        if value % tp:
+            raise EstimateError(f"model.{name} ({value}) must be divisible by "
+                                f"parallelism.tensor_parallel ({tp})")
+
+
+# ----------------------------------------------------------------------------- what to turn
+
+
+def with_changes(config: TrainConfig, **sections: Any) -> TrainConfig:
+    """A copy of `config` with whole sections replaced."""
+    return attrs.evolve(config, **sections)
+
+
+def suggestions(config: TrainConfig, world_size: int, current: MemoryEstimate
+                ) -> list[tuple[str, int]]:
+    """(change, bytes saved on the estimated stage) for the usual memory knobs, largest first.
+
+    Each figure is a full re-estimate with that one change: recompute of every layer (full),
+    flash attention, FSDP sharding of parameters too.
+    """
+    all_layers = [LayerSpec(0, ModelShape.from_config(config.model).num_layers - 1)]
+    options: list[tuple[str, TrainConfig]] = [
+        ("recompute: full (every layer)", with_changes(config, recompute=attrs.evolve(
+            config.recompute, mode="full", full_recompute_layer=all_layers))),
+        ("recompute: select attention (every layer)", with_changes(
+            config, recompute=attrs.evolve(config.recompute, mode="select",
+                                           select_module={"attention": all_layers}))),
+    ]
+    if not config.model.get("use_flash_attention", False):
+        model = attrs.evolve(config.model, extras={**config.model.extras,
+                                                   "use_flash_attention": True})
+        options.append(("model.use_flash_attention: true", with_changes(config, model=model)))
+    if config.parallelism.data_parallel_shard_strategy != "optim_grads_params":
+        options.append(("parallelism.data_parallel_shard_strategy: optim_grads_params",
+                        with_changes(config, parallelism=attrs.evolve(
+                            config.parallelism,
+                            data_parallel_shard_strategy="optim_grads_params"))))
+    result = []
+    for label, changed in options:
+        saved = current.total - estimate(changed, world_size, current.stage).total
+        if saved > 0:
+            result.append((label, saved))
+    return sorted(result, key=lambda item: -item[1])
+
+
+def gib(nbytes: int) -> float:
+    """Bytes in GiB."""
+    return nbytes / GIB
+
+
+__all__ = ["EstimateError", "Geometry", "LayerActivation", "MemoryEstimate", "ModelShape",
+           "ParamGroup", "Saved", "estimate", "parameter_count", "parse_memory", "suggestions"]

@@ -1,0 +1,95 @@
+"""`mf-memory estimate` end to end, in subprocesses: text, JSON, exit codes, no MindSpore."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+CONFIG = """\
+model:
+  model_type: qwen3
+  vocab_size: 50
+  hidden_size: 24
+  intermediate_size: 40
+  num_hidden_layers: 2
+  num_attention_heads: 4
+  num_key_value_heads: 2
+  seq_length: 8
+train_dataset:
+  dataloader:
+    type: Mock
+training:
+  local_batch_size: 3
+  global_batch_size: 6
+"""
+
+
+def run(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "mf_memory", *args], capture_output=True,
+                          text=True, timeout=60)
+
+
+@pytest.fixture
+def config_file(tmp_path: Path) -> str:
+    path = tmp_path / "train.yaml"
+    path.write_text(CONFIG)
+    return str(path)
+
+
+def test_json_has_the_components_in_bytes(config_file: str) -> None:
+    result = run("estimate", "--config", config_file, "--world-size", "2", "--json")
+    assert result.returncode == 0, result.stderr
+    data = json.loads(result.stdout)
+    parts = ("params", "grads", "optimizer", "gathered_params", "activations", "logits")
+    assert data["total"] == sum(data[key] for key in parts)
+    assert data["parameter_count"] == 1200 + 2 * 4668 + 24 + 1200
+    assert len(data["layer_activations"]) == 2 and data["fits"] is None
+
+
+def test_text_verdict_and_what_to_turn(config_file: str) -> None:
+    result = run("estimate", "--config", config_file, "--world-size", "1",
+                 "--set", "context.max_device_memory=0.0001GB")
+    assert result.returncode == 0, result.stderr
+    assert "does NOT fit in 104.9 KiB" in result.stdout
+    assert "model.use_flash_attention: true saves" in result.stdout
+    fits = run("estimate", "--config", config_file, "--world-size", "1",
+               "--set", "context.max_device_memory=1GB")
+    assert "fits in 1.00 GiB" in fits.stdout and "total" in fits.stdout
+
+
+def test_rank_selects_its_pipeline_stage(config_file: str) -> None:
+    result = run("estimate", "--config", config_file, "--world-size", "2", "--rank", "1",
+                 "--json", "--set", "parallelism.pipeline_parallel=2")
+    assert result.returncode == 0, result.stderr
+    data = json.loads(result.stdout)
+    assert (data["stage"], data["layers"]) == (1, [1])
+    assert data["logits"] > 0
+
+
+def test_exit_codes(config_file: str, tmp_path: Path) -> None:
+    bad = run("estimate", "--config", config_file, "--world-size", "3",
+              "--set", "parallelism.tensor_parallel=2")
+    assert bad.returncode == 1 and "not divisible" in bad.stderr
+    moe = run("estimate", "--config", config_file, "--world-size", "1",
+              "--set", "model.n_routed_experts=8")
+    assert moe.returncode == 1 and "not supported yet" in moe.stderr
+    invalid = run("estimate", "--config", config_file, "--world-size", "1",
+                  "--set", "training.local_batch_size=0")
+    assert invalid.returncode == 1 and "training.local_batch_size" in invalid.stderr
+    assert run("estimate", "--config", str(tmp_path / "missing.yaml"),
+               "--world-size", "1").returncode == 2
+    assert run("estimate", "--config", config_file).returncode == 2
+    assert run().returncode == 2
+
+
+def test_estimate_never_imports_mindspore(config_file: str) -> None:
+    code = ("import sys; from mf_memory.cli import main; main(['estimate', '--config', "
+            f"{config_file!r}, '--world-size', '1', '--json']); "
+            "print(sorted(m for m in ('mindspore', 'numpy') if m in sys.modules))")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                            timeout=60, check=True)
+    assert result.stdout.strip().endswith("[]")
