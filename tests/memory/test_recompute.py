@@ -228,13 +228,19 @@ def test_recompute_comm_twice_and_disabled(tensor_group) -> None:
 # --- peak memory, one process per variant ------------------------------------------------
 
 PEAK_SCRIPT = """
-import resource, sys
+import sys
 sys.path.insert(0, {here!r})
 import numpy as np, mindspore as ms
 ms.set_context(mode=ms.PYNATIVE_MODE); ms.set_device("CPU")
 from mf_config import LayerSpec, RecomputeConfig
 from mf_memory.recompute import apply_recompute
 from decoder_model import DecoderModel, batch, loss
+
+def status_kib(field):
+    for line in open("/proc/self/status"):
+        if line.startswith(field + ":"):
+            return int(line.split()[1])
+
 model = DecoderModel(vocab_size=64, hidden_size=64, intermediate_size=128, num_layers=4,
                      num_heads=4, num_kv_heads=2, seq_length=256, seed=0)
 if sys.argv[1] == "full":
@@ -242,10 +248,13 @@ if sys.argv[1] == "full":
 ids, labels = batch(model_seq=256, batch_size=8)
 params = model.trainable_params()
 step = ms.value_and_grad(lambda a, b: loss(model, a, b), None, params)
-before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-for _ in range(2):
-    value, grads = step(ids, labels)
-print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before, float(value.asnumpy()))
+# The peak so far (imports) says nothing about the step: reset it (Linux >= 4.0), then compare
+# the step's peak with the resident memory before it.
+with open("/proc/self/clear_refs", "w") as refs:
+    refs.write("5")
+before = status_kib("VmRSS")
+value, grads = step(ids, labels)
+print(status_kib("VmHWM") - before, float(value.asnumpy()))
 """
 
 
