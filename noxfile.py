@@ -73,6 +73,19 @@ def bench(session: nox.Session) -> None:
 TORCH_CPU_INDEX = "https://download.pytorch.org/whl/cpu"
 
 
+def install_megatron(session: nox.Session, *extra: str) -> None:
+    """torch 2.13.0 (CPU build), megatron-core 0.16.1 and mf-data with what it needs."""
+    try:  # the CPU build; pip also looks in the machine's find-links for the same file
+        session.install("--no-deps", "--retries", "0", "--timeout", "30",
+                        "--index-url", TORCH_CPU_INDEX, "torch==2.13.0")
+    except nox.command.CommandFailed:
+        session.log("the PyTorch CPU index is unreachable: torch==2.13.0 from the package index")
+        session.install("--no-deps", "torch==2.13.0")
+    session.install("torch==2.13.0", "megatron-core==0.16.1", "numpy", *extra,
+                    *(f"-e{ROOT / 'packages' / name}"
+                      for name in ("mf-config", "mf-parallel", "mf-data")))
+
+
 @nox.session
 def megatron_parity(session: nox.Session) -> None:
     """mf-data against real megatron-core 0.16.1 (torch CPU): compare bit for bit.
@@ -80,15 +93,7 @@ def megatron_parity(session: nox.Session) -> None:
     `nox -s megatron_parity` checks; `nox -s megatron_parity -- --write` also rewrites the
     goldens in tests/data/golden/ (then run tests/data/test_megatron_golden.py).
     """
-    try:  # the CPU build; pip also looks in the machine's find-links for the same file
-        session.install("--no-deps", "--retries", "0", "--timeout", "30",
-                        "--index-url", TORCH_CPU_INDEX, "torch==2.13.0")
-    except nox.command.CommandFailed:
-        session.log("the PyTorch CPU index is unreachable: torch==2.13.0 from the package index")
-        session.install("--no-deps", "torch==2.13.0")
-    session.install("torch==2.13.0", "megatron-core==0.16.1", "numpy", "pytest",
-                    *(f"-e{ROOT / 'packages' / name}"
-                      for name in ("mf-config", "mf-parallel", "mf-data")))
+    install_megatron(session, "pytest")
     session.run("python", "-c", "import torch, megatron.core, numpy; print('torch', "
                 "torch.__version__, 'megatron-core', megatron.core.__version__, 'numpy', "
                 "numpy.__version__)")
@@ -100,13 +105,5 @@ def megatron_parity(session: nox.Session) -> None:
 def bench_data(session: nox.Session) -> None:
     """mf-data against megatron-core 0.16.1 (torch CPU) in one run: index build, sample reads,
     the batch loader. `nox -s bench_data -- --scale 0.25` for a smaller corpus."""
-    try:  # the CPU build; pip also looks in the machine's find-links for the same file
-        session.install("--no-deps", "--retries", "0", "--timeout", "30",
-                        "--index-url", TORCH_CPU_INDEX, "torch==2.13.0")
-    except nox.command.CommandFailed:
-        session.log("the PyTorch CPU index is unreachable: torch==2.13.0 from the package index")
-        session.install("--no-deps", "torch==2.13.0")
-    session.install("torch==2.13.0", "megatron-core==0.16.1", "numpy",
-                    *(f"-e{ROOT / 'packages' / name}"
-                      for name in ("mf-config", "mf-parallel", "mf-data")))
+    install_megatron(session)
     session.run("python", "benchmarks/data.py", *session.posargs)
