@@ -64,10 +64,12 @@ def demo(session: nox.Session) -> None:
 def bench(session: nox.Session) -> None:
     """Benchmarks, each against a baseline measured in the same run."""
     session.install(f"{ROOT / 'packages' / 'mf-config'}",
-                    f"{ROOT / 'packages' / 'mf-parallel'}[runtime]")
+                    f"{ROOT / 'packages' / 'mf-parallel'}[runtime]",
+                    f"{ROOT / 'packages' / 'mf-memory'}")
     session.run("python", "benchmarks/config_load.py", *session.posargs)
     session.run("python", "benchmarks/dp_sync.py")
     session.run("python", "benchmarks/sharded_memory.py")
+    session.run("python", "benchmarks/memory.py")
 
 
 TORCH_CPU_INDEX = "https://download.pytorch.org/whl/cpu"
