@@ -79,20 +79,28 @@ def run_rules(config: TrainConfig, source: Source, failed: set[str]) -> list[Con
 
 
 def _check_bounds(check: Check, value: Any, path: Path) -> None:
+    for where, message in bound_problems(value, path):
+        check.error(where, message)
+
+
+def bound_problems(value: Any, path: Path) -> list[tuple[Path, str]]:
+    """(path, message) for every number in a structured section (or list of sections) that
+    breaks the `gt` / `ge` / `le` bounds its field declares."""
     if isinstance(value, list):
-        for index, item in enumerate(value):
-            _check_bounds(check, item, (*path, index))
-        return
+        return [found for index, item in enumerate(value)
+                for found in bound_problems(item, (*path, index))]
     if not attrs.has(type(value)) or isinstance(value, LayerSpec):
-        return
+        return []
+    found = []
     for a in attrs.fields(type(value)):
         item = getattr(value, a.name)
         if type(item) in (int, float):
             message = _bound_problem(item, a.metadata)
             if message:
-                check.error((*path, a.name), message)
+                found.append(((*path, a.name), message))
         else:
-            _check_bounds(check, item, (*path, a.name))
+            found += bound_problems(item, (*path, a.name))
+    return found
 
 
 def _check_raw_bounds(check: Check, cls: Any, raw: Any, path: Path) -> None:
