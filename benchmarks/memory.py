@@ -22,7 +22,7 @@ Per variant:
   what is saved outside the layers; **swapped** is what swap moved to the host per step (its
   own count: every pack, so a tensor saved by two ops counts twice);
 - **estimate**: `estimate(config, world_size=1)` on a TrainConfig of the same structure, batch,
-  recompute and swap sections: `activations - transient + logits` (what the forward leaves
+  recompute and swap sections: `activations - transient - working + logits` (what the forward leaves
   saved, compared with **saved**) and `activations + logits` (that plus the recompute rebuild
   and swap prefetch, compared with **peak**).
 
@@ -166,7 +166,7 @@ def estimated(variant: str) -> dict[str, int]:
         "training": {"local_batch_size": MICRO_BATCH, "global_batch_size": MICRO_BATCH}})
     recompute, swap = memory_sections(variant)
     result = estimate(attrs.evolve(base, recompute=recompute, swap=swap), world_size=1)
-    return {"held": result.activations - result.transient + result.logits,
+    return {"held": result.activations - result.transient - result.working + result.logits,
             "peak": result.activations + result.logits,
             "parameters": result.parameter_count}
 

@@ -3,20 +3,20 @@
 For three sizes of the reference decoder (tests/memory/decoder_model.py) and recompute none /
 full (every layer) / select attention (every layer), one subprocess per variant:
 build the model and AdamW, run one warm-up step on 8 tokens (kernels, gradients and optimizer
-state allocated), then one measured step. Two measurements of that step:
-- `held`: resident memory (/proc/self/statm) when backward starts (first unpack of a saved
-  tensor, sampled by `mindspore.saved_tensors_hooks`) minus before the step: the activations
-  kept through the forward pass;
-- `peak`: the increase of ru_maxrss over the step (activations plus backward temporaries).
-The estimate is `activations + logits` of `mf_memory.estimate` (without the recompute rebuild,
-which happens inside backward). Run: python benchmarks/memory_estimate_check.py
+state allocated), then one measured step. Two measurements of that step, both from
+/proc/self/status after the high-water mark was reset (`memory.reset_peak`):
+- `held`: resident memory when backward starts (first unpack of a saved tensor, sampled by
+  `mindspore.saved_tensors_hooks`) minus before the step: what the forward pass leaves;
+- `peak`: the step's high-water mark (VmHWM, what ru_maxrss reports) minus the resident
+  memory before it: the activation part of the step's peak.
+Compared with `estimate`: `activations - transient - working + logits` (what the forward
+saves) against `held`, and `activations + logits` (plus the recompute rebuild and the backward
+working memory) against `peak`. Run: python benchmarks/memory_estimate_check.py
 """
 
 from __future__ import annotations
 
 import json
-import os
-import resource
 import subprocess
 import sys
 from pathlib import Path
@@ -28,11 +28,8 @@ SIZES = {  # hidden, intermediate, layers, heads, kv heads, seq, batch, vocab
     "large": (256, 768, 4, 8, 4, 512, 4, 1024),
 }
 MODES = ("None", "full", "select")
-
-
-def rss() -> int:
-    with open("/proc/self/statm") as f:
-        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+sys.path.insert(0, str(ROOT / "benchmarks"))
+from memory import reset_peak, status_bytes  # noqa: E402  (the benchmark beside this one)
 
 
 def worker(size: str, mode: str) -> dict[str, int]:
@@ -57,7 +54,7 @@ def worker(size: str, mode: str) -> dict[str, int]:
         return t
 
     def unpack(t):
-        held.setdefault("at_backward", rss())
+        held.setdefault("at_backward", status_bytes("VmRSS"))
         return t
 
     def step_fn(ids, labels):
@@ -68,15 +65,16 @@ def worker(size: str, mode: str) -> dict[str, int]:
     for seq, batch in ((8, 1), (s, b)):
         ids, labels = dm.batch(seq, batch, v)
         held.clear()
-        before, peak_before = rss(), resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        reset_peak()
+        before = status_bytes("VmRSS")
         loss, grads = grad_fn(ids, labels)
         opt(grads)
         float(loss.asnumpy())
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - peak_before
-    return {"held": held["at_backward"] - before, "peak": peak * 1024}
+    return {"held": held["at_backward"] - before, "peak": status_bytes("VmHWM") - before}
 
 
-def estimated(size: str, mode: str) -> int:
+def estimated(size: str, mode: str) -> tuple[int, int]:
+    """(what the forward saves, the activation part of the step's peak), in bytes."""
     from mf_config import TrainConfig
     from mf_memory.estimate import estimate
 
@@ -92,7 +90,8 @@ def estimated(size: str, mode: str) -> int:
         "training": {"local_batch_size": b, "global_batch_size": b},
         "recompute": recompute})
     result = estimate(config, 1)
-    return result.activations - result.transient + result.logits
+    peak = result.activations + result.logits
+    return peak - result.transient - result.working, peak
 
 
 def main() -> None:
@@ -100,17 +99,17 @@ def main() -> None:
         print(json.dumps(worker(sys.argv[1], sys.argv[2])))
         return
     mib = 1024 * 1024
-    print(f"{'size':<8}{'recompute':<10}{'estimate MiB':>14}{'held MiB':>10}{'ratio':>7}"
-          f"{'peak MiB':>10}{'ratio':>7}")
+    print(f"{'size':<8}{'recompute':<10}{'saved est':>10}{'held':>8}{'ratio':>7}"
+          f"{'peak est':>10}{'peak':>8}{'ratio':>7}   (MiB; ratio = measured / estimate)")
     for size in SIZES:
         for mode in MODES:
             out = subprocess.run([sys.executable, __file__, size, mode], capture_output=True,
                                  text=True, timeout=600, check=True)
             measured = json.loads(out.stdout.strip().splitlines()[-1])
-            est = estimated(size, mode)
-            print(f"{size:<8}{mode:<10}{est / mib:>14.1f}{measured['held'] / mib:>10.1f}"
-                  f"{measured['held'] / est:>7.2f}{measured['peak'] / mib:>10.1f}"
-                  f"{measured['peak'] / est:>7.2f}", flush=True)
+            saved, peak = estimated(size, mode)
+            print(f"{size:<8}{mode:<10}{saved / mib:>10.1f}{measured['held'] / mib:>8.1f}"
+                  f"{measured['held'] / saved:>7.2f}{peak / mib:>10.1f}"
+                  f"{measured['peak'] / mib:>8.1f}{measured['peak'] / peak:>7.2f}", flush=True)
 
 
 if __name__ == "__main__":

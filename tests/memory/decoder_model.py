@@ -67,7 +67,8 @@ class Attention(nn.Cell):
         self.k_norm = RMSNorm(self.head_dim)
         self.out = _linear(rng, num_heads * self.head_dim, hidden_size)
         self.cos, self.sin = _rotary_tables(seq_length, self.head_dim)
-        self.future = Tensor(np.triu(np.ones((seq_length, seq_length), np.bool_), k=1))
+        future = np.triu(np.ones((seq_length, seq_length), np.bool_), k=1)
+        self.causal_bias = Tensor(np.where(future, -np.inf, 0.0).astype(np.float32))
         self.scale = 1.0 / float(np.sqrt(self.head_dim))
 
     def _heads(self, x: Tensor, count: int) -> Tensor:
@@ -90,8 +91,9 @@ class Attention(nn.Cell):
         group = self.num_heads // self.num_kv_heads
         if group > 1:
             k, v = ops.repeat_interleave(k, group, 1), ops.repeat_interleave(v, group, 1)
-        scores = mint.matmul(q, k.swapaxes(-1, -2)) * self.scale
-        scores = ops.masked_fill(scores, self.future[:seq, :seq], float("-inf"))
+        # An additive causal bias, not masked_fill: masked_fill materialises the broadcast mask
+        # and fill values (several [b, a, s, s] temporaries on MindSpore's CPU backend).
+        scores = mint.matmul(q * self.scale, k.swapaxes(-1, -2)) + self.causal_bias[:seq, :seq]
         probs = mint.nn.functional.softmax(scores, dim=-1)
         context = mint.matmul(probs, v).transpose(0, 2, 1, 3).reshape(batch, seq, q_size)
         return self.out(context)

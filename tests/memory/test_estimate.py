@@ -24,6 +24,8 @@ ATTENTION_INTERNALS = 504 + (3 * 504 + 84) + (3 * 252 + 42) + 504 + 2 * 504 + 58
 LAYER_INPUT = 21 * 24  # T_sp x h
 OUTPUT = (3 * 504 + 21) + 504 + 3 * 21 * 50  # final norm, head input, logits/log-probs/probs
 IDS = 21
+WORKING_LOSS = 2 * 21 * 50  # gradients of the log-probabilities and logits
+WORKING_ATTENTION = 2 * 588  # gradients of the probabilities and scores
 PARAMS = 1200 + 1152 + 576 + 48 + 12 + 1920 + 960 + 24 + 1200  # one layer, untied
 
 BASE: dict[str, Any] = {
@@ -48,11 +50,21 @@ def test_one_layer_matches_the_saved_tensors_and_parameters() -> None:
     result = estimate(config(), world_size=1)
     assert result.parameter_count == PARAMS == 7092
     assert [la.full for la in result.layer_activations] == [4 * LAYER]
-    assert result.activations == 4 * (LAYER + IDS)
+    assert result.working == 4 * WORKING_LOSS
+    assert result.activations == 4 * (LAYER + IDS + WORKING_LOSS)
     assert result.logits == 4 * OUTPUT
     assert (result.params, result.grads, result.optimizer) == (4 * PARAMS, 4 * PARAMS,
                                                                8 * PARAMS)
-    assert result.total == 16 * PARAMS + 4 * (LAYER + IDS + OUTPUT)
+    assert result.total == 16 * PARAMS + 4 * (LAYER + IDS + WORKING_LOSS + OUTPUT)
+
+
+def test_flash_attention_and_a_first_stage_change_the_working_memory() -> None:
+    cfg = config(model__num_hidden_layers=2, parallelism__pipeline_parallel=2,
+                 training__global_batch_size=6)
+    assert estimate(cfg, world_size=2, stage=0).working == 4 * WORKING_ATTENTION
+    flash = config(model__num_hidden_layers=2, parallelism__pipeline_parallel=2,
+                   training__global_batch_size=6, model__use_flash_attention=True)
+    assert estimate(flash, world_size=2, stage=0).working == 0
 
 
 def test_parameter_count_matches_the_reference_decoder() -> None:
@@ -102,7 +114,7 @@ def test_full_recompute_keeps_the_layer_input_and_rebuilds_one_layer() -> None:
                              recompute__full_recompute_layer=["0"]), world_size=1)
     assert [la.kept for la in result.layer_activations] == [4 * LAYER_INPUT, 4 * LAYER]
     assert result.transient == 4 * LAYER
-    assert result.activations == 4 * (LAYER_INPUT + LAYER + IDS + LAYER)
+    assert result.activations == 4 * (LAYER_INPUT + LAYER + IDS + LAYER + WORKING_LOSS)
 
 
 def test_select_recompute_drops_the_module_internals() -> None:
@@ -136,9 +148,9 @@ def test_pipeline_micro_batches_in_flight(schedule: str, expected: list[int]) ->
     first, last = (estimate(cfg, world_size=2, stage=s) for s in (0, 1))
     assert [first.in_flight, last.in_flight] == expected
     assert first.layers == (0, 1) and last.layers == (2, 3)
-    assert first.activations == expected[0] * 4 * (2 * LAYER + IDS)
+    assert first.activations == expected[0] * 4 * (2 * LAYER + IDS) + 4 * WORKING_ATTENTION
     assert (first.logits, last.logits) == (0, expected[1] * 4 * OUTPUT)
-    assert last.activations == expected[1] * 4 * 2 * LAYER
+    assert last.activations == expected[1] * 4 * 2 * LAYER + 4 * WORKING_LOSS
     assert first.params == 4 * (1200 + 2 * (PARAMS - 2 * 1200 - 24))  # embedding, 2 layers
     assert estimate(cfg, world_size=2).total == max(first.total, last.total)
 

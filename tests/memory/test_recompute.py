@@ -33,6 +33,7 @@ from mf_memory.recompute import (
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from decoder_model import loss_and_grads, specs, tiny_model
+from tp_model import TPModel, tp_grads
 
 HERE = Path(__file__).resolve().parent
 
@@ -152,41 +153,6 @@ class TwoCopies:
         return full
 
 
-class TPBlock(nn.Cell):
-    """A column-parallel then row-parallel pair (an MLP), as one `decoder_layers` entry."""
-
-    def __init__(self, group, seed: int):
-        from mf_parallel.runtime.tensor_parallel import ColumnParallelLinear, RowParallelLinear
-
-        super().__init__()
-        rng = np.random.default_rng(seed)
-        self.up = ColumnParallelLinear(rng.standard_normal((8, 4)).astype(np.float32), None,
-                                       group)
-        self.down = RowParallelLinear(rng.standard_normal((4, 8)).astype(np.float32), None,
-                                      group)
-
-    def construct(self, x: Tensor) -> Tensor:
-        return self.down(ops.relu(self.up(x)))
-
-
-class TPModel(nn.Cell):
-    def __init__(self, group):
-        super().__init__()
-        self.decoder_layers = nn.CellList([TPBlock(group, 0), TPBlock(group, 1)])
-
-    def construct(self, x: Tensor) -> Tensor:
-        for layer in self.decoder_layers:
-            x = layer(x)
-        return x
-
-
-def tp_grads(model: nn.Cell) -> list[np.ndarray]:
-    x = Tensor(np.random.default_rng(3).standard_normal((4, 4)).astype(np.float32))
-    params = model.trainable_params()
-    _, grads = ms.value_and_grad(lambda v: (model(v) ** 2).sum(), None, params)(x)
-    return [g.asnumpy() for g in grads]
-
-
 @pytest.mark.parametrize("group_kind", ["world of one", "two copies"])
 def test_recompute_comm_wraps_the_gather_and_is_bit_identical(group_kind, tensor_group) -> None:
     group = tensor_group if group_kind == "world of one" else TwoCopies()
@@ -272,3 +238,22 @@ def test_full_recompute_lowers_peak_memory() -> None:
     full_kib, full_loss = peak_increase_kib("full")
     assert full_loss == none_loss
     assert full_kib < 0.9 * none_kib, (full_kib, none_kib)  # measured 0.73
+
+
+@pytest.mark.ranks
+def test_recompute_comm_on_two_real_ranks(tmp_path) -> None:
+    """The gather really communicates here: 2 msrun ranks, tensor parallel 2 with sequence
+    parallelism; bit-identical gradients and one re-gather in backward on each rank."""
+    import json
+
+    from mf_parallel.launch import run_ranks
+
+    worker = Path(__file__).resolve().parent / "workers" / "comm_recompute_worker.py"
+    run_ranks(worker, 2, log_dir=tmp_path / "logs", timeout=300, args=[str(tmp_path)])
+    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(2)]
+    for rank in ranks:
+        assert rank["wrapped"] == ["layers[1].up.enter"]
+        assert rank["identical"] is True
+        assert rank["recomputes"] == 1
+    # the ranks hold different weight slices: their gradients differ
+    assert ranks[0]["grads"][0] != ranks[1]["grads"][0]

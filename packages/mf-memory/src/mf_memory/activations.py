@@ -269,6 +269,23 @@ def transient_bytes(layers: list[LayerActivation], prefetch: int) -> int:
     return rebuilt + sum(swapped[:prefetch])
 
 
+def backward_working_bytes(shape: ModelShape, geo: Geometry, last_stage: bool) -> int:
+    """Memory the largest backward op needs beyond the saved tensors, once per stage.
+
+    Every saved tensor is counted where it is kept; during backward, gradients of the same
+    sizes appear while those tensors still live. The largest of them are:
+    - plain attention: the softmax backward holds the gradient of the probabilities and of the
+      scores at once, 2·b·(a/t)·s·S·e (flash attention never forms them: 0);
+    - the loss (last stage): the gradients of the log-probabilities and of the logits,
+      2·T·V/t·4 bytes (float32).
+    The larger of the two is counted.
+    """
+    attention = 0 if geo.flash else (
+        2 * geo.tokens * (shape.num_heads // geo.tp) * geo.seq_length * geo.act_bytes)
+    loss = 2 * geo.tokens * (shape.vocab_size // geo.tp) * 4 if last_stage else 0
+    return max(attention, loss)
+
+
 def output_tensors(shape: ModelShape, geo: Geometry) -> list[Saved]:
     """The last stage's extra activations, per micro-batch: the final norm (see
     `norm_tensors`), the head's input T·h (all-gathered with t > 1), and vocabulary-size

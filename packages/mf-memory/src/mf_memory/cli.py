@@ -99,6 +99,8 @@ def describe(result: MemoryEstimate, tips: Sequence[tuple[str, int]] = ()) -> st
                      f"  {la.treatment}")
     if result.transient:
         lines.append(f"  recompute rebuild / swap prefetch (once): {size(result.transient)}")
+    if result.working:
+        lines.append(f"  backward working memory (once): {size(result.working)}")
     lines += [f"warning: {w}" for w in result.warnings]
     if result.limit is None:
         lines.append("no context.max_device_memory set: no verdict")

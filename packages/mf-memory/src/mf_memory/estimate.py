@@ -36,6 +36,7 @@ from .activations import (
     Geometry,
     LayerActivation,
     Saved,
+    backward_working_bytes,
     embedding_tensors,
     output_tensors,
     stage_layer_activations,
@@ -140,12 +141,15 @@ class MemoryEstimate:
     gathered_params: int
     activations: int
     """Saved activations of the layers (times micro-batches in flight), embedding ids,
-    recompute rebuild and swap prefetch."""
+    recompute rebuild, swap prefetch and the backward working memory."""
     logits: int
     """Final norm, head input, logits and loss (last stage only), times micro-batches."""
     in_flight: int
     """Micro-batches whose activations the stage holds at once."""
     transient: int
+    """Recompute rebuild and swap prefetch (once, not per micro-batch)."""
+    working: int
+    """Gradients the largest backward op forms beside the saved tensors (once)."""
     layer_activations: tuple[LayerActivation, ...]
     parameter_count: int
     """Parameters of the whole model."""
@@ -175,7 +179,7 @@ class MemoryEstimate:
             "params": self.params, "grads": self.grads, "optimizer": self.optimizer,
             "gathered_params": self.gathered_params, "activations": self.activations,
             "logits": self.logits, "total": self.total, "in_flight": self.in_flight,
-            "transient": self.transient,
+            "transient": self.transient, "working": self.working,
             "layer_activations": [
                 {"layer": la.layer, "full": la.full, "kept": la.kept,
                  "treatment": la.treatment, "rebuilt": la.rebuilt, "swapped": la.swapped}
@@ -278,12 +282,13 @@ def _stage_estimate(config: TrainConfig, shape: ModelShape, seq: int, plan: Plan
     transient = transient_bytes(per_layer, config.swap.default_prefetch
                                 if config.swap.enable else 0)
     first_stage = sum(s.bytes for s in embedding_tensors(geo)) if stage == 0 else 0
-    activations = held * (sum(la.kept for la in per_layer) + first_stage) + transient
+    working = backward_working_bytes(shape, geo, last_stage=stage == last)
+    activations = held * (sum(la.kept for la in per_layer) + first_stage) + transient + working
     logits = held * sum(s.bytes for s in output_tensors(shape, geo)) if stage == last else 0
     return MemoryEstimate(
         stage=stage, num_stages=d.pipeline, layers=tuple(layers), params=params, grads=grads,
         optimizer=optimizer, gathered_params=gathered, activations=activations, logits=logits,
-        in_flight=held, transient=transient, layer_activations=tuple(per_layer),
+        in_flight=held, transient=transient, working=working, layer_activations=tuple(per_layer),
         parameter_count=parameter_count(shape), limit=limit,
         warnings=tuple(warnings) + plan.warnings)
 

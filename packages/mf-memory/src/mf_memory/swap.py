@@ -9,7 +9,10 @@ GPU, asynchronously there) and keeps only the host copy; unpack returns a device
 layer i's backward begins (its backward pre-hook), the saved tensors of layer i and of the next
 `default_prefetch` swapped layers below it are brought back, so the copies overlap with
 compute where the backend copies asynchronously. Parameters saved by an op are left alone:
-they stay on the device anyway. On CPU the "host" is the same memory: swap then moves bytes but
+they stay on the device anyway. A tensor saved by several ops (RMSNorm's input is kept by the
+square and by the product) is copied once: during a cell's forward, packs are matched by
+address, shape, dtype and strides, and the device tensors are held until that forward ends so
+that no address is reused meanwhile. On CPU the "host" is the same memory: swap then moves bytes but
 saves none, which is logged once.
 """
 
@@ -70,6 +73,7 @@ class ActivationSwap:
         self._handles: list[Any] = []
         self._pending: dict[int, list[_Swapped]] = {}
         self._contexts: list[Any] = []
+        self._packed: list[dict[tuple[Any, ...], tuple[ms.Tensor, _Swapped]]] = []
         if not config.enable:
             return
         targets = list(self._targets(model, config))
@@ -101,9 +105,11 @@ class ActivationSwap:
             hooks = ms.saved_tensors_hooks(lambda t: self._pack(t, index), self._unpack)
             hooks.__enter__()
             self._contexts.append(hooks)
+            self._packed.append({})
 
         def leave(_cell: nn.Cell, _args: Any, _out: Any) -> None:
             self._contexts.pop().__exit__(None, None, None)
+            self._packed.pop()
 
         self._handles.append(cell.register_forward_pre_hook(enter))
         self._handles.append(cell.register_forward_hook(leave))
@@ -111,8 +117,13 @@ class ActivationSwap:
     def _pack(self, tensor: ms.Tensor, layer: int) -> Any:
         if tensor.data_ptr() in self._param_ptrs:
             return tensor
+        key = (tensor.data_ptr(), tuple(tensor.shape), str(tensor.dtype), tuple(tensor.stride()))
+        packed = self._packed[-1] if self._packed else {}
+        if key in packed:
+            return packed[key][1]
         nbytes = tensor.nbytes
         swapped = _Swapped(self._to_host(tensor), layer, nbytes)
+        packed[key] = (tensor, swapped)
         self._pending.setdefault(layer, []).append(swapped)
         self.stats.tensors_offloaded += 1
         self.stats.bytes_offloaded += nbytes
