@@ -1,0 +1,577 @@
+"""Learning-rate schedules: `lr_scheduler` -> a pure function of the optimizer step.
+
+`build_lr_schedule(config, total_steps)` returns an `LrSchedule`; `schedule(step)` is the rate
+for the update after `step` updates (0 for the first: MindFormers evaluates
+`lr(global_step)` before incrementing it). The trainer passes the float to the optimizer each
+step, so a schedule is plain Python: exact (float64, where MindFormers computes in float32 and
+differs by ~1e-7 relative), cheap, and testable without MindSpore. Its state is the step count
+alone, which the optimizer checkpoint already holds.
+
+The seven schedules are MindFormers' (`mindformers/core/lr/lr_schedule.py`), registered in
+`LR_SCHEDULERS` under their class names, with the same parameters, defaults and formulas.
+Shared rules:
+* Warm-up: while `step < warmup_steps`,
+  `lr = warmup_lr_init + (learning_rate - warmup_lr_init) * step / warmup_steps`.
+* A `*_ratio` overrides its step count: `warmup_ratio` -> `warmup_steps`, `decay_ratio` ->
+  `decay_steps`, `decay_start_ratio` -> `decay_start_steps`, each `floor(total_steps * ratio)`.
+* A step count whose MindFormers default is None (`warmup_steps` everywhere but
+  CosineWithWarmUpLR, `decay_start_steps`, ConstantWithCoolDownLR's `decay_steps`) is
+  required: give it or its ratio (MindFormers raises a TypeError on None).
+* `total_steps` is `training.steps`, passed by the trainer. A `total_steps` written under
+  `lr_scheduler` overrides it, so the schedule can span more or fewer steps than one run (a
+  run that is the first part of a longer schedule; Megatron's `lr_decay_iters`). MindFormers'
+  trainer silently overwrites that key; here it takes effect, and a schedule shorter than
+  the run warns (`ConfigWarning`), since it then holds its final rate.
+* There is no `min_lr`: the floor is `lr_end` (`lr_end1` for ConstantWithCoolDownLR); an
+  unknown `min_lr` key says so.
+
+Where MindFormers' formula misbehaves this module does the evident intent instead:
+* Ratios use the decimal value written: `floor(100 * 0.29)` is 29 here, 28 in MindFormers
+  (`int(100 * 0.29)` truncates the float product 28.999999999999996).
+* CosineWithWarmUpLR with `decay_steps > total_steps`: MindFormers keeps evaluating the
+  cosine past `total_steps`, so the rate rises again; here it holds `lr_end` from
+  `total_steps` on.
+* CosineWithRestartsAndWarmUpLR past `total_steps` (before `decay_steps`): MindFormers
+  returns 0, not `lr_end`; here `lr_end`.
+* PolynomialWithWarmUpLR with `decay_steps < total_steps - warmup_steps`: MindFormers raises
+  a negative base to `power` after the decay (below `lr_end`, or NaN for a fractional power);
+  here the remaining fraction is clamped at 0, so the rate holds `lr_end`. `power` must be > 0.
+* WarmUpStableDecayLR past `total_steps`: MindFormers' linear decay is not clamped and goes
+  below `lr_end` (negative eventually); here it holds `lr_end`. `decay_start_steps >=
+  total_steps` (a zero or negative decay length in MindFormers) means no decay before
+  `total_steps`.
+Rates and step counts are checked non-negative (MindFormers does not check).
+
+No `from __future__ import annotations` here: cattrs reads the settings' field types at run
+time.
+"""
+
+import dataclasses
+import math
+import operator
+import warnings
+from fractions import Fraction
+from typing import Any, ClassVar
+
+import attrs
+
+from mf_config import LrSchedulerConfig
+from mf_config.component_settings import settings_error, structure_settings
+from mf_config.errors import ConfigError, ConfigIssue, ConfigWarning, format_path
+from mf_config.sections import Section, section, setting
+from mf_config.yaml_source import Source
+
+from .registry import LR_SCHEDULERS
+
+PATH = ("lr_scheduler",)
+
+
+# ----------------------------------------------------------------------------- settings
+
+
+@section
+class WarmupSettings(Section):
+    """Keys every schedule here shares: the warm-up and the schedule's length."""
+
+    warmup_steps: int | None = setting(
+        None, "Warm-up steps; required unless warmup_ratio is given.", ge=0)
+    warmup_ratio: float | None = setting(
+        None, "Warm-up as a fraction of total_steps; overrides warmup_steps.", ge=0, le=1)
+    warmup_lr_init: float = setting(0.0, "Rate at step 0, rising linearly to learning_rate.",
+                                    ge=0)
+    total_steps: int | None = setting(
+        None, "Length of the schedule; defaults to training.steps.", gt=0)
+
+
+@section
+class ConstantWarmUpLRSettings(WarmupSettings):
+    """ConstantWarmUpLR: warm-up, then `learning_rate`."""
+
+
+@section
+class LinearWithWarmUpLRSettings(WarmupSettings):
+    """LinearWithWarmUpLR: warm-up, then linear to 0 at total_steps."""
+
+
+@section
+class CosineWithWarmUpLRSettings(WarmupSettings):
+    """CosineWithWarmUpLR: warm-up, then cosine from learning_rate to lr_end."""
+
+    warmup_steps: int | None = setting(0, "Warm-up steps.", ge=0)
+    num_cycles: float = setting(0.5, "Cosine waves over the decay; 0.5 is one half-wave down.",
+                                ge=0)
+    lr_end: float = setting(0.0, "Rate the cosine ends at.", ge=0)
+    decay_steps: int | None = setting(
+        None, "Step from which the rate is lr_end; defaults to total_steps.", ge=0)
+    decay_ratio: float | None = setting(
+        None, "decay_steps as a fraction of total_steps; overrides decay_steps.", ge=0, le=1)
+
+
+@section
+class CosineWithRestartsAndWarmUpLRSettings(WarmupSettings):
+    """CosineWithRestartsAndWarmUpLR: warm-up, then num_cycles cosine half-waves, each
+    restarting at learning_rate."""
+
+    num_cycles: float = setting(1.0, "Half-waves (restarts) over the decay.", ge=0)
+    lr_end: float = setting(0.0, "Rate each half-wave ends at.", ge=0)
+    decay_steps: int | None = setting(
+        None, "Step from which the rate is lr_end; defaults to total_steps.", ge=0)
+
+
+@section
+class PolynomialWithWarmUpLRSettings(WarmupSettings):
+    """PolynomialWithWarmUpLR: warm-up, then `(1 - progress) ** power` down to lr_end."""
+
+    lr_end: float = setting(1e-7, "Rate the decay ends at; must be below learning_rate.", ge=0)
+    power: float = setting(1.0, "Exponent of the decay; 1 is linear.", gt=0)
+    decay_steps: int | None = setting(
+        None, "Length of the decay; defaults to total_steps - warmup_steps.", ge=0)
+
+
+@section
+class WarmUpStableDecayLRSettings(WarmupSettings):
+    """WarmUpStableDecayLR: warm-up, learning_rate until decay_start_steps, then linear to
+    lr_end at total_steps."""
+
+    lr_end: float = setting(1e-7, "Rate at total_steps; must be below learning_rate.", ge=0)
+    decay_start_steps: int | None = setting(
+        None, "Step the linear decay starts at; required unless decay_start_ratio is given.",
+        ge=0)
+    decay_start_ratio: float | None = setting(
+        None, "decay_start_steps as a fraction of total_steps; overrides decay_start_steps.",
+        ge=0, le=1)
+
+
+@section
+class ConstantWithCoolDownLRSettings(WarmupSettings):
+    """ConstantWithCoolDownLR (DeepSeek-V3): warm-up, keep, cosine to lr_end1, hold lr_end1,
+    then lr_end2."""
+
+    keep_steps: int = setting(0, "Steps at learning_rate after the warm-up.", ge=0)
+    decay_steps: int | None = setting(
+        None, "Steps of the cosine decay; required unless decay_ratio is given.", ge=0)
+    decay_ratio: float | None = setting(
+        None, "decay_steps as a fraction of total_steps; overrides decay_steps.", ge=0, le=1)
+    num_cycles: float = setting(0.5, "Cosine waves over the decay; 0.5 is one half-wave down.",
+                                ge=0)
+    lr_end1: float = setting(0.0, "Rate the cosine ends at, held for final_steps.", ge=0)
+    final_steps: int = setting(0, "Steps at lr_end1 after the decay.", ge=0)
+    lr_end2: float | None = setting(None, "Rate after final_steps; defaults to lr_end1.", ge=0)
+
+
+# ----------------------------------------------------------------------------- schedules
+
+
+class SettingProblems(ValueError):
+    """Settings that are well-typed but do not fit together: (key, message) pairs, keys
+    relative to `lr_scheduler`. `build_lr_schedule` reports them as a `ConfigError`."""
+
+    def __init__(self, found: list[tuple[str, str]]):
+        self.found = found
+        super().__init__("; ".join(f"{key}: {message}" for key, message in found))
+
+
+class LrSchedule:
+    """The learning rate as a function of the optimizer updates already done.
+
+    A registered schedule class declares `Settings` (its `Section` of keys under
+    `lr_scheduler`) and is built as `cls(learning_rate, settings, total_steps)`, raising
+    `SettingProblems` for settings that do not fit together; it implements `rate(step)` and
+    `describe()`. Entry-point schedules (`mf_train.lr_schedulers`) follow the same contract.
+    """
+
+    Settings: ClassVar[type[Section]]
+    name: ClassVar[str] = "LrSchedule"
+
+    learning_rate: float
+    total_steps: int
+    warmup_steps: int = 0
+    warmup_lr_init: float = 0.0
+
+    def __call__(self, step: int) -> float:
+        """The rate for the update after `step` updates (`step >= 0`)."""
+        step = operator.index(step)
+        if step < 0:
+            raise ValueError(f"step must be >= 0 (optimizer updates already done), got {step}")
+        return float(self.rate(step))
+
+    def rate(self, step: int) -> float:
+        raise NotImplementedError
+
+    def describe(self) -> str:
+        """One line for the trainer's start-up log."""
+        raise NotImplementedError
+
+    def __repr__(self) -> str:
+        return f"<{self.describe()}>"
+
+    def in_warmup(self, step: int) -> bool:
+        return step < self.warmup_steps
+
+    def warmup_rate(self, step: int) -> float:
+        """Linear from `warmup_lr_init` at step 0 towards `learning_rate` at `warmup_steps`."""
+        fraction = step / self.warmup_steps
+        return self.warmup_lr_init + (self.learning_rate - self.warmup_lr_init) * fraction
+
+    def head(self) -> str:
+        """`Name: rate, warmup ...`: the start of every `describe()`."""
+        if self.warmup_steps == 0:
+            return f"{self.name}: {_num(self.learning_rate)}, no warmup"
+        return (f"{self.name}: {_num(self.learning_rate)}, warmup {self.warmup_steps} steps "
+                f"from {_num(self.warmup_lr_init)}")
+
+
+class ConstantLR(LrSchedule):
+    """`type: null`: `learning_rate` at every step."""
+
+    name = "constant"
+
+    def __init__(self, learning_rate: float):
+        self.learning_rate = learning_rate
+
+    def rate(self, step: int) -> float:
+        return self.learning_rate
+
+    def describe(self) -> str:
+        return f"constant learning rate {_num(self.learning_rate)}"
+
+
+class _Reader:
+    """Resolves a schedule's step counts from its settings, collecting problems."""
+
+    def __init__(self, owner: str, settings: Any, total_steps: int):
+        self.owner = owner
+        self.settings = settings
+        self.total_steps = total_steps
+        self.found: list[tuple[str, str]] = []
+
+    def steps(self, name: str, ratio_name: str | None) -> int | None:
+        """MindFormers' `_get_lr_steps`: `floor(total_steps * ratio)` when the ratio is
+        given (it overrides the count), else the count (None when not given)."""
+        ratio = getattr(self.settings, ratio_name) if ratio_name else None
+        if ratio is not None:
+            return math.floor(Fraction(repr(ratio)) * self.total_steps)
+        return getattr(self.settings, name)
+
+    def required_steps(self, name: str, ratio_name: str) -> int:
+        value = self.steps(name, ratio_name)
+        if value is None:
+            self.found.append((name, f"required by {self.owner}: give {name} (an integer "
+                                     f">= 0) or {ratio_name} (a fraction of total_steps, "
+                                     "in [0, 1])"))
+            return 0
+        return value
+
+    def below(self, name: str, learning_rate: float) -> float:
+        """The rate `name`, which must be smaller than `learning_rate`."""
+        value = getattr(self.settings, name)
+        if not value < learning_rate:
+            default = attrs.fields_dict(type(self.settings))[name].default
+            self.found.append((name, f"must be smaller than learning_rate "
+                                     f"({_num(learning_rate)}) for {self.owner}, got "
+                                     f"{_num(value)} (default {_num(default)})"))
+        return value
+
+    def done(self) -> None:
+        if self.found:
+            raise SettingProblems(self.found)
+
+
+def _start(schedule: LrSchedule, learning_rate: float, settings: WarmupSettings,
+           total_steps: int, warmup_required: bool = True) -> _Reader:
+    """Set the fields every schedule has; the reader for the rest."""
+    reader = _Reader(schedule.name, settings, total_steps)
+    schedule.learning_rate = learning_rate
+    schedule.total_steps = total_steps
+    schedule.warmup_lr_init = settings.warmup_lr_init
+    if warmup_required:
+        schedule.warmup_steps = reader.required_steps("warmup_steps", "warmup_ratio")
+    else:
+        schedule.warmup_steps = reader.steps("warmup_steps", "warmup_ratio") or 0
+    return reader
+
+
+@LR_SCHEDULERS.register("ConstantWarmUpLR")
+class ConstantWarmUpLR(LrSchedule):
+    """Warm-up, then `learning_rate`."""
+
+    Settings = ConstantWarmUpLRSettings
+    name = "ConstantWarmUpLR"
+
+    def __init__(self, learning_rate: float, settings: ConstantWarmUpLRSettings,
+                 total_steps: int):
+        _start(self, learning_rate, settings, total_steps).done()
+
+    def rate(self, step: int) -> float:
+        if self.in_warmup(step):
+            return self.warmup_rate(step)
+        return self.learning_rate
+
+    def describe(self) -> str:
+        return f"{self.head()}, then constant"
+
+
+@LR_SCHEDULERS.register("LinearWithWarmUpLR")
+class LinearWithWarmUpLR(LrSchedule):
+    """Warm-up, then `learning_rate * max(0, (total - t) / max(1, total - warmup))`."""
+
+    Settings = LinearWithWarmUpLRSettings
+    name = "LinearWithWarmUpLR"
+
+    def __init__(self, learning_rate: float, settings: LinearWithWarmUpLRSettings,
+                 total_steps: int):
+        _start(self, learning_rate, settings, total_steps).done()
+        self.linear_steps = max(1, total_steps - self.warmup_steps)
+
+    def rate(self, step: int) -> float:
+        if self.in_warmup(step):
+            return self.warmup_rate(step)
+        return self.learning_rate * max(0.0, (self.total_steps - step) / self.linear_steps)
+
+    def describe(self) -> str:
+        return f"{self.head()}, linear to 0 at step {self.total_steps}"
+
+
+@LR_SCHEDULERS.register("CosineWithWarmUpLR")
+class CosineWithWarmUpLR(LrSchedule):
+    """Warm-up, then `lr_end + (lr - lr_end) * max(0, 0.5 * (1 + cos(2 pi num_cycles p)))`
+    with `p = (t - warmup) / max(1, total - warmup)`; `lr_end` from `decay_steps` (default
+    total_steps) on, and from total_steps on."""
+
+    Settings = CosineWithWarmUpLRSettings
+    name = "CosineWithWarmUpLR"
+    warmup_required: ClassVar[bool] = False
+    decay_ratio_key: ClassVar[str | None] = "decay_ratio"
+
+    def __init__(self, learning_rate: float, settings: Any, total_steps: int):
+        reader = _start(self, learning_rate, settings, total_steps, self.warmup_required)
+        decay_steps = reader.steps("decay_steps", self.decay_ratio_key)
+        reader.done()
+        self.decay_steps = max(1, total_steps if decay_steps is None else decay_steps)
+        self.cosine_steps = max(1, total_steps - self.warmup_steps)
+        self.num_cycles = settings.num_cycles
+        self.lr_end = settings.lr_end
+
+    def rate(self, step: int) -> float:
+        if step >= self.decay_steps:
+            return self.lr_end
+        if self.in_warmup(step):
+            return self.warmup_rate(step)
+        progress = (step - self.warmup_steps) / self.cosine_steps
+        if progress >= 1:
+            return self.lr_end
+        return self.lr_end + (self.learning_rate - self.lr_end) * self.fraction(progress)
+
+    def fraction(self, progress: float) -> float:
+        return max(0.0, 0.5 * (1.0 + math.cos(math.pi * self.num_cycles * 2.0 * progress)))
+
+    def describe(self) -> str:
+        end = min(self.decay_steps, self.total_steps)
+        cut = f", {_num(self.lr_end)} from step {end}" if end < self.total_steps else ""
+        return (f"{self.head()}, {self.curve()} ({_num(self.num_cycles)} cycles) to "
+                f"{_num(self.lr_end)} over steps {self.warmup_steps}-{self.total_steps}{cut}")
+
+    def curve(self) -> str:
+        return "cosine"
+
+
+@LR_SCHEDULERS.register("CosineWithRestartsAndWarmUpLR")
+class CosineWithRestartsAndWarmUpLR(CosineWithWarmUpLR):
+    """As CosineWithWarmUpLR, with `fraction = max(0, 0.5 * (1 + cos(pi * ((num_cycles * p)
+    mod 1))))`: each of the num_cycles half-waves restarts at learning_rate."""
+
+    Settings = CosineWithRestartsAndWarmUpLRSettings
+    name = "CosineWithRestartsAndWarmUpLR"
+    warmup_required = True
+    decay_ratio_key = None
+
+    def fraction(self, progress: float) -> float:
+        return max(0.0, 0.5 * (1.0 + math.cos(math.pi * ((self.num_cycles * progress) % 1.0))))
+
+    def curve(self) -> str:
+        return "cosine with restarts"
+
+
+@LR_SCHEDULERS.register("PolynomialWithWarmUpLR")
+class PolynomialWithWarmUpLR(LrSchedule):
+    """Warm-up, then `(lr - lr_end) * max(0, 1 - (t - warmup) / decay_steps) ** power +
+    lr_end`, `decay_steps` defaulting to `max(1, total - warmup)`; `lr_end` past total_steps."""
+
+    Settings = PolynomialWithWarmUpLRSettings
+    name = "PolynomialWithWarmUpLR"
+
+    def __init__(self, learning_rate: float, settings: PolynomialWithWarmUpLRSettings,
+                 total_steps: int):
+        reader = _start(self, learning_rate, settings, total_steps)
+        self.lr_end = reader.below("lr_end", learning_rate)
+        reader.done()
+        default_decay = total_steps - self.warmup_steps
+        decay_steps = settings.decay_steps
+        self.decay_steps = max(1, default_decay if decay_steps is None else decay_steps)
+        self.power = settings.power
+
+    def rate(self, step: int) -> float:
+        if step > self.total_steps:
+            return self.lr_end
+        if self.in_warmup(step):
+            return self.warmup_rate(step)
+        remaining = max(0.0, 1.0 - (step - self.warmup_steps) / self.decay_steps)
+        return (self.learning_rate - self.lr_end) * remaining ** self.power + self.lr_end
+
+    def describe(self) -> str:
+        return (f"{self.head()}, polynomial (power {_num(self.power)}) to "
+                f"{_num(self.lr_end)} over {self.decay_steps} steps")
+
+
+@LR_SCHEDULERS.register("WarmUpStableDecayLR")
+class WarmUpStableDecayLR(LrSchedule):
+    """Warm-up, `learning_rate` while `t < decay_start`, then `lr - (lr - lr_end) *
+    (t - decay_start) / (total - decay_start)`; `lr_end` from total_steps on."""
+
+    Settings = WarmUpStableDecayLRSettings
+    name = "WarmUpStableDecayLR"
+
+    def __init__(self, learning_rate: float, settings: WarmUpStableDecayLRSettings,
+                 total_steps: int):
+        reader = _start(self, learning_rate, settings, total_steps)
+        self.lr_end = reader.below("lr_end", learning_rate)
+        self.decay_start = reader.required_steps("decay_start_steps", "decay_start_ratio")
+        reader.done()
+        self.decay_steps = max(1, total_steps - self.decay_start)
+
+    def rate(self, step: int) -> float:
+        if step >= self.total_steps:
+            return self.lr_end
+        if self.in_warmup(step):
+            return self.warmup_rate(step)
+        if step < self.decay_start:
+            return self.learning_rate
+        fraction = (step - self.decay_start) / self.decay_steps
+        return self.learning_rate - (self.learning_rate - self.lr_end) * fraction
+
+    def describe(self) -> str:
+        return (f"{self.head()}, stable until step {self.decay_start}, linear to "
+                f"{_num(self.lr_end)} at step {self.total_steps}")
+
+
+@LR_SCHEDULERS.register("ConstantWithCoolDownLR")
+class ConstantWithCoolDownLR(LrSchedule):
+    """Warm-up; `learning_rate` for keep_steps; cosine `lr_end1 + (lr - lr_end1) *
+    max(0, 0.5 * (1 + cos(2 pi num_cycles p)))` over decay_steps; lr_end1 for final_steps;
+    then lr_end2 (default lr_end1)."""
+
+    Settings = ConstantWithCoolDownLRSettings
+    name = "ConstantWithCoolDownLR"
+
+    def __init__(self, learning_rate: float, settings: ConstantWithCoolDownLRSettings,
+                 total_steps: int):
+        reader = _start(self, learning_rate, settings, total_steps)
+        decay_steps = reader.required_steps("decay_steps", "decay_ratio")
+        reader.done()
+        self.decay_start = self.warmup_steps + settings.keep_steps
+        self.decay_steps = decay_steps
+        self.final_start = self.decay_start + decay_steps
+        self.final_end = self.final_start + settings.final_steps
+        self.num_cycles = settings.num_cycles
+        self.lr_end1 = settings.lr_end1
+        self.lr_end2 = settings.lr_end1 if settings.lr_end2 is None else settings.lr_end2
+
+    def rate(self, step: int) -> float:
+        if self.in_warmup(step):
+            return self.warmup_rate(step)
+        if step < self.decay_start:
+            return self.learning_rate
+        if step < self.final_start:
+            progress = (step - self.decay_start) / self.decay_steps
+            cosine = 0.5 * (1.0 + math.cos(math.pi * self.num_cycles * 2.0 * progress))
+            return self.lr_end1 + (self.learning_rate - self.lr_end1) * max(0.0, cosine)
+        if step < self.final_end:
+            return self.lr_end1
+        return self.lr_end2
+
+    def describe(self) -> str:
+        return (f"{self.head()}, keep until step {self.decay_start}, cosine to "
+                f"{_num(self.lr_end1)} over {self.decay_steps} steps, hold until step "
+                f"{self.final_end}, then {_num(self.lr_end2)}")
+
+
+# ----------------------------------------------------------------------------- building
+
+
+def build_lr_schedule(config: LrSchedulerConfig, total_steps: int,
+                      source: Source | None = None) -> LrSchedule:
+    """The schedule `config` describes over `total_steps` (`training.steps`) optimizer updates.
+
+    `type: null` is the constant `learning_rate`. Problems are a `ConfigError` naming
+    `lr_scheduler.<key>`, located in `source` when given.
+    """
+    if type(total_steps) is not int or total_steps < 1:
+        raise ValueError(f"total_steps (training.steps) must be a positive integer, got "
+                         f"{total_steps!r}")
+    if config.type is None:
+        _reject_keys_without_type(config, source)
+        return ConstantLR(config.learning_rate)
+    cls = LR_SCHEDULERS.get(config.type, (*PATH, "type"), source)
+    settings_class = getattr(cls, "Settings", None)
+    if settings_class is None:
+        raise settings_error([((*PATH, "type"), f"{config.type!r} is not an mf learning-rate "
+                                                "schedule: it declares no Settings class")],
+                             source)
+    settings = _structure(settings_class, config.extras, source)
+    length = _schedule_length(settings, total_steps, source)
+    try:
+        return cls(config.learning_rate, settings, length)
+    except SettingProblems as exc:
+        raise settings_error([((*PATH, key), message) for key, message in exc.found],
+                             source) from None
+
+
+def _reject_keys_without_type(config: LrSchedulerConfig, source: Source | None) -> None:
+    """Keys for a schedule while `type` is null would be ignored silently: refuse them."""
+    if not config.extras:
+        return
+    message = (f"is a scheduler key, but lr_scheduler.type is null (a constant "
+               f"learning_rate); set type to one of {', '.join(LR_SCHEDULERS.names())}, or "
+               "remove the key")
+    raise settings_error([((*PATH, key), message) for key in config.extras], source)
+
+
+def _structure(settings_class: type[Section], extras: dict[str, Any],
+               source: Source | None) -> Any:
+    try:
+        return structure_settings(settings_class, extras, PATH, source)
+    except ConfigError as exc:
+        allowed = tuple(a.name for a in attrs.fields(settings_class))
+        raise ConfigError([_with_min_lr_hint(issue, allowed) for issue in exc.errors]) from None
+
+
+def _with_min_lr_hint(issue: ConfigIssue, allowed: tuple[str, ...]) -> ConfigIssue:
+    """The spec names `min_lr` as a scheduler key; MindFormers' schedules call it `lr_end`."""
+    if issue.path != format_path((*PATH, "min_lr")) or "min_lr" in allowed:
+        return issue
+    floor = next((name for name in ("lr_end", "lr_end1") if name in allowed), None)
+    if floor is None:
+        return issue
+    hint = f"MindFormers schedules have no min_lr; the floor is {floor}"
+    return dataclasses.replace(issue, message=f"{issue.message}; {hint}")
+
+
+def _schedule_length(settings: Any, total_steps: int, source: Source | None) -> int:
+    """`lr_scheduler.total_steps` when written, else the trainer's `training.steps`; a
+    schedule shorter than the run warns."""
+    written = getattr(settings, "total_steps", None)
+    if written is None:
+        return total_steps
+    if written < total_steps:
+        where = (*PATH, "total_steps")
+        message = (f"the schedule ({written} steps) is shorter than training.steps "
+                   f"({total_steps}): the rate holds its final value from step {written} on")
+        issue = (source.issue(where, message, "warning") if source is not None
+                 else ConfigIssue(format_path(where), message, severity="warning"))
+        warnings.warn(str(issue), ConfigWarning, stacklevel=3)
+    return written
+
+
+def _num(value: float) -> str:
+    """A rate or count as the log shows it: `0.0001`, `1e-07`, `0`."""
+    return f"{value:g}"

@@ -1,0 +1,43 @@
+"""Models: `build_model` picks the class the `model` section names through `MODELS`.
+
+The type is `model.architectures`, else `model.model_type` (Hugging Face's names). A model
+class registered in `MODELS` (in code or through the `mf_train.models` entry points) provides
+`from_config(config: ModelConfig, *, tensor_group, source, seed) -> nn.Cell`. Importing this
+package imports MindSpore and registers the built-in models.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from mf_config import ModelConfig
+from mf_config.yaml_source import Source
+
+from ..registry import MODELS
+from . import deepseek_v3, qwen3
+from .hf_weights import HFWeightsError, hf_names, hf_state, load_hf_state
+
+if TYPE_CHECKING:
+    from mindspore import nn
+
+    from mf_parallel.runtime.tensor_parallel import TensorGroup
+
+__all__ = [
+    "HFWeightsError",
+    "build_model",
+    "deepseek_v3",
+    "hf_names",
+    "hf_state",
+    "load_hf_state",
+    "qwen3",
+]
+
+
+def build_model(config: ModelConfig, *, tensor_group: TensorGroup | None = None,
+                source: Source | None = None, seed: int | None = None) -> nn.Cell:
+    """The model `config` describes, on this rank's tensor group (None: one process, no
+    communication). `seed` draws the initial weights (default: MindSpore's global seed, else
+    0); a `ConfigError` names the `model.<key>` of every problem."""
+    key = "architectures" if config.architectures else "model_type"
+    cls: Any = MODELS.get(getattr(config, key), ("model", key), source)
+    return cls.from_config(config, tensor_group=tensor_group, source=source, seed=seed)

@@ -1,0 +1,398 @@
+"""Building blocks shared by the decoder models (Qwen3, DeepSeek-V3), on ops that exist on the
+backend in use (shared/reference/mindspore-cpu.md: no `ops.rms_norm`, `mint` cross-entropy or
+flash attention on CPU).
+
+Layout: activations are `[sequence, batch, ...]` (Megatron's layout) in every model, with or
+without tensor parallelism, so one code path serves both: mf-parallel's sequence parallelism
+splits dim 0. Attention works on `[batch, heads, sequence, head_dim]`.
+
+Weights are created from numpy arrays in Hugging Face's `[out_features, in_features]` layout.
+With a `TensorGroup` of size > 1 the linear layers, the embedding and the cross-entropy are
+mf-parallel's tensor-parallel ones; with `None` (or size 1) they are plain cells and nothing
+communicates.
+
+Dtypes: parameters are kept in `params_dtype`; activations run in the compute dtype, the
+linear layers cast their weight to the activation's dtype, and RMSNorm, softmax and the loss
+compute in float32 (as Hugging Face's Qwen3 does).
+"""
+
+from __future__ import annotations
+
+import logging
+import zlib
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+import mindspore as ms
+import numpy as np
+from mindspore import Parameter, Tensor, mint, nn, ops
+
+from mf_config.component_settings import settings_error
+
+if TYPE_CHECKING:
+    from mf_parallel.runtime.tensor_parallel import TensorGroup
+
+log = logging.getLogger("mf_train.models")
+
+DTYPES = {"float32": ms.float32, "bfloat16": ms.bfloat16, "float16": ms.float16}
+
+
+# --- dtypes -------------------------------------------------------------------------------
+
+def resolve_compute_dtype(name: str, device_target: str,
+                          key: str = "model.compute_dtype") -> ms.Type:
+    """The MindSpore dtype to compute in for the configured `name` on `device_target`.
+
+    On CPU only float32 is computed: MindSpore 2.10 has no bfloat16 CPU kernels for MatMul,
+    Softmax, Exp or Sum, and float16 training diverged there (mindspore-cpu.md). A bfloat16
+    or float16 request on CPU therefore falls back to float32 with one warning naming `key`,
+    instead of failing later inside a kernel. Other backends get what was asked.
+    """
+    if name not in DTYPES:
+        raise settings_error([(tuple(key.split(".")),
+                               f"must be one of {', '.join(map(repr, DTYPES))}, got {name!r}")])
+    if device_target == "CPU" and name != "float32":
+        log.warning("%s: %s is not computed on the CPU backend (MindSpore 2.10 lacks its "
+                    "kernels); using float32 instead", key, name)
+        return ms.float32
+    return DTYPES[name]
+
+
+# --- initialisation ------------------------------------------------------------------------
+
+class ParamInit:
+    """Seeded initial values, one independent stream per parameter name.
+
+    Hugging Face's `_init_weights`: linear and embedding weights ~ normal(0,
+    `initializer_range`), biases zero, norm weights one. Each name's values come from
+    `numpy.random.default_rng([seed, crc32(name)])`, so a weight does not depend on the order
+    of construction, on how many layers are built (a pipeline stage's layer 5 equals the full
+    model's), on MindSpore's seed, or on the tensor-parallel size (every rank draws the full
+    weight and keeps its shard). Names are the Hugging Face names, so the rule is the same for
+    every model.
+    """
+
+    def __init__(self, seed: int, std: float):
+        if seed < 0:
+            raise ValueError(f"seed must be >= 0, got {seed}")
+        self.seed = seed
+        self.std = std
+
+    def normal(self, name: str, shape: Sequence[int]) -> np.ndarray:
+        rng = np.random.default_rng([self.seed, zlib.crc32(name.encode())])
+        return (rng.standard_normal(tuple(shape)) * self.std).astype(np.float32)
+
+    @staticmethod
+    def zeros(shape: Sequence[int]) -> np.ndarray:
+        return np.zeros(tuple(shape), np.float32)
+
+    @staticmethod
+    def ones(shape: Sequence[int]) -> np.ndarray:
+        return np.ones(tuple(shape), np.float32)
+
+
+# --- tensor parallelism --------------------------------------------------------------------
+
+def tensor_size(group: TensorGroup | None) -> int:
+    """Tensor-parallel degree; 1 without a group."""
+    return 1 if group is None else group.size
+
+
+def is_parallel(group: TensorGroup | None) -> bool:
+    return tensor_size(group) > 1
+
+
+def is_sequence_parallel(group: TensorGroup | None) -> bool:
+    """Whether activations outside the tensor-parallel regions are split along the sequence."""
+    return is_parallel(group) and bool(group.sequence_parallel)
+
+
+def mark_tensor_partial(param: Parameter) -> Parameter:
+    """Mark a tensor-replicated parameter whose gradient on each rank is only part of the
+    total (used on sequence slices, or on this rank's heads): the training loop sums it over
+    the tensor group with mf-parallel's `reduce_sequence_parallel_grads`."""
+    from mf_parallel.runtime.tensor_parallel import mark_sequence_parallel
+
+    return mark_sequence_parallel(param)
+
+
+def fuse_rows(parts: Sequence[np.ndarray], shards: int = 1) -> np.ndarray:
+    """Stack `parts` along rows so that each of `shards` equal row blocks is
+    `[part0_r; part1_r; ...]`: a column-parallel split of the result then hands rank r its own
+    rows of every part (for `shards == 1`, plain concatenation `[part0; part1; ...]`)."""
+    for part in parts:
+        if part.shape[0] % shards:
+            raise ValueError(f"{part.shape[0]} rows cannot be split over {shards} "
+                             "tensor-parallel ranks")
+    chunks = [np.split(part, shards, axis=0) for part in parts]
+    return np.concatenate([chunk[r] for r in range(shards) for chunk in chunks], axis=0)
+
+
+def split_rows(fused: np.ndarray, rows: Sequence[int], shards: int = 1) -> list[np.ndarray]:
+    """Inverse of `fuse_rows`: the parts (full row counts `rows`) of a fused array."""
+    if fused.shape[0] != sum(rows):
+        raise ValueError(f"fused array has {fused.shape[0]} rows, parts need {sum(rows)}")
+    local = [count // shards for count in rows]
+    pieces: list[list[np.ndarray]] = [[] for _ in rows]
+    start = 0
+    for _ in range(shards):
+        for index, count in enumerate(local):
+            pieces[index].append(fused[start:start + count])
+            start += count
+    return [np.concatenate(piece, axis=0) for piece in pieces]
+
+
+# --- layers --------------------------------------------------------------------------------
+
+class Linear(nn.Cell):
+    """`y = x W^T (+ b)`, W `[out, in]`; the weight is cast to the input's (compute) dtype."""
+
+    def __init__(self, weight: np.ndarray, bias: np.ndarray | None = None):
+        super().__init__()
+        self.weight = Parameter(Tensor(weight), name="weight")
+        self.bias = None if bias is None else Parameter(Tensor(bias), name="bias")
+
+    def construct(self, x: Tensor) -> Tensor:
+        y = ops.matmul(x, self.weight.astype(x.dtype).T)
+        return y if self.bias is None else y + self.bias.astype(x.dtype)
+
+
+def column_linear(weight: np.ndarray, bias: np.ndarray | None,
+                  group: TensorGroup | None) -> nn.Cell:
+    """A linear whose output features are split over the tensor group (plain without one).
+    `weight` is the full `[out, in]` array; fused weights come from `fuse_rows(.., shards)`."""
+    if not is_parallel(group):
+        return Linear(weight, bias)
+    from mf_parallel.runtime.tensor_parallel import ColumnParallelLinear
+
+    return ColumnParallelLinear(weight, bias, group)
+
+
+def row_linear(weight: np.ndarray, bias: np.ndarray | None,
+               group: TensorGroup | None) -> nn.Cell:
+    """A linear whose input features are split over the tensor group (plain without one)."""
+    if not is_parallel(group):
+        return Linear(weight, bias)
+    from mf_parallel.runtime.tensor_parallel import RowParallelLinear
+
+    return RowParallelLinear(weight, bias, group)
+
+
+class Embedding(nn.Cell):
+    """Row lookup in a `[vocab, hidden]` table (`mint.nn.Embedding` has no CPU kernel)."""
+
+    def __init__(self, table: np.ndarray):
+        super().__init__()
+        self.weight = Parameter(Tensor(table), name="weight")
+
+    def construct(self, ids: Tensor) -> Tensor:
+        return ops.gather(self.weight, ids, 0)
+
+
+def embedding(table: np.ndarray, group: TensorGroup | None) -> nn.Cell:
+    """The token embedding; vocabulary-parallel over a tensor group (ids `[seq, batch]`)."""
+    if not is_parallel(group):
+        return Embedding(table)
+    from mf_parallel.runtime.tensor_parallel import VocabParallelEmbedding
+
+    return VocabParallelEmbedding(table, group)
+
+
+def head_entry(group: TensorGroup | None) -> nn.Cell | None:
+    """The communication in front of a tied output head on a tensor group (gather of the
+    sequence slices, or copy), as a `ColumnParallelLinear` has; None without a group."""
+    if not is_parallel(group):
+        return None
+    from mf_parallel.runtime.tensor_parallel import CopyToTensorRegion, GatherFromSequenceRegion
+
+    return GatherFromSequenceRegion(group) if group.sequence_parallel else CopyToTensorRegion(group)
+
+
+class RMSNorm(nn.Cell):
+    """`weight * x / sqrt(mean(x^2) + eps)` over the last dimension, computed in float32 and
+    cast back to the input dtype before the weight (Hugging Face's Qwen3RMSNorm)."""
+
+    def __init__(self, size: int, eps: float):
+        super().__init__()
+        self.weight = Parameter(Tensor(np.ones(size, np.float32)), name="weight")
+        self.eps = eps
+
+    def construct(self, x: Tensor) -> Tensor:
+        dtype = x.dtype
+        x = x.astype(ms.float32)
+        variance = ops.mean(ops.square(x), -1, keep_dims=True)
+        x = x * ops.rsqrt(variance + self.eps)
+        return self.weight.astype(dtype) * x.astype(dtype)
+
+
+class RotaryEmbedding:
+    """Rotary position tables, Hugging Face's rotate-half convention.
+
+    `inv_freq_i = 1 / theta^(2i/d)` (i < d/2); the angle of position p is `p * inv_freq`,
+    duplicated as `[angles, angles]` over the head dimension, so that
+    `rope(x) = x * cos + rotate_half(x) * sin` with `rotate_half([x1, x2]) = [-x2, x1]`.
+    A model with another frequency rule (YaRN) passes its own `inv_freq` and
+    `attention_scaling` (cos and sin are multiplied by it, as HF's `attention_scaling`).
+    Tables are built per sequence length on first use and cached.
+    """
+
+    def __init__(self, dim: int, theta: float, max_position: int,
+                 inv_freq: np.ndarray | None = None, attention_scaling: float = 1.0):
+        if dim % 2:
+            raise ValueError(f"rotary dimension must be even, got {dim}")
+        self.dim = dim
+        self.max_position = max_position
+        self.inv_freq = (1.0 / theta ** (np.arange(0, dim, 2, dtype=np.float64) / dim)
+                         if inv_freq is None else np.asarray(inv_freq, np.float64))
+        self.attention_scaling = attention_scaling
+        self._tables: dict[int, tuple[Tensor, Tensor]] = {}
+
+    def tables(self, seq: int) -> tuple[Tensor, Tensor]:
+        """(cos, sin), each float32 `[seq, dim]`, for positions 0..seq-1."""
+        if seq > self.max_position:
+            raise ValueError(f"sequence of {seq} tokens is longer than "
+                             f"model.max_position_embeddings ({self.max_position})")
+        if seq not in self._tables:
+            angles = np.outer(np.arange(seq, dtype=np.float64), self.inv_freq)
+            angles = np.concatenate([angles, angles], axis=-1)
+            scale = self.attention_scaling
+            self._tables[seq] = (Tensor((np.cos(angles) * scale).astype(np.float32)),
+                                 Tensor((np.sin(angles) * scale).astype(np.float32)))
+        return self._tables[seq]
+
+
+def rotate_half(x: Tensor) -> Tensor:
+    """`[x1, x2] -> [-x2, x1]` over the last dimension."""
+    half = x.shape[-1] // 2
+    return ops.cat((-x[..., half:], x[..., :half]), -1)
+
+
+def apply_rotary(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    """Rotate `x` `[..., seq, dim]` by the tables `[seq, dim]` (cast to x's dtype)."""
+    return x * cos.astype(x.dtype) + rotate_half(x) * sin.astype(x.dtype)
+
+
+class AttentionCore:
+    """Causal softmax attention: q `[b, nq, s, d]`, k `[b, nkv, s, d]`, v `[b, nkv, s, dv]`
+    -> `[b, nq, s, dv]`; grouped-query heads share kv head `i // (nq / nkv)` (HF's repeat_kv).
+
+    Plain path: `softmax(q k^T * scale + causal mask)` in float32, then `@ v`. With
+    `use_flash_attention`, `ops.flash_attention_score` is used where it has a kernel (Ascend,
+    float16/bfloat16, `sparse_mode=2` with the 2048x2048 causal mask); elsewhere the plain path
+    runs and one log line says so.
+    """
+
+    def __init__(self, scale: float, use_flash_attention: bool = False,
+                 compute_dtype: ms.Type = ms.float32):
+        self.scale = scale
+        self.flash = use_flash_attention and flash_attention_available(compute_dtype)
+        self._masks: dict[int, Tensor] = {}
+
+    def __call__(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+        if self.flash:
+            return self._flash(q, k, v)
+        return self._plain(q, k, v)
+
+    def _plain(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+        group = q.shape[1] // k.shape[1]
+        if group > 1:
+            k, v = ops.repeat_interleave(k, group, 1), ops.repeat_interleave(v, group, 1)
+        scores = mint.matmul(q, k.swapaxes(-1, -2)).astype(ms.float32) * self.scale
+        scores = ops.masked_fill(scores, self._future(q.shape[2]), float("-inf"))
+        probs = mint.nn.functional.softmax(scores, dim=-1).astype(v.dtype)
+        return mint.matmul(probs, v)
+
+    def _future(self, seq: int) -> Tensor:
+        if seq not in self._masks:
+            self._masks[seq] = Tensor(np.triu(np.ones((seq, seq), np.bool_), k=1))
+        return self._masks[seq]
+
+    def _flash(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+        if 0 not in self._masks:  # sparse_mode 2 takes the compressed 2048 x 2048 mask
+            self._masks[0] = Tensor(np.triu(np.ones((2048, 2048), np.uint8), k=1))
+        return ops.flash_attention_score(q, k, v, q.shape[1], attn_mask=self._masks[0],
+                                         scalar_value=self.scale, input_layout="BNSD",
+                                         sparse_mode=2)
+
+
+_flash_notes: set[str] = set()
+
+
+def flash_attention_available(compute_dtype: ms.Type) -> bool:
+    """Whether `ops.flash_attention_score` can run here; logs once per reason when not."""
+    target = ms.get_context("device_target")
+    reason = None
+    if target != "Ascend" or not hasattr(ops, "flash_attention_score"):
+        reason = f"ops.flash_attention_score has no {target} kernel (it runs on Ascend)"
+    elif compute_dtype not in (ms.float16, ms.bfloat16):
+        reason = "ops.flash_attention_score takes float16 or bfloat16 only"
+    if reason is None:
+        return True
+    if reason not in _flash_notes:
+        _flash_notes.add(reason)
+        log.warning("model.use_flash_attention: %s; using the plain softmax attention", reason)
+    return False
+
+
+class SwiGLU(nn.Cell):
+    """`down(silu(gate) * up)` with gate and up from one fused linear `gate_up` (rows
+    `[gate; up]`, per tensor-parallel rank `[gate_r; up_r]`, see `fuse_rows`)."""
+
+    def __init__(self, gate: np.ndarray, up: np.ndarray, down: np.ndarray,
+                 group: TensorGroup | None = None):
+        super().__init__()
+        shards = tensor_size(group)
+        self.local = gate.shape[0] // shards
+        self.gate_up = column_linear(fuse_rows([gate, up], shards), None, group)
+        self.down = row_linear(down, None, group)
+
+    def construct(self, x: Tensor) -> Tensor:
+        gate_up = self.gate_up(x)
+        gate, up = gate_up[..., :self.local], gate_up[..., self.local:]
+        return self.down(mint.nn.functional.silu(gate) * up)
+
+
+# --- loss ----------------------------------------------------------------------------------
+
+def token_cross_entropy(logits: Tensor, labels: Tensor,
+                        group: TensorGroup | None = None) -> Tensor:
+    """Per-token `logsumexp(logits) - logits[label]` in float32; `logits` `[..., V]` (this
+    rank's vocabulary slice over a tensor group), `labels` `[...]` in [0, V)."""
+    logits = logits.astype(ms.float32)
+    if is_parallel(group):
+        from mf_parallel.runtime.tensor_parallel import vocab_parallel_cross_entropy
+
+        return vocab_parallel_cross_entropy(logits, labels, group)
+    shifted = logits - ops.stop_gradient(logits.max(axis=-1, keepdims=True))
+    log_sum = ops.log(ops.exp(shifted).sum(axis=-1))
+    picked = ops.gather_elements(shifted, -1, labels.expand_dims(-1)).squeeze(-1)
+    return log_sum - picked
+
+
+def causal_lm_loss(logits: Tensor, labels: Tensor, loss_mask: Tensor | None = None,
+                   group: TensorGroup | None = None) -> Tensor:
+    """`sum(ce * mask) / max(sum(mask), 1)`, a float32 scalar (MindFormers' masked mean).
+
+    `labels` are the targets at each position (already shifted: the data gives
+    `labels[t] = tokens[t + 1]`). A negative label (Hugging Face's -100) counts as masked.
+    """
+    valid = labels >= 0
+    mask = valid.astype(ms.float32)
+    if loss_mask is not None:
+        mask = mask * loss_mask.astype(ms.float32)
+    ce = token_cross_entropy(logits, ops.masked_fill(labels, ops.logical_not(valid), 0), group)
+    return (ce * mask).sum() / ops.maximum(mask.sum(), 1.0)
+
+
+def check_input_ids(input_ids: Tensor, seq_length: int | None,
+                    max_position_embeddings: int) -> int:
+    """The sequence length of `input_ids` ([batch, seq]); `ValueError` when the shape is wrong or
+    the sequence is longer than `model.seq_length` (else `max_position_embeddings`)."""
+    if input_ids.ndim != 2:
+        raise ValueError(f"input_ids must be [batch, seq], got shape {input_ids.shape}")
+    seq = input_ids.shape[1]
+    limit, key = ((seq_length, "seq_length") if seq_length is not None
+                  else (max_position_embeddings, "max_position_embeddings"))
+    if seq > limit:
+        raise ValueError(f"input of {seq} tokens is longer than model.{key} ({limit})")
+    return seq

@@ -1,0 +1,418 @@
+"""Qwen3 dense decoder, Hugging Face's `Qwen3ForCausalLM` (transformers
+`models/qwen3/modeling_qwen3.py`), for training in MindSpore PyNative.
+
+    x = embed(ids)
+    per layer: h = x + o_proj(attn(rope(q_norm(q)), rope(k_norm(k)), v))  on input_norm(x)
+               x = h + down(silu(gate) * up)                              on post_norm(h)
+    logits = head(final_norm(x))      (head = the embedding table when tied)
+
+q/k norms are RMSNorms over each head's `head_dim` (Qwen3's addition to Qwen2), applied before
+the rotary embedding; keys and values have `num_key_value_heads` heads shared by groups of
+query heads. Our cells fuse q/k/v into `attention.qkv` and gate/up into `mlp.gate_up`;
+`weight_maps()` gives each parameter's Hugging Face names, and `hf_weights.load_hf_state`
+fills the model from a Hugging Face checkpoint.
+
+The `model` section's keys are Hugging Face's `config.json` keys (`Qwen3Settings`), so a
+Qwen3 `config.json` maps straight over; keys that select behaviour this model does not have
+(sliding windows, rope scaling, attention dropout, other activations) are rejected.
+
+No `from __future__ import annotations` here: cattrs reads the settings' field types at run
+time.
+"""
+
+from typing import Any, Literal
+
+import mindspore as ms
+import numpy as np
+from mindspore import Tensor, nn, ops
+
+from mf_config import ModelConfig
+from mf_config.component_settings import settings_error, structure_settings
+from mf_config.errors import Path
+from mf_config.sections import Dtype, Section, section, setting
+from mf_config.yaml_source import Source
+from mf_parallel.runtime.tensor_parallel import TensorGroup
+
+from ..registry import MODELS
+from .blocks import (
+    AttentionCore,
+    ParamInit,
+    RMSNorm,
+    RotaryEmbedding,
+    SwiGLU,
+    apply_rotary,
+    causal_lm_loss,
+    check_input_ids,
+    column_linear,
+    embedding,
+    fuse_rows,
+    head_entry,
+    is_parallel,
+    is_sequence_parallel,
+    mark_tensor_partial,
+    resolve_compute_dtype,
+    row_linear,
+    tensor_size,
+)
+from .hf_weights import WeightMap
+
+PATH: Path = ("model",)
+
+
+@section
+class Qwen3Settings(Section):
+    """The `model` section of a Qwen3 run: Hugging Face `Qwen3Config` names."""
+
+    vocab_size: int = setting(None, "Vocabulary size (required).", gt=0)
+    hidden_size: int = setting(None, "Model width (required).", gt=0)
+    intermediate_size: int = setting(None, "MLP inner width (required).", gt=0)
+    num_hidden_layers: int = setting(None, "Decoder layers (required).", gt=0)
+    num_attention_heads: int = setting(None, "Query heads (required).", gt=0)
+    num_key_value_heads: int | None = setting(
+        None, "Key/value heads (grouped-query attention); default num_attention_heads.", gt=0)
+    head_dim: int | None = setting(
+        None, "Width of one head; default hidden_size / num_attention_heads.", gt=0)
+    rms_norm_eps: float = setting(1e-6, "Epsilon inside the RMSNorm square root.", gt=0)
+    rope_theta: float = setting(10000.0, "Rotary embedding base.", gt=0)
+    tie_word_embeddings: bool = setting(False, "Use the embedding table as the output head.")
+    max_position_embeddings: int = setting(32768, "Longest sequence the model accepts.", gt=0)
+    initializer_range: float = setting(0.02, "Std of the normal initial weights.", ge=0)
+    attention_bias: bool = setting(False, "Biases on the q/k/v/o projections.")
+    seq_length: int | None = setting(None, "Training sequence length (at most "
+                                           "max_position_embeddings); inputs may be shorter.",
+                                     gt=0)
+    use_flash_attention: bool = setting(
+        False, "Use ops.flash_attention_score where the backend has it (Ascend).")
+    compute_dtype: Dtype = setting("float32", "Dtype of the activations and matmuls "
+                                              "(float32 on CPU, with a warning otherwise).")
+    params_dtype: Dtype = setting("float32", "Dtype the parameters are kept in.")
+    # Hugging Face config.json keys: accepted; values this model does not implement rejected.
+    hidden_act: Literal["silu"] = setting("silu", "MLP activation; only silu (SwiGLU).")
+    attention_dropout: float = setting(0.0, "Only 0.0 (no attention dropout).", ge=0)
+    rope_scaling: dict[str, Any] | None = setting(
+        None, "Only null (or rope_type 'default'): no rope scaling.")
+    use_sliding_window: bool = setting(False, "Only false: full causal attention.")
+    sliding_window: int | None = setting(None, "Ignored (use_sliding_window is false).")
+    max_window_layers: int | None = setting(None, "Ignored (use_sliding_window is false).")
+    layer_types: list[str] | None = setting(None, "Only 'full_attention' entries.")
+    torch_dtype: str | None = setting(None, "Ignored: compute_dtype and params_dtype decide.")
+    dtype: str | None = setting(None, "Ignored: compute_dtype and params_dtype decide.")
+    bos_token_id: int | list[int] | None = setting(None, "Ignored by the model.")
+    eos_token_id: int | list[int] | None = setting(None, "Ignored by the model.")
+    pad_token_id: int | None = setting(None, "Ignored by the model.")
+    use_cache: bool = setting(True, "Ignored (training has no KV cache).")
+    transformers_version: str | None = setting(None, "Ignored.")
+
+    def kv_heads(self) -> int:
+        return self.num_key_value_heads or self.num_attention_heads
+
+    def head_size(self) -> int:
+        return self.head_dim or self.hidden_size // self.num_attention_heads
+
+
+_REQUIRED = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
+             "num_attention_heads")
+
+
+def qwen3_settings(raw: dict[str, Any], source: Source | None = None,
+                   tensor_parallel: int = 1) -> Qwen3Settings:
+    """The `model` section's structure keys as `Qwen3Settings`; `ConfigError` listing every
+    problem (unknown key, wrong type, missing size, unsupported value) at `model.<key>`."""
+    settings = structure_settings(Qwen3Settings, raw, PATH, source)
+    found = _problems(settings, tensor_parallel)
+    if found:
+        raise settings_error(found, source)
+    return settings
+
+
+def _problems(s: Qwen3Settings, tp: int) -> list[tuple[Path, str]]:
+    missing = [((*PATH, name), "required: a positive integer") for name in _REQUIRED
+               if getattr(s, name) is None]
+    if missing:
+        return missing
+    found = []
+    if s.head_dim is None and s.hidden_size % s.num_attention_heads:
+        found.append(((*PATH, "hidden_size"), f"{s.hidden_size} is not divisible by "
+                      f"num_attention_heads ({s.num_attention_heads}); give head_dim"))
+    elif s.head_size() % 2:
+        found.append(((*PATH, "head_dim"), f"must be even (rotary embedding), got "
+                                           f"{s.head_size()}"))
+    if s.num_attention_heads % s.kv_heads():
+        found.append(((*PATH, "num_key_value_heads"), f"{s.kv_heads()} does not divide "
+                      f"num_attention_heads ({s.num_attention_heads})"))
+    found += _unsupported(s)
+    if s.seq_length is not None and s.seq_length > s.max_position_embeddings:
+        found.append(((*PATH, "seq_length"), f"{s.seq_length} exceeds "
+                      f"max_position_embeddings ({s.max_position_embeddings})"))
+    if tp > 1:
+        for name in ("vocab_size", "num_attention_heads", "intermediate_size"):
+            if getattr(s, name) % tp:
+                found.append(((*PATH, name), f"{getattr(s, name)} is not divisible by "
+                              f"parallelism.tensor_parallel ({tp})"))
+        if s.kv_heads() % tp:
+            found.append(((*PATH, "num_key_value_heads"), f"{s.kv_heads()} is not divisible "
+                          f"by parallelism.tensor_parallel ({tp}) (key/value heads are split, "
+                          "not replicated)"))
+    return found
+
+
+def _unsupported(s: Qwen3Settings) -> list[tuple[Path, str]]:
+    found = []
+    if s.attention_dropout != 0.0:
+        found.append(((*PATH, "attention_dropout"), f"only 0.0 is implemented (no attention "
+                                                    f"dropout), got {s.attention_dropout}"))
+    rope_type = (s.rope_scaling or {}).get("rope_type", (s.rope_scaling or {}).get("type"))
+    if s.rope_scaling is not None and (rope_type != "default" or len(s.rope_scaling) != 1):
+        found.append(((*PATH, "rope_scaling"), f"only null is implemented (no rope scaling), "
+                                               f"got {s.rope_scaling}"))
+    if s.use_sliding_window:
+        found.append(((*PATH, "use_sliding_window"), "only false is implemented (full causal "
+                                                     "attention)"))
+    others = sorted({t for t in s.layer_types or [] if t != "full_attention"})
+    if others:
+        found.append(((*PATH, "layer_types"), f"only 'full_attention' is implemented, got "
+                                              f"{', '.join(map(repr, others))}"))
+    return found
+
+
+# --- weights and their Hugging Face names -------------------------------------------------
+
+def weight_maps(s: Qwen3Settings) -> list[WeightMap]:
+    """Every parameter of the model with its Hugging Face names and full shapes."""
+    v, h = s.vocab_size, s.hidden_size
+    maps = [WeightMap("embedding.weight", ("model.embed_tokens.weight",), ((v, h),), 0)]
+    for index in range(s.num_hidden_layers):
+        maps += layer_weight_maps(s, index)
+    maps.append(WeightMap("final_norm.weight", ("model.norm.weight",), ((h,),)))
+    if not s.tie_word_embeddings:
+        maps.append(WeightMap("head.weight", ("lm_head.weight",), ((v, h),), 0))
+    return maps
+
+
+def layer_weight_maps(s: Qwen3Settings, index: int) -> list[WeightMap]:
+    """The parameters of decoder layer `index` (ours `decoder_layers.i.*`, HF
+    `model.layers.i.*`)."""
+    ours, hf = f"decoder_layers.{index}.", f"model.layers.{index}."
+    h, d, i = s.hidden_size, s.head_size(), s.intermediate_size
+    q, kv = s.num_attention_heads * d, s.kv_heads() * d
+    attn = hf + "self_attn."
+    maps = [
+        WeightMap(ours + "input_norm.weight", (hf + "input_layernorm.weight",), ((h,),)),
+        WeightMap(ours + "attention.qkv.weight",
+                  tuple(f"{attn}{p}_proj.weight" for p in "qkv"), ((q, h), (kv, h), (kv, h)), 0),
+    ]
+    if s.attention_bias:
+        maps.append(WeightMap(ours + "attention.qkv.bias",
+                              tuple(f"{attn}{p}_proj.bias" for p in "qkv"), ((q,), (kv,), (kv,)),
+                              0))
+    maps += [
+        WeightMap(ours + "attention.q_norm.weight", (attn + "q_norm.weight",), ((d,),)),
+        WeightMap(ours + "attention.k_norm.weight", (attn + "k_norm.weight",), ((d,),)),
+        WeightMap(ours + "attention.out.weight", (attn + "o_proj.weight",), ((h, q),), 1),
+    ]
+    if s.attention_bias:
+        maps.append(WeightMap(ours + "attention.out.bias", (attn + "o_proj.bias",), ((h,),)))
+    return [
+        *maps,
+        WeightMap(ours + "post_norm.weight", (hf + "post_attention_layernorm.weight",), ((h,),)),
+        WeightMap(ours + "mlp.gate_up.weight", (hf + "mlp.gate_proj.weight",
+                                                hf + "mlp.up_proj.weight"), ((i, h), (i, h)), 0),
+        WeightMap(ours + "mlp.down.weight", (hf + "mlp.down_proj.weight",), ((h, i),), 1),
+    ]
+
+
+def initial_weights(maps: list[WeightMap], init: ParamInit) -> dict[str, np.ndarray]:
+    """HF name -> initial full array: norms one, biases zero, other weights normal."""
+    weights = {}
+    for entry in maps:
+        for name, shape in zip(entry.hf, entry.shapes, strict=True):
+            if name.endswith("norm.weight"):
+                weights[name] = init.ones(shape)
+            elif name.endswith(".bias"):
+                weights[name] = init.zeros(shape)
+            else:
+                weights[name] = init.normal(name, shape)
+    return weights
+
+
+# --- cells ---------------------------------------------------------------------------------
+
+class Qwen3Attention(nn.Cell):
+    """Grouped-query causal self-attention with per-head q/k RMSNorm and rotary embeddings.
+
+    Input and output `[seq, batch, hidden]` (this rank's sequence slice under sequence
+    parallelism); `qkv` is column-parallel (this rank's heads), `out` row-parallel.
+    """
+
+    def __init__(self, s: Qwen3Settings, w: dict[str, np.ndarray], prefix: str,
+                 rotary: RotaryEmbedding, core: AttentionCore, group: TensorGroup | None):
+        super().__init__()
+        shards = tensor_size(group)
+        self.head_dim = s.head_size()
+        self.heads, self.kv_heads = s.num_attention_heads // shards, s.kv_heads() // shards
+        p = prefix + "self_attn."
+        qkv = [w[f"{p}{name}_proj.weight"] for name in "qkv"]
+        bias = ([w[f"{p}{name}_proj.bias"] for name in "qkv"] if s.attention_bias else None)
+        self.qkv = column_linear(fuse_rows(qkv, shards),
+                                 None if bias is None else fuse_rows(bias, shards), group)
+        self.q_norm = RMSNorm(self.head_dim, s.rms_norm_eps)
+        self.k_norm = RMSNorm(self.head_dim, s.rms_norm_eps)
+        self.out = row_linear(w[p + "o_proj.weight"],
+                              w[p + "o_proj.bias"] if s.attention_bias else None, group)
+        if is_parallel(group):  # each rank's norms see only its heads
+            mark_tensor_partial(self.q_norm.weight)
+            mark_tensor_partial(self.k_norm.weight)
+        self.rotary = rotary
+        self.core = core
+
+    def construct(self, x: Tensor) -> Tensor:
+        qkv = self.qkv(x)
+        seq, batch = qkv.shape[0], qkv.shape[1]
+        q_size, kv_size = self.heads * self.head_dim, self.kv_heads * self.head_dim
+        q = self._heads(qkv[..., :q_size], self.heads, self.q_norm)
+        k = self._heads(qkv[..., q_size:q_size + kv_size], self.kv_heads, self.k_norm)
+        v = self._heads(qkv[..., q_size + kv_size:], self.kv_heads)
+        cos, sin = self.rotary.tables(seq)
+        context = self.core(apply_rotary(q, cos, sin), apply_rotary(k, cos, sin), v)
+        return self.out(context.transpose(2, 0, 1, 3).reshape(seq, batch, q_size))
+
+    def _heads(self, x: Tensor, count: int, norm: nn.Cell | None = None) -> Tensor:
+        """`[s, b, count * d]` -> `[b, count, s, d]`, normed per head when `norm` is given."""
+        x = x.reshape(x.shape[0], x.shape[1], count, self.head_dim)
+        if norm is not None:
+            x = norm(x)
+        return x.transpose(1, 2, 0, 3)
+
+
+class Qwen3DecoderLayer(nn.Cell):
+    """Pre-norm residual block: `h = x + attention(input_norm(x))`,
+    `out = h + mlp(post_norm(h))`."""
+
+    def __init__(self, s: Qwen3Settings, w: dict[str, np.ndarray], index: int,
+                 rotary: RotaryEmbedding, core: AttentionCore, group: TensorGroup | None):
+        super().__init__()
+        p = f"model.layers.{index}."
+        self.input_norm = RMSNorm(s.hidden_size, s.rms_norm_eps)
+        self.attention = Qwen3Attention(s, w, p, rotary, core, group)
+        self.post_norm = RMSNorm(s.hidden_size, s.rms_norm_eps)
+        self.mlp = SwiGLU(w[p + "mlp.gate_proj.weight"], w[p + "mlp.up_proj.weight"],
+                          w[p + "mlp.down_proj.weight"], group)
+        if is_sequence_parallel(group):  # the norms run on this rank's sequence slice
+            mark_tensor_partial(self.input_norm.weight)
+            mark_tensor_partial(self.post_norm.weight)
+
+    def construct(self, x: Tensor) -> Tensor:
+        h = x + self.attention(self.input_norm(x))
+        return h + self.mlp(self.post_norm(h))
+
+
+@MODELS.register("Qwen3ForCausalLM", "qwen3")
+class Qwen3ForCausalLM(nn.Cell):
+    """Qwen3 causal LM. `model(input_ids, labels, loss_mask=None)` -> float32 scalar loss
+    `sum(ce * mask) / max(sum(mask), 1)`; `model.logits(input_ids)` -> `[b, s, V]` (this rank's
+    vocabulary slice under tensor parallelism). `input_ids`, `labels`: int32 `[b, s]`, labels
+    already shifted.
+
+    Layer contract (mf-memory): `decoder_layers`, `layer_offset = 0`; each layer has
+    `input_norm`, `attention` (`qkv`, `q_norm`, `k_norm`, `out`), `post_norm`, `mlp`
+    (`gate_up`, `down`). Parameter names: `weight_maps()`.
+
+    Under tensor parallelism (a `TensorGroup` of size > 1) the training loop must sum the
+    gradients of marked parameters over the group (`reduce_sequence_parallel_grads`).
+    """
+
+    def __init__(self, settings: Qwen3Settings, *, tensor_group: TensorGroup | None = None,
+                 seed: int | None = None, source: Source | None = None):
+        super().__init__()
+        group = tensor_group if is_parallel(tensor_group) else None
+        found = _problems(settings, tensor_size(group))
+        if found:
+            raise settings_error(found, source)
+        self.settings, self.tensor_group, self.layer_offset = settings, group, 0
+        self.hf_ignored = ("lm_head.weight",) if settings.tie_word_embeddings else ()
+        self.compute_dtype, params_dtype = _dtypes(settings, group, source)
+        init = ParamInit(_seed(seed), settings.initializer_range)
+        rotary = RotaryEmbedding(settings.head_size(), settings.rope_theta,
+                                 settings.max_position_embeddings)
+        core = AttentionCore(settings.head_size() ** -0.5, settings.use_flash_attention,
+                             self.compute_dtype)
+        vocab = (settings.vocab_size, settings.hidden_size)
+        self.embedding = embedding(init.normal("model.embed_tokens.weight", vocab), group)
+        self.decoder_layers = nn.CellList([
+            Qwen3DecoderLayer(settings, initial_weights(layer_weight_maps(settings, i), init),
+                              i, rotary, core, group)
+            for i in range(settings.num_hidden_layers)])
+        self.final_norm = RMSNorm(settings.hidden_size, settings.rms_norm_eps)
+        self.tied = settings.tie_word_embeddings
+        if not self.tied:
+            self.head = column_linear(init.normal("lm_head.weight", vocab), None, group)
+        self.head_entry = head_entry(group) if self.tied else None
+        if is_sequence_parallel(group):
+            mark_tensor_partial(self.final_norm.weight)
+        if params_dtype != ms.float32:
+            for param in self.get_parameters():
+                param.set_dtype(params_dtype)
+
+    @classmethod
+    def from_config(cls, config: ModelConfig, *, tensor_group: TensorGroup | None = None,
+                    source: Source | None = None, seed: int | None = None) -> "Qwen3ForCausalLM":
+        """The model the `model` section describes (keys checked, see `Qwen3Settings`)."""
+        settings = qwen3_settings(config.extras, source, tensor_size(tensor_group))
+        return cls(settings, tensor_group=tensor_group, seed=seed, source=source)
+
+    def weight_maps(self) -> list[WeightMap]:
+        return weight_maps(self.settings)
+
+    def hf_names(self) -> dict[str, tuple[str, ...]]:
+        """Our parameter name -> its Hugging Face name(s) (fused parts in row order)."""
+        return {entry.ours: entry.hf for entry in self.weight_maps()}
+
+    def construct(self, input_ids: Tensor, labels: Tensor,
+                  loss_mask: Tensor | None = None) -> Tensor:
+        logits = self._logits(input_ids)
+        mask = None if loss_mask is None else loss_mask.swapaxes(0, 1)
+        return causal_lm_loss(logits, labels.swapaxes(0, 1), mask, self.tensor_group)
+
+    def logits(self, input_ids: Tensor) -> Tensor:
+        """`[batch, seq, vocab]` logits in the compute dtype."""
+        return self._logits(input_ids).swapaxes(0, 1)
+
+    def _logits(self, input_ids: Tensor) -> Tensor:
+        """`[seq, batch, vocab]`."""
+        self._check_ids(input_ids)
+        x = self.embedding(input_ids.swapaxes(0, 1)).astype(self.compute_dtype)
+        for layer in self.decoder_layers:
+            x = layer(x)
+        x = self.final_norm(x)
+        if not self.tied:
+            return self.head(x)
+        if self.head_entry is not None:
+            x = self.head_entry(x)
+        return ops.matmul(x, self.embedding.weight.astype(x.dtype).T)
+
+    def _check_ids(self, input_ids: Tensor) -> None:
+        seq = check_input_ids(input_ids, self.settings.seq_length,
+                              self.settings.max_position_embeddings)
+        shards = tensor_size(self.tensor_group)
+        if is_sequence_parallel(self.tensor_group) and seq % shards:
+            raise ValueError(f"sequence parallelism splits the sequence over "
+                             f"tensor_parallel ({shards}) ranks: {seq} tokens do not divide")
+
+
+def _dtypes(s: Qwen3Settings, group: TensorGroup | None,
+            source: Source | None) -> tuple[ms.Type, ms.Type]:
+    target = ms.get_context("device_target")
+    compute = resolve_compute_dtype(s.compute_dtype, target, "model.compute_dtype")
+    params = resolve_compute_dtype(s.params_dtype, target, "model.params_dtype")
+    if group is not None and compute != params:
+        raise settings_error([((*PATH, "params_dtype"), f"must equal compute_dtype "
+                               f"({s.compute_dtype}) with tensor parallelism (mf-parallel's "
+                               f"layers do not cast), got {s.params_dtype}")], source)
+    return compute, params
+
+
+def _seed(seed: int | None) -> int:
+    """The init seed: the given one, else MindSpore's global seed (`ms.set_seed`), else 0."""
+    if seed is not None:
+        return seed
+    return ms.get_seed() or 0

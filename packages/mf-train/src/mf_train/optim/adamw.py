@@ -1,0 +1,108 @@
+"""AdamW: Adam with bias correction and decoupled weight decay (Loshchilov & Hutter, 2019).
+
+One update at step t (t = 1 for the first), as `torch.optim.AdamW` and MindFormers' PyNative
+AdamW compute it, with the parameter p, gradient g, moments m and v:
+
+    p <- p * (1 - lr * wd)
+    m <- beta1 * m + (1 - beta1) * g
+    v <- beta2 * v + (1 - beta2) * g^2
+    p <- p - lr * (m / (1 - beta1^t)) / (sqrt(v / (1 - beta2^t)) + eps)
+
+Everything is float32. The update is element-wise, so `adamw_update` gives the same result on a
+whole tensor or on any flat slice of it; mf-parallel's sharded strategies can call it on the
+slice a rank owns.
+
+MindFormers' `enable_fused_opt` / `use_fused` (an Ascend kernel) and `amsgrad` / `maximize`
+(only on that kernel) are not offered: the section takes no settings beyond the declared ones.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from mindspore import Parameter, Tensor, ops
+
+from mf_config import OptimizerConfig
+from mf_config.component_settings import settings_error
+from mf_config.sections import declared_fields
+from mf_config.yaml_source import Source
+
+from ..registry import OPTIMIZERS
+from .base import Optimizer, adam_hyperparameters, decay_flags
+
+
+def adamw_update(param: Tensor, grad: Tensor, exp_avg: Tensor, exp_avg_sq: Tensor, step: int,
+                 lr: float, weight_decay: float, betas: tuple[float, float],
+                 eps: float) -> tuple[Tensor, Tensor, Tensor]:
+    """New `(param, exp_avg, exp_avg_sq)` after AdamW update number `step` (from 1).
+
+    All tensors float32 and of one shape (whole or a slice); nothing is changed in place.
+    """
+    beta1, beta2 = betas
+    if weight_decay:
+        param = param * (1.0 - lr * weight_decay)
+    exp_avg = exp_avg * beta1 + grad * (1.0 - beta1)
+    exp_avg_sq = exp_avg_sq * beta2 + grad * grad * (1.0 - beta2)
+    bias_correction1 = 1.0 - beta1**step
+    bias_correction2 = 1.0 - beta2**step
+    denominator = ops.sqrt(exp_avg_sq / bias_correction2) + eps
+    param = param - (lr / bias_correction1) * (exp_avg / denominator)
+    return param, exp_avg, exp_avg_sq
+
+
+class AdamMoments:
+    """The `adam_m.<name>` / `adam_v.<name>` moments of a set of parameters of an optimizer."""
+
+    def __init__(self, optimizer: Optimizer, indices: Sequence[int],
+                 betas: tuple[float, float], eps: float):
+        self.optimizer = optimizer
+        self.betas = betas
+        self.eps = eps
+        self.keys = {index: (optimizer.add_state("adam_m", index),
+                             optimizer.add_state("adam_v", index)) for index in indices}
+
+    def update(self, index: int, value: Tensor, grad: Tensor, lr: float,
+               weight_decay: float) -> Tensor:
+        """The new value of parameter `index`; its moments are updated."""
+        state = self.optimizer.state
+        m_key, v_key = self.keys[index]
+        value, state[m_key], state[v_key] = adamw_update(
+            value, grad, state[m_key], state[v_key], self.optimizer.global_step, lr,
+            weight_decay, self.betas, self.eps)
+        return value
+
+
+@OPTIMIZERS.register("AdamW", "adamw")
+class AdamW(Optimizer):
+    """AdamW over named parameters, with MindFormers' weight-decay groups."""
+
+    def __init__(self, named_params: Sequence[tuple[str, Parameter]], *,
+                 betas: tuple[float, float] = (0.9, 0.95), eps: float = 1e-8,
+                 weight_decay: float = 0.0, decays: Sequence[bool] | None = None):
+        super().__init__(named_params, weight_decay,
+                         [True] * len(named_params) if decays is None else decays)
+        self.betas = betas
+        self.eps = eps
+        self.moments = AdamMoments(self, range(len(self.params)), betas, eps)
+
+    @classmethod
+    def from_config(cls, config: OptimizerConfig, named_params: Sequence[tuple[str, Parameter]],
+                    source: Source | None = None) -> AdamW:
+        """AdamW from the `optimizer` section (which must hold no keys beyond its own)."""
+        _reject_extras(config, source)
+        betas, eps = adam_hyperparameters(config, source)
+        return cls(named_params, betas=betas, eps=eps, weight_decay=config.weight_decay,
+                   decays=decay_flags(config, named_params, source))
+
+    def _update(self, index: int, value: Tensor, grad: Tensor, lr: float,
+                weight_decay: float) -> Tensor:
+        return self.moments.update(index, value, grad, lr, weight_decay)
+
+
+def _reject_extras(config: OptimizerConfig, source: Source | None) -> None:
+    if not config.extras:
+        return
+    allowed = ", ".join(declared_fields(OptimizerConfig))
+    raise settings_error([(("optimizer", key), f"AdamW has no setting {key!r}; its settings "
+                                               f"are {allowed}")
+                          for key in config.extras], source)
