@@ -1,0 +1,91 @@
+"""The trainer's micro-batches: one rank's endless stream, resumable from consumed samples.
+
+The loader `train_dataset.dataloader.type` selects comes from the `DATALOADERS` registry; the
+built-in `BlendedMegatronDatasetDataLoader` builds mf-data's Megatron GPT datasets and reads
+them with mf-data's `BatchLoader` in Megatron's sampler order. When a pass over the training
+split ends, the next pass starts from its beginning (as MindFormers recreates its iterator),
+so `consumed_samples` keeps counting across passes and a resumed run lands on the same sample.
+
+Each micro-batch reaches the model as (tokens, labels, loss_mask): the first three columns by
+position, whatever `column_names` calls them (MindFormers' convention).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+
+from mf_config import TrainDatasetConfig
+from mf_config.yaml_source import Source
+from mf_parallel import Plan
+
+from .registry import DATALOADERS
+
+LOG = logging.getLogger(__name__)
+
+
+class MicroBatchStream:
+    """Micro-batches of one rank from `consumed_samples` on, pass after pass."""
+
+    def __init__(self, dataset: Any, train_dataset: TrainDatasetConfig, plan: Plan, rank: int,
+                 *, consumed_samples: int, seed: int):
+        from mf_data.loader import BatchLoader
+
+        self._make = lambda consumed: BatchLoader.for_rank(
+            dataset, train_dataset, plan, rank, consumed_samples=consumed, seed=seed)
+        step = self.step_samples = plan.batch.samples_per_micro_step
+        """Samples one micro-batch consumes over all data-parallel ranks."""
+        self.samples_per_pass = (len(dataset) // step) * step if train_dataset.drop_remainder \
+            else -(-len(dataset) // step) * step
+        if self.samples_per_pass == 0:
+            raise ValueError(f"the training split has {len(dataset)} samples, fewer than one "
+                             f"global micro-batch ({step}): raise train_dataset.dataloader."
+                             "sizes[0] or lower training.local_batch_size")
+        self.consumed_samples = consumed_samples
+        self._iterator: Iterator[dict[str, np.ndarray]] = iter(())
+        self._open()
+
+    def _open(self) -> None:
+        within = self.consumed_samples % self.samples_per_pass
+        self._iterator = iter(self._make(within))
+
+    def __iter__(self) -> MicroBatchStream:
+        return self
+
+    def __next__(self) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+        try:
+            batch = next(self._iterator)
+        except StopIteration:
+            LOG.info("end of a pass over the training data after %d samples; starting the "
+                     "next pass", self.consumed_samples)
+            self._open()
+            batch = next(self._iterator)
+        self.consumed_samples += self.step_samples
+        columns = list(batch.values())
+        return columns[0], columns[1], columns[2] if len(columns) > 2 else None
+
+
+@DATALOADERS.register("BlendedMegatronDatasetDataLoader")
+def megatron_stream(train_dataset: TrainDatasetConfig, plan: Plan, rank: int, *,
+                    consumed_samples: int, seed: int,
+                    source: Source | None = None) -> MicroBatchStream:
+    """mf-data's Megatron GPT datasets (the training split) as this rank's stream."""
+    from mf_data.builder import build_datasets
+
+    train, _valid, _test = build_datasets(train_dataset.dataloader)
+    if train is None:
+        raise ValueError("train_dataset.dataloader.sizes[0]: the training split is empty")
+    return MicroBatchStream(train, train_dataset, plan, rank,
+                            consumed_samples=consumed_samples, seed=seed)
+
+
+def build_stream(train_dataset: TrainDatasetConfig, plan: Plan, rank: int, *,
+                 consumed_samples: int, seed: int, source: Source | None = None) -> Any:
+    """The stream of the loader `train_dataset.dataloader.type` names."""
+    make = DATALOADERS.get(train_dataset.dataloader.type,
+                           ("train_dataset", "dataloader", "type"), source)
+    return make(train_dataset, plan, rank, consumed_samples=consumed_samples, seed=seed,
+                source=source)

@@ -1,0 +1,103 @@
+"""One optimizer step: micro-batches -> accumulated gradients -> reduced -> norm, clip, update.
+
+The loss of each micro-batch is divided by the number of micro-batches, so the accumulated
+gradient is that of the step's mean loss (Megatron's and MindFormers' convention). With data
+parallelism the gradients and the reported loss are averaged over the data-parallel group
+(mf-parallel's bucketed `GradientSync`). The global gradient norm is the float32 L2 norm over
+all gradients; when it exceeds `training.max_norm` every gradient is scaled by
+`clip_coef = max_norm / (norm + 1e-6)` (applied only when below 1). With
+`training.use_skip_step_on_nan` a step whose norm is not finite, or above
+`monitor.health_checkpoint.global_norm_skip_threshold`, is skipped: no update, the optimizer's
+step count unchanged.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import mindspore as ms
+import numpy as np
+from mindspore import Tensor, nn, ops
+
+CLIP_EPS = 1e-6
+
+
+@dataclass(frozen=True)
+class StepOutcome:
+    """What one optimizer step did (plain Python numbers)."""
+
+    loss: float
+    grad_norm: float
+    skipped: bool
+    tokens: int
+    """Tokens of this step on this rank (micro-batches x batch x sequence)."""
+    seconds: float
+
+
+class TrainStep:
+    """Runs optimizer steps of `model` with `optimizer` (mf_train.optim's interface)."""
+
+    def __init__(self, model: nn.Cell, optimizer, *, max_norm: float,
+                 skip_threshold: float | None = None,
+                 reduce_grads: Callable[[Sequence[Tensor]], Sequence[Tensor]] | None = None,
+                 average_loss: Callable[[Tensor], Tensor] | None = None):
+        self.model = model
+        self.optimizer = optimizer
+        self.params = list(optimizer.params)
+        self.max_norm = max_norm
+        self.skip_threshold = skip_threshold
+        self.reduce_grads = reduce_grads
+        self.average_loss = average_loss
+        self._scale = 1.0
+        self._grad_fn = ms.value_and_grad(self._forward, None, self.params)
+
+    def _forward(self, tokens: Tensor, labels: Tensor, loss_mask: Tensor | None) -> Tensor:
+        return self.model(tokens, labels, loss_mask) * self._scale
+
+    def __call__(self, micro_batches: Sequence[tuple[np.ndarray, np.ndarray, np.ndarray | None]],
+                 lr: float) -> StepOutcome:
+        start = time.perf_counter()
+        self._scale = 1.0 / len(micro_batches)
+        loss_sum: Tensor | None = None
+        grads: list[Tensor] | None = None
+        tokens = 0
+        for tokens_np, labels_np, mask_np in micro_batches:
+            mask = None if mask_np is None else Tensor(mask_np.astype(np.float32))
+            loss, micro_grads = self._grad_fn(Tensor(tokens_np), Tensor(labels_np), mask)
+            loss_sum = loss if loss_sum is None else loss_sum + loss
+            grads = list(micro_grads) if grads is None else [
+                g + m for g, m in zip(grads, micro_grads, strict=True)]
+            tokens += int(tokens_np.size)
+        assert loss_sum is not None and grads is not None
+        if self.reduce_grads is not None:
+            grads = list(self.reduce_grads(grads))
+        if self.average_loss is not None:
+            loss_sum = self.average_loss(loss_sum)
+        norm = global_norm(grads)
+        skipped = self._should_skip(norm)
+        if not skipped:
+            self.optimizer.step(clipped(grads, norm, self.max_norm), lr)
+        return StepOutcome(loss=float(loss_sum.asnumpy()), grad_norm=norm, skipped=skipped,
+                           tokens=tokens, seconds=time.perf_counter() - start)
+
+    def _should_skip(self, norm: float) -> bool:
+        if self.skip_threshold is None:
+            return False
+        return not math.isfinite(norm) or norm > self.skip_threshold
+
+
+def global_norm(grads: Sequence[Tensor]) -> float:
+    """The float32 L2 norm of all gradients together."""
+    squares = [ops.sum(ops.square(g.astype(ms.float32))) for g in grads]
+    return float(ops.sqrt(ops.stack(squares).sum()).asnumpy())
+
+
+def clipped(grads: Sequence[Tensor], norm: float, max_norm: float) -> list[Tensor]:
+    """`grads` scaled by `max_norm / (norm + 1e-6)` when that is below 1, else unchanged."""
+    coef = max_norm / (norm + CLIP_EPS)
+    if coef >= 1.0:
+        return list(grads)
+    return [g * coef for g in grads]
