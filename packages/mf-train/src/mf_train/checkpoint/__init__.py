@@ -1,0 +1,57 @@
+"""Checkpoints: MindFormers' directory layout, written atomically (optionally in the
+background), found and loaded with clear errors; plus Hugging Face safetensors reading.
+
+Saving (one `CheckpointManager` per rank)::
+
+    manager = CheckpointManager(config.checkpoint, rank, world_size, barrier=barrier)
+    if manager.should_save(step, last=step == total_steps):
+        manager.save(step, model_arrays(model.parameters_and_names()),
+                     optimizer.state_dict(), TrainState(global_step=step, ...))
+    ...
+    manager.wait()                      # after the last step (async_save)
+
+Resuming::
+
+    resumed = resume(config.checkpoint, rank, world_size)
+    if resumed and resumed.kind == "mf":
+        apply_model_params(model.parameters_and_names(), resumed.model_params)
+        if resumed.optimizer_state is None: optimizer.reload_main_params_from_model()
+        else: optimizer.load_state_dict(resumed.optimizer_state)
+        restore_rng_state(resumed.state.rng)
+    elif resumed:                       # Hugging Face weights
+        load_hf_state(model, resumed.model_params)
+        optimizer.reload_main_params_from_model()
+
+The layout is described in `layout`, the save protocol in `writer`, the dtype policy
+(bfloat16 stored as float32) in `params`, what the RNG state covers in `rng`.
+"""
+
+from .errors import CheckpointError
+from .hf import is_hf_checkpoint, load_hf_weights, read_safetensors
+from .layout import check_complete, complete_iterations, find_checkpoint, read_tracker
+from .params import apply_model_params, model_arrays
+from .reader import LoadedCheckpoint, Resumed, load_checkpoint, resume
+from .rng import capture_rng_state, restore_rng_state
+from .state import TrainState
+from .writer import CheckpointManager
+
+__all__ = [
+    "CheckpointError",
+    "CheckpointManager",
+    "LoadedCheckpoint",
+    "Resumed",
+    "TrainState",
+    "apply_model_params",
+    "capture_rng_state",
+    "check_complete",
+    "complete_iterations",
+    "find_checkpoint",
+    "is_hf_checkpoint",
+    "load_checkpoint",
+    "load_hf_weights",
+    "model_arrays",
+    "read_safetensors",
+    "read_tracker",
+    "restore_rng_state",
+    "resume",
+]

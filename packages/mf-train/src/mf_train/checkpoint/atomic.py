@@ -1,0 +1,67 @@
+"""Crash-safe file writes: write a sibling `.part` file, flush it to disk, then rename it over
+the target (`os.replace` is atomic on POSIX), so a reader sees the old file or the new one,
+never a torn one. Directory entries are fsynced too, so a rename survives a power loss, not
+only a killed process.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from safetensors.numpy import save_file
+
+
+def fsync_dir(directory: Path) -> None:
+    """Flush `directory`'s entries (renames, creations) to disk."""
+    fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _part_path(path: Path) -> Path:
+    return path.with_name(f"{path.name}.part-{os.getpid()}")
+
+
+def _commit(part: Path, path: Path) -> None:
+    with open(part, "rb+") as handle:
+        os.fsync(handle.fileno())
+    os.replace(part, path)
+
+
+def write_safetensors(path: Path, arrays: Mapping[str, np.ndarray],
+                      metadata: dict[str, str] | None = None) -> None:
+    """`arrays` as a safetensors file at `path`, atomically."""
+    part = _part_path(path)
+    save_file({name: np.ascontiguousarray(array) for name, array in arrays.items()},
+              str(part), metadata=metadata)
+    _commit(part, path)
+
+
+def write_text(path: Path, text: str) -> None:
+    """`text` (UTF-8) at `path`, atomically."""
+    part = _part_path(path)
+    part.write_text(text, encoding="utf-8")
+    _commit(part, path)
+
+
+def write_json(path: Path, data: Any) -> None:
+    """`data` as indented JSON at `path`, atomically."""
+    write_text(path, json.dumps(data, indent=2, sort_keys=True) + "\n")
+
+
+def remove_tree(directory: Path, mark: str) -> None:
+    """Delete `directory` so no reader ever sees it half-deleted: rename it to
+    `<name><mark><pid>` first (atomic), then remove that."""
+    doomed = directory.with_name(f"{directory.name}{mark}{os.getpid()}")
+    if doomed.exists():
+        shutil.rmtree(doomed)
+    os.replace(directory, doomed)
+    shutil.rmtree(doomed)

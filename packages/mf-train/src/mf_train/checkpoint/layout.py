@@ -1,0 +1,166 @@
+"""Where a checkpoint lives on disk, and which directories count as complete.
+
+    <save_path>/
+      latest_checkpointed_iteration.txt          the newest committed step, e.g. "8"
+      iteration_00000008/
+        common.json                              run state, world size and every file's size
+        {prefix}-model-0000000-0000002.safetensors   rank 0 of 2: model parameters
+        {prefix}-opt-0000000-0000002.safetensors     optimizer state (unless no_save_optim)
+        {prefix}-rng-0000000-0000002.json            rank 0's random generator states
+        ... the same three files for rank 1
+      iteration_00000008.tmp-<token>/            a save in progress: never loaded
+      iteration_00000004.del-<pid>/              a checkpoint being deleted: never loaded
+
+The directory and tracker names are MindFormers' (`iteration_{:08d}`,
+`latest_checkpointed_iteration.txt`), and so are the file names (`{prefix}-model-{rank:07d}-
+{world:07d}`, `-opt-` for the optimizer). A directory under its final name is complete by
+construction: it is renamed into place only after every rank's files and `common.json` are
+written. `check_complete` still verifies that each file `common.json` lists is present with
+its recorded size, which also catches a directory damaged by hand.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import warnings
+from pathlib import Path
+from typing import Any
+
+from .errors import CheckpointError
+
+TRACKER = "latest_checkpointed_iteration.txt"
+COMMON = "common.json"
+TMP_MARK = ".tmp-"
+DEL_MARK = ".del-"
+FORMAT = "mf-checkpoint"
+FORMAT_VERSION = 1
+_FINAL = re.compile(r"iteration_(\d{8,})")
+
+
+def iteration_name(step: int) -> str:
+    """`iteration_00000008` for step 8."""
+    return f"iteration_{step:08d}"
+
+
+def parse_iteration(name: str) -> int | None:
+    """The step of a complete directory's name; None for anything else (tmp, del, other)."""
+    match = _FINAL.fullmatch(name)
+    return int(match.group(1)) if match else None
+
+
+def rank_file(prefix: str, kind: str, rank: int, world_size: int) -> str:
+    """File name of one rank's `kind` ("model", "opt" or "rng") part."""
+    extension = "json" if kind == "rng" else "safetensors"
+    stem = f"{kind}-{rank:07d}-{world_size:07d}.{extension}"
+    return f"{prefix}-{stem}" if prefix else stem
+
+
+def expected_files(prefix: str, world_size: int, with_optimizer: bool) -> list[str]:
+    """Every rank file a complete checkpoint of `world_size` ranks holds."""
+    kinds = ("model", "opt", "rng") if with_optimizer else ("model", "rng")
+    return [rank_file(prefix, kind, rank, world_size)
+            for rank in range(world_size) for kind in kinds]
+
+
+def read_common(directory: Path) -> dict[str, Any]:
+    """`common.json` of a checkpoint directory, or CheckpointError saying what is wrong."""
+    path = directory / COMMON
+    if not path.is_file():
+        raise CheckpointError(f"{directory} is not a complete checkpoint: {COMMON} is missing")
+    try:
+        common = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as exc:
+        raise CheckpointError(f"{path}: cannot read it as JSON ({exc})") from None
+    if not isinstance(common, dict) or common.get("format") != FORMAT:
+        raise CheckpointError(f"{path}: not an mf checkpoint (expected \"format\": \"{FORMAT}\")")
+    return common
+
+
+def check_complete(directory: Path) -> list[str]:
+    """Problems that make `directory` an incomplete checkpoint (empty list: complete)."""
+    try:
+        common = read_common(directory)
+    except CheckpointError as exc:
+        return [str(exc)]
+    problems = []
+    for name, size in sorted(common.get("files", {}).items()):
+        path = directory / name
+        if not path.is_file():
+            problems.append(f"{path}: missing")
+        elif path.stat().st_size != size:
+            problems.append(f"{path}: {path.stat().st_size} bytes, {COMMON} records {size}")
+    return problems
+
+
+def iteration_dirs(root: Path) -> list[tuple[int, Path]]:
+    """(step, path) of every directory under `root` with a final iteration name, by step."""
+    if not root.is_dir():
+        return []
+    found = [(parse_iteration(entry.name), entry) for entry in root.iterdir() if entry.is_dir()]
+    return sorted((step, path) for step, path in found if step is not None)
+
+
+def complete_iterations(root: Path) -> list[tuple[int, Path]]:
+    """(step, path) of the complete checkpoints under `root`, oldest first."""
+    return [(step, path) for step, path in iteration_dirs(root) if not check_complete(path)]
+
+
+def read_tracker(root: Path) -> int | None:
+    """The step `latest_checkpointed_iteration.txt` names, or None when there is no tracker."""
+    path = root / TRACKER
+    if not path.is_file():
+        return None
+    text = path.read_text(encoding="utf-8").strip()
+    if not text.isdigit():
+        raise CheckpointError(f"{path}: expected an iteration number, got {text!r}")
+    return int(text)
+
+
+def find_checkpoint(load_path: str | os.PathLike[str]) -> Path | None:
+    """The complete checkpoint directory `load_path` designates, or None when it is a
+    directory holding none yet (a fresh `save_path`).
+
+    `load_path` is either one `iteration_XXXXXXXX` directory (loaded only if complete) or a
+    save root: there the tracker's iteration is taken when complete; otherwise (a save killed
+    between renaming its directory and writing the tracker, or a damaged directory) the newest
+    complete one, with a warning. Temporary (`.tmp-`) and deleted (`.del-`) directories are
+    never loaded.
+    """
+    path = Path(load_path)
+    if not path.exists():
+        raise CheckpointError(f"checkpoint path {path} does not exist")
+    if TMP_MARK in path.name or DEL_MARK in path.name:
+        raise CheckpointError(
+            f"{path} is an unfinished or discarded save and is never loaded; load "
+            f"{path.parent} to get its newest complete checkpoint")
+    if parse_iteration(path.name) is not None:
+        problems = check_complete(path)
+        if problems:
+            raise CheckpointError(f"{path} is not a complete checkpoint:\n  "
+                                  + "\n  ".join(problems))
+        return path
+    if not path.is_dir():
+        raise CheckpointError(f"checkpoint path {path} is not a directory")
+    return _newest_in_root(path)
+
+
+def _newest_in_root(root: Path) -> Path | None:
+    tracked = read_tracker(root)
+    if tracked is not None:
+        candidate = root / iteration_name(tracked)
+        if candidate.is_dir() and not check_complete(candidate):
+            return candidate
+    complete = complete_iterations(root)
+    if not complete:
+        if tracked is not None:
+            raise CheckpointError(f"{root / TRACKER} names iteration {tracked}, but {root} "
+                                  "holds no complete checkpoint")
+        return None
+    newest = complete[-1][1]
+    if tracked is not None:
+        warnings.warn(f"{root / TRACKER} names iteration {tracked}, which is missing or "
+                      f"incomplete; loading the newest complete checkpoint {newest}",
+                      RuntimeWarning, stacklevel=3)
+    return newest

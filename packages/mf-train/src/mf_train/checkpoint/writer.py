@@ -1,0 +1,260 @@
+"""Saving checkpoints: when, where, atomically, optionally in the background, keeping the
+newest `save_max`.
+
+One save of step N, world of W ranks:
+  1. rank 0 creates `iteration_N.tmp-<token>` (removing a leftover of a killed save); barrier.
+  2. each rank writes its model, optimizer and rng files into it, each atomically
+     (`.part` file, fsync, rename), so no rank ever sees another's half-written file.
+  3. barrier; rank 0 checks every rank's files are there, writes `common.json` (listing each
+     file and its size), renames the directory to `iteration_N`, then replaces the tracker,
+     then deletes what `save_max` no longer keeps (each by renaming it to `.del-<pid>` first);
+     barrier.
+A process killed anywhere leaves the previous complete checkpoint (and the tracker naming
+it) or the new one: the new directory gets its final name only once it is whole, and the
+tracker only ever names a directory that already has its final name.
+
+`async_save`: step 2 (and step 3 on a single rank) runs in a background thread on private
+copies of the arrays, taken before `save` returns, so training continues during the write.
+With several ranks, step 3 needs a barrier, and collectives must not run from a side thread
+(they would interleave with the training step's), so it runs in `wait()`, which the next
+`save` calls first; call `wait()` once more after the last step. An error in the thread is
+raised by the next `save` or `wait`.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from mf_config import CheckpointConfig
+from mf_config.component_settings import settings_error
+from mf_config.yaml_source import Source
+
+from . import layout
+from .atomic import fsync_dir, remove_tree, write_json, write_safetensors, write_text
+from .errors import CheckpointError
+from .params import storable
+from .rng import capture_rng_state
+from .state import TrainState
+
+Barrier = Callable[[], None]
+
+
+def _reached(stage: str) -> None:
+    """Called as a save passes each stage ("rank_files", "common", "renamed", "tracker",
+    "rotated"); does nothing. Tests replace it to stop a save at a known point."""
+
+
+@dataclass
+class _Job:
+    """Everything one save writes, detached from the training state."""
+
+    step: int
+    tmp_dir: Path
+    model: dict[str, np.ndarray]
+    optimizer: dict[str, np.ndarray] | None
+    rng: dict[str, Any]
+    common: dict[str, Any]
+
+
+class CheckpointManager:
+    """Writes `checkpoint.save_path/iteration_XXXXXXXX/` checkpoints for one rank.
+
+    `barrier` synchronises all ranks (required when `world_size > 1`; the caller's collective,
+    e.g. `mindspore.mint.distributed.barrier`). Every rank calls `save` at the same steps.
+    """
+
+    def __init__(self, config: CheckpointConfig, rank: int = 0, world_size: int = 1,
+                 barrier: Barrier | None = None, source: Source | None = None):
+        _check_config(config, source)
+        if not 0 <= rank < world_size:
+            raise ValueError(f"rank {rank} is outside world_size {world_size}")
+        if world_size > 1 and barrier is None:
+            raise ValueError(f"saving from {world_size} ranks needs a barrier callable")
+        self.config = config
+        self.rank = rank
+        self.world_size = world_size
+        self.root = Path(config.save_path)
+        self._barrier = barrier or (lambda: None)
+        self._last_saved: int | None = None
+        self._thread: threading.Thread | None = None
+        self._error: tuple[int, BaseException] | None = None
+        self._pending: _Job | None = None
+
+    # ----- the training loop's interface -----
+
+    def should_save(self, step: int, last: bool = False) -> bool:
+        """Whether to save after update `step` (1-based): every `save_interleaved_steps`
+        and at the end (`last`), never twice for one step, never when `enable_save` is off."""
+        if not self.config.enable_save or step < 1 or step == self._last_saved:
+            return False
+        return last or step % self.config.save_interleaved_steps == 0
+
+    def save(self, step: int, model_params: Mapping[str, np.ndarray],
+             optimizer_state: Mapping[str, np.ndarray] | None, state: TrainState) -> None:
+        """Write the checkpoint of step `step`. `state.rng` None: this rank's generator
+        states are captured now. Returns once written, or, with `async_save`, once the
+        arrays are copied (the write continues in the background)."""
+        self.wait()
+        if step < 1:
+            raise ValueError(f"checkpoint step must be >= 1, got {step}")
+        if not self.config.save_path:
+            raise ValueError("checkpoint.save_path is empty: nowhere to save")
+        job = self._job(step, model_params, optimizer_state, state)
+        self._prepare(job)
+        self._last_saved = step
+        if not self.config.async_save:
+            error = None
+            try:
+                self._write_rank_files(job)
+            except Exception as exc:  # reported after the barriers, so no rank is left waiting
+                error = exc
+            self._finish(job, error)
+            return
+        self._pending = job if self.world_size > 1 else None
+        self._thread = threading.Thread(target=self._background, args=(job,),
+                                        name=f"mf-checkpoint-{step}")
+        self._thread.start()
+
+    def wait(self) -> None:
+        """Finish the save in flight (join its thread; with several ranks, commit it); raise
+        `CheckpointError` if it failed. A no-op when nothing is in flight."""
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+        failed, self._error = self._error, None
+        job, self._pending = self._pending, None
+        if job is not None:
+            self._finish(job, failed[1] if failed else None)
+        elif failed is not None:
+            step, error = failed
+            raise CheckpointError(f"the asynchronous save of checkpoint step {step} to "
+                                  f"{self.root} failed: {error!r}") from error
+
+    # ----- steps of one save -----
+
+    def _job(self, step: int, model_params: Mapping[str, np.ndarray],
+             optimizer_state: Mapping[str, np.ndarray] | None, state: TrainState) -> _Job:
+        copy = self.config.async_save
+        optimizer = None
+        if not self.config.no_save_optim:
+            if optimizer_state is None:
+                raise ValueError("checkpoint.no_save_optim is False but no optimizer state was "
+                                 "given to save")
+            optimizer = {k: storable(k, v, copy) for k, v in optimizer_state.items()}
+        name = layout.iteration_name(step)
+        token = str(os.getpid()) if self.world_size == 1 else f"ranks{self.world_size}"
+        return _Job(step=step, tmp_dir=self.root / f"{name}{layout.TMP_MARK}{token}",
+                    model={k: storable(k, v, copy) for k, v in model_params.items()},
+                    optimizer=optimizer,
+                    rng=state.rng if state.rng is not None else capture_rng_state(),
+                    common=state.common())
+
+    def _prepare(self, job: _Job) -> None:
+        """Step 1. Every rank passes the barrier, then fails alone if the directory is not
+        there (rank 0 could not create it), before any further barrier."""
+        error = None
+        if self.rank == 0:
+            try:
+                self.root.mkdir(parents=True, exist_ok=True)
+                if job.tmp_dir.exists():
+                    remove_tree(job.tmp_dir, layout.DEL_MARK)
+                job.tmp_dir.mkdir()
+            except OSError as exc:
+                error = exc
+        self._barrier()
+        if error is not None or not job.tmp_dir.is_dir():
+            raise CheckpointError(f"cannot create the checkpoint directory {job.tmp_dir}"
+                                  + (f": {error}" if error else " (rank 0 failed to)"))
+
+    def _file(self, job: _Job, kind: str) -> Path:
+        name = layout.rank_file(self.config.prefix, kind, self.rank, self.world_size)
+        return job.tmp_dir / name
+
+    def _write_rank_files(self, job: _Job) -> None:
+        metadata = {"format": layout.FORMAT}  # one key: safetensors orders several randomly
+        write_safetensors(self._file(job, "model"), job.model, metadata)
+        if job.optimizer is not None:
+            write_safetensors(self._file(job, "opt"), job.optimizer, metadata)
+        write_json(self._file(job, "rng"), job.rng)
+        _reached("rank_files")
+
+    def _background(self, job: _Job) -> None:
+        try:
+            self._write_rank_files(job)
+            if self.world_size == 1:
+                self._commit(job)
+        except BaseException as exc:  # raised again by the next save() or wait()
+            self._error = (job.step, exc)
+
+    def _finish(self, job: _Job, error: BaseException | None) -> None:
+        """Step 3 on every rank: all barriers are reached even when something failed, so a
+        failing rank cannot leave the others waiting."""
+        self._barrier()
+        if self.rank == 0 and error is None:
+            try:
+                self._commit(job)
+            except Exception as exc:
+                error = exc
+        self._barrier()
+        if error is not None:
+            raise CheckpointError(f"saving checkpoint step {job.step} to {self.root} failed "
+                                  f"on rank {self.rank}: {error}") from error
+
+    def _commit(self, job: _Job) -> None:
+        """Rank 0: make the temporary directory the complete `iteration_N` and track it."""
+        with_optimizer = job.optimizer is not None
+        names = layout.expected_files(self.config.prefix, self.world_size, with_optimizer)
+        missing = [name for name in names if not (job.tmp_dir / name).is_file()]
+        if missing:
+            raise CheckpointError(f"{job.tmp_dir}: rank files missing, not committed: "
+                                  + ", ".join(missing))
+        files = {name: (job.tmp_dir / name).stat().st_size for name in names}
+        write_json(job.tmp_dir / layout.COMMON, {
+            **job.common, "format": layout.FORMAT, "version": layout.FORMAT_VERSION,
+            "world_size": self.world_size, "prefix": self.config.prefix,
+            "has_optimizer": with_optimizer, "files": files})
+        fsync_dir(job.tmp_dir)
+        _reached("common")
+        final = self.root / layout.iteration_name(job.step)
+        if final.exists():
+            remove_tree(final, layout.DEL_MARK)
+        os.rename(job.tmp_dir, final)
+        fsync_dir(self.root)
+        _reached("renamed")
+        write_text(self.root / layout.TRACKER, str(job.step))
+        fsync_dir(self.root)
+        _reached("tracker")
+        self._rotate(job.step)
+        _reached("rotated")
+
+    def _rotate(self, kept_step: int) -> None:
+        """Keep the newest `save_max` iteration directories (always the one just written);
+        delete leftovers of killed saves and deletions."""
+        for entry in self.root.iterdir():
+            if entry.is_dir() and (layout.TMP_MARK in entry.name or layout.DEL_MARK in entry.name):
+                remove_tree(entry, layout.DEL_MARK)
+        others = [path for step, path in layout.iteration_dirs(self.root) if step != kept_step]
+        keep_others = self.config.save_max - 1
+        for path in others[:max(len(others) - keep_others, 0)]:
+            remove_tree(path, layout.DEL_MARK)
+
+
+def _check_config(config: CheckpointConfig, source: Source | None) -> None:
+    problems = []
+    if config.enable_save and not config.save_path:
+        problems.append((("checkpoint", "save_path"),
+                         "save_path must be provided for saving checkpoints (an empty string "
+                         "is allowed only with checkpoint.enable_save: False)"))
+    prefix = config.prefix
+    if "/" in prefix or os.sep in prefix or prefix in (".", ".."):
+        problems.append((("checkpoint", "prefix"),
+                         f"{prefix!r} must be a file name prefix, without path separators"))
+    if problems:
+        raise settings_error(problems, source)
