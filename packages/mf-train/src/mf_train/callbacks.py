@@ -1,0 +1,254 @@
+"""Training callbacks: the hook points of the loop, the list that calls them, and loss logging.
+
+Hook points, in the order the training loop calls them. Every rank calls every hook (so a
+callback may take part in a collective); a callback that writes files or logs checks
+`ctx.is_main` itself.
+
+    on_train_begin(ctx)              once, when the model, optimizer and data are ready and a
+                                     checkpoint (if any) is loaded; `ctx.start_step` is the
+                                     number of optimizer steps already done (0 for a new run).
+    for each step s = ctx.start_step + 1 .. ctx.total_steps:
+        on_step_begin(ctx, s)        before the first micro-batch of step s.
+        (micro-batches, optimizer update; the monitors' `record_*` methods are called here)
+        on_step_end(ctx, record)     after the update; `record.step == s` (a `StepRecord`).
+        on_save(ctx, s, path)        after the checkpoint of step s has been written.
+    on_train_end(ctx, last)          once, also when training stops early or fails (the loop
+                                     calls it in a `finally`); `last` is the last `StepRecord`,
+                                     None when no step ran.
+
+`CallbackList` calls each callback in order. The run's list (`mf_train.monitor.
+standard_callbacks`) puts the data collectors first (they fill `record.extra`), then the
+user's callbacks (which see the collected values and may add their own to `record.extra`),
+then the writers (loss log line, metrics.jsonl, TensorBoard, progress bar), so whatever is in
+`record.extra` by then is written.
+
+User callbacks come from the `callbacks:` list of the configuration (`build_callbacks`): each
+item's `type` is resolved through `mf_train.registry.CALLBACKS` (a registered name, an entry
+point of the group `mf_train.callbacks`, or `module:Class`), and its other keys are
+structured into the class's own `Settings` section (`mf_config.sections.section`), so an
+unknown or ill-typed key is a `ConfigError` at `callbacks[i].<key>`; the class is then built as
+`cls(settings)`, or `cls()` when it declares no `Settings` (it then takes no keys). This is
+MindFormers' `callbacks[i]` built by its register (`get_instance_from_cfg`), with the keys
+checked.
+
+`LossLogger` is MindFormers' LossCallback: one line per step on rank 0, through `logging`:
+`step [  3/100] loss 4.123456 lr 1.0e-04 grad_norm 1.234 tokens/s 12345 step_time 123 ms`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any, TypeVar
+
+from mf_config import CallbackConfig, MonitorConfig
+from mf_config.component_settings import settings_error, structure_settings
+from mf_config.yaml_source import Source
+
+from .registry import CALLBACKS
+
+logger = logging.getLogger(__name__)
+
+C = TypeVar("C", bound="Callback")
+
+
+@dataclasses.dataclass(kw_only=True, slots=True)
+class StepRecord:
+    """What one optimizer step did, in plain Python numbers.
+
+    `step` is the 1-based optimizer step just finished; `tokens` counts the step's tokens over
+    all ranks; `step_time` is in seconds; `tokens_per_s` defaults to `tokens / step_time`.
+    `skipped` marks a step whose update was skipped (non-finite loss or gradient norm, spike).
+    `extra` holds the monitors' values (`local_loss/micro1`, `moe/layer3/expert0`, ...);
+    its keys never repeat a field name. Numbers are converted with `float()`/`int()`, so a
+    numpy scalar or a 0-d tensor is accepted.
+    """
+
+    step: int
+    total_steps: int
+    loss: float
+    lr: float
+    grad_norm: float
+    step_time: float
+    tokens: int
+    consumed_samples: int
+    skipped: bool = False
+    tokens_per_s: float | None = None
+    extra: dict[str, float] = dataclasses.field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        for name in ("step", "total_steps", "tokens", "consumed_samples"):
+            setattr(self, name, int(getattr(self, name)))
+        for name in ("loss", "lr", "grad_norm", "step_time"):
+            setattr(self, name, float(getattr(self, name)))
+        self.skipped = bool(self.skipped)
+        if self.tokens_per_s is None:
+            self.tokens_per_s = self.tokens / self.step_time if self.step_time > 0 else 0.0
+        self.tokens_per_s = float(self.tokens_per_s)
+
+    def scalars(self) -> dict[str, float]:
+        """The per-step numbers every writer shows: loss, lr, grad_norm, tokens_per_s,
+        step_time."""
+        return {"loss": self.loss, "lr": self.lr, "grad_norm": self.grad_norm,
+                "tokens_per_s": float(self.tokens_per_s or 0.0), "step_time": self.step_time}
+
+
+@dataclasses.dataclass(kw_only=True)
+class TrainContext:
+    """What callbacks may read about the run.
+
+    `output_dir` holds metrics.jsonl and (by default) the TensorBoard events; `start_step` is
+    the number of optimizer steps already done when training begins (the resumed checkpoint's
+    step, 0 for a new run); `model` is the model being trained (its `tokens_per_expert()`
+    feeds `MoeMonitor`); `monitor` is the run's `monitor:` section.
+    """
+
+    output_dir: Path
+    total_steps: int
+    rank: int = 0
+    world_size: int = 1
+    start_step: int = 0
+    monitor: MonitorConfig = dataclasses.field(default_factory=MonitorConfig)
+    model: Any = dataclasses.field(default=None, repr=False)
+
+    def __post_init__(self) -> None:
+        self.output_dir = Path(self.output_dir)
+
+    @property
+    def is_main(self) -> bool:
+        """Rank 0: the rank that logs and writes files."""
+        return self.rank == 0
+
+    @property
+    def resumed(self) -> bool:
+        return self.start_step > 0
+
+
+class Callback:
+    """Base class of callbacks: every hook is a no-op; override the ones you need.
+
+    A callback configured under `callbacks:` may declare `Settings`, a `Section` class of its
+    keys (no `from __future__ import annotations` in that module: cattrs reads the field types
+    at run time), and is then built as `cls(settings)`; without `Settings` it is built as
+    `cls()` and takes no keys.
+    """
+
+    def on_train_begin(self, ctx: TrainContext) -> None:
+        """Once, before the first step (after a checkpoint was loaded)."""
+
+    def on_step_begin(self, ctx: TrainContext, step: int) -> None:
+        """Before the first micro-batch of `step` (1-based)."""
+
+    def on_step_end(self, ctx: TrainContext, record: StepRecord) -> None:
+        """After the optimizer update of `record.step`."""
+
+    def on_save(self, ctx: TrainContext, step: int, path: Path) -> None:
+        """After the checkpoint of `step` was written to `path`."""
+
+    def on_train_end(self, ctx: TrainContext, last: StepRecord | None) -> None:
+        """Once, at the end of training, also after an error; `last` is the last record."""
+
+
+class CallbackList(Callback):
+    """Callbacks called in order, each hook on every one before the next hook."""
+
+    def __init__(self, callbacks: Iterable[Callback] = ()):
+        self.callbacks: list[Callback] = list(callbacks)
+        _warn_duplicates(self.callbacks)
+
+    def __iter__(self):
+        return iter(self.callbacks)
+
+    def __len__(self) -> int:
+        return len(self.callbacks)
+
+    def find(self, cls: type[C]) -> C | None:
+        """The first callback that is an instance of `cls`, or None."""
+        return next((cb for cb in self.callbacks if isinstance(cb, cls)), None)
+
+    def on_train_begin(self, ctx: TrainContext) -> None:
+        for callback in self.callbacks:
+            callback.on_train_begin(ctx)
+
+    def on_step_begin(self, ctx: TrainContext, step: int) -> None:
+        for callback in self.callbacks:
+            callback.on_step_begin(ctx, step)
+
+    def on_step_end(self, ctx: TrainContext, record: StepRecord) -> None:
+        for callback in self.callbacks:
+            callback.on_step_end(ctx, record)
+
+    def on_save(self, ctx: TrainContext, step: int, path: Path) -> None:
+        for callback in self.callbacks:
+            callback.on_save(ctx, step, path)
+
+    def on_train_end(self, ctx: TrainContext, last: StepRecord | None) -> None:
+        for callback in self.callbacks:
+            callback.on_train_end(ctx, last)
+
+
+def _warn_duplicates(callbacks: Sequence[Callback]) -> None:
+    """MindFormers' CallbackHandler warns when a class appears twice; so do we (both run)."""
+    seen: set[type] = set()
+    for callback in callbacks:
+        cls = type(callback)
+        if cls in seen and cls is not CallbackList:
+            logger.warning("callbacks: more than one %s; each of them runs", cls.__name__)
+        seen.add(cls)
+
+
+# ----------------------------------------------------------------------- from the config
+
+
+def build_callbacks(configs: Sequence[CallbackConfig],
+                    source: Source | None = None) -> list[Callback]:
+    """The user callbacks of the `callbacks:` list, in order; `ConfigError` for an unknown
+    `type`, a class that is not a `Callback`, or a key its `Settings` does not accept."""
+    return [_build_one(config, index, source) for index, config in enumerate(configs)]
+
+
+def _build_one(config: CallbackConfig, index: int, source: Source | None) -> Callback:
+    path = ("callbacks", index)
+    cls = CALLBACKS.get(config.type, (*path, "type"), source)
+    if not (isinstance(cls, type) and issubclass(cls, Callback)):
+        raise settings_error([((*path, "type"), f"{config.type!r} is not a callback: a "
+                                                "subclass of mf_train.callbacks.Callback "
+                                                "is required")], source)
+    settings_cls = getattr(cls, "Settings", None)
+    if settings_cls is None:
+        if config.extras:
+            raise settings_error([((*path, key), f"unknown key: {cls.__name__} declares no "
+                                                 "Settings, so it takes no keys besides type")
+                                  for key in config.extras], source)
+        return cls()
+    return cls(structure_settings(settings_cls, config.extras, path, source))
+
+
+# --------------------------------------------------------------------------- loss logging
+
+
+class LossLogger(Callback):
+    """One MindFormers-like line per step on rank 0 (logger `mf_train.callbacks`)."""
+
+    def on_step_end(self, ctx: TrainContext, record: StepRecord) -> None:
+        if ctx.is_main:
+            logger.info("%s", format_step_line(record))
+
+
+def format_step_line(record: StepRecord) -> str:
+    """`step [  3/100] loss 4.123456 lr 1.0e-04 grad_norm 1.234 tokens/s 12345 step_time
+    123 ms`, with ` skipped` appended when the update was skipped."""
+    width = len(str(record.total_steps))
+    line = (f"step [{record.step:>{width}}/{record.total_steps}] loss {record.loss:.6f} "
+            f"lr {record.lr:.1e} grad_norm {record.grad_norm:.4g} "
+            f"tokens/s {_whole(record.tokens_per_s)} step_time {_whole(record.step_time * 1e3)} ms")
+    return f"{line} skipped" if record.skipped else line
+
+
+def _whole(value: float | None) -> str:
+    if value is None or not math.isfinite(value):
+        return str(value)
+    return f"{value:.0f}"

@@ -1,0 +1,45 @@
+"""Monitoring of a training run: the built-in callbacks and the run's callback list.
+
+* `metrics.MetricsWriter`: `<output_dir>/metrics.jsonl`, one JSON line per step (rank 0).
+* `tensorboard.TensorboardWriter`: TensorBoard event files through tensorboardX (rank 0).
+* `progress.ProgressBar`: a tqdm bar when stderr is a terminal (rank 0).
+* `train_state.TrainStateMonitor`: local/device losses and gradient norms (every rank).
+* `moe.MoeMonitor`: tokens per expert of MoE layers every N steps (every rank).
+
+`standard_callbacks(monitor, user)` is the list a run uses: collectors, then the user's
+callbacks, then the writers (see `mf_train.callbacks` for the hook points and the order).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from mf_config import MonitorConfig
+from mf_config.yaml_source import Source
+
+from ..callbacks import Callback, CallbackList, LossLogger
+from .metrics import MetricsWriter
+from .moe import MoeMonitor
+from .progress import ProgressBar
+from .tensorboard import TensorboardWriter
+from .train_state import TrainStateMonitor
+
+__all__ = ["MetricsWriter", "MoeMonitor", "ProgressBar", "TensorboardWriter",
+           "TrainStateMonitor", "standard_callbacks"]
+
+
+def standard_callbacks(monitor: MonitorConfig, user: Sequence[Callback] = (),
+                       source: Source | None = None) -> CallbackList:
+    """The built-in callbacks (always on) around the user's, in calling order:
+    TrainStateMonitor, MoeMonitor, *user, LossLogger, MetricsWriter, TensorboardWriter,
+    ProgressBar. The loop reaches the collectors with `callbacks.find(TrainStateMonitor)` and
+    `callbacks.find(MoeMonitor)`."""
+    return CallbackList([
+        TrainStateMonitor(monitor.train_state),
+        MoeMonitor(monitor.moe_monitor, source),
+        *user,
+        LossLogger(),
+        MetricsWriter(),
+        TensorboardWriter(monitor.tensorboard),
+        ProgressBar(),
+    ])

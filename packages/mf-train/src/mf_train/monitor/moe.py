@@ -1,0 +1,131 @@
+"""Tokens per expert of MoE layers, every `save_tokens_per_expert_interval` steps.
+
+`monitor.moe_monitor` (`MoeMonitorConfig`): on each step `s` with
+`s % save_tokens_per_expert_interval == 0` the monitor reads the model's
+`tokens_per_expert()` (global layer index -> int counts `[n_routed_experts]`, each summing to
+tokens * num_experts_per_tok; `DeepseekV3ForCausalLM` provides it) for the `target_layers`
+(null = every MoE layer; an int N = layers 0..N-1, as MindFormers; a list = those layers) and
+puts into `record.extra`:
+
+    moe/layer{L}/expert{e}       tokens routed to expert e of layer L in the step
+    moe/layer{L}/max_over_mean   load imbalance: the busiest expert's count over the mean
+
+Every rank also logs one JSON line per layer (`{"step": 100, "layer": 3, "tpe": [...]}`, the
+shape of MindFormers' Megatron-format record). The counts are this rank's tokens; rank 0's
+reach metrics.jsonl and TensorBoard.
+
+`tokens_per_expert()` reports the last forward. With gradient accumulation the loop calls
+`record_forward()` after each micro-batch's forward, and the step's counts are the sum over
+its micro-batches; without those calls the monitor reads the model once at the step's end
+(the last micro-batch only). `record_forward()` does nothing on steps that are not recorded.
+Under pipeline parallelism a stage holds only its layers; target layers it does not hold are
+simply absent there.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from mf_config import MoeMonitorConfig
+from mf_config.component_settings import settings_error
+from mf_config.yaml_source import Source
+
+from ..callbacks import Callback, StepRecord, TrainContext
+
+logger = logging.getLogger(__name__)
+
+PATH = ("monitor", "moe_monitor")
+
+
+class MoeMonitor(Callback):
+    """Collects tokens per expert on recorded steps; see the module docstring."""
+
+    def __init__(self, config: MoeMonitorConfig | None = None, source: Source | None = None):
+        config = config if config is not None else MoeMonitorConfig()
+        self.interval = config.save_tokens_per_expert_interval
+        self.target_layers = _target_layers(config.target_layers, source)
+        self._ctx: TrainContext | None = None
+        self._due = False
+        self._counts: dict[int, np.ndarray] = {}
+        self._warned = False
+
+    @property
+    def active(self) -> bool:
+        return self.interval is not None
+
+    def on_train_begin(self, ctx: TrainContext) -> None:
+        if self.active and not callable(getattr(ctx.model, "tokens_per_expert", None)):
+            logger.warning("monitor.moe_monitor.save_tokens_per_expert_interval is set, but "
+                           "the model (%s) has no MoE layers (no tokens_per_expert()); MoE "
+                           "monitoring is off", type(ctx.model).__name__)
+            self.interval = None
+
+    def on_step_begin(self, ctx: TrainContext, step: int) -> None:
+        self._ctx = ctx
+        self._due = self.interval is not None and step % self.interval == 0
+        self._counts = {}
+
+    def record_forward(self) -> None:
+        """Add the last forward's counts to the step's (on recorded steps only)."""
+        if not self._due or self._ctx is None:
+            return
+        for layer, counts in self._read(self._ctx.model).items():
+            previous = self._counts.get(layer)
+            self._counts[layer] = counts if previous is None else previous + counts
+
+    def on_step_end(self, ctx: TrainContext, record: StepRecord) -> None:
+        if not self._due:
+            return
+        counts = self._counts or self._read(ctx.model)
+        for layer, layer_counts in sorted(counts.items()):
+            record.extra.update(_extras(layer, layer_counts))
+            logger.info("%s", json.dumps({"step": record.step, "layer": layer,
+                                          "tpe": layer_counts.tolist()}))
+        self._counts = {}
+        self._due = False
+
+    def _read(self, model: Any) -> dict[int, np.ndarray]:
+        """The target layers' counts of the last forward, as int64 arrays."""
+        found: Mapping[int, Any] = model.tokens_per_expert()
+        layers = set(found) if self.target_layers is None else self.target_layers & set(found)
+        self._warn_missing(set(found))
+        return {layer: np.asarray(found[layer], dtype=np.int64).copy() for layer in layers}
+
+    def _warn_missing(self, present: set[int]) -> None:
+        if self._warned or self.target_layers is None:
+            return
+        self._warned = True
+        missing = sorted(self.target_layers - present)
+        if missing:
+            logger.warning("monitor.moe_monitor.target_layers: layers %s are not MoE layers "
+                           "of this model (or not on this pipeline stage); MoE layers here: %s",
+                           missing, sorted(present))
+
+
+def _target_layers(setting: int | list[int] | None, source: Source | None) -> set[int] | None:
+    path = (*PATH, "target_layers")
+    if setting is None:
+        return None
+    if isinstance(setting, int):
+        if setting <= 0:
+            raise settings_error([(path, f"an int selects layers 0..N-1 and must be > 0, got "
+                                         f"{setting}; or give a list of layer ids")], source)
+        return set(range(setting))
+    negative = [layer for layer in setting if layer < 0]
+    if negative:
+        raise settings_error([(path, f"layer ids must be >= 0, got {negative}")], source)
+    return set(setting)
+
+
+def _extras(layer: int, counts: np.ndarray) -> dict[str, float]:
+    prefix = f"moe/layer{layer}"
+    extras = {f"{prefix}/expert{expert}": float(count) for expert, count in enumerate(counts)}
+    mean = counts.mean() if counts.size else 0.0
+    if mean > 0:
+        extras[f"{prefix}/max_over_mean"] = float(counts.max() / mean)
+    return extras
