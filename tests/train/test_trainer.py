@@ -3,6 +3,7 @@ optimizer; the loss falls, samples are consumed in order, and the launcher valid
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -28,8 +29,8 @@ def data_prefix(tmp_path_factory) -> str:
     return str(prefix)
 
 
-def overrides(prefix: str, steps: int) -> list[str]:
-    return [f"train_dataset.dataloader.config.data_path=['1','{prefix}']",
+def overrides(prefix: str, steps: int, *more: str) -> list[str]:
+    return [*more, f"train_dataset.dataloader.config.data_path=['1','{prefix}']",
             f"training.steps={steps}", "model.hidden_size=32",
             "model.intermediate_size=64", "model.head_dim=8",
             "train_dataset.dataloader.config.seq_length=32",
@@ -38,19 +39,28 @@ def overrides(prefix: str, steps: int) -> list[str]:
 
 
 def test_the_loss_falls_and_samples_are_consumed(data_prefix, tmp_path) -> None:
-    config = load_config(EXAMPLE, overrides(data_prefix, 6))
+    config = load_config(EXAMPLE, overrides(data_prefix, 6, "checkpoint.save_path=''"))
     trainer = Trainer(config, output_dir=tmp_path)
     outcomes = trainer.train()
     assert len(outcomes) == 6 and trainer.step_count == 6
     assert trainer.consumed_samples == 6 * config.training.global_batch_size
     assert outcomes[-1].loss < outcomes[0].loss - 0.05
     assert all(o.tokens == 4 * 32 for o in outcomes)  # global batch 4 x seq 32, one process
+    lines = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    steps = [line for line in lines if "event" not in line]
+    assert [line["step"] for line in steps] == [1, 2, 3, 4, 5, 6]
+    assert [line["loss"] for line in steps] == [o.loss for o in outcomes]
+    assert {"lr", "grad_norm", "step_time", "tokens_per_s"} <= set(steps[0])
+    assert steps[0]["lr"] == 0.0 and steps[1]["lr"] == pytest.approx(3e-4)  # warm-up 1 step
+    assert list((tmp_path / "tensorboard").iterdir())
+    # an empty save_path means <output-dir>/checkpoint; saved at step 6 (the last)
+    assert (tmp_path / "checkpoint" / "latest_checkpointed_iteration.txt").read_text() == "6"
 
 
 def test_two_runs_are_bit_identical(data_prefix, tmp_path) -> None:
     losses = []
     for name in ("a", "b"):
-        config = load_config(EXAMPLE, overrides(data_prefix, 3))
+        config = load_config(EXAMPLE, overrides(data_prefix, 3, "checkpoint.enable_save=false"))
         losses.append([o.loss for o in Trainer(config, output_dir=tmp_path / name).train()])
     assert losses[0] == losses[1]
 
@@ -78,3 +88,30 @@ def test_launcher_unknown_lr_key(tmp_path, capsys, data_prefix) -> None:
                 *[arg for o in overrides(data_prefix, 1) for arg in ("--set", o)]])
     assert code == 2
     assert "lr_scheduler.min_lr" in capsys.readouterr().err
+
+
+def test_stopped_and_resumed_equals_uninterrupted(data_prefix, tmp_path) -> None:
+    """6 steps straight against 3 steps, a checkpoint, and 3 more in a new trainer: the same
+    losses, bit for bit, and the same final weights."""
+    straight = load_config(EXAMPLE, overrides(data_prefix, 6,
+                                               f"checkpoint.save_path={tmp_path / 'a'}"))
+    whole = Trainer(straight, output_dir=tmp_path / "a_out")
+    losses = [o.loss for o in whole.train()]
+    first = load_config(EXAMPLE, overrides(data_prefix, 6, f"checkpoint.save_path={tmp_path / 'b'}",
+                                           "checkpoint.save_interleaved_steps=3"))
+    part = Trainer(first, output_dir=tmp_path / "b_out")
+    stream = part.stream()
+    head = [part.run_step(stream).loss for _ in range(3)]
+    part.save_checkpoint(part.context())
+    part.checkpoints.wait()
+    again = load_config(EXAMPLE, overrides(data_prefix, 6, f"checkpoint.save_path={tmp_path / 'c'}",
+                                           f"checkpoint.load_path={tmp_path / 'b'}"))
+    resumed = Trainer(again, output_dir=tmp_path / "c_out")
+    assert (resumed.step_count, resumed.consumed_samples) == (3, 12)
+    tail = [o.loss for o in resumed.train()]
+    assert head + tail == losses
+    for (name, a), (_, b) in zip(whole.model.parameters_and_names(),
+                                 resumed.model.parameters_and_names(), strict=True):
+        assert (a.asnumpy() == b.asnumpy()).all(), name
+    assert sorted(p.name for p in (tmp_path / "a").iterdir()) == [
+        "iteration_00000006", "latest_checkpointed_iteration.txt"]

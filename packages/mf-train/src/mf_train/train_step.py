@@ -17,6 +17,7 @@ import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 import mindspore as ms
 import numpy as np
@@ -37,13 +38,22 @@ class StepOutcome:
     seconds: float
 
 
+class StepObserver(Protocol):
+    """What the monitors see inside a step (mf_train.monitor's TrainStateMonitor/MoeMonitor)."""
+
+    def micro_batch(self, index: int, loss: Tensor, grads: Sequence[Tensor]) -> None: ...
+
+    def reduced(self, loss: Tensor, grads: Sequence[Tensor]) -> None: ...
+
+
 class TrainStep:
     """Runs optimizer steps of `model` with `optimizer` (mf_train.optim's interface)."""
 
     def __init__(self, model: nn.Cell, optimizer, *, max_norm: float,
                  skip_threshold: float | None = None,
                  reduce_grads: Callable[[Sequence[Tensor]], Sequence[Tensor]] | None = None,
-                 average_loss: Callable[[Tensor], Tensor] | None = None):
+                 average_loss: Callable[[Tensor], Tensor] | None = None,
+                 observer: StepObserver | None = None):
         self.model = model
         self.optimizer = optimizer
         self.params = list(optimizer.params)
@@ -51,6 +61,7 @@ class TrainStep:
         self.skip_threshold = skip_threshold
         self.reduce_grads = reduce_grads
         self.average_loss = average_loss
+        self.observer = observer
         self._scale = 1.0
         self._grad_fn = ms.value_and_grad(self._forward, None, self.params)
 
@@ -64,14 +75,18 @@ class TrainStep:
         loss_sum: Tensor | None = None
         grads: list[Tensor] | None = None
         tokens = 0
-        for tokens_np, labels_np, mask_np in micro_batches:
+        for index, (tokens_np, labels_np, mask_np) in enumerate(micro_batches, 1):
             mask = None if mask_np is None else Tensor(mask_np.astype(np.float32))
             loss, micro_grads = self._grad_fn(Tensor(tokens_np), Tensor(labels_np), mask)
+            if self.observer is not None:
+                self.observer.micro_batch(index, loss / self._scale, micro_grads)
             loss_sum = loss if loss_sum is None else loss_sum + loss
             grads = list(micro_grads) if grads is None else [
                 g + m for g, m in zip(grads, micro_grads, strict=True)]
             tokens += int(tokens_np.size)
         assert loss_sum is not None and grads is not None
+        if self.observer is not None:
+            self.observer.reduced(loss_sum, grads)
         if self.reduce_grads is not None:
             grads = list(self.reduce_grads(grads))
         if self.average_loss is not None:

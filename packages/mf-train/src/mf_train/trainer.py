@@ -73,6 +73,9 @@ class Trainer:
         self.memory = self._apply_memory()
         self.optimizer, self.schedule = self._build_optimizer()
         self.step_count, self.consumed_samples = 0, 0
+        self.checkpoints = self._build_checkpoints()
+        self.resumed_from = self._resume()
+        self.callbacks = self._build_callbacks()
         self.step = self._build_step()
 
     # ------------------------------------------------------------------ build
@@ -110,8 +113,87 @@ class Trainer:
         LOG.info("optimizer %s; %s", self.config.optimizer.type, schedule.describe())
         return optimizer, schedule
 
+    def _build_checkpoints(self) -> Any:
+        """The checkpoint manager; an empty `checkpoint.save_path` means
+        `<output-dir>/checkpoint` (MindFormers refuses an empty path)."""
+        import attrs
+
+        from .checkpoint import CheckpointManager
+
+        section = self.config.checkpoint
+        if section.enable_save and not section.save_path:
+            section = attrs.evolve(section, save_path=str(self.output_dir / "checkpoint"))
+        for name in ("remove_redundancy", "load_balanced"):
+            if getattr(section, name):
+                LOG.warning("checkpoint.%s has no effect here: every rank writes and reads "
+                            "its full state", name)
+        return CheckpointManager(section, self.comm.rank, self.comm.world_size,
+                                 barrier=self._barrier if self.comm.world_size > 1 else None,
+                                 source=self.source)
+
+    @staticmethod
+    def _barrier() -> None:
+        from mindspore.mint.distributed import barrier
+
+        barrier()
+
+    def _resume(self) -> Any:
+        """Model, optimizer, step, consumed samples and RNG from `checkpoint.load_path`."""
+        from .checkpoint import apply_model_params, restore_rng_state, resume
+        from .models import load_hf_state
+
+        resumed = resume(self.config.checkpoint, self.comm.rank, self.comm.world_size,
+                         self.source)
+        if resumed is None:
+            return None
+        if resumed.kind == "hf":
+            load_hf_state(self.model, resumed.model_params)
+            self.optimizer.reload_main_params_from_model()
+            LOG.info("loaded Hugging Face weights from %s", resumed.path)
+            return resumed.path
+        apply_model_params(self.model.parameters_and_names(), resumed.model_params)
+        if resumed.optimizer_state is None:
+            self.optimizer.reload_main_params_from_model()
+        else:
+            self.optimizer.load_state_dict(resumed.optimizer_state)
+            self.step_count = resumed.state.global_step
+            self.consumed_samples = resumed.state.consumed_samples
+        if resumed.state.rng:
+            restore_rng_state(resumed.state.rng)
+        LOG.info("resumed from %s at step %d (%d samples consumed)", resumed.path,
+                 self.step_count, self.consumed_samples)
+        return resumed.path
+
+    def save_checkpoint(self, ctx: Any) -> None:
+        """Save after this step when the schedule says so, and tell the callbacks."""
+        from .checkpoint import TrainState, model_arrays
+        from .checkpoint.layout import iteration_name
+
+        step, total = self.step_count, self.config.training.steps
+        if not self.checkpoints.should_save(step, last=step == total):
+            return
+        optimizer_state = None if self.config.checkpoint.no_save_optim \
+            else self.optimizer.state_dict()
+        state = TrainState(global_step=step, consumed_samples=self.consumed_samples,
+                           global_batch_size=self.config.training.global_batch_size,
+                           step_num=total)
+        self.checkpoints.save(step, model_arrays(self.model.parameters_and_names()),
+                              optimizer_state, state)
+        self.callbacks.on_save(ctx, step, self.checkpoints.root / iteration_name(step))
+
+    def _build_callbacks(self) -> Any:
+        from .callbacks import build_callbacks
+        from .monitor import standard_callbacks
+
+        user = build_callbacks(self.config.callbacks, self.source)
+        return standard_callbacks(self.config.monitor, user, self.source)
+
     def _build_step(self) -> TrainStep:
         from mf_parallel.runtime.grad_sync import GradientSync
+
+        from .monitor.moe import MoeMonitor
+        from .monitor.train_state import TrainStateMonitor
+        from .step_monitors import MonitorObserver
 
         health = self.config.monitor.health_checkpoint
         skip = health.global_norm_skip_threshold if self.config.training.use_skip_step_on_nan \
@@ -123,7 +205,11 @@ class Trainer:
                          skip_threshold=skip,
                          reduce_grads=sync if data_parallel else None,
                          average_loss=(lambda loss: sync.average_loss(loss, "data"))
-                         if data_parallel else None)
+                         if data_parallel else None,
+                         observer=MonitorObserver(
+                             [p.name for p in self.optimizer.params],
+                             self.callbacks.find(TrainStateMonitor),
+                             self.callbacks.find(MoeMonitor)))
 
     def stream(self) -> Any:
         """The data stream from the current consumed-sample count."""
@@ -145,18 +231,38 @@ class Trainer:
         self.consumed_samples = stream.consumed_samples
         return outcome
 
+    def context(self) -> Any:
+        """What the callbacks see of this run."""
+        from .callbacks import TrainContext
+
+        return TrainContext(output_dir=self.output_dir, total_steps=self.config.training.steps,
+                            rank=self.comm.rank, world_size=self.comm.world_size,
+                            start_step=self.step_count, monitor=self.config.monitor,
+                            model=self.model)
+
     def train(self) -> list[StepOutcome]:
-        """Run the remaining steps up to `training.steps`, one log line per step."""
-        stream = self.stream()
-        outcomes = []
-        total = self.config.training.steps
-        while self.step_count < total:
-            outcome = self.run_step(stream)
-            outcomes.append(outcome)
-            if self.comm.rank == 0:
-                LOG.info("step [%*d/%d] loss %.6f lr %.3e grad_norm %.4f tokens/s %.0f "
-                         "step_time %.0f ms%s", len(str(total)), self.step_count, total,
-                         outcome.loss, self.schedule(self.step_count - 1), outcome.grad_norm,
-                         outcome.tokens * self.plan.batch.data_parallel / outcome.seconds,
-                         outcome.seconds * 1000, " (skipped)" if outcome.skipped else "")
+        """Run the remaining steps up to `training.steps`, calling the callbacks' hooks."""
+        from .callbacks import StepRecord
+
+        stream, ctx = self.stream(), self.context()
+        outcomes: list[StepOutcome] = []
+        last = None
+        self.callbacks.on_train_begin(ctx)
+        try:
+            while self.step_count < self.config.training.steps:
+                self.callbacks.on_step_begin(ctx, self.step_count + 1)
+                lr = self.schedule(self.step_count)
+                outcome = self.run_step(stream)
+                outcomes.append(outcome)
+                last = StepRecord(
+                    step=self.step_count, total_steps=self.config.training.steps,
+                    loss=outcome.loss, lr=lr, grad_norm=outcome.grad_norm,
+                    step_time=outcome.seconds,
+                    tokens=outcome.tokens * self.plan.batch.data_parallel,
+                    consumed_samples=self.consumed_samples, skipped=outcome.skipped)
+                self.callbacks.on_step_end(ctx, last)
+                self.save_checkpoint(ctx)
+            self.checkpoints.wait()
+        finally:
+            self.callbacks.on_train_end(ctx, last)
         return outcomes

@@ -1,0 +1,34 @@
+"""The monitors' view of a training step: `TrainStep`'s observer, feeding mf_train.monitor's
+`TrainStateMonitor` (local/device losses and norms) and `MoeMonitor` (tokens per expert
+summed over the step's micro-batches)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from mindspore import Tensor
+
+from .monitor.moe import MoeMonitor
+from .monitor.train_state import TrainStateMonitor
+
+
+class MonitorObserver:
+    """Hands each micro-batch and the step's local totals to the monitors."""
+
+    def __init__(self, names: Sequence[str], train_state: TrainStateMonitor | None,
+                 moe: MoeMonitor | None):
+        self.names = list(names)
+        self.train_state, self.moe = train_state, moe
+
+    def micro_batch(self, index: int, loss: Tensor, grads: Sequence[Tensor]) -> None:
+        if self.moe is not None:
+            self.moe.record_forward()
+        if self.train_state is not None:
+            self.train_state.record_local_loss(index, loss)
+            self.train_state.record_local_norms(index, self.names, grads)
+
+    def reduced(self, loss: Tensor, grads: Sequence[Tensor]) -> None:
+        """The step's loss and gradients on this rank, before the data-parallel reduction."""
+        if self.train_state is not None:
+            self.train_state.record_device_loss(loss)
+            self.train_state.record_device_norms(self.names, grads)
