@@ -115,3 +115,45 @@ def test_stopped_and_resumed_equals_uninterrupted(data_prefix, tmp_path) -> None
         assert (a.asnumpy() == b.asnumpy()).all(), name
     assert sorted(p.name for p in (tmp_path / "a").iterdir()) == [
         "iteration_00000006", "latest_checkpointed_iteration.txt"]
+
+
+KILLED_DURING_SAVE = """
+import os, signal, sys
+import mf_train.checkpoint.writer as writer
+from mf_config import load_config
+from mf_train.trainer import Trainer
+
+saving = {"step": 0}
+original = writer.CheckpointManager.save
+
+def save(self, step, *args, **kwargs):
+    saving["step"] = step
+    return original(self, step, *args, **kwargs)
+
+def reached(stage):
+    if saving["step"] == 4 and stage == "common":  # files written, not yet renamed into place
+        os.kill(os.getpid(), signal.SIGKILL)
+
+writer.CheckpointManager.save, writer._reached = save, reached
+Trainer(load_config(sys.argv[1], sys.argv[3:]), output_dir=sys.argv[2]).train()
+"""
+
+
+def test_killed_during_a_save_resumes_from_the_last_complete_one(data_prefix, tmp_path) -> None:
+    """kill -9 while step 4's checkpoint is being written: step 2's is loaded, and the resumed
+    run's losses equal those of an uninterrupted run."""
+    save = [f"checkpoint.save_path={tmp_path / 'ckpt'}", "checkpoint.save_interleaved_steps=2"]
+    run = subprocess.run([sys.executable, "-c", KILLED_DURING_SAVE, str(EXAMPLE),
+                          str(tmp_path / "killed"), *overrides(data_prefix, 6, *save)],
+                         capture_output=True, text=True, timeout=600)
+    assert run.returncode == -9, run.stderr[-2000:]
+    left = sorted(p.name for p in (tmp_path / "ckpt").iterdir())
+    assert left[0] == "iteration_00000002" and any(".tmp-" in name for name in left)
+    resumed = Trainer(load_config(EXAMPLE, overrides(
+        data_prefix, 6, f"checkpoint.load_path={tmp_path / 'ckpt'}",
+        f"checkpoint.save_path={tmp_path / 'ckpt2'}")), output_dir=tmp_path / "resumed")
+    assert resumed.step_count == 2
+    tail = [o.loss for o in resumed.train()]
+    no_save = overrides(data_prefix, 6, "checkpoint.enable_save=false")
+    straight = Trainer(load_config(EXAMPLE, no_save), output_dir=tmp_path / "straight")
+    assert tail == [o.loss for o in straight.train()][2:]
