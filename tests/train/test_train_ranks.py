@@ -54,6 +54,21 @@ def test_two_rank_data_parallel_matches_one_process(data_prefix, tmp_path) -> No
     assert (tmp_path / "two" / "logs" / "worker_1.log").exists()
 
 
+def test_two_rank_tensor_parallel_matches_one_process(data_prefix, tmp_path) -> None:
+    """Tensor parallel 2 with sequence parallelism (vocabulary-parallel embedding and loss,
+    column/row-parallel attention and MLP) against the single-process run."""
+    assert run([*arguments(data_prefix, tmp_path / "one")]) == 0
+    assert run([*arguments(data_prefix, tmp_path / "tp"), "--set",
+                "parallelism.tensor_parallel=2", "--nproc", "2", "--timeout", "300"]) == 0
+    one, tp = losses(tmp_path / "one"), losses(tmp_path / "tp")
+    assert tp == pytest.approx(one, rel=1e-5)
+    norms = [json.loads(line)["grad_norm"] for line in
+             (tmp_path / "tp" / "metrics.jsonl").read_text().splitlines() if "event" not in line]
+    single = [json.loads(line)["grad_norm"] for line in
+              (tmp_path / "one" / "metrics.jsonl").read_text().splitlines() if "event" not in line]
+    assert norms == pytest.approx(single, rel=1e-5)
+
+
 def test_a_failing_rank_stops_the_job_with_its_error(data_prefix, tmp_path, capsys) -> None:
     args = arguments(data_prefix, tmp_path)
     args += ["--set", f"train_dataset.dataloader.config.data_path=['1','{tmp_path}/missing']",

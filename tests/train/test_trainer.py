@@ -157,3 +157,14 @@ def test_killed_during_a_save_resumes_from_the_last_complete_one(data_prefix, tm
     no_save = overrides(data_prefix, 6, "checkpoint.enable_save=false")
     straight = Trainer(load_config(EXAMPLE, no_save), output_dir=tmp_path / "straight")
     assert tail == [o.loss for o in straight.train()][2:]
+
+
+def test_profiling_steps_two_to_three(data_prefix, tmp_path) -> None:
+    config = load_config(EXAMPLE, overrides(
+        data_prefix, 3, "checkpoint.enable_save=false", "profiler.enable_profiling=true",
+        "profiler.start_step=2", "profiler.end_step=3"))
+    Trainer(config, output_dir=tmp_path).train()
+    runs = list((tmp_path / "profile" / "rank_0").iterdir())
+    assert len(runs) == 1
+    ops = (runs[0] / "FRAMEWORK" / "cpu_op_type_info_0.csv").read_text()
+    assert "MatMul" in ops

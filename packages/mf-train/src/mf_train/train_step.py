@@ -53,7 +53,8 @@ class TrainStep:
                  skip_threshold: float | None = None,
                  reduce_grads: Callable[[Sequence[Tensor]], Sequence[Tensor]] | None = None,
                  average_loss: Callable[[Tensor], Tensor] | None = None,
-                 observer: StepObserver | None = None):
+                 observer: StepObserver | None = None,
+                 norm_of: Callable[[Sequence[Tensor]], float] | None = None):
         self.model = model
         self.optimizer = optimizer
         self.params = list(optimizer.params)
@@ -62,6 +63,7 @@ class TrainStep:
         self.reduce_grads = reduce_grads
         self.average_loss = average_loss
         self.observer = observer
+        self.norm_of = norm_of or global_norm
         self._scale = 1.0
         self._grad_fn = ms.value_and_grad(self._forward, None, self.params)
 
@@ -91,7 +93,7 @@ class TrainStep:
             grads = list(self.reduce_grads(grads))
         if self.average_loss is not None:
             loss_sum = self.average_loss(loss_sum)
-        norm = global_norm(grads)
+        norm = self.norm_of(grads)
         skipped = self._should_skip(norm)
         if not skipped:
             self.optimizer.step(clipped(grads, norm, self.max_norm), lr)
@@ -106,8 +108,30 @@ class TrainStep:
 
 def global_norm(grads: Sequence[Tensor]) -> float:
     """The float32 L2 norm of all gradients together."""
-    squares = [ops.sum(ops.square(g.astype(ms.float32))) for g in grads]
-    return float(ops.sqrt(ops.stack(squares).sum()).asnumpy())
+    return math.sqrt(float(square_sum(grads).asnumpy()))
+
+
+def square_sum(grads: Sequence[Tensor]) -> Tensor:
+    """Sum of the squares of every element of `grads`, in float32 (0 for no gradients)."""
+    if not grads:
+        return ms.Tensor(0.0, ms.float32)
+    return ops.stack([ops.sum(ops.square(g.astype(ms.float32))) for g in grads]).sum()
+
+
+def tensor_parallel_norm(sharded: Sequence[bool],
+                         sum_over_group: Callable[[Tensor], Tensor]) -> Callable[
+                             [Sequence[Tensor]], float]:
+    """The global norm under tensor parallelism: the squares of the gradients of parameters
+    split over the tensor group (`sharded[i]`) are summed over the group; those of replicated
+    parameters, equal on every rank once their partial sums are reduced, count once."""
+
+    def norm(grads: Sequence[Tensor]) -> float:
+        split = [g for g, s in zip(grads, sharded, strict=True) if s]
+        whole = [g for g, s in zip(grads, sharded, strict=True) if not s]
+        total = sum_over_group(square_sum(split).reshape(1)) + square_sum(whole)
+        return math.sqrt(float(total.asnumpy().sum()))
+
+    return norm
 
 
 def clipped(grads: Sequence[Tensor], norm: float, max_norm: float) -> list[Tensor]:

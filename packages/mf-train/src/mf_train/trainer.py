@@ -69,6 +69,7 @@ class Trainer:
         self.plan = make_job_plan(config, world_size)
         self.comm = init_communication(self.plan, self.device)
         self.collectives = Collectives(self.comm)
+        self.tensor_group = self._tensor_group()
         self.model = self._build_model()
         self.memory = self._apply_memory()
         self.optimizer, self.schedule = self._build_optimizer()
@@ -80,21 +81,36 @@ class Trainer:
 
     # ------------------------------------------------------------------ build
 
+    def _tensor_group(self) -> Any:
+        """This rank's tensor-parallel group (sequence parallelism on, as the spec keeps it),
+        or None without tensor parallelism."""
+        from mf_parallel.runtime.tensor_parallel import TensorGroup
+
+        dims = self.plan.dims
+        unsupported = [name for name, degree in (("pipeline_parallel", dims.pipeline),
+                                                 ("context_parallel", dims.context))
+                       if degree > 1]
+        if unsupported:
+            raise ValueError(f"parallelism.{unsupported[0]}: the trainer runs data and tensor "
+                             "parallelism; pipeline and context parallelism are planned by "
+                             "mf-parallel but not run by mf-train yet: set it to 1")
+        if dims.tensor == 1:
+            return None
+        return TensorGroup(self.collectives, sequence_parallel=True)
+
     def _build_model(self) -> Any:
         from .models import build_model
 
-        if self.plan.dims.tensor > 1 or self.plan.dims.pipeline > 1:
-            raise ValueError("parallelism: the trainer runs data parallelism (replicated or "
-                             "sharded) only so far; tensor_parallel and pipeline_parallel must "
-                             "be 1")
-        return build_model(self.config.model, tensor_group=None, source=self.source,
-                           seed=self.config.training.seed)
+        return build_model(self.config.model, tensor_group=self.tensor_group,
+                           source=self.source, seed=self.config.training.seed)
 
     def _apply_memory(self) -> Any:
-        from mf_memory.recompute import apply_recompute
+        from mf_memory.recompute import apply_recompute, apply_recompute_comm
         from mf_memory.swap import ActivationSwap
 
         marked = apply_recompute(self.model, self.config.recompute)
+        if self.tensor_group is not None:
+            marked += apply_recompute_comm(self.model, self.config.recompute_comm)
         if marked:
             LOG.info("recompute: %s", ", ".join(marked))
         swap = ActivationSwap(self.model, self.config.swap)
@@ -186,7 +202,8 @@ class Trainer:
         from .monitor import standard_callbacks
 
         user = build_callbacks(self.config.callbacks, self.source)
-        return standard_callbacks(self.config.monitor, user, self.source)
+        return standard_callbacks(self.config.monitor, user, self.source,
+                                  profiler=self.config.profiler)
 
     def _build_step(self) -> TrainStep:
         from mf_parallel.runtime.grad_sync import GradientSync
@@ -198,18 +215,44 @@ class Trainer:
         health = self.config.monitor.health_checkpoint
         skip = health.global_norm_skip_threshold if self.config.training.use_skip_step_on_nan \
             else None
-        sync = GradientSync(self.collectives, [tuple(p.shape) for p in self.optimizer.params],
-                            average=True)
+        params = self.optimizer.params
+        sync = GradientSync(self.collectives, [tuple(p.shape) for p in params], average=True)
         data_parallel = sync.size > 1
         return TrainStep(self.model, self.optimizer, max_norm=self.config.training.max_norm,
                          skip_threshold=skip,
-                         reduce_grads=sync if data_parallel else None,
+                         reduce_grads=self._gradient_reduction(sync if data_parallel else None),
+                         norm_of=self._norm(),
                          average_loss=(lambda loss: sync.average_loss(loss, "data"))
                          if data_parallel else None,
                          observer=MonitorObserver(
                              [p.name for p in self.optimizer.params],
                              self.callbacks.find(TrainStateMonitor),
                              self.callbacks.find(MoeMonitor)))
+
+    def _gradient_reduction(self, sync: Any) -> Any:
+        """Partial gradients summed over the tensor group (sequence-parallel norms, per-head
+        q/k norms), then averaged over the data-parallel group."""
+        from mf_parallel.runtime.tensor_parallel import reduce_sequence_parallel_grads
+
+        group, params = self.tensor_group, list(self.optimizer.params)
+        if group is None:
+            return sync
+
+        def reduce(grads: Any) -> Any:
+            grads = reduce_sequence_parallel_grads(params, tuple(grads), group)
+            return grads if sync is None else sync(grads)
+
+        return reduce
+
+    def _norm(self) -> Any:
+        from mf_parallel.runtime.tensor_parallel import is_tensor_sharded
+
+        from .train_step import tensor_parallel_norm
+
+        if self.tensor_group is None:
+            return None
+        sharded = [is_tensor_sharded(p) for p in self.optimizer.params]
+        return tensor_parallel_norm(sharded, self.tensor_group.all_reduce)
 
     def stream(self) -> Any:
         """The data stream from the current consumed-sample count."""

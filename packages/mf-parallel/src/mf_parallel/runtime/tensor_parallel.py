@@ -125,9 +125,10 @@ class ColumnParallelLinear(nn.Cell):
 
     def __init__(self, weight: np.ndarray, bias: np.ndarray | None, group: TensorGroup):
         super().__init__()
-        self.weight = Parameter(Tensor(group.shard(weight, 0)), name="weight")
-        self.bias = None if bias is None else Parameter(Tensor(group.shard(bias, 0)),
-                                                        name="bias")
+        self.weight = mark_tensor_sharded(Parameter(Tensor(group.shard(weight, 0)),
+                                                    name="weight"))
+        self.bias = None if bias is None else mark_tensor_sharded(
+            Parameter(Tensor(group.shard(bias, 0)), name="bias"))
         self.enter = (GatherFromSequenceRegion(group) if group.sequence_parallel
                       else CopyToTensorRegion(group))
 
@@ -146,7 +147,8 @@ class RowParallelLinear(nn.Cell):
 
     def __init__(self, weight: np.ndarray, bias: np.ndarray | None, group: TensorGroup):
         super().__init__()
-        self.weight = Parameter(Tensor(group.shard(weight, 1)), name="weight")
+        self.weight = mark_tensor_sharded(Parameter(Tensor(group.shard(weight, 1)),
+                                                    name="weight"))
         self.bias = None if bias is None else Parameter(Tensor(bias), name="bias")
         if self.bias is not None and group.sequence_parallel:
             mark_sequence_parallel(self.bias)
@@ -169,7 +171,8 @@ class VocabParallelEmbedding(nn.Cell):
     def __init__(self, table: np.ndarray, group: TensorGroup):
         super().__init__()
         self.group = group
-        self.weight = Parameter(Tensor(group.shard(table, 0)), name="weight")
+        self.weight = mark_tensor_sharded(Parameter(Tensor(group.shard(table, 0)),
+                                                    name="weight"))
         self.per_rank = table.shape[0] // group.size
         self.start = group.rank * self.per_rank
         self.leave = (ReduceScatterToSequenceRegion(group) if group.sequence_parallel
@@ -208,6 +211,22 @@ def vocab_parallel_cross_entropy(logits: Tensor, targets: Tensor,
 
 
 SEQUENCE_PARALLEL_ATTRIBUTE = "mf_sequence_parallel"
+
+
+TENSOR_SHARDED_ATTRIBUTE = "mf_tensor_sharded"
+"""Set on parameters split over the tensor group (column/row-parallel weights, the vocabulary-
+parallel table): each rank holds a different slice, so a norm over them sums over the group."""
+
+
+def mark_tensor_sharded(param: Parameter) -> Parameter:
+    """Mark a parameter whose ranks each hold a different slice."""
+    setattr(param, TENSOR_SHARDED_ATTRIBUTE, True)
+    return param
+
+
+def is_tensor_sharded(param: Parameter) -> bool:
+    """Whether `param` is split over the tensor group (see `mark_tensor_sharded`)."""
+    return bool(getattr(param, TENSOR_SHARDED_ATTRIBUTE, False))
 
 
 def mark_sequence_parallel(param: Parameter) -> Parameter:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from mf_config import MonitorConfig
+from mf_config import MonitorConfig, ProfilerConfig
 from mf_config.yaml_source import Source
 
 from ..callbacks import Callback, CallbackList, LossLogger
@@ -29,11 +29,18 @@ __all__ = ["MetricsWriter", "MoeMonitor", "ProgressBar", "TensorboardWriter",
 
 
 def standard_callbacks(monitor: MonitorConfig, user: Sequence[Callback] = (),
-                       source: Source | None = None) -> CallbackList:
+                       source: Source | None = None,
+                       profiler: ProfilerConfig | None = None) -> CallbackList:
     """The built-in callbacks (always on) around the user's, in calling order:
     TrainStateMonitor, MoeMonitor, *user, LossLogger, MetricsWriter, TensorboardWriter,
-    ProgressBar. The loop reaches the collectors with `callbacks.find(TrainStateMonitor)` and
-    `callbacks.find(MoeMonitor)`."""
+    ProgressBar, then the profiler when `profiler.enable_profiling` (last, so that a profiled
+    step includes the other callbacks' work). The loop reaches the collectors with
+    `callbacks.find(TrainStateMonitor)` and `callbacks.find(MoeMonitor)`."""
+    profiling: list[Callback] = []
+    if profiler is not None and profiler.enable_profiling:
+        from ..profiling import profiler_callbacks  # imports MindSpore
+
+        profiling = profiler_callbacks(profiler, source)
     return CallbackList([
         TrainStateMonitor(monitor.train_state),
         MoeMonitor(monitor.moe_monitor, source),
@@ -42,4 +49,5 @@ def standard_callbacks(monitor: MonitorConfig, user: Sequence[Callback] = (),
         MetricsWriter(),
         TensorboardWriter(monitor.tensorboard),
         ProgressBar(),
+        *profiling,
     ])
