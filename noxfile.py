@@ -1,5 +1,5 @@
-"""Sessions: `tests` (the whole suite), `lint` (ruff + the layering contract), `demo` (the main
-job: for now, validating the example configs), `bench` (side-by-side measurements).
+"""Sessions: `tests` (the whole suite), `lint` (ruff + the layering contract), `train` (the main
+job: the demo, a short training run of the tiny example), `bench` (side-by-side measurements).
 
 Every session installs the packages from this checkout into a fresh virtual environment.
 """
@@ -45,19 +45,24 @@ def lint(session: nox.Session) -> None:
     session.run("lint-imports")
 
 
+CORPUS = "output/data/python_docs_text_document"
+
+
 @nox.session
-def demo(session: nox.Session) -> None:
-    """The main job until mf-train lands: validate the example configs, then build the tiny
-    example's data and show a sample of it as the trainer will see it."""
-    session.install(*(f"-e{ROOT / 'packages' / name}"
-                      for name in ("mf-config", "mf-parallel", "mf-data")))
+def train(session: nox.Session) -> None:
+    """The main job: validate the examples, build the demo corpus (the Python docs' help topics,
+    no download) and train `examples/qwen3_tiny.yaml` on it (about two minutes on 2 CPU cores).
+    `nox -s train -- examples/deepseek_v3_tiny.yaml` trains another example."""
+    install_packages(session)
     examples = sorted(str(path) for path in (ROOT / "examples").glob("*.yaml"))
     session.run("mf-config", "validate", *examples)
-    session.run("mf-config", "show", examples[0])
-    session.run("mf-data", "preprocess", "--input", "examples/data/tiny.jsonl",
-                "--output-prefix", "output/data/tiny_text_document")
-    session.run("mf-data", "inspect", "output/data/tiny_text_document")
-    session.run("mf-data", "sample", "examples/qwen3_tiny.yaml", "0", "--tokenizer", "bytes")
+    session.run("python", "examples/data/make_corpus.py", "output/data/python_docs.jsonl")
+    session.run("mf-data", "preprocess", "--input", "output/data/python_docs.jsonl",
+                "--output-prefix", CORPUS)
+    session.run("mf-data", "inspect", CORPUS)
+    config = session.posargs[0] if session.posargs else "examples/qwen3_tiny.yaml"
+    session.run("mf-train", "--config", config, "--output-dir", "output/demo",
+                *session.posargs[1:])
 
 
 @nox.session
