@@ -4,6 +4,7 @@ optimizer; the loss falls, samples are consumed in order, and the launcher valid
 from __future__ import annotations
 
 import json
+import math
 import subprocess
 import sys
 from pathlib import Path
@@ -168,3 +169,18 @@ def test_profiling_steps_two_to_three(data_prefix, tmp_path) -> None:
     assert len(runs) == 1
     ops = (runs[0] / "FRAMEWORK" / "cpu_op_type_info_0.csv").read_text()
     assert "MatMul" in ops
+
+
+def test_deepseek_v3_example_trains_and_reports_tokens_per_expert(data_prefix, tmp_path) -> None:
+    config = load_config(ROOT / "examples" / "deepseek_v3_tiny.yaml", [
+        f"train_dataset.dataloader.config.data_path=['1','{data_prefix}']", "training.steps=3",
+        "train_dataset.dataloader.config.seq_length=32", "model.seq_length=32",
+        "model.max_position_embeddings=32", "checkpoint.enable_save=false",
+        "monitor.moe_monitor.save_tokens_per_expert_interval=1", "lr_scheduler.warmup_steps=1"])
+    outcomes = Trainer(config, output_dir=tmp_path).train()
+    assert len(outcomes) == 3 and all(math.isfinite(o.loss) for o in outcomes)
+    lines = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    step = next(line for line in lines if line.get("step") == 1)
+    counts = [step[f"moe/layer1/expert{e}"] for e in range(4)]
+    # every token of the step (4 samples x 32) picks 2 of the 4 routed experts
+    assert sum(counts) == 4 * 32 * 2
