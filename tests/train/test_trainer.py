@@ -71,7 +71,8 @@ def test_launcher_rejects_a_bad_file_before_touching_anything(tmp_path, capsys) 
     bad.write_text(EXAMPLE.read_text().replace("local_batch_size: 2", "local_batch_size: 8"))
     assert run(["--config", str(bad), "--output-dir", str(tmp_path / "out")]) == 2
     err = capsys.readouterr().err
-    assert f"{bad}:8: training.local_batch_size" in err
+    line = bad.read_text().splitlines().index("  local_batch_size: 8") + 1
+    assert f"{bad}:{line}: training.local_batch_size" in err
     assert not (tmp_path / "out").exists()
 
 
@@ -184,3 +185,20 @@ def test_deepseek_v3_example_trains_and_reports_tokens_per_expert(data_prefix, t
     counts = [step[f"moe/layer1/expert{e}"] for e in range(4)]
     # every token of the step (4 samples x 32) picks 2 of the 4 routed experts
     assert sum(counts) == 4 * 32 * 2
+
+
+def test_too_many_skipped_steps_stop_the_run(data_prefix, tmp_path, capsys) -> None:
+    """Every norm is above a tiny spike threshold: each step is skipped (weights unchanged)
+    and the run stops after global_norm_skip_time of them, with a one-line reason."""
+    args = ["--config", str(EXAMPLE), "--output-dir", str(tmp_path)]
+    for value in overrides(data_prefix, 6, "checkpoint.enable_save=false",
+                           "training.use_skip_step_on_nan=true",
+                           "monitor.health_checkpoint.global_norm_skip_threshold=1e-9",
+                           "monitor.health_checkpoint.global_norm_skip_time=2"):
+        args += ["--set", value]
+    assert run(args) == 1
+    err = capsys.readouterr().err
+    assert "mf-train: 2 steps in a row were skipped" in err and "stopping at step 2" in err
+    lines = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [line["skipped"] for line in lines if "event" not in line] == [True, True]
+    assert "step [1/6]" in (tmp_path / "logs" / "train.log").read_text()

@@ -101,6 +101,17 @@ def _validated(args: argparse.Namespace, world_size: int) -> tuple[object, objec
     return config, source
 
 
+def _log_to_file(path: Path) -> logging.Handler:
+    """Also write the log to `path` (the run's log under its output directory); the caller
+    removes the returned handler when the run ends."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    handler = logging.FileHandler(path, encoding="utf-8")
+    handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s %(message)s"))
+    logging.getLogger().addHandler(handler)
+    logging.getLogger("mf_train").setLevel(logging.INFO)  # even if logging was set up before
+    return handler
+
+
 def run_training(argv: Sequence[str], *, world_size: int) -> int:
     """Validate, build and train in this process (one rank of `world_size`)."""
     args = _parser().parse_args(argv)
@@ -112,19 +123,25 @@ def run_training(argv: Sequence[str], *, world_size: int) -> int:
     if validated is None:
         return 2
     config, source = validated
-    from .trainer import Trainer
+    from .trainer import Trainer, TrainingStopped
 
     output_dir = Path(args.output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)
+    # ranks started by msrun log to <output-dir>/logs/worker_<rank>.log already
+    handler = _log_to_file(output_dir / "logs" / "train.log") if world_size == 1 else None
     try:
         trainer = Trainer(config, output_dir=output_dir, source=source,
                           world_size=world_size)
         trainer.train()
-    except (ConfigError, DataError, ValueError, OSError) as exc:
+    except (ConfigError, DataError, ValueError, OSError, TrainingStopped) as exc:
         if world_size > 1:  # a rank: the traceback's last line is what the launcher reports
             raise
         print(f"mf-train: {exc}", file=sys.stderr)  # bad input found while building
         return 2 if isinstance(exc, ConfigError) else 1
+    finally:
+        if handler is not None:
+            logging.getLogger().removeHandler(handler)
+            handler.close()
     return 0
 
 

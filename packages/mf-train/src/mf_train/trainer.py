@@ -53,6 +53,10 @@ def make_job_plan(config: TrainConfig, world_size: int) -> Plan:
                      num_layers=config.model.layer_count(), seq_length=seq)
 
 
+class TrainingStopped(RuntimeError):
+    """Training cannot usefully go on (too many skipped steps); the message says why."""
+
+
 class Trainer:
     """Trains the configured model on this rank; see the module docstring for the order."""
 
@@ -274,6 +278,21 @@ class Trainer:
         self.consumed_samples = stream.consumed_samples
         return outcome
 
+    def _check_skips(self, in_a_row: int) -> None:
+        """Stop after too many skipped steps in a row: `training.max_consecutive_skipped_steps`
+        when set (> 0), else `monitor.health_checkpoint.global_norm_skip_time`."""
+        training = self.config.training
+        limit = training.max_consecutive_skipped_steps or \
+            self.config.monitor.health_checkpoint.global_norm_skip_time
+        if in_a_row >= limit:
+            raise TrainingStopped(
+                f"{in_a_row} steps in a row were skipped (gradient norm not finite or above "
+                f"monitor.health_checkpoint.global_norm_skip_threshold "
+                f"{self.config.monitor.health_checkpoint.global_norm_skip_threshold}); "
+                f"stopping at step {self.step_count} (limit {limit}: "
+                "training.max_consecutive_skipped_steps, else health_checkpoint."
+                "global_norm_skip_time)")
+
     def context(self) -> Any:
         """What the callbacks see of this run."""
         from .callbacks import TrainContext
@@ -289,7 +308,7 @@ class Trainer:
 
         stream, ctx = self.stream(), self.context()
         outcomes: list[StepOutcome] = []
-        last = None
+        last, skipped_in_a_row = None, 0
         self.callbacks.on_train_begin(ctx)
         try:
             while self.step_count < self.config.training.steps:
@@ -305,6 +324,8 @@ class Trainer:
                     consumed_samples=self.consumed_samples, skipped=outcome.skipped)
                 self.callbacks.on_step_end(ctx, last)
                 self.save_checkpoint(ctx)
+                skipped_in_a_row = skipped_in_a_row + 1 if outcome.skipped else 0
+                self._check_skips(skipped_in_a_row)
             self.checkpoints.wait()
         finally:
             self.callbacks.on_train_end(ctx, last)
