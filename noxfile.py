@@ -68,11 +68,10 @@ def train(session: nox.Session) -> None:
 @nox.session
 def bench(session: nox.Session) -> None:
     """Benchmarks, each against a baseline measured in the same run."""
-    session.install(f"{ROOT / 'packages' / 'mf-config'}",
-                    f"{ROOT / 'packages' / 'mf-parallel'}[runtime]",
-                    f"{ROOT / 'packages' / 'mf-memory'}")
+    install_packages(session)
     session.run("python", "benchmarks/config_load.py", *session.posargs)
     session.run("python", "benchmarks/dp_sync.py")
+    session.run("python", "benchmarks/train_step.py")
     session.run("python", "benchmarks/sharded_memory.py")
     session.run("python", "benchmarks/memory.py")
 

@@ -97,16 +97,19 @@ class CheckpointManager:
         return last or step % self.config.save_interleaved_steps == 0
 
     def save(self, step: int, model_params: Mapping[str, np.ndarray],
-             optimizer_state: Mapping[str, np.ndarray] | None, state: TrainState) -> None:
+             optimizer_state: Mapping[str, np.ndarray] | None, state: TrainState, *,
+             owned: bool = False) -> None:
         """Write the checkpoint of step `step`. `state.rng` None: this rank's generator
         states are captured now. Returns once written, or, with `async_save`, once the
-        arrays are copied (the write continues in the background)."""
+        arrays are copied (the write continues in the background). `owned`: the arrays are
+        private copies nothing else will change (as `model_arrays` and `state_dict()` return),
+        so an asynchronous save need not copy them again."""
         self.wait()
         if step < 1:
             raise ValueError(f"checkpoint step must be >= 1, got {step}")
         if not self.config.save_path:
             raise ValueError("checkpoint.save_path is empty: nowhere to save")
-        job = self._job(step, model_params, optimizer_state, state)
+        job = self._job(step, model_params, optimizer_state, state, owned)
         self._prepare(job)
         self._last_saved = step
         if not self.config.async_save:
@@ -140,8 +143,9 @@ class CheckpointManager:
     # ----- steps of one save -----
 
     def _job(self, step: int, model_params: Mapping[str, np.ndarray],
-             optimizer_state: Mapping[str, np.ndarray] | None, state: TrainState) -> _Job:
-        copy = self.config.async_save
+             optimizer_state: Mapping[str, np.ndarray] | None, state: TrainState,
+             owned: bool) -> _Job:
+        copy = self.config.async_save and not owned
         optimizer = None
         if not self.config.no_save_optim:
             if optimizer_state is None:
