@@ -4,8 +4,6 @@ failing rank stops the job with that rank's error."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -18,14 +16,6 @@ ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "qwen3_tiny.yaml"
 pytestmark = pytest.mark.ranks
 
-
-@pytest.fixture(scope="module")
-def data_prefix(tmp_path_factory) -> str:
-    prefix = tmp_path_factory.mktemp("data") / "tiny_text_document"
-    subprocess.run([sys.executable, "-m", "mf_data", "preprocess", "--input",
-                    str(ROOT / "examples" / "data" / "tiny.jsonl"), "--output-prefix",
-                    str(prefix)], check=True, capture_output=True)
-    return str(prefix)
 
 
 def arguments(prefix: str, output: Path) -> list[str]:
@@ -44,9 +34,11 @@ def losses(output: Path) -> list[float]:
 
 
 def test_two_rank_data_parallel_matches_one_process(data_prefix, tmp_path) -> None:
+    """Replicated data parallelism (data_parallel_shard 1; the sharded strategies are
+    test_train_sharded.py's)."""
     assert run([*arguments(data_prefix, tmp_path / "one")]) == 0
-    assert run([*arguments(data_prefix, tmp_path / "two"), "--nproc", "2",
-                "--timeout", "300"]) == 0
+    assert run([*arguments(data_prefix, tmp_path / "two"), "--set",
+                "parallelism.data_parallel_shard=1", "--nproc", "2", "--timeout", "300"]) == 0
     one, two = losses(tmp_path / "one"), losses(tmp_path / "two")
     assert len(one) == len(two) == 4
     assert two == pytest.approx(one, rel=1e-5)

@@ -21,14 +21,6 @@ ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "qwen3_tiny.yaml"
 
 
-@pytest.fixture(scope="module")
-def data_prefix(tmp_path_factory) -> str:
-    prefix = tmp_path_factory.mktemp("data") / "tiny_text_document"
-    subprocess.run([sys.executable, "-m", "mf_data", "preprocess", "--input",
-                    str(ROOT / "examples" / "data" / "tiny.jsonl"), "--output-prefix",
-                    str(prefix)], check=True, capture_output=True)
-    return str(prefix)
-
 
 def overrides(prefix: str, steps: int, *more: str) -> list[str]:
     return [*more, f"train_dataset.dataloader.config.data_path=['1','{prefix}']",

@@ -94,7 +94,7 @@ def _validated(args: argparse.Namespace, world_size: int) -> tuple[object, objec
     try:
         source = load_source(args.config, args.overrides)
         config = config_from_source(source)
-        make_job_plan(config, world_size=world_size)
+        make_job_plan(config, world_size=world_size, source=source)
     except (ConfigError, UnreadableFile, PlanError) as exc:
         print(f"mf-train: {exc}", file=sys.stderr)
         return None

@@ -9,6 +9,11 @@ all gradients; when it exceeds `training.max_norm` every gradient is scaled by
 `training.use_skip_step_on_nan` a step whose norm is not finite, or above
 `monitor.health_checkpoint.global_norm_skip_threshold`, is skipped: no update, the optimizer's
 step count unchanged.
+
+Under a sharded data-parallel strategy (ZeRO-1/2, FSDP) the optimizer owns the reduction: it is
+a `ReducingOptimizer` (`mf_train.sharded_optimizer.ShardedAdamW`), which reduces the local
+gradients to this rank's slice, returns the global norm computed from the slices, and applies
+the clip coefficient to its slice in `step_reduced`.
 """
 
 from __future__ import annotations
@@ -17,7 +22,7 @@ import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 import mindspore as ms
 import numpy as np
@@ -46,8 +51,26 @@ class StepObserver(Protocol):
     def reduced(self, loss: Tensor, grads: Sequence[Tensor]) -> None: ...
 
 
+@runtime_checkable
+class ReducingOptimizer(Protocol):
+    """An optimizer that reduces the gradients itself (sharded data parallelism)."""
+
+    def reduce_gradients(self, grads: Sequence[Tensor]) -> float:
+        """Reduce this rank's local gradients; the global L2 norm of the reduced ones."""
+        ...
+
+    def step_reduced(self, lr: float, clip: float = 1.0) -> None:
+        """Update from the reduced gradients scaled by `clip`."""
+        ...
+
+    def discard_reduced(self) -> None:
+        """Forget the reduced gradients (a skipped step)."""
+        ...
+
+
 class TrainStep:
-    """Runs optimizer steps of `model` with `optimizer` (mf_train.optim's interface)."""
+    """Runs optimizer steps of `model` with `optimizer` (mf_train.optim's interface, or a
+    `ReducingOptimizer`, which then replaces `reduce_grads` and `norm_of`)."""
 
     def __init__(self, model: nn.Cell, optimizer, *, max_norm: float,
                  skip_threshold: float | None = None,
@@ -64,6 +87,10 @@ class TrainStep:
         self.average_loss = average_loss
         self.observer = observer
         self.norm_of = norm_of or global_norm
+        self.reducing = isinstance(optimizer, ReducingOptimizer)
+        if self.reducing and (reduce_grads is not None or norm_of is not None):
+            raise ValueError("TrainStep: an optimizer that reduces gradients itself takes no "
+                             "reduce_grads or norm_of")
         self._scale = 1.0
         self._grad_fn = ms.value_and_grad(self._forward, None, self.params)
 
@@ -89,16 +116,27 @@ class TrainStep:
         assert loss_sum is not None and grads is not None
         if self.observer is not None:
             self.observer.reduced(loss_sum, grads)
-        if self.reduce_grads is not None:
+        if self.reducing:
+            norm = self.optimizer.reduce_gradients(grads)
+        elif self.reduce_grads is not None:
             grads = list(self.reduce_grads(grads))
         if self.average_loss is not None:
             loss_sum = self.average_loss(loss_sum)
-        norm = self.norm_of(grads)
+        if not self.reducing:
+            norm = self.norm_of(grads)
         skipped = self._should_skip(norm)
-        if not skipped:
+        if self.reducing:
+            self._sharded_update(norm, lr, skipped)
+        elif not skipped:
             self.optimizer.step(clipped(grads, norm, self.max_norm), lr)
         return StepOutcome(loss=float(loss_sum.asnumpy()), grad_norm=norm, skipped=skipped,
                            tokens=tokens, seconds=time.perf_counter() - start)
+
+    def _sharded_update(self, norm: float, lr: float, skipped: bool) -> None:
+        if skipped:
+            self.optimizer.discard_reduced()
+        else:
+            self.optimizer.step_reduced(lr, clip_coefficient(norm, self.max_norm))
 
     def _should_skip(self, norm: float) -> bool:
         if self.skip_threshold is None:
@@ -134,9 +172,15 @@ def tensor_parallel_norm(sharded: Sequence[bool],
     return norm
 
 
-def clipped(grads: Sequence[Tensor], norm: float, max_norm: float) -> list[Tensor]:
-    """`grads` scaled by `max_norm / (norm + 1e-6)` when that is below 1, else unchanged."""
+def clip_coefficient(norm: float, max_norm: float) -> float:
+    """`max_norm / (norm + 1e-6)` when that is below 1 (or not a number), else 1."""
     coef = max_norm / (norm + CLIP_EPS)
-    if coef >= 1.0:
+    return 1.0 if coef >= 1.0 else coef
+
+
+def clipped(grads: Sequence[Tensor], norm: float, max_norm: float) -> list[Tensor]:
+    """`grads` scaled by `clip_coefficient(norm, max_norm)` when below 1, else unchanged."""
+    coef = clip_coefficient(norm, max_norm)
+    if coef == 1.0:
         return list(grads)
     return [g * coef for g in grads]

@@ -7,10 +7,16 @@ order, each component from the typed section it needs: backend and seeds (`conte
 LR schedule, the resumed state (`checkpoint.load_path`), the data stream (`train_dataset`, from
 the consumed-sample count), and the callbacks. `train()` then runs `training.steps` optimizer
 steps, each of `plan.batch.accumulation_steps()` micro-batches (`train_step.TrainStep`).
+
+Data parallelism runs as `data_sharding` decides: replicated (gradients all-reduced) with a
+shard degree of 1, else `parallelism.data_parallel_shard_strategy` (ZeRO-1, ZeRO-2 or FSDP,
+with `sharded_optimizer.ShardedAdamW`). Under FSDP the model holds placeholders between steps:
+checkpoints gather the whole parameters to save them and to load weights (`_whole_model`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import random
 from pathlib import Path
@@ -23,7 +29,7 @@ from mf_config import TrainConfig
 from mf_config.yaml_source import Source
 from mf_parallel import Plan, make_plan
 
-from .train_step import StepOutcome, TrainStep
+from .train_step import ReducingOptimizer, StepOutcome, TrainStep
 
 LOG = logging.getLogger("mf_train")
 
@@ -45,12 +51,18 @@ def seed_everything(seed: int, deterministic: bool) -> None:
         ms.set_context(deterministic="ON")
 
 
-def make_job_plan(config: TrainConfig, world_size: int) -> Plan:
+def make_job_plan(config: TrainConfig, world_size: int, source: Source | None = None) -> Plan:
     """The parallel plan of this configuration on `world_size` ranks (`PlanError` if it does
-    not fit); also what `mf-train` checks before it touches a device."""
+    not fit, `ConfigError` if the sharded data-parallel strategy cannot run with the rest of
+    the configuration); also what `mf-train` checks before it touches a device."""
+    from .data_sharding import check_sharding
+
     seq = config.model.get("seq_length")
-    return make_plan(config.parallelism, config.training, world_size,
+    plan = make_plan(config.parallelism, config.training, world_size,
                      num_layers=config.model.layer_count(), seq_length=seq)
+    check_sharding(plan.dims, parallelism=config.parallelism, optimizer=config.optimizer,
+                   swap=config.swap, recompute_comm=config.recompute_comm, source=source)
+    return plan
 
 
 class TrainingStopped(RuntimeError):
@@ -70,7 +82,7 @@ class Trainer:
         ms.set_context(mode=ms.PYNATIVE_MODE)
         ms.set_device(self.device)
         seed_everything(config.training.seed, config.training.deterministic)
-        self.plan = make_job_plan(config, world_size)
+        self.plan = make_job_plan(config, world_size, source)
         self.comm = init_communication(self.plan, self.device)
         self.collectives = Collectives(self.comm)
         self.tensor_group = self._tensor_group()
@@ -123,15 +135,36 @@ class Trainer:
         return swap
 
     def _build_optimizer(self) -> tuple[Any, Any]:
+        """The optimizer (sharded AdamW under a sharded data-parallel strategy, which for FSDP
+        also shards the model) and the LR schedule."""
+        from .data_sharding import build_sharded_optimizer, describe, sharded_strategy
         from .lr_schedules import build_lr_schedule
         from .optim import build_optimizer
 
-        named = [(p.name, p) for p in self.model.trainable_params()]
-        optimizer = build_optimizer(self.config.optimizer, named, self.source)
+        parallelism = self.config.parallelism
+        strategy = sharded_strategy(parallelism, self.plan.dims)
+        if strategy is None:
+            named = [(p.name, p) for p in self.model.trainable_params()]
+            optimizer = build_optimizer(self.config.optimizer, named, self.source)
+        else:
+            optimizer = build_sharded_optimizer(
+                strategy, self.config.optimizer, self.model, self.collectives,
+                reshard_policy=parallelism.reshard_after_forward_policy,
+                pipeline_parallel=self.plan.dims.pipeline, source=self.source)
         schedule = build_lr_schedule(self.config.lr_scheduler, self.config.training.steps,
                                      self.source)
-        LOG.info("optimizer %s; %s", self.config.optimizer.type, schedule.describe())
+        LOG.info("%s; optimizer %s; %s", describe(parallelism, self.plan.dims),
+                 self.config.optimizer.type, schedule.describe())
         return optimizer, schedule
+
+    def _whole_model(self) -> Any:
+        """A context in which the model's parameters are whole: FSDP gathers them (every
+        rank enters it together) and frees them after; a no-op otherwise."""
+        from .sharded_optimizer import ShardedAdamW
+
+        if isinstance(self.optimizer, ShardedAdamW):
+            return self.optimizer.whole_model()
+        return contextlib.nullcontext()
 
     def _build_checkpoints(self) -> Any:
         """The checkpoint manager; an empty `checkpoint.save_path` means
@@ -153,19 +186,29 @@ class Trainer:
 
     @staticmethod
     def _barrier() -> None:
-        from mindspore.mint.distributed import barrier
+        """Every rank waits for all: an all-reduce over the world group, read back so that it
+        completes (`mindspore.mint.distributed.barrier` returns at once on the CPU backend,
+        logging "CPU device is not supported", so ranks ran past each other)."""
+        from mindspore import communication, ops
 
-        barrier()
+        group = communication.GlobalComm.WORLD_COMM_GROUP
+        ops.AllReduce(group=group)(ms.Tensor(np.ones(1, np.float32))).asnumpy()
 
     def _resume(self) -> Any:
         """Model, optimizer, step, consumed samples and RNG from `checkpoint.load_path`."""
-        from .checkpoint import apply_model_params, restore_rng_state, resume
-        from .models import load_hf_state
+        from .checkpoint import resume
 
         resumed = resume(self.config.checkpoint, self.comm.rank, self.comm.world_size,
                          self.source)
         if resumed is None:
             return None
+        with self._whole_model():
+            return self._apply_resumed(resumed)
+
+    def _apply_resumed(self, resumed: Any) -> Any:
+        from .checkpoint import apply_model_params, restore_rng_state
+        from .models import load_hf_state
+
         if resumed.kind == "hf":
             load_hf_state(self.model, resumed.model_params)
             self.optimizer.reload_main_params_from_model()
@@ -197,8 +240,9 @@ class Trainer:
         state = TrainState(global_step=step, consumed_samples=self.consumed_samples,
                            global_batch_size=self.config.training.global_batch_size,
                            step_num=total)
-        self.checkpoints.save(step, model_arrays(self.model.parameters_and_names()),
-                              optimizer_state, state)
+        with self._whole_model():
+            arrays = model_arrays(self.model.parameters_and_names())
+        self.checkpoints.save(step, arrays, optimizer_state, state, owned=True)  # host copies
         self.callbacks.on_save(ctx, step, self.checkpoints.root / iteration_name(step))
 
     def _build_callbacks(self) -> Any:
@@ -222,10 +266,13 @@ class Trainer:
         params = self.optimizer.params
         sync = GradientSync(self.collectives, [tuple(p.shape) for p in params], average=True)
         data_parallel = sync.size > 1
+        # A sharded optimizer reduces, takes the norm and clips on its slices itself.
+        whole = not isinstance(self.optimizer, ReducingOptimizer)
         return TrainStep(self.model, self.optimizer, max_norm=self.config.training.max_norm,
                          skip_threshold=skip,
-                         reduce_grads=self._gradient_reduction(sync if data_parallel else None),
-                         norm_of=self._norm(),
+                         reduce_grads=self._gradient_reduction(sync if data_parallel else None)
+                         if whole else None,
+                         norm_of=self._norm() if whole else None,
                          average_loss=(lambda loss: sync.average_loss(loss, "data"))
                          if data_parallel else None,
                          observer=MonitorObserver(

@@ -19,9 +19,13 @@ parameter of a resharding unit by a reference to it, and hands the parameter bac
 re-gathered by the backward pre-hook, when the backward pass needs it. A saved view of a
 parameter with another shape (a transposed weight) is kept as it is: correct, not freed.
 
-`step` reduce-scatters each unit's gradients (then sums over the replicate group with HSDP)
-and updates the slices with AdamW, which is element-wise, so the result equals plain data
-parallelism: the tests compare them on real ranks. Parameters must be used only inside the
+`reduce_grads(grads)` reduce-scatters each unit's gradients (then sums over the replicate group
+with HSDP) and returns this rank's slice of each unit; the caller updates the slices with any
+element-wise optimizer (mf-train's AdamW with per-element weight decay) and hands them back
+with `publish(slices)`, which makes them the units' masters: the next forward pass gathers
+them. `step(grads)` does both with `mindspore.experimental.optim.AdamW` (one lr, one weight
+decay) when the wrapper was built with `lr`. AdamW is element-wise, so the result equals plain
+data parallelism: the tests compare them on real ranks. Parameters must be used only inside the
 cell that owns them (no weight shared between units), and units must not nest.
 """
 
@@ -133,7 +137,7 @@ class FullyShardedDataParallel:
     """
 
     def __init__(self, model: nn.Cell, units: Sequence[nn.Cell], collectives: Collectives, *,
-                 lr: float, reshard_after_forward_policy: str = "default",
+                 lr: float | None = None, reshard_after_forward_policy: str = "default",
                  pipeline_parallel: int = 1, betas: tuple[float, float] = (0.9, 0.95),
                  eps: float = 1e-8, weight_decay: float = 0.0, average: bool = True):
         self.params = list(model.trainable_params())
@@ -149,11 +153,29 @@ class FullyShardedDataParallel:
         for cell, unit in zip(units, self.units, strict=True):
             self._hook_unit(cell, unit)
         self._hook_root(model)
-        self.optimizer = AdamW([u.master for u in self._all_units()], lr=lr, betas=betas,
-                               eps=eps, weight_decay=weight_decay)
+        self.optimizer = None if lr is None else AdamW(
+            [u.master for u in self._all_units()], lr=lr, betas=betas, eps=eps,
+            weight_decay=weight_decay)
+
+    @property
+    def buffers(self) -> list[ShardedUnit]:
+        """The units in the order of `reduce_grads`' and `publish`'s slices: the cells' units
+        in forward order, then the root unit (if any). Each has `.params`, `.flat` (its
+        `FlatShard`) and `.master` (this rank's slice, in the parameters' dtype)."""
+        return self._all_units()
 
     def step(self, grads: Sequence[ms.Tensor]) -> None:
-        """Reduce-scatter `grads` (aligned with `self.params`) and update every slice."""
+        """Reduce-scatter `grads` (aligned with `self.params`) and update every slice with
+        the built-in AdamW."""
+        if self.optimizer is None:
+            raise RuntimeError("FullyShardedDataParallel was built without lr: the caller "
+                               "updates the slices (reduce_grads, then publish)")
+        self.optimizer(tuple(self.reduce_grads(grads)))
+
+    def reduce_grads(self, grads: Sequence[ms.Tensor]) -> list[ms.Tensor]:
+        """This rank's slice of each unit's gradients (`grads` aligned with `self.params`),
+        summed over the data-parallel ranks, averaged when `average`; in `buffers` order.
+        Frees every gathered parameter first: the step's forward and backward are over."""
         if len(grads) != len(self.params):
             raise ValueError(f"expected {len(self.params)} gradients, got {len(grads)}")
         self.reshard()
@@ -164,7 +186,25 @@ class FullyShardedDataParallel:
             if self.average:
                 mine = mine * (1.0 / (unit.flat.shards * unit.flat.replicas))
             slices.append(mine)
-        self.optimizer(tuple(slices))
+        return slices
+
+    def publish(self, slices: Sequence[ms.Tensor]) -> None:
+        """Make `slices` (this rank's new slice of each unit, in `buffers` order) the units'
+        masters; the next forward pass gathers them. Local: no communication."""
+        units = self._all_units()
+        lengths = [unit.flat.length for unit in units]
+        if [tuple(s.shape) for s in slices] != [(n,) for n in lengths]:
+            raise ValueError(f"publish expects slices of {lengths} elements, got "
+                             f"{[tuple(s.shape) for s in slices]}")
+        self.reshard()
+        for unit, mine in zip(units, slices, strict=True):
+            unit.master.set_data(ops.cast(mine, unit.master.dtype))
+
+    def unshard(self) -> None:
+        """Gather every unit's parameters into the model (a collective: all ranks call it),
+        to read or load whole parameters; `reshard` frees them again."""
+        for unit in self._all_units():
+            unit.unshard()
 
     def reshard(self) -> None:
         """Free every gathered parameter (after an evaluation forward pass, say)."""

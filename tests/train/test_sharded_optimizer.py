@@ -1,0 +1,252 @@
+"""Sharded AdamW in one process: the slice math against numpy AdamW on whole tensors (a slice
+that starts mid-parameter and ends in padding), per-element weight decay, the state dict's
+layout check, and FSDP's hooks with recompute inside the training step (the 2-rank runs are
+in test_train_sharded.py)."""
+
+from __future__ import annotations
+
+import math
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+pytest.importorskip("mindspore")
+
+import mindspore as ms
+from mindspore import Parameter, Tensor, ops
+
+from mf_config import (
+    LayerSpec,
+    ModelConfig,
+    OptimizerConfig,
+    ParallelismConfig,
+    RecomputeConfig,
+    TrainingConfig,
+)
+from mf_memory.recompute import apply_recompute
+from mf_parallel import make_plan
+from mf_parallel.runtime import Collectives, init_communication
+from mf_train.data_sharding import build_sharded_optimizer
+from mf_train.models import build_model
+from mf_train.optim import OptimizerStateError, build_optimizer
+from mf_train.sharded_optimizer import ShardedAdamW
+from mf_train.train_step import TrainStep
+
+ms.set_context(mode=ms.PYNATIVE_MODE)
+ms.set_device("CPU")
+
+BETAS, EPS, LR, WD = (0.9, 0.95), 1e-8, 0.05, 0.1
+
+
+# ---------------------------------------------------------------- the slice math, on a stub
+
+
+class StubShard:
+    """Stands in for mf-parallel: 3 ranks share a flat buffer of 13 elements (padded to 15);
+    this is rank 1, owning elements 5..9, which cut `a` (0..5) and `b` (6..11) apart."""
+
+    def __init__(self, params):
+        self.params = params
+        numels = [int(np.prod(p.shape)) for p in params]
+        self.flat = SimpleNamespace(start=5, length=5, numels=numels, total=sum(numels))
+        self.master = Parameter(Tensor(self._flat(params)[5:10]), name="stub_master")
+        self.buffers = [self]
+        self.published = []
+
+    @staticmethod
+    def _flat(arrays) -> np.ndarray:
+        flat = np.concatenate([np.asarray(a.asnumpy() if hasattr(a, "asnumpy") else a,
+                                          np.float32).reshape(-1) for a in arrays])
+        return np.concatenate([flat, np.zeros(15 - flat.size, np.float32)])
+
+    def reduce_grads(self, grads):
+        return [Tensor(self._flat(grads)[5:10])]
+
+    def publish(self, slices):
+        self.published.append(slices[0].asnumpy().copy())
+
+
+def stub_collectives(squares_elsewhere: float = 0.0) -> SimpleNamespace:
+    comm = SimpleNamespace(group_size=lambda kind: 3, group_rank=lambda kind: 1)
+    return SimpleNamespace(comm=comm,
+                           all_reduce=lambda t, kind: t + squares_elsewhere)
+
+
+def numpy_adamw(p, g, m, v, step, lr, wd):
+    p = p * np.float32(1.0 - lr * wd)
+    m = m * BETAS[0] + g * (1 - BETAS[0])
+    v = v * BETAS[1] + g * g * (1 - BETAS[1])
+    denominator = np.sqrt(v / (1 - BETAS[1] ** step)) + EPS
+    return p - (lr / (1 - BETAS[0] ** step)) * (m / denominator), m, v
+
+
+def stub_problem():
+    rng = np.random.default_rng(0)
+    a = Parameter(Tensor(rng.normal(size=(2, 3)).astype(np.float32)), name="a")  # decayed
+    b = Parameter(Tensor(rng.normal(size=(6,)).astype(np.float32)), name="b.bias")  # not
+    c = Parameter(Tensor(rng.normal(size=(1,)).astype(np.float32)), name="c")  # not owned
+    sharded = StubShard([a, b, c])
+    optimizer = ShardedAdamW([("a", a), ("b.bias", b), ("c", c)], sharded,
+                             stub_collectives(), betas=BETAS, eps=EPS,
+                             weight_decays=[WD, 0.0, WD])
+    grads = [Tensor(rng.normal(size=shape).astype(np.float32)) for shape in ((2, 3), (6,), (1,))]
+    return sharded, optimizer, grads
+
+
+def test_slice_update_equals_whole_tensor_adamw_with_per_parameter_decay() -> None:
+    sharded, optimizer, grads = stub_problem()
+    whole = [p.asnumpy().reshape(-1) for p in sharded.params]
+    moments = [(np.zeros_like(w), np.zeros_like(w)) for w in whole]
+    flat_grads = [g.asnumpy().reshape(-1) for g in grads]
+    for step in (1, 2, 3):
+        optimizer.step(grads, LR)
+        for i, rate in enumerate((WD, 0.0, WD)):
+            whole[i], m, v = numpy_adamw(whole[i], flat_grads[i], *moments[i], step, LR, rate)
+            moments[i] = (m, v)
+        expected = StubShard._flat(whole)[5:10]
+        np.testing.assert_allclose(sharded.published[-1], expected, rtol=1e-6, atol=1e-7)
+    assert optimizer.global_step == 3
+    # elements 5 (a, decayed) and 6..9 (b.bias, not decayed): ids into the rates [0.0, 0.1]
+    assert optimizer.rates == [0.0, WD]
+    assert optimizer.rate_ids.asnumpy().tolist() == [1, 0, 0, 0, 0]
+
+
+def test_norm_sums_the_squares_of_every_ranks_slice() -> None:
+    sharded, _, grads = stub_problem()
+    optimizer = ShardedAdamW([(p.name, p) for p in sharded.params], sharded,
+                             stub_collectives(squares_elsewhere=4.0), betas=BETAS, eps=EPS)
+    mine = StubShard._flat(grads)[5:10]
+    norm = optimizer.reduce_gradients(grads)
+    assert norm == pytest.approx(math.sqrt(float((mine ** 2).sum()) + 4.0), rel=1e-6)
+
+
+def test_clip_scales_the_slice_like_the_whole_gradient() -> None:
+    (s1, clipped_opt, grads), (s2, scaled_opt, _) = stub_problem(), stub_problem()
+    clipped_opt.reduce_gradients(grads)
+    clipped_opt.step_reduced(LR, clip=0.25)
+    scaled_opt.reduce_gradients([g * 0.25 for g in grads])
+    scaled_opt.step_reduced(LR)
+    np.testing.assert_array_equal(s1.published[-1], s2.published[-1])
+
+
+def test_state_dict_round_trip_and_layout_check() -> None:
+    _, optimizer, grads = stub_problem()
+    optimizer.step(grads, LR)
+    state = optimizer.state_dict()
+    assert sorted(state) == ["adam_m.flat", "adam_v.flat", "global_step", "main_param.flat",
+                             "shard_layout"]
+    assert state["shard_layout"].tolist() == [3, 1, 13, 5, 1]
+    _, fresh, _ = stub_problem()
+    fresh.load_state_dict(state)
+    assert fresh.global_step == 1
+    np.testing.assert_array_equal(fresh.exp_avg_sq.asnumpy(), state["adam_v.flat"])
+    other = dict(state, shard_layout=np.array([2, 1, 13, 7, 1], np.int64))
+    with pytest.raises(OptimizerStateError, match=r"saved with shard degree 2, shard rank 1, "
+                                                  r"elements 13, slice length 7, buffers 1; "
+                                                  r"this run has shard degree 3"):
+        fresh.load_state_dict(other)
+    with pytest.raises(OptimizerStateError, match=r"missing key 'adam_m.flat'"):
+        fresh.load_state_dict({k: v for k, v in state.items() if k != "adam_m.flat"})
+
+
+def test_groups_summary_names_the_decayed_parameters() -> None:
+    _, optimizer, _ = stub_problem()
+    assert optimizer.groups_summary() == {"weight_decay": ["a", "c"],
+                                          "no_weight_decay": ["b.bias"]}
+
+
+# ---------------------------------------------------------------- FSDP hooks in the step
+
+SIZES = {"vocab_size": 64, "hidden_size": 16, "intermediate_size": 32,
+         "num_hidden_layers": 2, "num_attention_heads": 2, "num_key_value_heads": 1,
+         "head_dim": 8, "rms_norm_eps": 1e-6, "max_position_embeddings": 16,
+         "tie_word_embeddings": True}
+OPTIMIZER = OptimizerConfig(weight_decay=WD, weight_decay_exclude=["norm"])
+
+
+@pytest.fixture(scope="module")
+def collectives() -> Collectives:
+    plan = make_plan(ParallelismConfig(), TrainingConfig(global_batch_size=2,
+                                                         local_batch_size=2), 1)
+    return Collectives(init_communication(plan, "CPU"))
+
+
+def micro_batches(step: int) -> list[tuple[np.ndarray, np.ndarray, None]]:
+    data = np.random.default_rng(step).integers(0, SIZES["vocab_size"], (2, 9)).astype(np.int32)
+    return [(data[:, :-1], data[:, 1:], None)]
+
+
+def train(strategy: str | None, collectives, recompute: RecomputeConfig | None):
+    model = build_model(ModelConfig(model_type="qwen3", extras=dict(SIZES)), seed=5)
+    if recompute is not None:
+        apply_recompute(model, recompute)
+    if strategy is None:
+        optimizer = build_optimizer(OPTIMIZER, [(p.name, p) for p in model.trainable_params()])
+    else:
+        optimizer = build_sharded_optimizer(strategy, OPTIMIZER, model, collectives,
+                                            reshard_policy="always")
+    step = TrainStep(model, optimizer, max_norm=0.5)
+    outcomes = [step(micro_batches(i), lr=1e-2) for i in range(2)]
+    return model, optimizer, outcomes
+
+
+RECOMPUTE = {
+    "none": None,
+    "full": RecomputeConfig(mode="full", full_recompute_layer=[LayerSpec.parse("0-1")]),
+    "select": RecomputeConfig(mode="select",
+                              select_module={"attention": [LayerSpec.parse("0")],
+                                             "mlp": [LayerSpec.parse("1")]}),
+}
+
+
+@pytest.fixture(scope="module")
+def plain(collectives):
+    """The reference: mf_train's AdamW on whole tensors (recompute changes no bit)."""
+    _, optimizer, outcomes = train(None, collectives, None)
+    return optimizer, outcomes
+
+
+@pytest.mark.parametrize("recompute", list(RECOMPUTE))
+def test_fsdp_step_equals_plain_adamw(collectives, plain, recompute) -> None:
+    """One shard (collectives are the identity) but every FSDP hook at work: placeholders
+    between steps, gathers around each layer, saved weights replaced by references."""
+    plain_opt, plain = plain
+    _, sharded_opt, fsdp = train("optim_grads_params", collectives, RECOMPUTE[recompute])
+    assert all(tuple(p.shape) == (0,) for p in sharded_opt.params)  # placeholders
+    fsdp_wrapper = sharded_opt.sharded  # policy "always": each layer gathered twice a step
+    assert [unit.gathers for unit in fsdp_wrapper.units] == [4, 4]
+    assert fsdp_wrapper.root.gathers == 2
+    for got, want in zip(fsdp, plain, strict=True):
+        assert got.loss == pytest.approx(want.loss, rel=1e-6)
+        assert got.grad_norm == pytest.approx(want.grad_norm, rel=1e-5)
+    assert plain[0].grad_norm > 0.5  # clipping was at work
+    with sharded_opt.whole_model():
+        whole = [p.asnumpy().copy() for p in sharded_opt.params]
+    assert all(tuple(p.shape) == (0,) for p in sharded_opt.params)  # freed again
+    for got, want in zip(whole, plain_opt.params, strict=True):
+        np.testing.assert_allclose(got, want.asnumpy(), rtol=1e-5, atol=1e-6)
+
+
+def test_zero_step_equals_plain_adamw(collectives, plain) -> None:
+    plain_opt, plain = plain
+    _, zero_opt, zero = train("optim_grads", collectives, None)
+    for got, want in zip(zero, plain, strict=True):
+        assert got.loss == pytest.approx(want.loss, rel=1e-6)
+        assert got.grad_norm == pytest.approx(want.grad_norm, rel=1e-5)
+    for got, want in zip(zero_opt.params, plain_opt.params, strict=True):
+        np.testing.assert_allclose(got.asnumpy(), want.asnumpy(), rtol=1e-5, atol=1e-6)
+
+
+def test_fsdp_weights_load_inside_whole_model(collectives) -> None:
+    """Weights loaded into the gathered model become the slices (the resume path)."""
+    _, optimizer, _ = train("optim_grads_params", collectives, None)
+    with optimizer.whole_model():
+        for param in optimizer.params:
+            param.set_data(ops.ones(param.shape, param.dtype))
+        optimizer.reload_main_params_from_model()
+    assert optimizer.master.asnumpy().min() == optimizer.master.asnumpy().max() == 1.0
+    with optimizer.whole_model():
+        assert all(np.all(p.asnumpy() == 1.0) for p in optimizer.params)
+    with pytest.raises(RuntimeError, match=r"load the weights inside whole_model\(\)"):
+        optimizer.reload_main_params_from_model()
