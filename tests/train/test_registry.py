@@ -51,3 +51,17 @@ def test_missing_type() -> None:
     things.register("Alpha")(int)
     with pytest.raises(ConfigError, match=r"callbacks\[0\].type: required: one of Alpha"):
         things.get(None, ("callbacks", 0, "type"))
+
+
+def test_entry_point_of_an_installed_distribution(tmp_path, monkeypatch) -> None:
+    """A distribution publishing `mf_train.things` entry points (a real .dist-info directory on
+    sys.path, as pip installs it) adds its classes by name."""
+    (tmp_path / "my_plugin.py").write_text("class Widget:\n    pass\n")
+    info = tmp_path / "my_plugin-1.0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: my-plugin\nVersion: 1.0\n")
+    (info / "entry_points.txt").write_text("[mf_train.things]\nwidget = my_plugin:Widget\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    things = Registry("things")
+    assert "widget" in things.names()
+    assert things.get("widget", ("t",)).__name__ == "Widget"

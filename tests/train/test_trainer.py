@@ -195,3 +195,22 @@ def test_too_many_skipped_steps_stop_the_run(data_prefix, tmp_path, capsys) -> N
     lines = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert [line["skipped"] for line in lines if "event" not in line] == [True, True]
     assert "step [1/6]" in (tmp_path / "logs" / "train.log").read_text()
+
+
+def test_recompute_and_swap_in_the_trainer_leave_the_losses_unchanged(data_prefix,
+                                                                      tmp_path) -> None:
+    """The example's select recompute, then full recompute, then swap of every layer: the
+    same losses, bit for bit, as without them."""
+    variants = {"none": [], "select": ["recompute.mode=select"],
+                "full": ["recompute.mode=full", "recompute.full_recompute_layer=['0-3']",
+                         "recompute.select_module=null"],
+                "swap": ["swap.enable=true", "swap.layer_swap=[{layers: ['0-3']}]"]}
+    losses = {}
+    for name, extra in variants.items():
+        base = [v for v in overrides(data_prefix, 2, "checkpoint.enable_save=false")
+                if not v.startswith("recompute.mode")]
+        config = load_config(EXAMPLE, base + (extra or ["recompute.mode=None"]))
+        losses[name] = [o.loss for o in Trainer(config, output_dir=tmp_path / name).train()]
+    assert losses["select"] == losses["none"]
+    assert losses["full"] == losses["none"]
+    assert losses["swap"] == losses["none"]
