@@ -51,3 +51,16 @@ def test_source_gives_the_line(tmp_path) -> None:
     issue = info.value.errors[0]
     assert (issue.line, issue.path) == (10, "lr_scheduler.warmup_steps")
     assert str(issue).startswith(f"{path}:10: lr_scheduler.warmup_steps: must be >= 0")
+
+
+def test_architectures_as_hugging_face_writes_it() -> None:
+    from mf_config import TrainConfig
+
+    base = {"train_dataset": {"dataloader": {"type": "Mock"}},
+            "training": {"global_batch_size": 1}}
+    config = TrainConfig.from_dict({**base, "model": {"architectures": ["Qwen3ForCausalLM"]}})
+    assert config.model.architecture() == "Qwen3ForCausalLM"
+    assert TrainConfig.from_dict({**base, "model": {"architectures": "X"}}).model.architecture() \
+        == "X"
+    with pytest.raises(ConfigError, match=r"model.architectures: must name one model class"):
+        TrainConfig.from_dict({**base, "model": {"architectures": ["A", "B"]}})

@@ -418,7 +418,8 @@ def test_tensor_parallel_sizes_must_divide_heads_and_vocabulary() -> None:
 def test_build_model_dispatches_on_architectures_then_model_type() -> None:
     by_arch = build_model(ModelConfig(architectures="Qwen3ForCausalLM", extras=SIZES))
     by_type = build_model(ModelConfig(model_type="qwen3", extras=SIZES))
-    assert type(by_arch) is type(by_type) is Qwen3ForCausalLM
+    as_listed = build_model(ModelConfig(architectures=["Qwen3ForCausalLM"], extras=SIZES))
+    assert type(by_arch) is type(by_type) is type(as_listed) is Qwen3ForCausalLM
     with pytest.raises(ConfigError, match=r"model\.architectures: unknown models type 'Llama'"):
         build_model(ModelConfig(architectures="Llama", model_type="qwen3", extras=SIZES))
     with pytest.raises(ConfigError, match=r"model\.model_type: required"):
@@ -426,7 +427,8 @@ def test_build_model_dispatches_on_architectures_then_model_type() -> None:
 
 
 def test_a_qwen3_config_json_maps_straight_over() -> None:
-    """The keys of Qwen3-0.6B's config.json (architectures given as a string)."""
+    """The keys of Qwen3-0.6B's config.json (its `architectures` list is the model section's
+    own field: test_build_model_dispatches_on_architectures_then_model_type)."""
     config_json = {
         "attention_bias": False, "attention_dropout": 0.0, "bos_token_id": 151643,
         "eos_token_id": 151645, "head_dim": 128, "hidden_act": "silu", "hidden_size": 1024,

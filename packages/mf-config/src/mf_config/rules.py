@@ -284,6 +284,10 @@ def dataset_rules(check: Check) -> None:
 
 @rule("model")
 def model_rules(check: Check) -> None:
+    architectures = check.config.model.architectures
+    if isinstance(architectures, list) and len(architectures) != 1:
+        check.error(("model", "architectures"), "must name one model class (a string, or a "
+                    f"list of one as in Hugging Face's config.json), got {architectures}")
     extras = check.config.model.extras
     for name, least in (("num_hidden_layers", 1), ("num_layers", 1), ("mtp_num_layers", 0),
                         ("num_nextn_predict_layers", 0)):

@@ -239,7 +239,15 @@ class ModelConfig(OpenSection):
     """The model; structure keys (Hugging Face names) go to the model class."""
 
     model_type: str | None = setting(None, "Model type id, such as deepseek_v3 or qwen3.")
-    architectures: str | None = setting(None, "Model class name, such as DeepseekV3ForCausalLM.")
+    architectures: str | list[str] | None = setting(
+        None, "Model class name, such as DeepseekV3ForCausalLM (or Hugging Face's one-item list).")
+
+    def architecture(self) -> str | None:
+        """The class name of `architectures`, written as a string or as Hugging Face's
+        `config.json` writes it, a list of one."""
+        value = self.architectures
+        return value[0] if isinstance(value, list) and len(value) == 1 else (
+            value if isinstance(value, str) else None)
 
     def layer_count(self) -> int | None:
         """Decoder layers plus multi-token-prediction layers, when the section says them."""

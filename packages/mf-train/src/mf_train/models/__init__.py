@@ -38,6 +38,7 @@ def build_model(config: ModelConfig, *, tensor_group: TensorGroup | None = None,
     """The model `config` describes, on this rank's tensor group (None: one process, no
     communication). `seed` draws the initial weights (default: MindSpore's global seed, else
     0); a `ConfigError` names the `model.<key>` of every problem."""
-    key = "architectures" if config.architectures else "model_type"
-    cls: Any = MODELS.get(getattr(config, key), ("model", key), source)
+    name, key = ((config.architecture(), "architectures") if config.architectures
+                 else (config.model_type, "model_type"))
+    cls: Any = MODELS.get(name, ("model", key), source)
     return cls.from_config(config, tensor_group=tensor_group, source=source, seed=seed)
