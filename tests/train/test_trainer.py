@@ -214,3 +214,16 @@ def test_recompute_and_swap_in_the_trainer_leave_the_losses_unchanged(data_prefi
     assert losses["select"] == losses["none"]
     assert losses["full"] == losses["none"]
     assert losses["swap"] == losses["none"]
+
+
+def test_the_spec_skeleton_adapted_to_cpu_trains(data_prefix, tmp_path, caplog) -> None:
+    """examples/spec_skeleton_cpu.yaml: bfloat16 and flash attention say what runs instead."""
+    config = load_config(ROOT / "examples" / "spec_skeleton_cpu.yaml", [
+        f"train_dataset.dataloader.config.data_path=['1','{data_prefix}']", "training.steps=1",
+        "training.global_batch_size=2", "train_dataset.dataloader.config.seq_length=32",
+        "model.seq_length=32", "model.max_position_embeddings=32",
+        "checkpoint.enable_save=false"])
+    with caplog.at_level("WARNING"):
+        outcomes = Trainer(config, output_dir=tmp_path).train()
+    assert len(outcomes) == 1 and math.isfinite(outcomes[0].loss)
+    assert "model.compute_dtype: bfloat16 is not computed on the CPU backend" in caplog.text
