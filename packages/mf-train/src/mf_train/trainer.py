@@ -102,6 +102,9 @@ class Trainer:
         or None without tensor parallelism."""
         from mf_parallel.runtime.tensor_parallel import TensorGroup
 
+        if self.config.parallelism.cpu_offload:
+            LOG.warning("parallelism.cpu_offload has no effect: the trainer keeps parameters "
+                        "and optimizer state on the device")
         dims = self.plan.dims
         unsupported = [name for name, degree in (("pipeline_parallel", dims.pipeline),
                                                  ("context_parallel", dims.context))
