@@ -27,14 +27,46 @@ class Rampup:
     samples: int
     target: int
 
+    @property
+    def num_increments(self) -> int:
+        """How many times the global batch grows on its way to the target."""
+        return (self.target - self.start) // self.increment
+
+    @property
+    def samples_per_increment(self) -> float:
+        """Consumed samples between two growths (not always whole, as in Megatron-LM)."""
+        return self.samples / self.num_increments if self.num_increments else 0.0
+
+    @property
+    def active(self) -> bool:
+        """False when the ramp never lowers the batch: it starts at the target or over 0
+        samples."""
+        return self.global_batch_size(0) < self.target
+
     def global_batch_size(self, consumed_samples: int) -> int:
         """The global batch size after `consumed_samples` samples."""
-        steps = (self.target - self.start) // self.increment
+        steps = self.num_increments
         if steps == 0 or consumed_samples >= self.samples:
             return self.target
         samples_per_increment = self.samples / steps
         return min(self.target,
                    self.start + int(consumed_samples / samples_per_increment) * self.increment)
+
+    def next_growth(self, consumed_samples: int) -> int:
+        """The first consumed-sample count after `consumed_samples` with a larger global batch
+        (`ValueError` at the target). Estimated in integers, then settled on `global_batch_size`
+        itself, so that its float division and this can never disagree."""
+        current = self.global_batch_size(consumed_samples)
+        if current >= self.target:
+            raise ValueError(f"the global batch is at its target ({self.target}) after "
+                             f"{consumed_samples} samples; it grows no more")
+        level = (current - self.start) // self.increment + 1
+        at = max(consumed_samples + 1, -(-level * self.samples // self.num_increments))
+        while at > consumed_samples + 1 and self.global_batch_size(at - 1) > current:
+            at -= 1
+        while self.global_batch_size(at) == current:
+            at += 1
+        return at
 
 
 @attrs.frozen(kw_only=True)
@@ -78,8 +110,24 @@ class BatchPlan:
         return self.rampup.global_batch_size(consumed_samples)
 
     def effective_global_batch_size(self, consumed_samples: int | None = None) -> int:
-        """Samples really used per optimizer step: accumulation steps x data parallel x micro."""
+        """Samples really used per optimizer step: accumulation steps x data parallel x micro,
+        at `consumed_samples`; without it, the final one (after any ramp-up)."""
         return self.accumulation_steps(consumed_samples) * self.samples_per_micro_step
+
+    def rampup_steps(self) -> int:
+        """Optimizer steps taken before the global batch reaches its configured value, 0 without
+        ramp-up. Counted as the trainer steps: each step consumes the effective batch valid at
+        its start. It jumps from one growth of the batch to the next, so a ramp over millions of
+        samples costs at most one turn of the loop per increment, not one per step or sample."""
+        if self.rampup is None:
+            return 0
+        consumed = steps = 0
+        while self.rampup.global_batch_size(consumed) < self.global_batch_size:
+            batch = self.effective_global_batch_size(consumed)
+            taken = -(-(self.rampup.next_growth(consumed) - consumed) // batch)
+            steps += taken
+            consumed += taken * batch
+        return steps
 
     def warnings(self) -> list[str]:
         """A note when the configured global batch is rounded down."""
