@@ -36,6 +36,52 @@ def test_plan_of_a_pipeline_layout() -> None:
     assert summary["pipeline_bubble_fraction"] == round(1 / 9, 4)
 
 
+BATCH_KEYS = ("num_accumulation_steps", "global_batch_size", "effective_global_batch_size",
+              "final_num_accumulation_steps", "final_global_batch_size",
+              "final_effective_global_batch_size")
+
+
+def megatron_rampup_steps(start: int, increment: int, samples: int, target: int,
+                          micro_step: int) -> int:
+    """Optimizer steps below `target`, one at a time, with Megatron-LM's formula written out
+    here: each step consumes the global batch at its start, rounded down to `micro_step`."""
+    per_increment = samples / ((target - start) // increment)
+    consumed = steps = 0
+    while consumed < samples:
+        gbs = min(target, start + int(consumed / per_increment) * increment)
+        if gbs == target:
+            break
+        consumed += gbs // micro_step * micro_step
+        steps += 1
+    return steps
+
+
+def test_plan_summary_of_a_ramp() -> None:
+    """dp 2 x micro 4: 16 (2 accumulation steps) at step 0, 64 (8) once 3000 samples are in."""
+    plan = make_plan(ParallelismConfig(), TrainingConfig(
+        global_batch_size=64, local_batch_size=4, rampup_batch_size=[16, 16, 3000]), 2)
+    summary = plan_summary(plan)
+    assert {k: summary[k] for k in BATCH_KEYS} == {
+        "num_accumulation_steps": 2, "global_batch_size": 16, "effective_global_batch_size": 16,
+        "final_num_accumulation_steps": 8, "final_global_batch_size": 64,
+        "final_effective_global_batch_size": 64}
+    steps = megatron_rampup_steps(16, 16, 3000, 64, 8)
+    assert steps == 115  # 63 steps of 16, 31 of 32, 21 of 48
+    assert summary["rampup"] == {"start": 16, "increment": 16, "samples": 3000, "steps": steps}
+
+
+def test_plan_summary_without_a_ramp_keeps_its_meaning() -> None:
+    """Step 0 and final agree; the configured 20 still shows, with the effective 16 it uses."""
+    plan = make_plan(ParallelismConfig(), TrainingConfig(global_batch_size=20,
+                                                         local_batch_size=2), 4)
+    summary = plan_summary(plan)
+    assert {k: summary[k] for k in BATCH_KEYS} == {
+        "num_accumulation_steps": 2, "global_batch_size": 20, "effective_global_batch_size": 16,
+        "final_num_accumulation_steps": 2, "final_global_batch_size": 20,
+        "final_effective_global_batch_size": 16}
+    assert "rampup" not in summary
+
+
 def test_plan_errors_are_plan_errors() -> None:
     with pytest.raises(PlanError, match="seq_length 100 must be a multiple of"):
         make_plan(ParallelismConfig(tensor_parallel=8), TrainingConfig(global_batch_size=8),
@@ -56,8 +102,47 @@ def test_cli_text(tmp_path) -> None:
     assert lines[2] == ("batch: micro-batch 1 x data parallel 2 x 4 accumulation steps = "
                         "global batch 8")
     assert lines[3].startswith("pipeline: 2 stages, schedule 1f1b, bubble 20.0%")
+    assert not any(line.startswith("batch ramp-up") for line in lines)
     assert "rank 3: pipeline 0, replicate 0, shard 1, context 0, tensor 1" in lines
     assert "  tensor group      [2, 3]" in lines
+
+
+RAMP = ("--set", "parallelism.tensor_parallel=4", "--set", "training.global_batch_size=64",
+        "--set", "training.rampup_batch_size=[16, 16, 1000]")
+
+
+def test_cli_text_of_a_ramp() -> None:
+    """Growths every 1000 / 3 samples (Megatron-LM's float spacing); dp 2 x micro 1."""
+    result = run("plan", "--config", str(SKELETON), "--world-size", "8", *RAMP)
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    steps = megatron_rampup_steps(16, 16, 1000, 64, 2)
+    assert steps == 39  # 21 steps of 16 (to 336 samples), 11 of 32 (to 688), 7 of 48 (to 1024)
+    assert lines[2:4] == [
+        "batch: micro-batch 1 x data parallel 2 x 32 accumulation steps = global batch 64",
+        f"batch ramp-up: global batch 16 -> 64, +16 every 333.3 samples (1000 samples, {steps} "
+        "steps); accumulation steps 8 -> 32"]
+
+
+def test_cli_text_of_a_ramp_that_changes_nothing() -> None:
+    result = run("plan", "--config", str(SKELETON), "--world-size", "8", *RAMP,
+                 "--set", "training.rampup_batch_size=[16, 16, 0]")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines()[3] == (
+        "batch ramp-up: rampup_batch_size [16, 16, 0] has no effect; every step uses global "
+        "batch 64")
+
+
+def test_cli_json_of_a_ramp() -> None:
+    result = run("plan", "--config", str(SKELETON), "--world-size", "8", "--json", *RAMP)
+    assert result.returncode == 0, result.stderr
+    summary = json.loads(result.stdout)
+    assert {k: summary[k] for k in BATCH_KEYS} == {
+        "num_accumulation_steps": 8, "global_batch_size": 16, "effective_global_batch_size": 16,
+        "final_num_accumulation_steps": 32, "final_global_batch_size": 64,
+        "final_effective_global_batch_size": 64}
+    assert summary["rampup"] == {"start": 16, "increment": 16, "samples": 1000,
+                                 "steps": megatron_rampup_steps(16, 16, 1000, 64, 2)}
 
 
 def test_cli_json_has_the_promised_keys() -> None:
@@ -69,6 +154,11 @@ def test_cli_json_has_the_promised_keys() -> None:
                                      "data_parallel_replicate", "num_accumulation_steps")} == {
         "data_parallel": 4, "data_parallel_shard": 2, "data_parallel_replicate": 2,
         "num_accumulation_steps": 2}
+    assert {k: summary[k] for k in BATCH_KEYS} == {
+        "num_accumulation_steps": 2, "global_batch_size": 8, "effective_global_batch_size": 8,
+        "final_num_accumulation_steps": 2, "final_global_batch_size": 8,
+        "final_effective_global_batch_size": 8}
+    assert "rampup" not in summary
 
 
 def test_cli_invalid_layout_exits_1_with_the_reason() -> None:

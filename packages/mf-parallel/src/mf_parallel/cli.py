@@ -16,6 +16,7 @@ from typing import Any
 
 from mf_config import ConfigError, TrainConfig, UnreadableFile, load_config
 
+from .batch import BatchPlan, Rampup
 from .errors import PlanError
 from .plan import Plan, make_plan, plan_summary
 
@@ -105,6 +106,8 @@ def describe(plan: Plan, rank: int | None = None) -> str:
         f"{batch.accumulation_steps()} accumulation steps = global batch "
         f"{batch.effective_global_batch_size()}",
     ]
+    if batch.rampup is not None:
+        lines.append(_rampup_line(batch, batch.rampup))
     if d.pipeline > 1 or plan.layout is not None:
         lines.append(_pipeline_line(plan))
     if plan.layout is not None:
@@ -113,6 +116,24 @@ def describe(plan: Plan, rank: int | None = None) -> str:
     if rank is not None:
         lines += _rank_lines(plan, rank)
     return "\n".join(lines)
+
+
+def _rampup_line(batch: BatchPlan, rampup: Rampup) -> str:
+    """The ramp-up from step 0 to the final batch: the batch line above shows only the final."""
+    start, final = batch.effective_global_batch_size(0), batch.effective_global_batch_size()
+    if not rampup.active:
+        config = [rampup.start, rampup.increment, rampup.samples]
+        return (f"batch ramp-up: rampup_batch_size {config} has no effect; every step uses "
+                f"global batch {final}")
+    return (f"batch ramp-up: global batch {start} -> {final}, +{rampup.increment} every "
+            f"{_samples(rampup.samples_per_increment)} samples ({rampup.samples} samples, "
+            f"{batch.rampup_steps()} steps); accumulation steps {batch.accumulation_steps(0)} "
+            f"-> {batch.accumulation_steps()}")
+
+
+def _samples(count: float) -> str:
+    """Whole when it is (1000), else to one decimal (333.3): Megatron-LM's spacing is a float."""
+    return str(int(count)) if count == int(count) else f"{count:.1f}"
 
 
 def _pipeline_line(plan: Plan) -> str:

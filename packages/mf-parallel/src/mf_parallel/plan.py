@@ -14,7 +14,7 @@ import attrs
 
 from mf_config import ParallelismConfig, TrainingConfig
 
-from .batch import BatchPlan
+from .batch import BatchPlan, Rampup
 from .dims import ParallelDims
 from .errors import PlanError
 from .mesh import DIMENSIONS, RankMesh
@@ -68,7 +68,12 @@ def make_plan(parallelism: ParallelismConfig, training: TrainingConfig, world_si
 
 
 def plan_summary(plan: Plan, rank: int | None = None) -> dict[str, Any]:
-    """The plan as plain data (what `mf-parallel plan --json` prints)."""
+    """The plan as plain data (what `mf-parallel plan --json` prints).
+
+    `num_accumulation_steps`, `global_batch_size` and `effective_global_batch_size` are the
+    values at step 0, as MindFormers reports them; the `final_` keys are those once any ramp-up
+    is over (the same values without one). `rampup` is there only with `rampup_batch_size`.
+    """
     d = plan.dims
     summary: dict[str, Any] = {
         "world_size": d.world_size,
@@ -82,13 +87,13 @@ def plan_summary(plan: Plan, rank: int | None = None) -> dict[str, Any]:
         "expert_span": list(d.expert_span.split("_")),
         "dimension_order": list(DIMENSIONS),
         "micro_batch_size": plan.batch.micro_batch_size,
-        "num_accumulation_steps": plan.batch.accumulation_steps(),
-        "global_batch_size": plan.batch.global_batch_size,
-        "effective_global_batch_size": plan.batch.effective_global_batch_size(),
+        **_batch_summary(plan.batch),
         "pipeline_schedule": plan.schedule,
         "pipeline_interleave_num": plan.interleave,
         "warnings": list(plan.warnings),
     }
+    if plan.batch.rampup is not None:
+        summary["rampup"] = _rampup_summary(plan.batch.rampup, plan.batch.rampup_steps())
     if plan.layout is not None:
         summary["stage_layers"] = plan.layout.as_lists()
     if plan.simulation is not None:
@@ -97,3 +102,21 @@ def plan_summary(plan: Plan, rank: int | None = None) -> dict[str, Any]:
         summary["rank"] = {"rank": rank, "coordinates": plan.mesh.coordinates(rank),
                            "groups": plan.mesh.groups_of(rank)}
     return summary
+
+
+def _batch_summary(batch: BatchPlan) -> dict[str, int]:
+    """The batch sizes at step 0 (0 samples consumed) and at the end of any ramp-up."""
+    return {
+        "num_accumulation_steps": batch.accumulation_steps(0),
+        "global_batch_size": batch.global_batch_size_at(0),
+        "effective_global_batch_size": batch.effective_global_batch_size(0),
+        "final_num_accumulation_steps": batch.accumulation_steps(),
+        "final_global_batch_size": batch.global_batch_size,
+        "final_effective_global_batch_size": batch.effective_global_batch_size(),
+    }
+
+
+def _rampup_summary(rampup: Rampup, steps: int) -> dict[str, int]:
+    """`rampup_batch_size` as configured, and the optimizer `steps` the ramp takes."""
+    return {"start": rampup.start, "increment": rampup.increment, "samples": rampup.samples,
+            "steps": steps}
