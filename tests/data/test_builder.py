@@ -81,6 +81,62 @@ def test_blend_per_split_draws_each_split_from_its_own_files(corpora) -> None:
     assert len(valid.indices) == len(IndexedDataset(corpora / "b"))
 
 
+def test_null_sizes_reach_the_datasets_as_one_epoch(corpora) -> None:
+    train, valid, test = build_datasets(dataloader({"data_path": [str(corpora / "a")],
+                                                    "split": "80, 15, 5"}, sizes=(None, 3, None)))
+    assert (train.num_samples, valid.num_samples, test.num_samples) == (None, 3, None)
+    assert '"num_samples": null' in train.unique_description
+    blend, _, _ = build_datasets(dataloader({
+        "data_path": [str(corpora / "a"), str(corpora / "b")], "split": "80, 15, 5"},
+        sizes=(None, 3, None)))
+    assert blend.size is None  # exhaustive: every sample of both constituents once
+    assert len(blend) == sum(len(part) for part in blend.datasets)
+
+
+def test_blend_per_split_follows_megatrons_own_rules(corpora) -> None:
+    a, b = str(corpora / "a"), str(corpora / "b")
+    train, valid, test = build_datasets(dataloader({
+        "train_data_path": ["1", a], "valid_data_path": ["0.5", a, "0.5", b],
+        "test_data_path": [a, b]}, sizes=(20, 10, None)))
+    # One weighted prefix: a GPTDataset of the size asked (no surplus, no blend).
+    assert isinstance(train, GPTDataset) and train.num_samples == 20
+    assert isinstance(valid, BlendedDataset) and len(valid) == 10
+    assert isinstance(test, BlendedDataset) and test.size is None
+    # Megatron's config has no split with a blend per split: the descriptions say null.
+    for dataset in (train, *valid.datasets, *test.datasets):
+        assert '"split": null,\n    "split_matrix": null' in dataset.unique_description
+    # Null is allowed where the split has no path, even next to weights elsewhere.
+    train, valid, test = build_datasets(dataloader({"train_data_path": ["0.5", a, "0.5", b]},
+                                                   sizes=(10, None, None)))
+    assert len(train) == 10 and valid is None and test is None
+
+
+NULL_WITH_WEIGHTS = (r"sizes\[{index}\]: null \(one epoch\) is not allowed with weights in "
+                     r"{field} \(Megatron refuses it: weights share out a sample count\); give "
+                     r"the number of {name} samples \(0 for none\), or list the prefixes "
+                     r"without weights to blend one epoch of each by their lengths")
+
+
+@pytest.mark.parametrize(("config", "sizes", "message"), [
+    ({"data_path": ["0.5", "PREFIX", "0.5", "PREFIX"], "split": "9, 1, 0"}, (10, None, 0),
+     NULL_WITH_WEIGHTS.format(index=1, field="data_path", name="valid")),
+    # Megatron refuses it even for a split the split string leaves empty.
+    ({"data_path": ["0.5", "PREFIX", "0.5", "PREFIX"], "split": "1, 0, 0"}, (10, 0, None),
+     NULL_WITH_WEIGHTS.format(index=2, field="data_path", name="test")),
+    ({"data_path": ["1", "PREFIX"], "split": "1, 0, 0"}, (None, 0, 0),
+     NULL_WITH_WEIGHTS.format(index=0, field="data_path", name="train")),
+    ({"train_data_path": ["1", "PREFIX"]}, (None, 0, 0),
+     NULL_WITH_WEIGHTS.format(index=0, field="train_data_path", name="train")),
+    ({"train_data_path": ["PREFIX"], "valid_data_path": ["0.5", "PREFIX", "0.5", "PREFIX"]},
+     (None, None, 0), NULL_WITH_WEIGHTS.format(index=1, field="valid_data_path", name="valid")),
+])
+def test_null_sizes_are_refused_with_weights(corpora, config, sizes, message) -> None:
+    config = {key: [str(corpora / "a") if v == "PREFIX" else v for v in value]
+              if isinstance(value, list) else value for key, value in config.items()}
+    with pytest.raises(DataError, match=message):
+        build_datasets(dataloader(config, sizes=sizes))
+
+
 @pytest.mark.parametrize(("config", "sizes", "message"), [
     ({}, (10, 0, 0), r"config\.data_path: required"),
     ({"data_path": ["x"], "train_data_path": ["y"]}, (10, 0, 0), r"either data_path .* not both"),

@@ -43,6 +43,12 @@ def test_compressed_eod_mask_length_is_an_alias() -> None:
         megatron_settings(dataloader(**extras))
 
 
+def test_null_sizes_mean_one_epoch_and_pass_through() -> None:
+    """Megatron's builder takes `Optional[int]` sizes: null is one epoch of that split."""
+    settings = megatron_settings(dataloader(**{**SPEC_EXAMPLE, "sizes": [None, 0, None]}))
+    assert settings.sizes == [None, 0, None]
+
+
 @pytest.mark.parametrize(("change", "message"), [
     ({"config": None}, r"train_dataset\.dataloader\.config: required"),
     ({"config": {"data_path": ["p"]}},
@@ -54,7 +60,13 @@ def test_compressed_eod_mask_length_is_an_alias() -> None:
     ({"config": {"seq_length": 8, "seq_lenght": 9}},
      r"config\.seq_lenght: Unknown configuration keys .* did you mean 'seq_length'\?"),
     ({"sizes": [10, 0]}, r"dataloader\.sizes: must be three sample counts"),
-    ({"sizes": [10, -1, 0]}, r"dataloader\.sizes: must be three sample counts"),
+    ({"sizes": [10, -1, 0]},
+     r"dataloader\.sizes\[1\]: must be >= 0, or null for one epoch of that split, got -1"),
+    ({"sizes": [10, None]}, r"dataloader\.sizes: must be three sample counts \[train, valid, "
+                            r"test\], each >= 0 or null \(one epoch of that split\), got "
+                            r"\[10, null\]"),
+    ({"sizes": [10, "all", None]}, r"dataloader\.sizes\[1\]: expected an integer or null, got "
+                                   r"'all' \(a string\)"),
     ({"datasets_type": "BertDataset"}, r"dataloader\.datasets_type: .*'GPTDataset'"),
 ])
 def test_problems_name_their_path(change, message) -> None:

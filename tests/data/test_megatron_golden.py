@@ -7,6 +7,9 @@ from Megatron's ``BlendedMegatronDatasetBuilder``. Here mf_data rebuilds every c
 corpora and must match bit for bit (dtype, shape and value); our builder must also write the
 corpora byte for byte as Megatron's builder did.
 
+The cases Megatron refuses (cases.REFUSED: null sizes next to weights) are in the manifest
+with Megatron's message; mf_data must refuse them too, at the same ``sizes[i]``.
+
 Megatron's samples were taken from a fresh loss-mask state each (generate_golden.py explains its
 stateful loss-mask defect, which mf_data deliberately does not reproduce).
 """
@@ -102,3 +105,27 @@ def test_case_matches_megatron(name: str, tmp_path: Path) -> None:
     # The cache files carry Megatron's names (md5 of the same description) and descriptions.
     problems += ours.cache_differences(name, want, got)
     assert not problems, "\n".join(problems[:20])
+
+
+REFUSED = {refused.case.name: refused for refused in cases.REFUSED}
+
+
+def test_refusals_were_megatrons() -> None:
+    assert sorted(MANIFEST["refused"]) == sorted(REFUSED)
+    for name, recorded in MANIFEST["refused"].items():
+        assert recorded["case"] == json.loads(json.dumps(REFUSED[name].case.as_dict()))
+        assert recorded["path"] == REFUSED[name].path
+        assert recorded["megatron"].startswith("AssertionError: size_is_none => "
+                                               "weights_are_none fails for ")
+
+
+@pytest.mark.parametrize("name", sorted(REFUSED))
+def test_ours_refuses_where_megatron_refuses(name: str, tmp_path: Path) -> None:
+    refused = REFUSED[name]
+    split = MANIFEST["refused"][name]["megatron"].split(" fails for ")[1].split()[0]
+    message = ours.refusal(refused.case, CORPORA, str(tmp_path / "cache"))
+    assert message is not None, f"{name}: mf_data builds what Megatron refuses"
+    assert message.startswith(f"{refused.path}: null (one epoch) is not allowed with weights")
+    # The same split as Megatron's assertion names.
+    assert f"the number of {split} samples" in message
+    assert not (tmp_path / "cache").exists()  # refused before any index is built

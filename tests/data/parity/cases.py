@@ -90,10 +90,13 @@ class Case:
 
     name: str
     data_path: tuple[str, ...]  # MindFormers' data_path with corpus names for prefixes
-    split: str
+    split: str | None  # None with per_split (Megatron requires it then)
     # Per split: an int, None (one epoch), or ("epochs", E, "joint"|"separate"): the sample count
     # that gives exactly E epochs of that split with the final epoch merged or kept separate.
     sizes: tuple[Any, Any, Any]
+    # A blend per split (train_data_path, valid_data_path, test_data_path; None: not given)
+    # instead of data_path and split: Megatron's blend_per_split.
+    per_split: tuple[tuple[str, ...] | None, ...] | None = None
     seq_length: int = 16
     random_seed: int = 1234
     add_extra_token_to_sequence: bool = True
@@ -175,6 +178,50 @@ CASES: list[Case] = [
          create_attention_mask=False, random_seed=31),
     Case("blend_single_weighted", ("1", "padded"), "80,15,5", (100, 10, 5),
          eod_mask_loss=True, create_attention_mask=False),
+    # Null sizes (one epoch) where Megatron allows them. Single prefix: also a split whose
+    # share holds no sequence (a dataset of 0 samples).
+    Case("plain_null_train_empty_valid", ("plain",), "99.9,0.1,0", (None, None, 0),
+         create_attention_mask=False),
+    # Unweighted blend of two prefixes (an even list, which Megatron first tries as weights):
+    # exhaustive where null, min(size, total) where sized.
+    Case("blend_unweighted_null_mixed", ("plain", "padded"), "80,15,5", (None, 10, None),
+         create_attention_mask=False, add_extra_token_to_sequence=False),
+    # Blends per split: weights need a size, but a null is fine for a split whose own blend
+    # has none, or that has no blend at all.
+    Case("per_split_weighted_train_null_valid", (), None, (100, None, None),
+         per_split=(("0.3", "plain", "0.7", "multi"), ("multi",), None),
+         create_attention_mask=False, eod_mask_loss=True),
+    Case("per_split_unweighted_null", (), None, (None, 30, 1000),
+         per_split=(("plain", "multi"), ("padded", "multi"), ("plain", "padded")),
+         create_attention_mask=False),
+    # One weighted prefix per split: a GPTDataset of the size asked (the data_path route
+    # would make it a one-dataset blend).
+    Case("per_split_single_weighted", (), None, (50, None, 0),
+         per_split=(("1", "padded"), ("plain",), None), create_attention_mask=False),
+]
+
+
+@dataclass(frozen=True)
+class Refused:
+    """A case Megatron refuses; ours must refuse it too, with an error at ``path``."""
+
+    case: Case
+    path: str
+
+
+REFUSED: list[Refused] = [
+    Refused(Case("refuse_weighted_null_valid", ("0.3", "plain", "0.7", "multi"), "80,15,5",
+                 (100, None, 20)), "train_dataset.dataloader.sizes[1]"),
+    # Even for a split the split string leaves empty.
+    Refused(Case("refuse_weighted_null_empty_split", ("0.3", "plain", "0.7", "multi"),
+                 "100,0,0", (100, 0, None)), "train_dataset.dataloader.sizes[2]"),
+    Refused(Case("refuse_single_weighted_null", ("1", "plain"), "80,15,5", (None, 5, 5)),
+            "train_dataset.dataloader.sizes[0]"),
+    Refused(Case("refuse_per_split_weighted_null", (), None, (None, None, None),
+                 per_split=(("plain",), ("0.5", "plain", "0.5", "multi"), None)),
+            "train_dataset.dataloader.sizes[1]"),
+    Refused(Case("refuse_per_split_single_weighted_null", (), None, (None, 0, 0),
+                 per_split=(("1", "plain"), None, None)), "train_dataset.dataloader.sizes[0]"),
 ]
 
 

@@ -10,14 +10,17 @@ never imports them). Steps:
 2. Cases. For every case of cases.py (single corpus and blends with weights, exhaustive and
    sized-unweighted; one epoch, several epochs with the final epoch joint or separate;
    add_extra_token_to_sequence on and off; every mask flag; pad distinct / equal to EOD with
-   ambiguous pads allowed or not / absent; train, valid and test splits) Megatron's
-   ``BlendedMegatronDatasetBuilder`` builds all three splits. The index arrays (document,
-   sample, shuffle; dataset and dataset-sample index of blends, and every constituent's indices)
-   and every field of the samples are recorded (`ours.py` says which samples), together with
-   the cache descriptions. ``--check`` builds the same with mf_data (ours.py) and compares
-   dtype, shape and values bit for bit. ``--write`` stores the Megatron side as compressed
-   ``.npz`` under tests/data/golden/ with Megatron's corpora, which
+   ambiguous pads allowed or not / absent; train, valid and test splits; null sizes; blends per
+   split) Megatron's ``BlendedMegatronDatasetBuilder`` builds all three splits. The index
+   arrays (document, sample, shuffle; dataset and dataset-sample index of blends, and every
+   constituent's indices) and every field of the samples are recorded (`ours.py` says which
+   samples), together with the cache descriptions. ``--check`` builds the same with mf_data
+   (ours.py) and compares dtype, shape and values bit for bit. ``--write`` stores the Megatron
+   side as compressed ``.npz`` under tests/data/golden/ with Megatron's corpora, which
    tests/data/test_megatron_golden.py checks without torch or Megatron.
+3. Refusals. Every case of ``cases.REFUSED`` (null sizes next to weights) must make Megatron
+   raise, and mf_data raise a ``DataError`` at the case's path; ``--write`` records Megatron's
+   message in the manifest.
 
 Megatron's stateful loss mask (shared/reference/megatron-datasets.md section 4): when none of
 reset_position_ids / reset_attention_mask / eod_mask_loss is set, a GPTDataset caches the masks
@@ -118,8 +121,13 @@ def megatron_build(case: Any, cache_dir: str) -> list[Any]:
     from megatron.core.datasets.gpt_dataset import GPTDataset, GPTDatasetConfig
     from megatron.core.datasets.utils import get_blend_from_list
 
+    per_split = None
+    if case.per_split is not None:
+        per_split = [None if blend is None else get_blend_from_list(list(blend))
+                     for blend in case.per_split]
     config = GPTDatasetConfig(
-        blend=get_blend_from_list(list(case.data_path)),
+        blend=get_blend_from_list(list(case.data_path)) if case.data_path else None,
+        blend_per_split=per_split,
         path_to_cache=cache_dir,
         tokenizer=StandInTokenizer(case.tokenizer),
         **case.sample_options(),
@@ -150,6 +158,40 @@ def megatron_sample(dataset: Any, index: int | None) -> dict[str, np.ndarray]:
     sample = dataset[index]
     return {key: np.asarray(value.numpy() if hasattr(value, "numpy") else value)
             for key, value in sample.items()}
+
+
+def megatron_refusal(case: Any, cache_dir: str) -> str | None:
+    """Megatron's error for a case it refuses, on one line (None if it builds the case)."""
+    try:
+        megatron_build(case, cache_dir)
+    except (AssertionError, ValueError, TypeError, RuntimeError) as error:
+        return " ".join(f"{type(error).__name__}: {error}".split())
+    return None
+
+
+def check_refusals(work: Path, args: argparse.Namespace) -> tuple[dict[str, str], list[str]]:
+    """Megatron's message per refused case, and what is wrong (a case built, or ours refusing
+    elsewhere than the case's path)."""
+    messages: dict[str, str] = {}
+    problems: list[str] = []
+    for refused in cases.REFUSED:
+        case = refused.case
+        if args.case and case.name not in args.case:
+            continue
+        cache = work / "cache" / case.name
+        theirs = megatron_refusal(case, str(cache / "megatron"))
+        line = f"{case.name}: Megatron refuses: {theirs}"
+        if theirs is None:
+            problems.append(f"{case.name}: Megatron builds it; it is listed as refused")
+        else:
+            messages[case.name] = theirs
+        if args.check:
+            mine = ours.refusal(case, Path("."), str(cache / "ours"))
+            if mine is None or f"{refused.path}: " not in mine:
+                problems.append(f"{case.name}: ours should refuse at {refused.path}, got {mine!r}")
+            line += " -> " + ("REFUSED" if mine and f"{refused.path}: " in mine else "MISMATCH")
+        print(line, flush=True)
+    return messages, problems
 
 
 def megatron_record(case: Any, datasets: list[Any], limit: int | None) -> dict[str, np.ndarray]:
@@ -283,10 +325,12 @@ def run_in(work: Path, args: argparse.Namespace) -> int:
             line += " -> " + ("MATCH" if not found else f"{len(found)} MISMATCH(ES)")
         summary.append(f"{line} [{time.perf_counter() - case_started:.1f}s]")
         print(summary[-1], flush=True)
+    refusals, found = check_refusals(work, args)
+    problems += found
     if not args.case:
         print(check_loss_mask_defect(str(work / "cache" / "defect")))
     if args.write:
-        write_goldens(corpus_dir, records, args.golden_limit)
+        write_goldens(corpus_dir, records, refusals, args.golden_limit)
     print(f"total {time.perf_counter() - started:.1f}s, {len(records)} cases")
     for problem in problems[:200]:
         print("PROBLEM", problem)
@@ -296,7 +340,7 @@ def run_in(work: Path, args: argparse.Namespace) -> int:
 
 
 def write_goldens(corpus_dir: Path, records: dict[str, dict[str, np.ndarray]],
-                  limit: int) -> None:
+                  refusals: dict[str, str], limit: int) -> None:
     """Megatron's corpora and, per case, its arrays (samples cut to the golden selection)."""
     import megatron.core
     import torch
@@ -320,6 +364,9 @@ def write_goldens(corpus_dir: Path, records: dict[str, dict[str, np.ndarray]],
         "golden_sample_limit": limit,
         "corpora_sha256": corpora,
         "cases": {case.name: case.as_dict() for case in cases.CASES if case.name in records},
+        "refused": {refused.case.name: {"case": refused.case.as_dict(), "path": refused.path,
+                                        "megatron": refusals[refused.case.name]}
+                    for refused in cases.REFUSED if refused.case.name in refusals},
     }
     (GOLDEN_DIR / "manifest.json").write_text(json.dumps(manifest, indent=2) + "\n")
     total = sum(path.stat().st_size for path in GOLDEN_DIR.rglob("*") if path.is_file())

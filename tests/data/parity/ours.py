@@ -73,7 +73,21 @@ def build_case(case: Any, corpus_dir: Path, cache_dir: str | None) -> list[Any]:
     lengths = {name: IndexedDataset(corpus_dir / name).sequence_lengths for name in cases.CORPORA}
     sizes = cases.resolved_sizes(case, lengths)
     builder = SplitBuilder(our_config(case, cache_dir), root=corpus_dir)
+    if case.per_split is not None:
+        return list(builder.build_per_split([list(blend or ()) for blend in case.per_split],
+                                            sizes))
     return list(builder.build(list(case.data_path), case.split, sizes))
+
+
+def refusal(case: Any, corpus_dir: Path, cache_dir: str | None) -> str | None:
+    """Our error for a case Megatron refuses (None if we build it)."""
+    from mf_data.errors import DataError
+
+    try:
+        build_case(case, corpus_dir, cache_dir)
+    except DataError as error:
+        return str(error)
+    return None
 
 
 def our_sample(dataset: Any, index: int | None) -> dict[str, np.ndarray]:

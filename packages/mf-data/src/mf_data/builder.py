@@ -5,13 +5,19 @@
 that gets no data. It follows megatron-core's `BlendedMegatronDatasetBuilder`:
 
 - one prefix without a weight: one `GPTDataset` per split, over that split's share of the
-  sequences (`split` bookends), with `sizes[i]` samples;
+  sequences (`split` bookends), with `sizes[i]` samples (None: one epoch of the split);
 - prefixes with weights: per split, each prefix's dataset sized `ceil(ceil(size * w) * 1.005)`
-  and a `BlendedDataset` of `sum(ceil(size * w))` samples over them;
+  and a `BlendedDataset` of `sum(ceil(size * w))` samples over them. A None size is refused,
+  for every split, even one the `split` string leaves empty (Megatron asserts
+  `size_is_none => weights_are_none` before building anything);
 - several prefixes without weights: each prefix's split for one epoch, blended by their
-  lengths, `min(size, total)` samples;
+  lengths, `min(size, total)` samples, or every sample once (exhaustive) for a None size;
 - `train_data_path` / `valid_data_path` / `test_data_path` instead of `data_path` and
-  `split` (Megatron's blend per split): each split draws from all of its own files.
+  `split` (Megatron's blend per split): each split draws from all of its own files, by the
+  rules above with two differences of Megatron's: a single prefix gives a `GPTDataset` even
+  with a weight (not a one-dataset blend), and the datasets' cache descriptions have `split`
+  and `split_matrix` null (Megatron's config has no split then). A None size is refused only
+  for a split whose own blend has weights.
 
 The tests compare what this builds with Megatron's own builder (tests/data/parity).
 """
@@ -21,6 +27,7 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from typing import Any
 
 from mf_config import DataloaderConfig
@@ -91,43 +98,52 @@ class SplitBuilder:
               sizes: Sequence[int | None]) -> tuple[Dataset | None, ...]:
         """Every split of one blend (`data_path`) cut by `split`."""
         prefixes, weights = parse_blend(list(data_path))
+        for i in range(3):
+            _refuse_null_with_weights(weights, sizes, i, "data_path")
         matrix = split_matrix(parse_split(split))
         _check_empty_splits(matrix, sizes, split)
         return tuple(None if matrix[i] is None else
-                     self._split(prefixes, weights, i, [matrix[i]] * len(prefixes), sizes[i])
+                     self._split(prefixes, weights, i, [matrix[i]] * len(prefixes), sizes[i],
+                                 self.config)
                      for i in range(3))
 
     def build_per_split(self, data_paths: Sequence[Sequence[str]],
                         sizes: Sequence[int | None]) -> tuple[Dataset | None, ...]:
         """Each split from its own blend of whole files (None where none is given)."""
+        blends = [parse_blend(list(data_path)) if data_path else None
+                  for data_path in data_paths]
+        for i, blend in enumerate(blends):
+            if blend is None and sizes[i]:
+                raise DataError(f"train_dataset.dataloader.sizes[{i}]: asks for {sizes[i]} "
+                                f"{SPLIT_NAMES[i]} samples but no {SPLIT_NAMES[i]}_data_path "
+                                "is given")
+            if blend is not None:
+                _refuse_null_with_weights(blend[1], sizes, i, f"{SPLIT_NAMES[i]}_data_path")
+        config = replace(self.config, split=None)  # Megatron's config has no split here
         out: list[Dataset | None] = []
-        for i, data_path in enumerate(data_paths):
-            if not data_path:
-                if sizes[i]:
-                    raise DataError(f"train_dataset.dataloader.sizes[{i}]: asks for {sizes[i]} "
-                                    f"{SPLIT_NAMES[i]} samples but no {SPLIT_NAMES[i]}_data_path "
-                                    "is given")
+        for i, blend in enumerate(blends):
+            if blend is None:
                 out.append(None)
-                continue
-            prefixes, weights = parse_blend(list(data_path))
-            out.append(self._split(prefixes, weights, i, [WHOLE] * len(prefixes), sizes[i]))
+            elif len(blend[0]) == 1:  # a GPTDataset even with a weight, as in Megatron
+                out.append(self._gpt(blend[0][0], WHOLE, sizes[i], SPLIT_NAMES[i], config))
+            else:
+                out.append(self._split(*blend, i, [WHOLE] * len(blend[0]), sizes[i], config))
         return tuple(out)
 
     def _split(self, prefixes: list[str], weights: list[float] | None, split: int,
-               bookends: list[tuple[float, float]], size: int | None) -> Dataset:
+               bookends: list[tuple[float, float]], size: int | None,
+               config: GPTDatasetConfig) -> Dataset:
         name = SPLIT_NAMES[split]
         if len(prefixes) == 1 and weights is None:
-            return self._gpt(prefixes[0], bookends[0], size, name)
+            return self._gpt(prefixes[0], bookends[0], size, name, config)
         if weights is not None:
-            if size is None:
-                raise DataError(f"train_dataset.dataloader.sizes[{split}]: a weighted blend "
-                                f"needs a sample count for {name}")
+            assert size is not None  # refused with the user's path before building
             normalised = normalise_weights(weights)
             planned = blend_sizes(size, normalised)
-            parts = self._gpts(prefixes, bookends, list(planned.per_dataset), name)
+            parts = self._gpts(prefixes, bookends, list(planned.per_dataset), name, config)
             return BlendedDataset(parts, normalised, planned.total, name,
                                   cache_dir=self._blend_cache)
-        parts = self._gpts(prefixes, bookends, [None] * len(prefixes), name)
+        parts = self._gpts(prefixes, bookends, [None] * len(prefixes), name, config)
         counts = [len(part) for part in parts]
         total = None if size is None else min(size, sum(counts))
         return BlendedDataset(parts, counts, total, name, cache_dir=self._blend_cache)
@@ -138,24 +154,37 @@ class SplitBuilder:
         return self.config.path_to_cache or None
 
     def _gpts(self, prefixes: list[str], bookends: list[tuple[float, float]],
-              sizes: list[int | None], name: str) -> list[GPTDataset]:
+              sizes: list[int | None], name: str, config: GPTDatasetConfig) -> list[GPTDataset]:
         jobs = list(zip(prefixes, bookends, sizes, strict=True))
         if self.threads == 1 or len(jobs) == 1:
-            return [self._gpt(*job, name) for job in jobs]
+            return [self._gpt(*job, name, config) for job in jobs]
         with ThreadPoolExecutor(self.threads) as pool:
-            return list(pool.map(lambda job: self._gpt(*job, name), jobs))
+            return list(pool.map(lambda job: self._gpt(*job, name, config), jobs))
 
     def _gpt(self, prefix: str, bookends: tuple[float, float], size: int | None,
-             name: str) -> GPTDataset:
+             name: str, config: GPTDatasetConfig) -> GPTDataset:
         indexed = self._open(prefix)
         indices = split_indices(bookends, len(indexed))
-        return GPTDataset(indexed, prefix, indices, size, name, self.config)
+        return GPTDataset(indexed, prefix, indices, size, name, config)
 
     def _open(self, prefix: str) -> IndexedDataset:
         if prefix not in self._indexed:
             path = os.path.join(self.root or "", os.path.expanduser(prefix))
             self._indexed[prefix] = IndexedDataset(path, mmap=self.mmap)
         return self._indexed[prefix]
+
+
+def _refuse_null_with_weights(weights: list[float] | None, sizes: Sequence[int | None],
+                              split: int, field: str) -> None:
+    """Megatron asserts `size_is_none => weights_are_none` per split: weights divide a sample
+    count among the datasets, and one epoch of a blend is only defined by their lengths."""
+    if weights is None or sizes[split] is not None:
+        return
+    name = SPLIT_NAMES[split]
+    raise DataError(f"train_dataset.dataloader.sizes[{split}]: null (one epoch) is not allowed "
+                    f"with weights in {field} (Megatron refuses it: weights share out a sample "
+                    f"count); give the number of {name} samples (0 for none), or list the "
+                    "prefixes without weights to blend one epoch of each by their lengths")
 
 
 def _check_empty_splits(matrix: list[Any], sizes: Sequence[int | None], split: str) -> None:

@@ -51,7 +51,9 @@ class GPTDatasetConfig:
     sequence_length: int
     eod: int
     random_seed: int = 1234
-    split: str = "969, 30, 1"
+    # None: the datasets draw from whole files (Megatron's blend per split, which requires its
+    # config's split to be None), so the cache description has split and split_matrix null.
+    split: str | None = "969, 30, 1"
     add_extra_token_to_sequence: bool = True
     reset_position_ids: bool = False
     reset_attention_mask: bool = False
@@ -72,15 +74,16 @@ class GPTDatasetConfig:
         _require_int("pad", self.pad)
         _require_int("random_seed", self.random_seed, minimum=0, maximum=2**32 - 1)
         _require_int("eod_pad_length", self.eod_pad_length, minimum=1)
-        parse_split(self.split)
+        if self.split is not None:
+            parse_split(self.split)
 
     @property
-    def split_vector(self) -> list[float]:
-        return parse_split(self.split)
+    def split_vector(self) -> list[float] | None:
+        return None if self.split is None else parse_split(self.split)
 
     @property
-    def split_matrix(self) -> list[tuple[float, float] | None]:
-        return split_matrix(parse_split(self.split))
+    def split_matrix(self) -> list[tuple[float, float] | None] | None:
+        return None if self.split is None else split_matrix(parse_split(self.split))
 
     @property
     def extra_tokens(self) -> int:

@@ -48,12 +48,13 @@ class CachePaths(NamedTuple):
 
 
 def describe(dataset_path: str, num_samples: int | None, index_split: str, random_seed: int,
-             sequence_length: int, split: str, split_matrix: list[Any],
+             sequence_length: int, split: str | None, split_matrix: list[Any] | None,
              tokenizer: Any = None) -> str:
     """Megatron's ``unique_description`` of a GPTDataset, in its key order.
 
     ``split_matrix`` as built by ``mf_data.split.split_matrix`` (tuples print as lists, an
-    empty split as null); ``tokenizer`` is anything JSON can encode (see the module docstring).
+    empty split as null); both are None for a blend per split, as in Megatron. ``tokenizer`` is
+    anything JSON can encode (see the module docstring).
     """
     identifiers = {
         "class": DATASET_CLASS,

@@ -56,7 +56,8 @@ class MegatronLoaderSettings(Section):
     """The Megatron loader's own keys of `train_dataset.dataloader`."""
 
     datasets_type: Literal["GPTDataset"] = setting("GPTDataset", "The dataset class.")
-    sizes: list[int] = setting([], "Samples of train, valid and test.")
+    sizes: list[int | None] = setting(
+        [], "Samples of train, valid and test; null: one epoch of that split (Megatron).")
     config: MegatronDatasetSettings = setting(None, "Dataset settings (required).")
 
 
@@ -115,11 +116,17 @@ def _bound_problems(settings: MegatronDatasetSettings, path: Path) -> list[tuple
 
 
 def _size_problems(settings: MegatronLoaderSettings) -> list[tuple[Path, str]]:
+    """Three entries, each a count >= 0 or null (Megatron's `Optional[int]`: one epoch of the
+    split). Whether null suits the data (Megatron refuses it with weights) is the builder's
+    check, which knows the blend."""
     sizes = settings.sizes
-    if len(sizes) != 3 or any(size < 0 for size in sizes):
-        return [((*PATH, "sizes"), f"must be three sample counts [train, valid, test], each "
-                                   f">= 0, got {sizes}")]
-    return []
+    if len(sizes) != 3:
+        shown = ", ".join("null" if size is None else str(size) for size in sizes)
+        return [((*PATH, "sizes"), "must be three sample counts [train, valid, test], each "
+                                   f">= 0 or null (one epoch of that split), got [{shown}]")]
+    return [((*PATH, "sizes", index), f"must be >= 0, or null for one epoch of that split, "
+                                      f"got {size}")
+            for index, size in enumerate(sizes) if size is not None and size < 0]
 
 
 def _error(found: list[tuple[Path, str]]) -> DataError:
