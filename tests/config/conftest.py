@@ -19,6 +19,16 @@ SPEC = DATA / "configuration.md"
 ROOT_SHARED_SPEC = Path(__file__).resolve().parents[3] / "shared" / "spec" / "configuration.md"
 
 
+@pytest.fixture(autouse=True)
+def mf_config_alone(monkeypatch: pytest.MonkeyPatch) -> None:
+    """mf-config's own behaviour, as when no component package is installed: the settings that
+    mf-train and mf-data declare through entry points are hidden (tests/integration checks a
+    file against them)."""
+    from mf_config import components
+
+    monkeypatch.setattr(components, "_ENTRY_POINTS", {kind: () for kind in components.KINDS})
+
+
 def spec_yaml_blocks() -> list[str]:
     """Every ```yaml block of the spec, in order."""
     return re.findall(r"```yaml\n(.*?)```", SPEC.read_text(encoding="utf-8"), re.S)

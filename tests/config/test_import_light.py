@@ -1,5 +1,6 @@
-"""mf-config stays light: importing and using it never imports numpy, MindSpore or the packages
-above it in the stack (each check runs in a fresh interpreter)."""
+"""mf-config stays light: importing and using it never imports numpy or MindSpore, importing it
+imports no package above it in the stack, and validating imports from those only the settings
+modules they declare through entry points (each check runs in a fresh interpreter)."""
 
 from __future__ import annotations
 
@@ -60,8 +61,25 @@ def test_loading_a_config_imports_no_numpy_or_mindspore(tmp_path: Path) -> None:
 
 
 def test_mf_config_imports_no_package_above_it(tmp_path: Path) -> None:
-    modules = modules_after(USE_MF_CONFIG, tmp_path)
+    modules = modules_after("import mf_config", tmp_path)
     assert starting_with(modules, ABOVE) == []
+
+
+SETTINGS_MODULES = {"mf_data", "mf_data.errors", "mf_data.loader_config", "mf_train",
+                    "mf_train.settings", "mf_train.settings.deepseek_v3",
+                    "mf_train.settings.lr_schedules", "mf_train.settings.optimizers",
+                    "mf_train.lr_schedules", "mf_train.registry"}
+"""What validating the skeleton may import from the packages above when they are installed:
+the settings they declare for its components (entry points), and the schedule formulas the
+learning-rate settings check against (pure Python)."""
+
+
+def test_validation_imports_only_the_declared_settings_above_it(tmp_path: Path) -> None:
+    pytest.importorskip("mf_train")
+    pytest.importorskip("mf_data")
+    modules = modules_after(USE_MF_CONFIG, tmp_path)
+    assert set(starting_with(modules, ABOVE)) <= SETTINGS_MODULES
+    assert "mf_train.settings.deepseek_v3" in modules  # the skeleton's model was checked
 
 
 @pytest.mark.parametrize("name", ABOVE)

@@ -145,11 +145,13 @@ def _for_type(t: Any, bound_items: tuple[tuple[str, float], ...]) -> st.SearchSt
         return st.booleans()
     if t is int:
         low = bounds["gt"] + 1 if "gt" in bounds else bounds.get("ge", -1000)
-        return st.integers(low, 2**40)
+        return st.integers(low, int(bounds.get("le", 2**40)))
     if t is float:
         low = bounds.get("gt", bounds.get("ge", -1e9))
-        floats = st.floats(low, 1e12, exclude_min="gt" in bounds, allow_nan=False)
-        return st.one_of(floats, st.integers(int(low) + 1, 10**6))  # an int is a fine float
+        high = bounds.get("le", 1e12)
+        floats = st.floats(low, high, exclude_min="gt" in bounds, allow_nan=False)
+        ints = st.integers(int(low) + 1, int(min(high, 10**6)))  # an int is a fine float
+        return st.one_of(floats, ints) if int(low) + 1 <= min(high, 10**6) else floats
     if t is str:
         return TEXT
     if t is type(None):
@@ -339,7 +341,8 @@ def valid_configs(draw: st.DrawFn) -> dict[str, Any]:
             "betas": st.lists(st.one_of(st.floats(0, 1, exclude_max=True), st.just(0)),
                               min_size=2, max_size=2),
         }, extras_for(OptimizerConfig))),
-        "lr_scheduler": lambda: draw(section(LrSchedulerConfig, None,
+        # keys beyond the declared ones need a type (a constant rate reads none of them)
+        "lr_scheduler": lambda: draw(section(LrSchedulerConfig, {"type": NON_BLANK_TEXT},
                                              extras_for(LrSchedulerConfig))),
         "monitor": lambda: monitor_section(draw, num_layers),
         "profiler": lambda: profiler_section(draw),

@@ -16,27 +16,52 @@ from typing import Any, TypeVar
 
 import attrs
 
-from .converter import converter, problems
+from .converter import converter, problems, unknown_keys_message
 from .errors import ConfigError, ConfigIssue, Path, format_path
 from .rules import bound_problems
+from .sections import declared_fields
 from .yaml_source import Source
 
 T = TypeVar("T")
 
 
 def structure_settings(cls: type[T], raw: Mapping[str, Any], path: Path,
-                       source: Source | None = None) -> T:
+                       source: Source | None = None, *, owner: str | None = None,
+                       also_allowed: tuple[str, ...] = ()) -> T:
     """`raw` as an instance of the settings class `cls`, or `ConfigError` listing every
-    problem at `path` (a tuple such as `("model",)`), located in `source` when given."""
+    problem at `path` (a tuple such as `("model",)`), located in `source` when given.
+
+    An unknown key is named with the nearest known one: `owner` says whose keys they are in
+    the message (default: the class name) and `also_allowed` adds the open section's own
+    fields to the suggestions (`optimizer.weight_decy` -> 'weight_decay'); a class may map
+    keys users write from other tools to a hint (`key_hints`, a class attribute: `min_lr` ->
+    "the floor is lr_end"). When the class defines `problems(self, path)`, its findings are
+    problems too; it runs unless a key is unknown (a misspelt `hidden_size` would also be
+    reported missing), even when a value is out of bounds, so it must not divide by one."""
     attrs.resolve_types(cls)  # a module with `from __future__ import annotations` has strings
+    allowed = declared_fields(cls)
+    hints = getattr(cls, "key_hints", {})
+    found = [((*path, key), _with_hint(unknown_keys_message(owner or cls.__name__, key,
+                                                            allowed + also_allowed),
+                                       hints.get(key)))
+             for key in raw if key not in allowed]
+    known = {key: value for key, value in raw.items() if key in allowed}
     try:
-        settings = converter.structure(dict(raw), cls)
+        settings = converter.structure(known, cls)
     except Exception as exc:  # cattrs' validation group: flattened into paths
-        raise settings_error(problems(exc, path), source) from None
-    found = bound_problems(settings, path)
+        raise settings_error(found + problems(exc, path), source) from None
+    found += bound_problems(settings, path)
+    hook = getattr(settings, "problems", None)
+    unknown = len(raw) - len(known)
+    if hook is not None and not unknown:  # a misspelt key would read as a missing one
+        found += hook(path)
     if found:
         raise settings_error(found, source)
     return settings
+
+
+def _with_hint(message: str, hint: str | None) -> str:
+    return message if hint is None else f"{message}; {hint}"
 
 
 def settings_error(found: list[tuple[Path, str]], source: Source | None = None) -> ConfigError:

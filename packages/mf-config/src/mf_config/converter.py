@@ -98,9 +98,15 @@ def _mismatch(value: Any, t: Any) -> ValueProblem:
     return ValueProblem(f"expected {expected(t)}, got {describe(value)}")
 
 
+INT64_MAX = 2**63 - 1
+
+
 def _structure_int(value: Any, _: type) -> int:
     if type(value) is not int:
         raise _mismatch(value, int)
+    if abs(value) > INT64_MAX:  # no setting means anything past 64 bits; say so at the key
+        raise ValueProblem(f"{value} is too large: no setting takes an integer beyond "
+                           f"+-{INT64_MAX} (2**63 - 1)")
     return value
 
 
@@ -324,4 +330,6 @@ def unknown_keys_message(owner: str, key: Any, allowed: tuple[str, ...]) -> str:
     close = difflib.get_close_matches(str(key), allowed, n=1, cutoff=0.6)
     if close:
         return f"{message}; did you mean {close[0]!r}?"
+    if not allowed:
+        return f"{message}; it takes no keys"
     return f"{message}; allowed keys: {', '.join(allowed)}"

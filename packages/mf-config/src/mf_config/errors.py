@@ -49,6 +49,8 @@ class ConfigIssue:
     """The `--set key=value` override the value came from, when it did."""
     file: str | None = None
     severity: str = "error"
+    """`error`, `warning` (valid, but probably not meant) or `note` (something that could not
+    be checked here, such as an open section whose component is not installed)."""
 
     def location(self) -> str:
         """`FILE:LINE`, `FILE (--set a.b=1)`, `FILE`, or `<config>` when nothing is known."""
@@ -60,7 +62,7 @@ class ConfigIssue:
         return where
 
     def __str__(self) -> str:
-        kind = "warning: " if self.severity == "warning" else ""
+        kind = f"{self.severity}: " if self.severity in ("warning", "note") else ""
         path = f" {self.path}:" if self.path else ""
         return f"{self.location()}:{path} {kind}{self.message}"
 

@@ -17,6 +17,7 @@ import attrs
 
 from .errors import ConfigIssue, MappingKey, Path
 from .layer_spec import LayerSpec, order_problems
+from .model_shape import ModelShape
 from .sections import REQUIRED_SECTIONS, TrainConfig
 from .yaml_source import Source
 
@@ -29,6 +30,8 @@ class Check:
     source: Source
     failed: set[str] = field(default_factory=set)
     issues: list[ConfigIssue] = field(default_factory=list)
+    shape: ModelShape | None = None
+    """The model's shape from its declared settings, when an installed package declares them."""
 
     def error(self, path: Path, message: str) -> None:
         self.issues.append(self.source.issue(path, message))
@@ -38,16 +41,21 @@ class Check:
 
     def written(self, *path: str) -> bool:
         """Whether the user wrote this path (in the file or an override)."""
-        node: Any = self.source.data
-        for key in path:
-            if not isinstance(node, dict) or key not in node:
-                return False
-            node = node[key]
-        return True
+        return self.source.written(path)
 
     def num_layers(self) -> int | None:
-        """The model's layer count, when the model section gives it (and structured)."""
+        """Layers a layer spec may name (decoder plus multi-token prediction), when known."""
+        if self.shape is not None:
+            return self.shape.layer_count
         return None if "model" in self.failed else self.config.model.layer_count()
+
+    def decoder_layers(self) -> int | None:
+        """Decoder layers (what pipeline stages hold), when known."""
+        if self.shape is not None:
+            return self.shape.num_layers
+        if "model" in self.failed:
+            return None
+        return self.config.model.decoder_layer_count()
 
 
 Rule = Callable[[Check], None]
@@ -64,9 +72,11 @@ def rule(*sections: str) -> Callable[[Rule], Rule]:
     return register
 
 
-def run_rules(config: TrainConfig, source: Source, failed: set[str]) -> list[ConfigIssue]:
-    """Every value-rule problem and warning of a structured config."""
-    check = Check(config, source, failed)
+def run_rules(config: TrainConfig, source: Source, failed: set[str],
+              shape: ModelShape | None = None) -> list[ConfigIssue]:
+    """Every value-rule problem and warning of a structured config (`shape`: the model's, from
+    its declared settings, when known)."""
+    check = Check(config, source, failed, shape=shape)
     for name, a in attrs.fields_dict(TrainConfig).items():
         if name in failed:
             _check_raw_bounds(check, a.type, source.data.get(name), (name,))
@@ -244,16 +254,16 @@ def layers_per_stage_rules(check: Check) -> None:
         check.error(path, f"needs one entry per stage and model chunk: pipeline_parallel "
                     f"({p.pipeline_parallel}) x pipeline_parallel_interleave_num "
                     f"({p.pipeline_parallel_interleave_num}) = {chunks}, got {len(counts)}")
-    layers = check.config.model.extras.get("num_hidden_layers",
-                                           check.config.model.extras.get("num_layers"))
-    if type(layers) is int and sum(counts) != layers:
+    layers = check.decoder_layers()
+    if layers is not None and sum(counts) != layers:
         check.error(path, f"the stages hold {sum(counts)} layers, but the model has {layers}; "
                     "every layer must be placed exactly once")
 
 
 @rule("parallelism", "model")
 def expert_parallel_rules(check: Check) -> None:
-    experts = check.config.model.extras.get("n_routed_experts")
+    experts = check.shape.routed_experts if check.shape is not None else \
+        check.config.model.extras.get("n_routed_experts")
     ep = check.config.parallelism.expert_parallel
     if type(experts) is int and experts > 0 and experts % ep:
         check.error(("parallelism", "expert_parallel"),

@@ -19,9 +19,21 @@ from .layer_spec import LayerSpec
 Dtype = Literal["float32", "bfloat16", "float16"]
 
 
-def setting(default: Any, help: str, **bounds: float) -> Any:
-    """A field with a default, a help text and optional bounds (`gt`, `ge`, `le`)."""
+MAX_DIMENSION = 2**31 - 1
+"""The largest width, count or token id a model or dataset setting may have: tensor shapes
+and token ids are 32-bit integers in MindSpore and in the data."""
+MAX_SEED = 2**32 - 1
+"""The largest random seed: numpy's and MindSpore's seeds are unsigned 32-bit integers."""
+
+
+def setting(default: Any, help: str, *, no_effect: str | None = None, **bounds: float) -> Any:
+    """A field with a default, a help text and optional bounds (`gt`, `ge`, `le`).
+
+    `no_effect`: for a component's setting that is accepted (a Hugging Face config.json key,
+    say) but changes nothing, the reason; the trainer says so once when the key is written."""
     metadata = {"help": help, **bounds}
+    if no_effect is not None:
+        metadata["no_effect"] = no_effect
     if isinstance(default, (list, dict)):
         return attrs.field(factory=lambda: type(default)(default), metadata=metadata)
     if attrs.has(type(default)):
@@ -132,7 +144,7 @@ class TrainingConfig(Section):
     global_batch_size: int = setting(
         1, "Samples per optimizer step across all data-parallel ranks.", gt=0)
     max_norm: float = setting(1.0, "Global gradient norm clipped to this value.", gt=0)
-    seed: int = setting(42, "Random seed.", ge=0)
+    seed: int = setting(42, "Random seed.", ge=0, le=MAX_SEED)
     deterministic: bool = setting(False, "Deterministic kernels (slower, repeatable).")
     rampup_batch_size: list[int] | None = setting(
         None, "[start_global_batch_size, increment, rampup_samples]: grow the global batch.")
@@ -249,10 +261,19 @@ class ModelConfig(OpenSection):
         return value[0] if isinstance(value, list) and len(value) == 1 else (
             value if isinstance(value, str) else None)
 
-    def layer_count(self) -> int | None:
-        """Decoder layers plus multi-token-prediction layers, when the section says them."""
+    def decoder_layer_count(self) -> int | None:
+        """`num_hidden_layers` (or `num_layers`) as written, when it is a positive integer.
+
+        Only for models whose type no installed package declares settings for: otherwise the
+        model's own settings give its numbers (`components.model_shape`)."""
         base = self.extras.get("num_hidden_layers", self.extras.get("num_layers"))
-        if not _is_count(base) or base == 0:
+        return base if _is_count(base) and base > 0 else None
+
+    def layer_count(self) -> int | None:
+        """Decoder layers plus multi-token-prediction layers as written (same proviso as
+        `decoder_layer_count`)."""
+        base = self.decoder_layer_count()
+        if base is None:
             return None
         extra = self.extras.get("mtp_num_layers", self.extras.get("num_nextn_predict_layers", 0))
         return base + extra if _is_count(extra) else base

@@ -7,6 +7,7 @@ from pathlib import Path as FilePath
 
 import attrs
 
+from .components import check_components
 from .converter import converter, problems, unknown_keys_message
 from .errors import ConfigError, ConfigIssue, emit_warnings
 from .overrides import apply_overrides
@@ -18,7 +19,9 @@ _SECTIONS = {a.name: a.type for a in attrs.fields(TrainConfig)}
 
 
 def check_source(source: Source) -> tuple[TrainConfig, list[ConfigIssue]]:
-    """Structure every section and run every rule; return the config and all issues found.
+    """Structure every section, check the keys of the open sections against the settings
+    their components declare (`components`), and run every rule; return the config and all
+    issues found (errors, warnings, and notes on what could not be checked).
 
     Sections are structured one by one, so a type error in one section does not hide the
     value-rule problems of the others. A section that failed is left at its defaults in the
@@ -43,7 +46,9 @@ def check_source(source: Source) -> tuple[TrainConfig, list[ConfigIssue]]:
             failed.add(name)
             issues += [source.issue(path, message) for path, message in problems(exc, (name,))]
     config = TrainConfig(**sections)
-    issues += run_rules(config, source, failed)
+    components = check_components(config, source, failed)
+    issues += components.issues
+    issues += run_rules(config, source, failed, components.model_shape)
     issues.sort(key=lambda issue: issue.line if issue.line is not None else float("inf"))
     return config, issues
 

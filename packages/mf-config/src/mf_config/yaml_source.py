@@ -77,6 +77,15 @@ class Source:
     origins: dict[Path, str] = field(default_factory=dict)
     """The `--set` override that wrote a path, keyed by that path."""
 
+    def written(self, path: Path) -> bool:
+        """Whether the user wrote `path` (in the file or an override)."""
+        node: Any = self.data
+        for key in path:
+            if not isinstance(node, dict) or key not in node:
+                return False
+            node = node[key]
+        return True
+
     def issue(self, path: Path, message: str, severity: str = "error") -> ConfigIssue:
         """A `ConfigIssue` at `path`, located by the nearest enclosing value that has a source."""
         line, origin = self._locate(path)

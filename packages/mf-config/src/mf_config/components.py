@@ -1,0 +1,214 @@
+"""The settings of the component each open section selects, checked when a file is validated.
+
+An open section (`model`, `optimizer`, `lr_scheduler`, `train_dataset.dataloader`, each
+callback) keeps the keys mf-config does not declare and hands them to the component its `type`
+selects. So that `mf-config validate` can check those keys too (`model.hiden_size`, with its
+line and "did you mean"), without importing the components (a model imports MindSpore, which
+costs seconds), each package declares the settings class of every component type it provides
+under an entry point of the kind's group:
+
+    [project.entry-points."mf_config.models"]
+    qwen3 = "mf_train.settings.qwen3:Qwen3Settings"
+
+Groups: `mf_config.models`, `mf_config.optimizers`, `mf_config.lr_schedulers`,
+`mf_config.dataloaders`, `mf_config.callbacks`; the entry point's name is the `type` as written
+(every alias gets its own entry point). The class is a `Section` (fields made with `setting`)
+in a module that imports neither MindSpore nor numpy. It may define two hooks:
+`problems(self, path)` for checks within its keys (run whenever they are structured, see
+`component_settings.structure_settings`) and `config_problems(self, config, path)` for checks
+against other sections (run here). Models subclass `model_shape.ModelSettings`.
+
+A type no installed package declares is not an error here (it may be registered in code, or
+be a `module:Class` path): validation says, as a note, that its keys were not checked; the
+component checks them when it is built.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any, TypeVar
+
+import attrs
+
+from .component_settings import structure_settings
+from .entry_points import EntryPoint, entry_points
+from .errors import ConfigError, ConfigIssue, Path
+from .model_shape import ModelSettings, ModelShape
+from .sections import ModelConfig, OpenSection, TrainConfig, declared_fields
+from .yaml_source import Source
+
+M = TypeVar("M", bound=ModelSettings)
+GROUP_PREFIX = "mf_config."
+KINDS = {"models": "model type", "optimizers": "optimizer type",
+         "lr_schedulers": "learning-rate scheduler type", "dataloaders": "data loader type",
+         "callbacks": "callback type"}
+"""Entry-point group suffix -> how a type of that kind is named in messages."""
+
+
+@attrs.frozen
+class Selection:
+    """One open section and the component type it selects."""
+
+    kind: str
+    section: OpenSection
+    path: Path
+    """Where the section is: `("model",)`, `("callbacks", 2)`."""
+    type_path: Path
+    """Where the type is written: `("model", "architectures")`."""
+    type_name: str | None
+
+
+@attrs.frozen
+class ComponentCheck:
+    """What checking the open sections found, and the model's shape when it is known."""
+
+    issues: list[ConfigIssue]
+    model_shape: ModelShape | None = None
+
+
+def selections(config: TrainConfig, failed: set[str] = frozenset()) -> Iterator[Selection]:
+    """The open sections of `config` that structured, each with the type it selects."""
+    if "model" not in failed:
+        model = config.model
+        key = "architectures" if model.architectures else "model_type"
+        yield Selection("models", model, ("model",), ("model", key), model_type_name(model))
+    if "optimizer" not in failed:
+        yield Selection("optimizers", config.optimizer, ("optimizer",), ("optimizer", "type"),
+                        config.optimizer.type)
+    if "lr_scheduler" not in failed:
+        yield Selection("lr_schedulers", config.lr_scheduler, ("lr_scheduler",),
+                        ("lr_scheduler", "type"), config.lr_scheduler.type)
+    if "train_dataset" not in failed:
+        loader = config.train_dataset.dataloader
+        path = ("train_dataset", "dataloader")
+        yield Selection("dataloaders", loader, path, (*path, "type"), loader.type)
+    if "callbacks" not in failed:
+        for index, callback in enumerate(config.callbacks):
+            yield Selection("callbacks", callback, ("callbacks", index),
+                            ("callbacks", index, "type"), callback.type)
+
+
+def model_type_name(model: ModelConfig) -> str | None:
+    """The type a model section selects: `architectures` (its class), else `model_type`."""
+    return model.architecture() if model.architectures else model.model_type
+
+
+def check_components(config: TrainConfig, source: Source,
+                     failed: set[str] = frozenset()) -> ComponentCheck:
+    """Every problem in the open sections' keys (errors), and a note per section whose type no
+    installed package declares settings for."""
+    issues: list[ConfigIssue] = []
+    shape = None
+    for selection in selections(config, failed):
+        settings, found = _check(selection, config, source)
+        issues += found
+        if isinstance(settings, ModelSettings) and not found:
+            shape = settings.shape()
+    return ComponentCheck(issues, shape)
+
+
+def _check(selection: Selection, config: TrainConfig,
+           source: Source) -> tuple[Any, list[ConfigIssue]]:
+    extras = selection.section.extras
+    if selection.type_name is None:
+        return None, _keys_without_type(selection, source)
+    try:
+        cls = settings_class(selection.kind, selection.type_name)
+    except (ImportError, AttributeError) as exc:  # a broken installation: say which
+        return None, [source.issue(selection.type_path, f"cannot load the settings of "
+                                   f"{KINDS[selection.kind]} {selection.type_name!r}: {exc}")]
+    if cls is None and not extras:
+        return None, []  # nothing to check
+    if cls is None:
+        return None, [source.issue(selection.type_path, f"not checked: no installed package "
+                                   f"declares the settings of {KINDS[selection.kind]} "
+                                   f"{selection.type_name!r}; its keys are checked when it is "
+                                   "built", "note")]
+    try:
+        settings = structure_settings(cls, extras, selection.path, source,
+                                      owner=f"{KINDS[selection.kind]} {selection.type_name!r}",
+                                      also_allowed=declared_fields(type(selection.section)))
+    except ConfigError as exc:
+        return None, exc.errors
+    hook = getattr(settings, "config_problems", None)
+    found = hook(config, selection.path) if hook is not None else []
+    return settings, [source.issue(where, message) for where, message in found]
+
+
+def _keys_without_type(selection: Selection, source: Source) -> list[ConfigIssue]:
+    """Keys for a component while its type is null would be ignored silently: refuse them.
+    (`lr_scheduler.type: null` is a constant learning rate; the other kinds need a type.)"""
+    if selection.kind != "lr_schedulers":
+        return []
+    names = ", ".join(entry.name for entry in _group("lr_schedulers")) or "a scheduler type"
+    return [source.issue((*selection.path, key),
+                         f"is a scheduler key, but lr_scheduler.type is null (a constant "
+                         f"learning_rate); set type ({names}), or remove the key")
+            for key in selection.section.extras]
+
+
+def settings_class(kind: str, type_name: str) -> type | None:
+    """The settings class an installed package declares for `type_name` of `kind` (a key of
+    `KINDS`), or None. The entry point's module is imported on first use."""
+    for entry in _group(kind):
+        if entry.name == type_name:
+            return entry.load()
+    return None
+
+
+def declared_types(kind: str) -> list[str]:
+    """The type names installed packages declare settings for, for messages and tests."""
+    return sorted({entry.name for entry in _group(kind)})
+
+
+def model_settings(model: ModelConfig, source: Source | None = None) -> ModelSettings | None:
+    """The typed settings of a model section, or None when no installed package declares
+    them for its type; `ConfigError` (located in `source`) when its keys are wrong."""
+    name = model_type_name(model)
+    cls = settings_class("models", name) if name else None
+    return None if cls is None else structure_model_settings(cls, model, source)
+
+
+def structure_model_settings(cls: type[M], model: ModelConfig,
+                             source: Source | None = None) -> M:
+    """The keys of a model section as the settings class `cls` (what a model class calls in
+    `from_config`, and what validation does through the entry point: the same parse)."""
+    return structure_settings(cls, model.extras, ("model",), source,
+                              owner=f"model type {model_type_name(model)!r}",
+                              also_allowed=declared_fields(ModelConfig))
+
+
+def model_shape(model: ModelConfig, source: Source | None = None) -> ModelShape | None:
+    """`model_settings(model).shape()`, or None when no settings are declared for its type."""
+    settings = model_settings(model, source)
+    return None if settings is None else settings.shape()
+
+
+_ENTRY_POINTS: dict[str, tuple[EntryPoint, ...]] = {}
+
+
+def _group(kind: str) -> tuple[EntryPoint, ...]:
+    """The entry points of one kind, read once per process for all kinds."""
+    if not _ENTRY_POINTS:
+        found = entry_points(GROUP_PREFIX + name for name in KINDS)
+        for name in KINDS:
+            _ENTRY_POINTS[name] = tuple(found[GROUP_PREFIX + name])
+    return _ENTRY_POINTS[kind]
+
+
+def decoder_layers(config: TrainConfig) -> int | None:
+    """The decoder layers pipeline stages hold: the model's shape, or for a model whose
+    settings no installed package declares, `num_hidden_layers` (`num_layers`) as written."""
+    shape = model_shape(config.model)
+    return shape.num_layers if shape is not None else config.model.decoder_layer_count()
+
+
+def sequence_length(config: TrainConfig) -> int | None:
+    """The training sequence length: the model's `seq_length` (from its shape, or as written
+    for an undeclared model), else the data loader's `config.seq_length`."""
+    shape = model_shape(config.model)
+    value = shape.seq_length if shape is not None else config.model.get("seq_length")
+    if value is None:
+        loader_config = config.train_dataset.dataloader.get("config")
+        value = loader_config.get("seq_length") if isinstance(loader_config, dict) else None
+    return value if type(value) is int else None

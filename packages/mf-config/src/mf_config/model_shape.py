@@ -1,0 +1,84 @@
+"""The numbers of a model that the rest of the stack plans with, and the settings that give them.
+
+A model's `model` section is open: its keys belong to the model class `model_type` /
+`architectures` selects. That class declares them as a `ModelSettings` (a `Section` with the
+model's own names, defaults and bounds) in a module that imports neither MindSpore nor numpy,
+and publishes it through an entry point (see `components`). Everything else reads the model
+through the `ModelShape` those settings compute: the rules (layer specs, pipeline stages,
+expert divisibility), mf-parallel's plan, mf-memory's estimate, and the model class itself
+builds from the same settings. So a default such as `head_dim = hidden_size /
+num_attention_heads` is written once, where the model is defined.
+
+Pure Python: attrs only.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import attrs
+
+from .errors import Path
+from .sections import Section
+
+if TYPE_CHECKING:
+    from .sections import TrainConfig
+
+
+@attrs.frozen(kw_only=True)
+class ModelShape:
+    """Structure numbers of a decoder language model (Hugging Face meanings)."""
+
+    vocab_size: int
+    hidden_size: int
+    num_layers: int
+    """Decoder layers (the ones pipeline stages hold)."""
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    """Width of one query/key head (for multi-head latent attention: nope + rope part)."""
+    intermediate_size: int
+    """Inner width of a dense MLP."""
+    tie_word_embeddings: bool = False
+    qk_norm: bool = False
+    """RMSNorm over each query and key head (Qwen3)."""
+    seq_length: int | None = None
+    """The training sequence length, when the model section gives it."""
+    mtp_layers: int = 0
+    """Multi-token-prediction layers after the decoder (layer specs may name them)."""
+    routed_experts: int | None = None
+    """Routed experts of a mixture-of-experts model; None for a dense one."""
+    latent_attention: bool = False
+    """Multi-head latent attention (DeepSeek's compressed keys and values)."""
+    params_dtype: str = "float32"
+    compute_dtype: str = "float32"
+    use_flash_attention: bool = False
+
+    @property
+    def layer_count(self) -> int:
+        """Every layer a layer spec may name: decoder plus multi-token-prediction layers."""
+        return self.num_layers + self.mtp_layers
+
+
+class ModelSettings(Section):
+    """Base of a model's typed settings (the keys of the `model` section).
+
+    A subclass is a `Section` made with `section` and `setting`; besides `shape()` it may
+    define the optional hooks every component's settings may have (`components`):
+    `problems(path)` for checks within the section and `config_problems(config, path)` for
+    checks against other sections (a width that tensor parallelism must divide).
+    """
+
+    __slots__ = ()
+
+    def shape(self) -> ModelShape:
+        """The model's structure numbers, with the model's own defaults applied."""
+        raise NotImplementedError(f"{type(self).__name__} does not give its shape")
+
+    def problems(self, path: Path) -> list[tuple[Path, str]]:
+        """Problems within the model's settings (none by default)."""
+        return []
+
+    def config_problems(self, config: TrainConfig, path: Path) -> list[tuple[Path, str]]:
+        """Problems of these settings together with the rest of `config` (none by default)."""
+        return []
