@@ -160,6 +160,11 @@ training:
   local_batch_size: 2
 model:
   model_type: qwen3
+  vocab_size: 512
+  hidden_size: 16
+  intermediate_size: 32
+  num_hidden_layers: 1
+  num_attention_heads: 2
 train_dataset:
   dataloader:
     type: BlendedMegatronDatasetDataLoader

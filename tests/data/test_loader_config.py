@@ -30,13 +30,13 @@ def test_the_spec_example() -> None:
     assert config.data_path == ["1", "/path/megatron_data_text_document"]
     assert config.create_attention_mask is False
     assert config.add_extra_token_to_sequence is True  # MindFormers' default
-    assert config.eod_pad_length == 128
+    assert config.pad_length() == 128
 
 
 def test_compressed_eod_mask_length_is_an_alias() -> None:
     extras = {**SPEC_EXAMPLE, "config": {**SPEC_EXAMPLE["config"],
                                          "compressed_eod_mask_length": 64}}
-    assert megatron_settings(dataloader(**extras)).config.eod_pad_length == 64
+    assert megatron_settings(dataloader(**extras)).config.pad_length() == 64
     extras["config"]["eod_pad_length"] = 32
     with pytest.raises(DataError, match=r"config\.compressed_eod_mask_length: is an alias of "
                                         r"eod_pad_length; give only one"):
@@ -54,9 +54,13 @@ def test_null_sizes_mean_one_epoch_and_pass_through() -> None:
     ({"config": {"data_path": ["p"]}},
      r"train_dataset\.dataloader\.config\.seq_length: required: a positive integer"),
     ({"config": {"seq_length": "4k"}},
-     r"config\.seq_length: expected an integer, got '4k' \(a string\)"),
-    ({"config": {"seq_length": 0}}, r"config\.seq_length: must be > 0, got 0"),
-    ({"config": {"seq_length": 8, "eod_pad_length": 0}}, r"config\.eod_pad_length: must be > 0"),
+     r"config\.seq_length: expected an integer or null, got '4k' \(a string\)"),
+    ({"config": {"seq_length": 0}}, r"config\.seq_length: must be positive, got 0"),
+    ({"config": {"seq_length": 8, "eod_pad_length": 0}},
+     r"config\.eod_pad_length: must be positive"),
+    ({"config": {"seq_length": 8, "seed": 2**32}},
+     r"config\.seed: must be <= 4294967295, got 4294967296"),
+    ({"config": {"seq_length": 8, "eod": 2**31}}, r"config\.eod: must be <= 2147483647"),
     ({"config": {"seq_length": 8, "seq_lenght": 9}},
      r"config\.seq_lenght: Unknown configuration keys .* did you mean 'seq_length'\?"),
     ({"sizes": [10, 0]}, r"dataloader\.sizes: must be three sample counts"),

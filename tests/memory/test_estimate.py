@@ -14,9 +14,9 @@ from typing import Any
 
 import pytest
 
-from mf_config import TrainConfig
+from mf_config import ConfigError, TrainConfig
 from mf_memory.estimate import estimate, parse_memory
-from mf_memory.model_shape import EstimateError, ModelShape, parameter_count
+from mf_memory.model_shape import EstimateError, parameter_count, shape_of
 from mf_parallel import PlanError
 
 LAYER = 12_432  # elements one layer saves per micro-batch (see the module docstring)
@@ -74,7 +74,7 @@ def test_parameter_count_matches_the_reference_decoder() -> None:
                                        num_layers=3, num_heads=4, num_kv_heads=2,
                                        seq_length=7)
     actual = sum(p.size for p in model.trainable_params())
-    shape = ModelShape.from_config(config(model__num_hidden_layers=3).model)
+    shape = shape_of(config(model__num_hidden_layers=3).model)
     assert parameter_count(shape) == actual
 
 
@@ -177,16 +177,23 @@ def test_verdict() -> None:
 
 
 def test_errors_name_the_field() -> None:
-    with pytest.raises(EstimateError, match=r"model\.n_routed_experts.*not supported yet"):
-        estimate(config(model__n_routed_experts=8), world_size=1)
+    deepseek = {"model_type": "deepseek_v3", "num_hidden_layers": 2, "seq_length": 8}
+    with pytest.raises(EstimateError, match=r"'deepseek_v3' has mixture-of-experts.*not "
+                                            r"supported yet"):
+        estimate(TrainConfig.from_dict({**BASE, "model": deepseek}), world_size=1)
+    unknown = {"model_type": "mystery", "num_hidden_layers": 2, "seq_length": 8}
+    with pytest.raises(EstimateError, match=r"no installed package declares the settings of "
+                                            r"model type 'mystery', so its shape is unknown; "
+                                            r"declared: .*qwen3"):
+        estimate(TrainConfig.from_dict({**BASE, "model": unknown}), world_size=1)
+    # the model's own settings are checked when the file is loaded, with their paths
     data = copy.deepcopy(BASE)
     del data["model"]["hidden_size"]
-    with pytest.raises(EstimateError, match=r"model\.hidden_size: required"):
-        estimate(TrainConfig.from_dict(data), world_size=1)
-    with pytest.raises(EstimateError, match=r"model\.compute_dtype: unknown dtype 'int8'"):
-        estimate(config(model__compute_dtype="int8"), world_size=1)
-    with pytest.raises(EstimateError, match=r"num_key_value_heads \(2\) must be divisible"):
-        estimate(config(parallelism__tensor_parallel=4, model__seq_length=8), world_size=4)
+    with pytest.raises(ConfigError, match=r"model\.hidden_size: required"):
+        TrainConfig.from_dict(data)
+    with pytest.raises(ConfigError, match=r"model\.num_key_value_heads: 2 is not divisible by "
+                                          r"parallelism\.tensor_parallel \(4\)"):
+        config(parallelism__tensor_parallel=4, model__seq_length=8)
     with pytest.raises(PlanError, match="not divisible"):
         estimate(config(parallelism__tensor_parallel=2, model__seq_length=8), world_size=3)
     with pytest.raises(EstimateError, match=r"parse|size"):
@@ -194,6 +201,10 @@ def test_errors_name_the_field() -> None:
 
 
 def test_bfloat16_adds_a_master_copy() -> None:
-    result = estimate(config(model__compute_dtype="bfloat16"), world_size=1)
+    computed = estimate(config(model__compute_dtype="bfloat16"), world_size=1)
+    assert (computed.params, computed.optimizer) == (4 * PARAMS, 8 * PARAMS)  # float32 kept
+    assert computed.layer_activations[0].full == 2 * LAYER
+    result = estimate(config(model__compute_dtype="bfloat16", model__params_dtype="bfloat16"),
+                      world_size=1)
     assert (result.params, result.optimizer) == (2 * PARAMS, 12 * PARAMS)
     assert result.layer_activations[0].full == 2 * LAYER

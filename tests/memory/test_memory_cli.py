@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+SKELETON = Path(__file__).resolve().parents[2] / "examples" / "spec_skeleton.yaml"
 CONFIG = """\
 model:
   model_type: qwen3
@@ -74,9 +75,12 @@ def test_exit_codes(config_file: str, tmp_path: Path) -> None:
     bad = run("estimate", "--config", config_file, "--world-size", "3",
               "--set", "parallelism.tensor_parallel=2")
     assert bad.returncode == 1 and "not divisible" in bad.stderr
-    moe = run("estimate", "--config", config_file, "--world-size", "1",
-              "--set", "model.n_routed_experts=8")
+    moe = run("estimate", "--config", str(SKELETON), "--world-size", "8")
     assert moe.returncode == 1 and "not supported yet" in moe.stderr
+    typo = run("estimate", "--config", config_file, "--world-size", "1",
+               "--set", "model.n_routed_experts=8")  # a Qwen3 has no experts
+    assert typo.returncode == 1 and "model.n_routed_experts: Unknown configuration keys for " \
+        "model type 'qwen3'" in typo.stderr
     invalid = run("estimate", "--config", config_file, "--world-size", "1",
                   "--set", "training.local_batch_size=0")
     assert invalid.returncode == 1 and "training.local_batch_size" in invalid.stderr

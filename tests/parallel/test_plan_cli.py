@@ -16,6 +16,30 @@ from mf_parallel.plan import make_plan, plan_summary
 ROOT = Path(__file__).resolve().parents[2]
 SKELETON = ROOT / "examples" / "spec_skeleton.yaml"
 SCRIPT = Path(sys.executable).parent / "mf-parallel"
+QWEN3 = """model:
+  model_type: qwen3
+  architectures: Qwen3ForCausalLM
+  vocab_size: 129280
+  seq_length: 4096
+  hidden_size: 1792
+  intermediate_size: 4096
+  num_hidden_layers: 12
+  num_attention_heads: 8
+  use_flash_attention: True
+  compute_dtype: "bfloat16"
+"""
+
+
+@pytest.fixture(scope="module")
+def skeleton(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The spec's skeleton with a Qwen3 model of its size in place of DeepSeek-V3, which has
+    no tensor parallelism yet (these layouts use it)."""
+    text = SKELETON.read_text(encoding="utf-8")
+    start = text.index("model:\n")
+    end = text.index("\n# =====", start)
+    path = tmp_path_factory.mktemp("plan") / "skeleton_qwen3.yaml"
+    path.write_text(text[:start] + QWEN3 + text[end:], encoding="utf-8")
+    return path
 
 
 def run(*args: str) -> subprocess.CompletedProcess[str]:
@@ -90,8 +114,8 @@ def test_plan_errors_are_plan_errors() -> None:
         make_plan(ParallelismConfig(), TrainingConfig(global_batch_size=4), 8)
 
 
-def test_cli_text(tmp_path) -> None:
-    result = run("plan", "--config", str(SKELETON), "--world-size", "8", "--rank", "3",
+def test_cli_text(tmp_path, skeleton) -> None:
+    result = run("plan", "--config", str(skeleton), "--world-size", "8", "--rank", "3",
                  "--set", "parallelism.tensor_parallel=2",
                  "--set", "parallelism.pipeline_parallel=2",
                  "--set", "training.global_batch_size=8")
@@ -111,9 +135,9 @@ RAMP = ("--set", "parallelism.tensor_parallel=4", "--set", "training.global_batc
         "--set", "training.rampup_batch_size=[16, 16, 1000]")
 
 
-def test_cli_text_of_a_ramp() -> None:
+def test_cli_text_of_a_ramp(skeleton) -> None:
     """Growths every 1000 / 3 samples (Megatron-LM's float spacing); dp 2 x micro 1."""
-    result = run("plan", "--config", str(SKELETON), "--world-size", "8", *RAMP)
+    result = run("plan", "--config", str(skeleton), "--world-size", "8", *RAMP)
     assert result.returncode == 0, result.stderr
     lines = result.stdout.splitlines()
     steps = megatron_rampup_steps(16, 16, 1000, 64, 2)
@@ -124,8 +148,8 @@ def test_cli_text_of_a_ramp() -> None:
         "steps); accumulation steps 8 -> 32"]
 
 
-def test_cli_text_of_a_ramp_that_changes_nothing() -> None:
-    result = run("plan", "--config", str(SKELETON), "--world-size", "8", *RAMP,
+def test_cli_text_of_a_ramp_that_changes_nothing(skeleton) -> None:
+    result = run("plan", "--config", str(skeleton), "--world-size", "8", *RAMP,
                  "--set", "training.rampup_batch_size=[16, 16, 0]")
     assert result.returncode == 0, result.stderr
     assert result.stdout.splitlines()[3] == (
@@ -133,8 +157,8 @@ def test_cli_text_of_a_ramp_that_changes_nothing() -> None:
         "batch 64")
 
 
-def test_cli_json_of_a_ramp() -> None:
-    result = run("plan", "--config", str(SKELETON), "--world-size", "8", "--json", *RAMP)
+def test_cli_json_of_a_ramp(skeleton) -> None:
+    result = run("plan", "--config", str(skeleton), "--world-size", "8", "--json", *RAMP)
     assert result.returncode == 0, result.stderr
     summary = json.loads(result.stdout)
     assert {k: summary[k] for k in BATCH_KEYS} == {
@@ -145,8 +169,8 @@ def test_cli_json_of_a_ramp() -> None:
                                  "steps": megatron_rampup_steps(16, 16, 1000, 64, 2)}
 
 
-def test_cli_json_has_the_promised_keys() -> None:
-    result = run("plan", "--config", str(SKELETON), "--world-size", "4", "--json",
+def test_cli_json_has_the_promised_keys(skeleton) -> None:
+    result = run("plan", "--config", str(skeleton), "--world-size", "4", "--json",
                  "--set", "parallelism.data_parallel_shard=2")
     assert result.returncode == 0, result.stderr
     summary = json.loads(result.stdout)
@@ -161,22 +185,22 @@ def test_cli_json_has_the_promised_keys() -> None:
     assert "rampup" not in summary
 
 
-def test_cli_invalid_layout_exits_1_with_the_reason() -> None:
-    result = run("plan", "--config", str(SKELETON), "--world-size", "6",
+def test_cli_invalid_layout_exits_1_with_the_reason(skeleton) -> None:
+    result = run("plan", "--config", str(skeleton), "--world-size", "6",
                  "--set", "parallelism.tensor_parallel=4")
     assert result.returncode == 1
-    assert result.stderr == (f"{SKELETON}: invalid parallel layout: world size 6 is not "
+    assert result.stderr == (f"{skeleton}: invalid parallel layout: world size 6 is not "
                              "divisible by tensor_parallel (4) x context_parallel (1) x "
                              "pipeline_parallel (1) = 4\n")
 
 
-def test_cli_invalid_config_and_usage(tmp_path) -> None:
-    result = run("plan", "--config", str(SKELETON), "--world-size", "8",
+def test_cli_invalid_config_and_usage(tmp_path, skeleton) -> None:
+    result = run("plan", "--config", str(skeleton), "--world-size", "8",
                  "--set", "training.global_batch_size=0")
     assert result.returncode == 1 and "must be positive" in result.stderr
     assert run("plan", "--config", str(tmp_path / "none.yaml"), "--world-size", "8"
                ).returncode == 2
     assert run("plan", "--world-size", "8").returncode == 2
     assert run().returncode == 2
-    result = run("plan", "--config", str(SKELETON), "--world-size", "8", "--rank", "8")
+    result = run("plan", "--config", str(skeleton), "--world-size", "8", "--rank", "8")
     assert result.returncode == 1 and "rank 8 is outside the world (0..7)" in result.stderr

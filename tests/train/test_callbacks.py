@@ -253,7 +253,10 @@ def test_wrong_type_and_bound() -> None:
 
 def test_errors_carry_the_yaml_line(tmp_path: Path) -> None:
     path = tmp_path / "train.yaml"
-    path.write_text("model:\n  model_type: qwen3\ntrain_dataset:\n  dataloader:\n    type: Mock\n"
+    path.write_text("model: {model_type: qwen3, vocab_size: 8, hidden_size: 8, "
+                    "intermediate_size: 8, num_hidden_layers: 1, num_attention_heads: 2}\n"
+                    "# a complete Qwen3\n"
+                    "train_dataset:\n  dataloader:\n    type: Mock\n"
                     "training:\n  global_batch_size: 1\ncallbacks:\n"
                     "  - type: EveryNForTest\n    every: 2\n"
                     "  - type: EveryNForTest\n    every: -1\n")

@@ -16,12 +16,16 @@ pytest.importorskip("mindspore")
 import mindspore as ms
 from mindspore import Tensor
 
-from mf_config import ConfigError, ModelConfig, ParallelismConfig, RecomputeConfig
+from mf_config import ConfigError, ModelConfig, RecomputeConfig, TrainConfig
 from mf_config.layer_spec import LayerSpec
 from mf_memory.layers import resolve_module
 from mf_memory.recompute import apply_recompute
 from mf_train.models import build_model
-from mf_train.models.deepseek_v3 import DeepseekV3ForCausalLM, hf_parameter_names
+from mf_train.models.deepseek_v3 import (
+    DeepseekV3ForCausalLM,
+    deepseek_v3_settings,
+    hf_parameter_names,
+)
 from mf_train.models.hf_weights import HFWeightsError
 from mf_train.registry import MODELS
 
@@ -247,7 +251,8 @@ def test_registered_and_built_by_build_model() -> None:
     ("seq_aux", False, "must be one of True"),
     ("aux_loss_alpha", -0.1, "must be >= 0"),
     ("hidden_szie", 32, "hidden_szie"),
-    ("vocab_size", None, "required"),
+    ("vocab_size", 0, "must be positive"),
+    ("hidden_size", 2**31, "must be <= 2147483647"),
 ])
 def test_configuration_errors_name_the_key(key: str, value: object, message: str) -> None:
     extras = {**ref.LORA, key: value}
@@ -274,17 +279,28 @@ class _Group:
     size, rank, sequence_parallel = 2, 0, True
 
 
-def test_tensor_and_expert_parallelism_are_rejected() -> None:
+def test_tensor_parallelism_is_rejected() -> None:
     with pytest.raises(ConfigError, match=r"parallelism\.tensor_parallel.*not implemented"):
         DeepseekV3ForCausalLM.from_config(ModelConfig(extras=dict(ref.LORA)),
                                           tensor_group=_Group())
-    with pytest.raises(ConfigError) as error:
-        DeepseekV3ForCausalLM.check_parallelism(
-            ParallelismConfig(tensor_parallel=2, expert_parallel=4))
-    text = str(error.value)
-    assert "parallelism.tensor_parallel: tensor parallelism is not implemented" in text
-    assert "parallelism.expert_parallel: expert parallelism is not implemented" in text
-    DeepseekV3ForCausalLM.check_parallelism(ParallelismConfig())
+    data = {"model": {"model_type": "deepseek_v3", **ref.LORA}, "training": {},
+            "train_dataset": {"dataloader": {"type": "x"}},
+            "parallelism": {"tensor_parallel": 2}}
+    with pytest.raises(ConfigError, match=r"parallelism\.tensor_parallel: tensor parallelism is "
+                                          r"not implemented for DeepSeek-V3"):
+        TrainConfig.from_dict(data)  # when the file is validated, before anything starts
+
+
+def test_hugging_face_sizes_are_the_defaults() -> None:
+    """The spec's skeleton gives only the vocabulary, width, layers and heads."""
+    settings = deepseek_v3_settings(ModelConfig(extras={}))
+    assert (settings.vocab_size, settings.hidden_size, settings.intermediate_size,
+            settings.moe_intermediate_size, settings.num_hidden_layers,
+            settings.num_attention_heads, settings.n_routed_experts,
+            settings.num_experts_per_tok, settings.kv_lora_rank, settings.qk_nope_head_dim,
+            settings.qk_rope_head_dim, settings.v_head_dim) == (
+        129280, 7168, 18432, 2048, 61, 128, 256, 8, 512, 128, 64, 128)
+    assert (settings.n_group, settings.topk_group, settings.q_lora_rank) == (1, 1, None)
 
 
 def test_inputs_longer_than_seq_length_are_rejected() -> None:

@@ -11,6 +11,7 @@ import itertools
 import math
 import warnings
 from decimal import Decimal
+from fractions import Fraction
 from typing import Any
 
 import pytest
@@ -19,8 +20,8 @@ from hypothesis import strategies as st
 
 from mf_config import ConfigError, LrSchedulerConfig, load_config
 from mf_config.errors import ConfigWarning
-from mf_config.validate import load_source
-from mf_train.lr_schedules import LrSchedule, build_lr_schedule
+from mf_config.validate import config_from_source, load_source
+from mf_train.lr_schedules import LrSchedule, build_lr_schedule, floor_of_ratio
 from mf_train.registry import LR_SCHEDULERS
 
 SEVEN = ["ConstantWarmUpLR", "LinearWithWarmUpLR", "CosineWithWarmUpLR",
@@ -435,14 +436,16 @@ def test_every_problem_is_listed_at_once() -> None:
 
 def test_unknown_key_suggests_the_near_name() -> None:
     text = problem("CosineWithWarmUpLR", warmup_step=10)
-    assert ("lr_scheduler.warmup_step: Unknown configuration keys for "
-            "CosineWithWarmUpLRSettings: ['warmup_step']; did you mean 'warmup_steps'?") in text
+    assert ("lr_scheduler.warmup_step: Unknown configuration keys for learning-rate scheduler "
+            "type 'CosineWithWarmUpLR': ['warmup_step']; did you mean 'warmup_steps'?") in text
 
 
 def test_unknown_key_lists_the_allowed_keys() -> None:
     text = problem("ConstantWarmUpLR", warmup_steps=1, lr_end=0.0)
-    assert "lr_scheduler.lr_end: Unknown configuration keys for ConstantWarmUpLRSettings" in text
-    assert ("allowed keys: warmup_steps, warmup_ratio, warmup_lr_init, total_steps") in text
+    assert ("lr_scheduler.lr_end: Unknown configuration keys for learning-rate scheduler type "
+            "'ConstantWarmUpLR'") in text
+    assert ("allowed keys: warmup_steps, warmup_ratio, warmup_lr_init, total_steps, type, "
+            "learning_rate") in text
 
 
 @pytest.mark.parametrize(("type_", "floor"), [("CosineWithWarmUpLR", "lr_end"),
@@ -486,16 +489,20 @@ def test_scheduler_keys_need_a_type() -> None:
 
 def test_errors_carry_the_yaml_line(tmp_path) -> None:
     path = tmp_path / "train.yaml"
-    path.write_text("model:\n  model_type: qwen3\ntrain_dataset:\n  dataloader:\n    type: Mock\n"
+    path.write_text("model: {model_type: qwen3, vocab_size: 8, hidden_size: 8, "
+                    "intermediate_size: 8, num_hidden_layers: 1, num_attention_heads: 2}\n"
+                    "# a complete Qwen3\n"
+                    "train_dataset:\n  dataloader:\n    type: Mock\n"
                     "training:\n  global_batch_size: 1\nlr_scheduler:\n"
                     "  type: PolynomialWithWarmUpLR\n  learning_rate: 1.e-4\n"
                     "  warmup_steps: 3\n  lr_end: 1.e-3\n")
-    config = load_config(path)
-    with pytest.raises(ConfigError) as info:
-        build_lr_schedule(config.lr_scheduler, config.training.steps, load_source(path))
+    with pytest.raises(ConfigError) as info:  # found when the file is validated
+        load_config(path)
     [issue] = info.value.errors
     assert (issue.path, issue.line) == ("lr_scheduler.lr_end", 12)
     assert str(issue).startswith(f"{path}:12: lr_scheduler.lr_end: must be smaller than")
+    config = config_from_source(load_source(path, ["lr_scheduler.lr_end=1.e-5"]))
+    assert build_lr_schedule(config.lr_scheduler, config.training.steps)(3) == 1e-4
 
 
 # ----------------------------------------------------------------- third-party schedules
@@ -586,3 +593,8 @@ def test_property_never_rises_after_warmup(type_, lr, total, warmup, stable) -> 
     assert all(b <= a + 1e-18 for a, b in itertools.pairwise(after))
     if warmup < total:
         assert schedule(warmup) == pytest.approx(lr)  # warm-up ends exactly at the peak
+
+
+@given(st.floats(0, 1, allow_nan=False), st.integers(1, 10**9))
+def test_floor_of_ratio_is_exact_on_the_written_decimal(ratio: float, total: int) -> None:
+    assert floor_of_ratio(ratio, total) == math.floor(Fraction(repr(ratio)) * total)

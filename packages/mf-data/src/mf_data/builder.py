@@ -75,7 +75,7 @@ def gpt_config(settings: MegatronDatasetSettings) -> GPTDatasetConfig:
         eod_mask_loss=settings.eod_mask_loss,
         create_attention_mask=settings.create_attention_mask,
         create_compressed_eod_mask=settings.create_compressed_eod_mask,
-        eod_pad_length=settings.eod_pad_length,
+        eod_pad_length=settings.pad_length(),
         allow_ambiguous_pad_tokens=settings.allow_ambiguous_pad_tokens,
         drop_last_partial_validation_sequence=settings.drop_last_partial_validation_sequence,
         path_to_cache=settings.path_to_cache)

@@ -85,7 +85,7 @@ def attention_tensors(shape: ModelShape, geo: Geometry, comm_recomputed: bool) -
     - attention output (the out projection's input) T·a·d/t.
     """
     t, e, T = geo.tp, geo.act_bytes, geo.tokens
-    a, g, d = shape.num_heads // t, shape.num_kv_heads // t, shape.head_dim
+    a, g, d = shape.num_attention_heads // t, shape.num_key_value_heads // t, shape.head_dim
     qkv_rows = geo.sp_tokens if comm_recomputed else T
     saved = [Saved("attention.qkv.input", "attention", qkv_rows * shape.hidden_size, e)]
     if shape.qk_norm:
@@ -281,7 +281,7 @@ def backward_working_bytes(shape: ModelShape, geo: Geometry, last_stage: bool) -
     The larger of the two is counted.
     """
     attention = 0 if geo.flash else (
-        2 * geo.tokens * (shape.num_heads // geo.tp) * geo.seq_length * geo.act_bytes)
+        2 * geo.tokens * (shape.num_attention_heads // geo.tp) * geo.seq_length * geo.act_bytes)
     loss = 2 * geo.tokens * (shape.vocab_size // geo.tp) * 4 if last_stage else 0
     return max(attention, loss)
 

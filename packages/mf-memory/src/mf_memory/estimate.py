@@ -6,9 +6,10 @@ layer, and the logits and loss of the last pipeline stage. Every figure is a for
 config's numbers, written in the docstring of the function that computes it; no constant is
 fitted to measurements.
 
-Model: a Qwen3-style dense decoder given by its Hugging Face structure fields (`vocab_size`,
-`hidden_size`, `intermediate_size`, `num_hidden_layers`, `num_attention_heads`,
-`num_key_value_heads`, `head_dim`, `tie_word_embeddings`). The saved activations are those
+Model: a Qwen3-style dense decoder, its numbers (`ModelShape`: vocabulary, width, layers,
+heads, key/value heads, head dim, MLP width, tied head, dtypes) from the typed settings its
+package declares (`model_shape.shape_of`), so the estimate uses the defaults the model is built
+with. The saved activations are those
 MindSpore's PyNative autograd keeps for the reference decoder (tests/memory/decoder_model.py):
 listed with `mindspore.saved_tensors_hooks`, each op keeps only the inputs its backward needs
 (a product with a constant keeps the constant, softmax its output, a matmul both operands).
@@ -29,7 +30,8 @@ from typing import Any
 
 import attrs
 
-from mf_config import LayerSpec, ModelConfig, TrainConfig
+from mf_config import LayerSpec, TrainConfig
+from mf_config.components import sequence_length as planned_sequence_length
 from mf_parallel import Plan, make_plan
 
 from .activations import (
@@ -47,10 +49,10 @@ from .model_shape import (
     ModelShape,
     ParamGroup,
     embedding_params,
-    is_positive,
     layer_params,
     output_params,
     parameter_count,
+    shape_of,
 )
 
 DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "fp32": 4, "fp16": 2, "bf16": 2}
@@ -67,17 +69,10 @@ def dtype_bytes(name: str, path: str) -> int:
                             "float16") from None
 
 
-def param_dtype(model: ModelConfig) -> tuple[int, int]:
-    """(parameter bytes, activation bytes): `model.params_dtype`, else `model.compute_dtype`,
-    else float32; activations in `compute_dtype`, else the parameters' dtype."""
-    if model.get("params_dtype") is not None:
-        params = dtype_bytes(model.get("params_dtype"), "model.params_dtype")
-    elif model.get("compute_dtype") is not None:
-        params = dtype_bytes(model.get("compute_dtype"), "model.compute_dtype")
-    else:
-        params = 4
-    compute = model.get("compute_dtype")
-    return params, dtype_bytes(compute, "model.compute_dtype") if compute else params
+def param_dtype(shape: ModelShape) -> tuple[int, int]:
+    """(parameter bytes, activation bytes): the model's `params_dtype` and `compute_dtype`."""
+    return (dtype_bytes(shape.params_dtype, "model.params_dtype"),
+            dtype_bytes(shape.compute_dtype, "model.compute_dtype"))
 
 
 def optimizer_bytes(groups: list[ParamGroup], tp: int, optimizer: str, param_bytes: int) -> int:
@@ -208,13 +203,10 @@ def parse_memory(text: str | None) -> int | None:
 
 def sequence_length(config: TrainConfig) -> int:
     """`model.seq_length`, else the data loader's `config.seq_length`."""
-    value = config.model.get("seq_length")
+    value = planned_sequence_length(config)
     if value is None:
-        loader = config.train_dataset.dataloader.get("config")
-        value = loader.get("seq_length") if isinstance(loader, dict) else None
-    if not is_positive(value):
         raise EstimateError("model.seq_length: required (or train_dataset.dataloader.config."
-                            f"seq_length), a positive integer; got {value!r}")
+                            "seq_length), a positive integer")
     return value
 
 
@@ -238,7 +230,7 @@ def estimate(config: TrainConfig, world_size: int, stage: int | None = None) -> 
     `EstimateError` for what the config lacks; `mf_parallel.PlanError` for a layout that does
     not fit the world size, batch or sequence.
     """
-    shape = ModelShape.from_config(config.model)
+    shape = shape_of(config.model)
     seq = sequence_length(config)
     plan = make_plan(config.parallelism, config.training, world_size,
                      num_layers=shape.num_layers, seq_length=seq)
@@ -256,10 +248,9 @@ def _stage_estimate(config: TrainConfig, shape: ModelShape, seq: int, plan: Plan
     d = plan.dims
     tp, last = d.tensor, d.pipeline - 1
     _check_tp(shape, tp)
-    pbytes, abytes = param_dtype(config.model)
+    pbytes, abytes = param_dtype(shape)
     geo = Geometry(micro_batch=config.training.local_batch_size, seq_length=seq, tp=tp,
-                   cp=d.context, flash=bool(config.model.get("use_flash_attention", False)),
-                   act_bytes=abytes)
+                   cp=d.context, flash=shape.use_flash_attention, act_bytes=abytes)
     assert plan.layout is not None  # num_layers is always given
     layers = [layer for chunk in range(plan.interleave) for layer in
               plan.layout.layers(stage, chunk)]
@@ -294,8 +285,8 @@ def _stage_estimate(config: TrainConfig, shape: ModelShape, seq: int, plan: Plan
 
 
 def _check_tp(shape: ModelShape, tp: int) -> None:
-    for name, value in (("num_attention_heads", shape.num_heads),
-                        ("num_key_value_heads", shape.num_kv_heads),
+    for name, value in (("num_attention_heads", shape.num_attention_heads),
+                        ("num_key_value_heads", shape.num_key_value_heads),
                         ("intermediate_size", shape.intermediate_size),
                         ("vocab_size", shape.vocab_size)):
         if value % tp:
@@ -318,7 +309,8 @@ def suggestions(config: TrainConfig, world_size: int, current: MemoryEstimate
     Each figure is a full re-estimate with that one change: recompute of every layer (full),
     flash attention, FSDP sharding of parameters too.
     """
-    all_layers = [LayerSpec(0, ModelShape.from_config(config.model).num_layers - 1)]
+    shape = shape_of(config.model)
+    all_layers = [LayerSpec(0, shape.num_layers - 1)]
     options: list[tuple[str, TrainConfig]] = [
         ("recompute: full (every layer)", with_changes(config, recompute=attrs.evolve(
             config.recompute, mode="full", full_recompute_layer=all_layers))),
@@ -326,7 +318,7 @@ def suggestions(config: TrainConfig, world_size: int, current: MemoryEstimate
             config, recompute=attrs.evolve(config.recompute, mode="select",
                                            select_module={"attention": all_layers}))),
     ]
-    if not config.model.get("use_flash_attention", False):
+    if not shape.use_flash_attention:
         model = attrs.evolve(config.model, extras={**config.model.extras,
                                                    "use_flash_attention": True})
         options.append(("model.use_flash_attention: true", with_changes(config, model=model)))

@@ -1,84 +1,42 @@
-"""The model an estimate is about: its shape and its parameters, from the `model` section.
+"""The model an estimate is about: its shape, from the model's own typed settings, and its
+parameters.
 
-A Qwen3-style dense decoder given by its Hugging Face structure fields (`vocab_size`,
-`hidden_size`, `intermediate_size`, `num_hidden_layers`, `num_attention_heads`,
-`num_key_value_heads`, `head_dim`, `tie_word_embeddings`); MoE/MLA fields are refused for now.
-Pure Python.
+The shape is `mf_config.model_shape.ModelShape`, computed by the settings class the model's
+package declares (for Qwen3, mf-train's `Qwen3Settings`): the same defaults the model is built
+with. Dense decoders with grouped-query attention are modelled; mixture-of-experts and
+multi-head latent attention are refused for now. Pure Python.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
-from mf_config import ModelConfig
-
-MOE_FIELDS = ("n_routed_experts", "num_experts", "moe_intermediate_size", "kv_lora_rank",
-              "q_lora_rank", "first_k_dense_replace")
-
+from mf_config import ConfigError, ModelConfig
+from mf_config.components import declared_types, model_shape, model_type_name
+from mf_config.model_shape import ModelShape
 
 
 class EstimateError(ValueError):
     """The config lacks what the estimate needs, or asks for what it cannot model; says which."""
 
 
-# ----------------------------------------------------------------------------- the model
-
-
-@dataclass(frozen=True)
-class ModelShape:
-    """Structure numbers of a dense decoder (Hugging Face field names)."""
-
-    vocab_size: int
-    hidden_size: int
-    intermediate_size: int
-    num_layers: int
-    num_heads: int
-    num_kv_heads: int
-    head_dim: int
-    tie_word_embeddings: bool = False
-    qk_norm: bool = True
-
-    @classmethod
-    def from_config(cls, model: ModelConfig) -> ModelShape:
-        """Read the structure fields; `EstimateError` names a missing field or a MoE/MLA one."""
-        moe = [name for name in MOE_FIELDS if model.get(name) not in (None, 0)]
-        if moe:
-            raise EstimateError(
-                f"model.{moe[0]}: mixture-of-experts / multi-head latent attention models "
-                f"(fields {', '.join('model.' + n for n in moe)}) are not supported yet; the "
-                "estimator models dense Qwen3-style decoders")
-        sizes = {name: _count(model, name) for name in
-                 ("vocab_size", "hidden_size", "intermediate_size", "num_attention_heads")}
-        layers = model.get("num_hidden_layers", model.get("num_layers"))
-        if not is_positive(layers):
-            raise EstimateError("model.num_hidden_layers: required (a positive integer), "
-                                f"got {layers!r}")
-        heads = sizes["num_attention_heads"]
-        kv_heads = model.get("num_key_value_heads", heads)
-        head_dim = model.get("head_dim", sizes["hidden_size"] // heads)
-        for name, value in (("num_key_value_heads", kv_heads), ("head_dim", head_dim)):
-            if not is_positive(value):
-                raise EstimateError(f"model.{name}: must be a positive integer, got {value!r}")
-        if heads % kv_heads:
-            raise EstimateError(f"model.num_key_value_heads ({kv_heads}) must divide "
-                                f"model.num_attention_heads ({heads})")
-        return cls(vocab_size=sizes["vocab_size"], hidden_size=sizes["hidden_size"],
-                   intermediate_size=sizes["intermediate_size"], num_layers=layers,
-                   num_heads=heads, num_kv_heads=kv_heads, head_dim=head_dim,
-                   tie_word_embeddings=bool(model.get("tie_word_embeddings", False)),
-                   qk_norm=bool(model.get("qk_layernorm", model.get("qk_norm", True))))
-
-
-def is_positive(value: Any) -> bool:
-    return type(value) is int and value > 0
-
-
-def _count(model: ModelConfig, name: str) -> int:
-    value = model.get(name)
-    if not is_positive(value):
-        raise EstimateError(f"model.{name}: required (a positive integer), got {value!r}")
-    return value
+def shape_of(model: ModelConfig) -> ModelShape:
+    """The model's shape; `EstimateError` when its type has no declared settings, or it is a
+    mixture-of-experts or latent-attention model."""
+    try:
+        shape = model_shape(model)
+    except ConfigError as exc:
+        raise EstimateError(str(exc)) from None
+    if shape is None:
+        known = ", ".join(declared_types("models")) or "none (install mf-train)"
+        raise EstimateError(f"model: no installed package declares the settings of model type "
+                            f"{model_type_name(model)!r}, so its shape is unknown; declared: "
+                            f"{known}")
+    if shape.routed_experts is not None or shape.latent_attention:
+        raise EstimateError(f"model: {model_type_name(model)!r} has mixture-of-experts / "
+                            "multi-head latent attention layers, which are not supported yet; "
+                            "the estimator models dense Qwen3-style decoders")
+    return shape
 
 
 @dataclass(frozen=True)
@@ -103,7 +61,7 @@ def layer_params(shape: ModelShape) -> list[ParamGroup]:
     (replicated); two RMSNorms h each (replicated); MLP gate and up h·f each, down f·h (sharded).
     """
     h, d, f = shape.hidden_size, shape.head_dim, shape.intermediate_size
-    a, g = shape.num_heads, shape.num_kv_heads
+    a, g = shape.num_attention_heads, shape.num_key_value_heads
     groups = [
         ParamGroup("attention.qkv", h * (a + 2 * g) * d, sharded=True, matrix=True),
         ParamGroup("attention.out", a * d * h, sharded=True, matrix=True),

@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from mf_config import ConfigError, TrainConfig, UnreadableFile, load_config
+from mf_config.components import decoder_layers, sequence_length
 
 from .batch import BatchPlan, Rampup
 from .errors import PlanError
@@ -79,21 +80,6 @@ def _parser() -> argparse.ArgumentParser:
     plan.add_argument("--rank", type=int, metavar="R", help="also show the groups of rank R")
     plan.set_defaults(command="plan")
     return parser
-
-
-def decoder_layers(config: TrainConfig) -> int | None:
-    """Decoder layers to place on pipeline stages (`num_hidden_layers` or `num_layers`)."""
-    value = config.model.get("num_hidden_layers", config.model.get("num_layers"))
-    return value if isinstance(value, int) else None
-
-
-def sequence_length(config: TrainConfig) -> int | None:
-    """`model.seq_length`, else the data loader's `config.seq_length`."""
-    value = config.model.get("seq_length")
-    if value is None:
-        loader_config = config.train_dataset.dataloader.get("config")
-        value = loader_config.get("seq_length") if isinstance(loader_config, dict) else None
-    return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
 def describe(plan: Plan, rank: int | None = None) -> str:

@@ -111,18 +111,21 @@ def _optimizer_problems(optimizer: OptimizerConfig, name: str,
 
 def build_sharded_optimizer(strategy: str, config: OptimizerConfig, model: Any,
                             collectives: Any, *, reshard_policy: str = "default",
-                            pipeline_parallel: int = 1, source: Source | None = None) -> Any:
+                            pipeline_parallel: int = 1, average: bool = True,
+                            source: Source | None = None) -> Any:
     """`ShardedAdamW` over `model`'s trainable parameters under `strategy` (`optim`,
     `optim_grads` or `optim_grads_params`), its settings from the `optimizer` section.
-    FSDP shards `model.decoder_layers` unit by unit and leaves placeholders in the model."""
+    FSDP shards `model.decoder_layers` unit by unit and leaves placeholders in the model.
+    `average`: divide the reduced gradients by the data-parallel size (else they are summed,
+    `parallelism.disable_gradient_division`)."""
     from mf_parallel.runtime import FullyShardedDataParallel, ShardedDataParallel
 
-    from .optim.adamw import _reject_extras
+    from .optim.adamw import adamw_settings
     from .optim.base import adam_hyperparameters, decay_flags
     from .sharded_optimizer import ShardedAdamW
 
     named = [(p.name, p) for p in model.trainable_params()]
-    _reject_extras(config, source)
+    adamw_settings(config, source)
     betas, eps = adam_hyperparameters(config, source)
     rates = [config.weight_decay if decays else 0.0
              for decays in decay_flags(config, named, source)]
@@ -130,10 +133,10 @@ def build_sharded_optimizer(strategy: str, config: OptimizerConfig, model: Any,
         sharded = FullyShardedDataParallel(
             model, list(_decoder_layers(model)), collectives,
             reshard_after_forward_policy=reshard_policy, pipeline_parallel=pipeline_parallel,
-            average=True)
+            average=average)
     else:
         sharded = ShardedDataParallel([p for _, p in named], collectives, strategy,
-                                      average=True)
+                                      average=average)
     return ShardedAdamW(named, sharded, collectives, betas=betas, eps=eps,
                         weight_decays=rates)
 

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Callable
-from importlib.metadata import entry_points
 from typing import Any, Generic, TypeVar
 
 from mf_config.component_settings import settings_error
@@ -66,6 +65,8 @@ class Registry(Generic[T]):
                                      "path")], source)
 
     def _entry_points(self) -> list[Any]:
+        from importlib.metadata import entry_points  # 25 ms of imports: only when asked
+
         return list(entry_points(group=self.group))
 
     def _load(self, load: Callable[[], Any], type_name: str, path: Path,

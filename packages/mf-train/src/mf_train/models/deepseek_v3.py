@@ -15,9 +15,11 @@ key of DeepSeek's own config.json (Megatron calls it `moe_aux_loss_coeff`); it d
 (Megatron's default, and Hugging Face's training loss has no balance term); DeepSeek-V3 used
 1e-4 (report section 4.2; its config.json says 0.001).
 
-Not implemented, rejected at the configuration: multi-token prediction
-(`num_nextn_predict_layers`/`mtp_num_layers` > 0), YaRN (`rope_scaling` not null), tensor and
-expert parallelism. The auxiliary-loss-free bias (`e_score_correction_bias`) is used for
+The `model` keys are `settings.deepseek_v3.DeepseekV3Settings` (MindSpore-free, so that
+`mf-config validate` checks them). Not implemented, rejected at the configuration:
+multi-token prediction (`num_nextn_predict_layers`/`mtp_num_layers` > 0), YaRN (`rope_scaling`
+not null), tensor parallelism (the settings refuse it) and expert parallelism (mf-train
+refuses it before launch). The auxiliary-loss-free bias (`e_score_correction_bias`) is used for
 routing and loaded from checkpoints, but not updated during training.
 
 Parameter names (stable; checkpoints use them) and their Hugging Face names (`i` a layer,
@@ -39,23 +41,23 @@ Parameter names (stable; checkpoints use them) and their Hugging Face names (`i`
     mlp.experts.e.{gate_up, down}.weight   mlp.experts.e.{gate_proj + up_proj, down_proj}.weight
     mlp.shared_experts.{gate_up, down}...  mlp.shared_experts.{gate_proj + up_proj, down_proj}...
 
-No `from __future__ import annotations` here: cattrs reads the settings' field types at run time.
 """
 
 import re
-from typing import Any, Literal
+from typing import Any
 
 import mindspore as ms
 import numpy as np
 from mindspore import Tensor, mint, nn, ops
 
-from mf_config import ModelConfig, ParallelismConfig
-from mf_config.component_settings import settings_error, structure_settings
+from mf_config import ModelConfig
+from mf_config.component_settings import settings_error
+from mf_config.components import structure_model_settings
 from mf_config.errors import Path
-from mf_config.sections import Dtype, Section, section, setting
 from mf_config.yaml_source import Source
 
 from ..registry import MODELS
+from ..settings.deepseek_v3 import DeepseekV3Settings
 from .blocks import (
     Embedding,
     Linear,
@@ -77,134 +79,9 @@ from .moe import MoE
 PATH: Path = ("model",)
 
 
-@section
-class DeepseekV3Settings(Section):
-    """The `model` keys of DeepSeek-V3: Hugging Face's `DeepseekV3Config` names, plus mf's
-    `seq_length`, dtypes, flash attention and `aux_loss_alpha`.
-
-    Sizes are required (as for Qwen3: Hugging Face's defaults are the 671B model's). Other
-    keys default as Hugging Face does, except `n_group`/`topk_group` (1: no group limit, where
-    Hugging Face's 8/4 presume 256 experts) and `q_lora_rank` (null: a plain q_proj). Keys
-    Hugging Face writes into config.json that change nothing here are accepted; those naming
-    a feature not built are accepted only at their neutral value."""
-
-    vocab_size: int = setting(None, "Vocabulary size (required).", gt=0)
-    hidden_size: int = setting(None, "Model width (required).", gt=0)
-    intermediate_size: int = setting(None, "SwiGLU width of the dense layers (required).", gt=0)
-    moe_intermediate_size: int = setting(None, "SwiGLU width of each expert (required).", gt=0)
-    num_hidden_layers: int = setting(None, "Decoder layers (required).", gt=0)
-    num_attention_heads: int = setting(None, "Attention heads (required).", gt=0)
-    num_key_value_heads: int | None = setting(
-        None, "Must equal num_attention_heads (MLA has per-head keys); null means that.", gt=0)
-    n_shared_experts: int = setting(1, "Shared experts (always active).", ge=0)
-    n_routed_experts: int = setting(None, "Routed experts per MoE layer (required).", gt=0)
-    num_experts_per_tok: int = setting(None, "Routed experts per token, top k (required).", gt=0)
-    routed_scaling_factor: float = setting(2.5, "Scale of the routed experts' weights.", gt=0)
-    n_group: int = setting(1, "Expert groups of group-limited routing (1: no limit).", gt=0)
-    topk_group: int = setting(1, "Groups a token may route to.", gt=0)
-    norm_topk_prob: bool = setting(True, "Normalise the chosen experts' weights to sum 1.")
-    first_k_dense_replace: int = setting(3, "Leading layers with a dense MLP.", ge=0)
-    q_lora_rank: int | None = setting(
-        None, "Query compression rank; null (or absent) for a plain q_proj.", gt=0)
-    kv_lora_rank: int = setting(None, "Key/value compression rank (required).", gt=0)
-    qk_nope_head_dim: int = setting(None, "Per-head query/key width without RoPE (required).",
-                                    gt=0)
-    qk_rope_head_dim: int = setting(None, "Per-head query/key width with RoPE, even "
-                                          "(required).", gt=0)
-    v_head_dim: int = setting(None, "Per-head value width (required).", gt=0)
-    rms_norm_eps: float = setting(1e-6, "RMSNorm epsilon.", gt=0)
-    rope_theta: float = setting(10000.0, "RoPE base.", gt=0)
-    rope_interleave: bool = setting(True, "RoPE on dimension pairs (2i, 2i+1), DeepSeek's layout.")
-    rope_scaling: dict[str, Any] | None = setting(
-        None, "Only null or rope_type 'default' (YaRN is not implemented).")
-    max_position_embeddings: int = setting(4096, "Longest sequence (RoPE positions).", gt=0)
-    tie_word_embeddings: bool = setting(False, "Head shares the embedding's weight.")
-    initializer_range: float = setting(0.02, "Std of the normal initial weights.", ge=0)
-    seq_length: int | None = setting(None, "Training sequence length (<= max positions).", gt=0)
-    use_flash_attention: bool = setting(False, "Flash attention where it has a kernel.")
-    compute_dtype: Dtype = setting("float32", "Activation and matmul dtype (float32 on CPU, "
-                                              "with a warning otherwise).")
-    params_dtype: Dtype = setting("float32", "Dtype the parameters are kept in (the routing "
-                                             "bias stays float32).")
-    aux_loss_alpha: float = setting(
-        0.0, "Sequence-wise balance loss coefficient (DeepSeek-V3 used 1e-4).", ge=0)
-    seq_aux: Literal[True] = setting(True, "Sequence-wise balance loss (the only one built).")
-    num_nextn_predict_layers: int = setting(0, "Multi-token prediction layers: only 0.", ge=0)
-    mtp_num_layers: int = setting(0, "Multi-token prediction layers: only 0.", ge=0)
-    hidden_act: Literal["silu"] = setting("silu", "MLP activation: silu only.")
-    attention_bias: Literal[False] = setting(False, "Attention projection biases: false only.")
-    attention_dropout: float = setting(0.0, "Attention dropout: 0 only.", ge=0, le=0)
-    topk_method: Literal["noaux_tc"] = setting("noaux_tc", "Routing: noaux_tc only.")
-    scoring_func: Literal["sigmoid"] = setting("sigmoid", "Router scores: sigmoid only.")
-    moe_layer_freq: Literal[1] = setting(1, "Every layer after the dense ones is MoE: 1 only.")
-    ep_size: Literal[1] = setting(1, "Hugging Face's expert-parallel size: 1 only.")
-    pretraining_tp: int = setting(1, "Ignored (Hugging Face bookkeeping).")
-    use_cache: bool = setting(True, "Ignored (inference).")
-    bos_token_id: int | None = setting(None, "Ignored (tokenizer).")
-    eos_token_id: int | list[int] | None = setting(None, "Ignored (tokenizer).")
-    pad_token_id: int | None = setting(None, "Ignored (tokenizer).")
-    torch_dtype: str | None = setting(None, "Ignored: compute_dtype and params_dtype decide.")
-    dtype: str | None = setting(None, "Ignored: compute_dtype and params_dtype decide.")
-    transformers_version: str | None = setting(None, "Ignored.")
-
-
 def deepseek_v3_settings(config: ModelConfig, source: Source | None = None) -> DeepseekV3Settings:
     """The settings of `config.extras`, checked; `ConfigError` lists every problem by path."""
-    settings = structure_settings(DeepseekV3Settings, config.extras, PATH, source)
-    found = _consistency_problems(settings)
-    if found:
-        raise settings_error(found, source)
-    return settings
-
-
-_REQUIRED = ("vocab_size", "hidden_size", "intermediate_size", "moe_intermediate_size",
-             "num_hidden_layers", "num_attention_heads", "n_routed_experts",
-             "num_experts_per_tok", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim",
-             "v_head_dim")
-
-
-def _consistency_problems(s: DeepseekV3Settings) -> list[tuple[Path, str]]:
-    found: list[tuple[Path, str]] = [((*PATH, name), "required: a positive integer")
-                                     for name in _REQUIRED if getattr(s, name) is None]
-    if found:
-        return found
-
-    def problem(key: str, message: str) -> None:
-        found.append(((*PATH, key), message))
-
-    for key in ("num_nextn_predict_layers", "mtp_num_layers"):
-        if getattr(s, key) > 0:
-            problem(key, f"multi-token prediction is not implemented for DeepSeek-V3; set {key} "
-                         f"to 0 (got {getattr(s, key)})")
-    if not _plain_rope(s.rope_scaling):
-        problem("rope_scaling", "RoPE scaling (YaRN) is not implemented for DeepSeek-V3; only "
-                                "null (or rope_type 'default') is allowed")
-    if s.num_key_value_heads not in (None, s.num_attention_heads):
-        problem("num_key_value_heads", f"must equal num_attention_heads "
-                f"({s.num_attention_heads}) or be null: multi-head latent attention has one key "
-                f"per head (got {s.num_key_value_heads})")
-    if s.qk_rope_head_dim % 2:
-        problem("qk_rope_head_dim", f"must be even (RoPE rotates pairs), got {s.qk_rope_head_dim}")
-    if s.n_routed_experts % s.n_group:
-        problem("n_group", f"must divide n_routed_experts ({s.n_routed_experts}) into equal "
-                           f"groups, got {s.n_group}")
-    elif s.topk_group > s.n_group:
-        problem("topk_group", f"must be <= n_group ({s.n_group}), got {s.topk_group}")
-    elif s.num_experts_per_tok > s.topk_group * (s.n_routed_experts // s.n_group):
-        problem("num_experts_per_tok", f"must be <= topk_group * experts per group "
-                f"({s.topk_group} * {s.n_routed_experts // s.n_group}), the experts a token "
-                f"may reach; got {s.num_experts_per_tok}")
-    if s.seq_length is not None and s.seq_length > s.max_position_embeddings:
-        problem("seq_length", f"must be <= max_position_embeddings "
-                              f"({s.max_position_embeddings}), got {s.seq_length}")
-    return found
-
-
-def _plain_rope(rope_scaling: dict[str, Any] | None) -> bool:
-    if rope_scaling is None:
-        return True
-    kind = rope_scaling.get("rope_type", rope_scaling.get("type"))
-    return kind == "default" and set(rope_scaling) <= {"rope_type", "type", "rope_theta"}
+    return structure_model_settings(DeepseekV3Settings, config, source)
 
 
 class DeepseekV3DecoderLayer(nn.Cell):
@@ -273,8 +150,7 @@ class DeepseekV3ForCausalLM(nn.Cell):
     `(output, balance_loss)`.
 
     MoE statistics: `tokens_per_expert()`, `moe_layers()`, `balance_loss()` (last forward).
-    Single process: `from_config` rejects a tensor group of size > 1; `check_parallelism`
-    rejects `parallelism.tensor_parallel` or `expert_parallel` > 1.
+    Single process: `from_config` rejects a tensor group of size > 1.
     """
 
     def __init__(self, settings: DeepseekV3Settings, *, tensor_group: Any = None,
@@ -314,18 +190,6 @@ class DeepseekV3ForCausalLM(nn.Cell):
         MindSpore's global seed, else 0)."""
         return cls(deepseek_v3_settings(config, source), tensor_group=tensor_group, seed=seed,
                    source=source)
-
-    @staticmethod
-    def check_parallelism(parallelism: ParallelismConfig, source: Source | None = None) -> None:
-        """`ConfigError` if the layout asks for what DeepSeek-V3 does not implement yet."""
-        found: list[tuple[Path, str]] = []
-        for key, what in (("tensor_parallel", "tensor"), ("expert_parallel", "expert")):
-            if getattr(parallelism, key) > 1:
-                found.append((("parallelism", key), f"{what} parallelism is not implemented for "
-                              f"DeepSeek-V3; set parallelism.{key} to 1 (got "
-                              f"{getattr(parallelism, key)})"))
-        if found:
-            raise settings_error(found, source)
 
     # --- forward ------------------------------------------------------------------------
 

@@ -12,15 +12,13 @@ query heads. Our cells fuse q/k/v into `attention.qkv` and gate/up into `mlp.gat
 `weight_maps()` gives each parameter's Hugging Face names, and `hf_weights.load_hf_state`
 fills the model from a Hugging Face checkpoint.
 
-The `model` section's keys are Hugging Face's `config.json` keys (`Qwen3Settings`), so a
-Qwen3 `config.json` maps straight over; keys that select behaviour this model does not have
+The `model` section's keys are Hugging Face's `config.json` keys (`settings.qwen3.
+Qwen3Settings`, MindSpore-free so that `mf-config validate` checks them), so a Qwen3
+`config.json` maps straight over; keys that select behaviour this model does not have
 (sliding windows, rope scaling, attention dropout, other activations) are rejected.
-
-No `from __future__ import annotations` here: cattrs reads the settings' field types at run
-time.
 """
 
-from typing import Any, Literal
+from typing import Any
 
 import mindspore as ms
 import numpy as np
@@ -29,11 +27,12 @@ from mindspore import Tensor, nn, ops
 from mf_config import ModelConfig
 from mf_config.component_settings import settings_error, structure_settings
 from mf_config.errors import Path
-from mf_config.sections import Dtype, Section, section, setting
+from mf_config.sections import declared_fields
 from mf_config.yaml_source import Source
 from mf_parallel.runtime.tensor_parallel import TensorGroup
 
 from ..registry import MODELS
+from ..settings.qwen3 import Qwen3Settings
 from .blocks import (
     AttentionCore,
     ParamInit,
@@ -59,120 +58,17 @@ from .hf_weights import WeightMap
 PATH: Path = ("model",)
 
 
-@section
-class Qwen3Settings(Section):
-    """The `model` section of a Qwen3 run: Hugging Face `Qwen3Config` names."""
-
-    vocab_size: int = setting(None, "Vocabulary size (required).", gt=0)
-    hidden_size: int = setting(None, "Model width (required).", gt=0)
-    intermediate_size: int = setting(None, "MLP inner width (required).", gt=0)
-    num_hidden_layers: int = setting(None, "Decoder layers (required).", gt=0)
-    num_attention_heads: int = setting(None, "Query heads (required).", gt=0)
-    num_key_value_heads: int | None = setting(
-        None, "Key/value heads (grouped-query attention); default num_attention_heads.", gt=0)
-    head_dim: int | None = setting(
-        None, "Width of one head; default hidden_size / num_attention_heads.", gt=0)
-    rms_norm_eps: float = setting(1e-6, "Epsilon inside the RMSNorm square root.", gt=0)
-    rope_theta: float = setting(10000.0, "Rotary embedding base.", gt=0)
-    tie_word_embeddings: bool = setting(False, "Use the embedding table as the output head.")
-    max_position_embeddings: int = setting(32768, "Longest sequence the model accepts.", gt=0)
-    initializer_range: float = setting(0.02, "Std of the normal initial weights.", ge=0)
-    attention_bias: bool = setting(False, "Biases on the q/k/v/o projections.")
-    seq_length: int | None = setting(None, "Training sequence length (at most "
-                                           "max_position_embeddings); inputs may be shorter.",
-                                     gt=0)
-    use_flash_attention: bool = setting(
-        False, "Use ops.flash_attention_score where the backend has it (Ascend).")
-    compute_dtype: Dtype = setting("float32", "Dtype of the activations and matmuls "
-                                              "(float32 on CPU, with a warning otherwise).")
-    params_dtype: Dtype = setting("float32", "Dtype the parameters are kept in.")
-    # Hugging Face config.json keys: accepted; values this model does not implement rejected.
-    hidden_act: Literal["silu"] = setting("silu", "MLP activation; only silu (SwiGLU).")
-    attention_dropout: float = setting(0.0, "Only 0.0 (no attention dropout).", ge=0)
-    rope_scaling: dict[str, Any] | None = setting(
-        None, "Only null (or rope_type 'default'): no rope scaling.")
-    use_sliding_window: bool = setting(False, "Only false: full causal attention.")
-    sliding_window: int | None = setting(None, "Ignored (use_sliding_window is false).")
-    max_window_layers: int | None = setting(None, "Ignored (use_sliding_window is false).")
-    layer_types: list[str] | None = setting(None, "Only 'full_attention' entries.")
-    torch_dtype: str | None = setting(None, "Ignored: compute_dtype and params_dtype decide.")
-    dtype: str | None = setting(None, "Ignored: compute_dtype and params_dtype decide.")
-    bos_token_id: int | list[int] | None = setting(None, "Ignored by the model.")
-    eos_token_id: int | list[int] | None = setting(None, "Ignored by the model.")
-    pad_token_id: int | None = setting(None, "Ignored by the model.")
-    use_cache: bool = setting(True, "Ignored (training has no KV cache).")
-    transformers_version: str | None = setting(None, "Ignored.")
-
-    def kv_heads(self) -> int:
-        return self.num_key_value_heads or self.num_attention_heads
-
-    def head_size(self) -> int:
-        return self.head_dim or self.hidden_size // self.num_attention_heads
-
-
-_REQUIRED = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
-             "num_attention_heads")
-
-
 def qwen3_settings(raw: dict[str, Any], source: Source | None = None,
                    tensor_parallel: int = 1) -> Qwen3Settings:
     """The `model` section's structure keys as `Qwen3Settings`; `ConfigError` listing every
-    problem (unknown key, wrong type, missing size, unsupported value) at `model.<key>`."""
-    settings = structure_settings(Qwen3Settings, raw, PATH, source)
-    found = _problems(settings, tensor_parallel)
+    problem (unknown key, wrong type, missing size, unsupported value, a width
+    `tensor_parallel` does not divide) at `model.<key>`."""
+    settings = structure_settings(Qwen3Settings, raw, PATH, source, owner="model type 'qwen3'",
+                                  also_allowed=declared_fields(ModelConfig))
+    found = settings.tensor_parallel_problems(tensor_parallel)
     if found:
         raise settings_error(found, source)
     return settings
-
-
-def _problems(s: Qwen3Settings, tp: int) -> list[tuple[Path, str]]:
-    missing = [((*PATH, name), "required: a positive integer") for name in _REQUIRED
-               if getattr(s, name) is None]
-    if missing:
-        return missing
-    found = []
-    if s.head_dim is None and s.hidden_size % s.num_attention_heads:
-        found.append(((*PATH, "hidden_size"), f"{s.hidden_size} is not divisible by "
-                      f"num_attention_heads ({s.num_attention_heads}); give head_dim"))
-    elif s.head_size() % 2:
-        found.append(((*PATH, "head_dim"), f"must be even (rotary embedding), got "
-                                           f"{s.head_size()}"))
-    if s.num_attention_heads % s.kv_heads():
-        found.append(((*PATH, "num_key_value_heads"), f"{s.kv_heads()} does not divide "
-                      f"num_attention_heads ({s.num_attention_heads})"))
-    found += _unsupported(s)
-    if s.seq_length is not None and s.seq_length > s.max_position_embeddings:
-        found.append(((*PATH, "seq_length"), f"{s.seq_length} exceeds "
-                      f"max_position_embeddings ({s.max_position_embeddings})"))
-    if tp > 1:
-        for name in ("vocab_size", "num_attention_heads", "intermediate_size"):
-            if getattr(s, name) % tp:
-                found.append(((*PATH, name), f"{getattr(s, name)} is not divisible by "
-                              f"parallelism.tensor_parallel ({tp})"))
-        if s.kv_heads() % tp:
-            found.append(((*PATH, "num_key_value_heads"), f"{s.kv_heads()} is not divisible "
-                          f"by parallelism.tensor_parallel ({tp}) (key/value heads are split, "
-                          "not replicated)"))
-    return found
-
-
-def _unsupported(s: Qwen3Settings) -> list[tuple[Path, str]]:
-    found = []
-    if s.attention_dropout != 0.0:
-        found.append(((*PATH, "attention_dropout"), f"only 0.0 is implemented (no attention "
-                                                    f"dropout), got {s.attention_dropout}"))
-    rope_type = (s.rope_scaling or {}).get("rope_type", (s.rope_scaling or {}).get("type"))
-    if s.rope_scaling is not None and (rope_type != "default" or len(s.rope_scaling) != 1):
-        found.append(((*PATH, "rope_scaling"), f"only null is implemented (no rope scaling), "
-                                               f"got {s.rope_scaling}"))
-    if s.use_sliding_window:
-        found.append(((*PATH, "use_sliding_window"), "only false is implemented (full causal "
-                                                     "attention)"))
-    others = sorted({t for t in s.layer_types or [] if t != "full_attention"})
-    if others:
-        found.append(((*PATH, "layer_types"), f"only 'full_attention' is implemented, got "
-                                              f"{', '.join(map(repr, others))}"))
-    return found
 
 
 # --- weights and their Hugging Face names -------------------------------------------------
@@ -325,7 +221,7 @@ class Qwen3ForCausalLM(nn.Cell):
                  seed: int | None = None, source: Source | None = None):
         super().__init__()
         group = tensor_group if is_parallel(tensor_group) else None
-        found = _problems(settings, tensor_size(group))
+        found = settings.problems(PATH) + settings.tensor_parallel_problems(tensor_size(group))
         if found:
             raise settings_error(found, source)
         self.settings, self.tensor_group, self.layer_offset = settings, group, 0

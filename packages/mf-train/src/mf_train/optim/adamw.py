@@ -13,7 +13,8 @@ whole tensor or on any flat slice of it; mf-parallel's sharded strategies can ca
 slice a rank owns.
 
 MindFormers' `enable_fused_opt` / `use_fused` (an Ascend kernel) and `amsgrad` / `maximize`
-(only on that kernel) are not offered: the section takes no settings beyond the declared ones.
+(only on that kernel) are not offered: the section takes no settings beyond the declared ones
+(`settings.optimizers.AdamWSettings`).
 """
 
 from __future__ import annotations
@@ -23,11 +24,12 @@ from collections.abc import Sequence
 from mindspore import Parameter, Tensor, ops
 
 from mf_config import OptimizerConfig
-from mf_config.component_settings import settings_error
+from mf_config.component_settings import structure_settings
 from mf_config.sections import declared_fields
 from mf_config.yaml_source import Source
 
 from ..registry import OPTIMIZERS
+from ..settings.optimizers import AdamWSettings
 from .base import Optimizer, adam_hyperparameters, decay_flags
 
 
@@ -89,7 +91,7 @@ class AdamW(Optimizer):
     def from_config(cls, config: OptimizerConfig, named_params: Sequence[tuple[str, Parameter]],
                     source: Source | None = None) -> AdamW:
         """AdamW from the `optimizer` section (which must hold no keys beyond its own)."""
-        _reject_extras(config, source)
+        adamw_settings(config, source)
         betas, eps = adam_hyperparameters(config, source)
         return cls(named_params, betas=betas, eps=eps, weight_decay=config.weight_decay,
                    decays=decay_flags(config, named_params, source))
@@ -99,10 +101,8 @@ class AdamW(Optimizer):
         return self.moments.update(index, value, grad, lr, weight_decay)
 
 
-def _reject_extras(config: OptimizerConfig, source: Source | None) -> None:
-    if not config.extras:
-        return
-    allowed = ", ".join(declared_fields(OptimizerConfig))
-    raise settings_error([(("optimizer", key), f"AdamW has no setting {key!r}; its settings "
-                                               f"are {allowed}")
-                          for key in config.extras], source)
+def adamw_settings(config: OptimizerConfig, source: Source | None = None) -> AdamWSettings:
+    """Check that the `optimizer` section holds no keys beyond its own (AdamW reads none)."""
+    return structure_settings(AdamWSettings, config.extras, ("optimizer",), source,
+                              owner=f"optimizer type {config.type!r}",
+                              also_allowed=declared_fields(OptimizerConfig))

@@ -26,18 +26,18 @@ Differences from MindFormers (`mindformers/pynative/optimizer/muon.py`):
 - `adamw_betas` / `adamw_eps` default to `betas` / `eps` (MindFormers: (0.95, 0.95) and 1e-8;
   it passes `eps` on as the Newton-Schulz epsilon, called `ns_eps` here).
 - QK-clip (`qk_clip_enabled`, MindFormers' default true for its MLA models) is not implemented:
-  true is a configuration error, `qk_clip_threshold` is accepted and has no effect.
+  true is a configuration error, `qk_clip_threshold` is accepted and has no effect (mf-train
+  says so when it is written).
 - 3-D grouped expert weights are updated by AdamW, not by Muon; there are no communication
   strategies (mf-parallel gathers what it shards).
 - The `adamw_include` default adds Hugging Face names ("*embed*", "*lm_head*") to MindFormers'
   ("*word_embeddings*", "*output_layer*").
 
-No `from __future__ import annotations` here: cattrs reads `MuonSettings`' field types at run
-time.
+The keys are `settings.optimizers.MuonSettings` (MindSpore-free, so that `mf-config validate`
+checks them).
 """
 
 import math
-import warnings
 from collections.abc import Sequence
 from typing import Any
 
@@ -46,41 +46,16 @@ from mindspore import Parameter, Tensor, mint, ops
 from mf_config import OptimizerConfig
 from mf_config.component_settings import settings_error, structure_settings
 from mf_config.errors import Path
-from mf_config.sections import Section, section, setting
 from mf_config.yaml_source import Source
 
 from ..registry import OPTIMIZERS
+from ..settings.optimizers import MuonSettings
 from .adamw import AdamMoments
 from .base import Optimizer, adam_hyperparameters, decay_flags
 from .param_groups import check_rules, matching_rule
 
 Coefficients = tuple[tuple[float, float, float], ...]
 PATH: Path = ("optimizer",)
-DEFAULT_COEFFICIENTS = [3.4445, -4.7750, 2.0315]
-
-
-@section
-class MuonSettings(Section):
-    """The keys of `optimizer` that Muon reads beyond the declared ones (MindFormers' names)."""
-
-    momentum: float = setting(0.95, "Momentum of the Muon buffer.", ge=0, le=1)
-    nesterov: bool = setting(True, "Nesterov momentum (update from G + momentum * B).")
-    ns_steps: int = setting(5, "Newton-Schulz iterations (with flat ns_coefficients).", gt=0)
-    ns_coefficients: list[Any] = setting(
-        DEFAULT_COEFFICIENTS, "Quintic coefficients [a, b, c] for every step, or a schedule "
-        "[[[a, b, c], count], ...] whose counts add up to the number of steps.")
-    ns_eps: float = setting(1e-7, "Floor of the Frobenius norm the update is divided by.", gt=0)
-    matched_adamw_rms: float = setting(
-        0.2, "Update RMS relative to lr: scale lr * this * sqrt(max(rows, cols)).", gt=0)
-    adamw_betas: list[float] | None = setting(
-        None, "Betas of the AdamW-updated parameters; null uses optimizer.betas.")
-    adamw_eps: float | None = setting(
-        None, "Eps of the AdamW-updated parameters; null uses optimizer.eps.", gt=0)
-    adamw_include: list[str] = setting(
-        ["*embed*", "*lm_head*", "*output_layer*"],
-        "Rules of 2-D parameters updated by AdamW instead of Muon (embeddings, output head).")
-    qk_clip_enabled: bool = setting(False, "QK-clip (not implemented; must be false).")
-    qk_clip_threshold: float = setting(100.0, "QK-clip threshold (no effect here).", gt=0)
 
 
 def newton_schulz(matrix: Tensor, coefficients: Coefficients, eps: float = 1e-7) -> Tensor:
@@ -207,9 +182,6 @@ def _check_settings(settings: MuonSettings, given: set[str], source: Source | No
         raise settings_error(found, source)
     check_rules(settings.adamw_include, (*PATH, "adamw_include"), source)
     ns_schedule(settings, given, source)
-    if "qk_clip_threshold" in given:
-        warnings.warn("optimizer.qk_clip_threshold has no effect: QK-clip is not implemented",
-                      stacklevel=3)
 
 
 def _is_number(value: Any) -> bool:
