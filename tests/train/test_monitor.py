@@ -451,8 +451,8 @@ def test_standard_callbacks_order_and_a_whole_run(tmp_path: Path, caplog) -> Non
     user = AddsExtra()
     callbacks = standard_callbacks(monitor, [user])
     assert [type(cb).__name__ for cb in callbacks] == [
-        "TrainStateMonitor", "MoeMonitor", "AddsExtra", "LossLogger", "MetricsWriter",
-        "TensorboardWriter", "ProgressBar"]
+        "TrainStateMonitor", "MoeMonitor", "EmbeddingHealthMonitor", "AddsExtra", "LossLogger",
+        "MetricsWriter", "TensorboardWriter", "ProgressBar"]
     train_state, moe = callbacks.find(TrainStateMonitor), callbacks.find(MoeMonitor)
     ctx = context(tmp_path, total_steps=2, model=FakeMoeModel())
     callbacks.on_train_begin(ctx)

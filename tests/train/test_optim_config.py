@@ -9,12 +9,13 @@ import numpy as np
 import pytest
 from mindspore import Parameter, Tensor
 
-from mf_config import ConfigError, OptimizerConfig
+from mf_config import ConfigError, OptimizerConfig, TrainConfig
 from mf_config.converter import converter
 from mf_config.yaml_source import load_text
 from mf_train.optim import AdamW, Muon, build_optimizer, gets_weight_decay, rule_matches
 from mf_train.optim.muon import MuonSettings, ns_schedule
 from mf_train.registry import OPTIMIZERS
+from mf_train.support import Target, support_issues
 
 ms.set_context(mode=ms.PYNATIVE_MODE)
 
@@ -152,9 +153,10 @@ def test_adamw_takes_no_extra_settings() -> None:
         build_optimizer(config, named_params())
     allowed = "type, betas, eps, weight_decay, weight_decay_include, weight_decay_exclude"
     assert errors(info) == [
-        f"<config>: optimizer.amsgrad: AdamW has no setting 'amsgrad'; its settings are {allowed}",
-        f"<config>: optimizer.use_fused: AdamW has no setting 'use_fused'; its settings are "
-        f"{allowed}"]
+        f"<config>: optimizer.amsgrad: Unknown configuration keys for optimizer type 'AdamW': "
+        f"['amsgrad']; allowed keys: {allowed}",
+        f"<config>: optimizer.use_fused: Unknown configuration keys for optimizer type 'AdamW': "
+        f"['use_fused']; allowed keys: {allowed}"]
 
 
 @pytest.mark.parametrize("betas", [[0.9], [0.9, 1.0], [-0.1, 0.9], [0.9, 0.95, 0.99]])
@@ -197,13 +199,17 @@ def test_muon_rejects_unknown_keys_with_the_allowed_list() -> None:
     assert "momentum, nesterov, ns_steps" in message
 
 
-def test_qk_clip_threshold_is_accepted_with_a_warning() -> None:
+def test_qk_clip_threshold_is_accepted_and_said_to_have_no_effect() -> None:
     config = OptimizerConfig(type="Muon", extras={"qk_clip_threshold": 100})
-    with pytest.warns(UserWarning, match="qk_clip_threshold has no effect"):
-        build_optimizer(config, named_params())
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        build_optimizer(OptimizerConfig(type="Muon"), named_params())
+        build_optimizer(config, named_params())
+    train = TrainConfig.from_dict({"model": {"model_type": "x"}, "training": {},
+                                   "train_dataset": {"dataloader": {"type": "x"}},
+                                   "optimizer": {"type": "Muon", "qk_clip_threshold": 100}})
+    assert [str(issue) for issue in support_issues(Target(train))] == [
+        "<config>: optimizer.qk_clip_threshold: warning: has no effect: QK-clip is not "
+        "implemented"]
 
 
 def test_errors_carry_the_yaml_line() -> None:

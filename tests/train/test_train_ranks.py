@@ -61,6 +61,29 @@ def test_two_rank_tensor_parallel_matches_one_process(data_prefix, tmp_path) -> 
     assert norms == pytest.approx(single, rel=1e-5)
 
 
+def metrics(output: Path) -> list[dict]:
+    return [line for line in map(json.loads, (output / "metrics.jsonl").read_text().splitlines())
+            if "event" not in line]
+
+
+def test_summed_and_averaged_gradients_give_the_same_update(data_prefix, tmp_path) -> None:
+    """`disable_gradient_division` true (the default, MindFormers'): gradients summed over the
+    ranks, each rank's loss divided by 2 first; false: the reduced gradients averaged. With
+    two ranks both scalings are exact powers of two, so the runs agree bit for bit."""
+    for division in ("true", "false"):
+        assert run([*arguments(data_prefix, tmp_path / division), "--set",
+                    "parallelism.data_parallel_shard=1", "--set",
+                    f"parallelism.disable_gradient_division={division}", "--nproc", "2",
+                    "--timeout", "300"]) == 0
+    summed, averaged = metrics(tmp_path / "true"), metrics(tmp_path / "false")
+    assert len(summed) == 4
+    assert [(m["loss"], m["grad_norm"]) for m in summed] == \
+        [(m["loss"], m["grad_norm"]) for m in averaged]
+    # what differs is each rank's gradient before the reduction: half as large when summed
+    assert [m["embedding_local_norm"] for m in summed] == pytest.approx(
+        [m["embedding_local_norm"] / 2 for m in averaged], rel=1e-6)
+
+
 def test_a_failing_rank_stops_the_job_with_its_error(data_prefix, tmp_path, capsys) -> None:
     args = arguments(data_prefix, tmp_path)
     args += ["--set", f"train_dataset.dataloader.config.data_path=['1','{tmp_path}/missing']",

@@ -8,8 +8,10 @@ trainer's checkpoint records it) yields exactly the batches an uninterrupted run
 yielded from there.
 
 With `shuffle: true` the order within each pass over the dataset is additionally permuted by
-a numpy generator seeded with `seed + pass` (Megatron's random sampler does the same with
-torch's generator, so that order is not Megatron's). With `drop_remainder: false` the last
+a numpy generator seeded with `seed + epoch`, `epoch` counting the passes from 0, so every
+pass has its own order (Megatron's random sampler reseeds with the epoch too, with torch's
+generator, so that order is not Megatron's). A loader reads one pass; the caller starts the
+next with `epoch + 1` (mf-train's `MicroBatchStream` does). With `drop_remainder: false` the last
 incomplete global micro-batch is padded with padding samples (index None: loss mask all
 zeros), as Megatron pads, so every rank still gets a full batch.
 
@@ -48,8 +50,10 @@ class SampleSource(Protocol):
 
 def micro_batch_indices(num_samples: int, consumed_samples: int, micro_batch_size: int,
                         data_parallel: int, rank: int, *, drop_remainder: bool = True,
-                        shuffle: bool = False, seed: int = 0) -> Iterator[list[int | None]]:
-    """Sample indices of each micro-batch of `rank`, from `consumed_samples` on."""
+                        shuffle: bool = False, seed: int = 0,
+                        epoch: int = 0) -> Iterator[list[int | None]]:
+    """Sample indices of each micro-batch of `rank` in pass `epoch`, from `consumed_samples`
+    (within that pass) on."""
     step = micro_batch_size * data_parallel
     if consumed_samples % step:
         raise DataError(f"consumed_samples {consumed_samples} is not a multiple of the global "
@@ -57,7 +61,7 @@ def micro_batch_indices(num_samples: int, consumed_samples: int, micro_batch_siz
     if consumed_samples > num_samples:
         raise DataError(f"consumed_samples {consumed_samples} is past the end of the dataset "
                         f"({num_samples} samples)")
-    order = _pass_order(num_samples, shuffle, seed)
+    order = _pass_order(num_samples, shuffle, seed + epoch)
     mine = slice(rank * micro_batch_size, (rank + 1) * micro_batch_size)
     for start in range(consumed_samples, num_samples, step):
         batch: list[int | None] = [int(i) for i in order[start:start + step]]
@@ -81,7 +85,8 @@ class BatchLoader:
     def __init__(self, dataset: SampleSource, *, micro_batch_size: int, data_parallel: int = 1,
                  rank: int = 0, column_names: Sequence[str] = ("input_ids", "labels"),
                  consumed_samples: int = 0, drop_remainder: bool = True, shuffle: bool = False,
-                 seed: int = 0, num_parallel_workers: int = 1, prefetch_size: int = 1):
+                 seed: int = 0, epoch: int = 0, num_parallel_workers: int = 1,
+                 prefetch_size: int = 1):
         if not 0 <= rank < data_parallel:
             raise DataError(f"rank {rank} is outside the data-parallel size {data_parallel}")
         if micro_batch_size < 1:
@@ -95,25 +100,29 @@ class BatchLoader:
         self.drop_remainder = drop_remainder
         self.shuffle = shuffle
         self.seed = seed
+        self.epoch = epoch
         self.num_parallel_workers = num_parallel_workers
         self.prefetch_size = prefetch_size
         self._indices = micro_batch_indices(len(dataset), consumed_samples, micro_batch_size,
                                             data_parallel, rank, drop_remainder=drop_remainder,
-                                            shuffle=shuffle, seed=seed)
+                                            shuffle=shuffle, seed=seed, epoch=epoch)
 
     @classmethod
     def for_rank(cls, dataset: SampleSource, train_dataset: TrainDatasetConfig, plan: Plan,
-                 rank: int, *, consumed_samples: int = 0, seed: int = 0) -> BatchLoader:
+                 rank: int, *, consumed_samples: int = 0, seed: int = 0, epoch: int = 0,
+                 column_names: Sequence[str] | None = None) -> BatchLoader:
         """The loader of global rank `rank` in `plan`, configured by `train_dataset`: micro-
         batches of the plan's `local_batch_size`, split over its data-parallel ranks (ranks
-        that differ only in tensor, context or pipeline position get the same batches)."""
+        that differ only in tensor, context or pipeline position get the same batches).
+        `column_names` replaces `train_dataset.dataloader.column_names` (a trainer that takes
+        particular fields asks for them)."""
         data_group = plan.mesh.groups_of(rank)["data"]
         return cls(dataset, micro_batch_size=plan.batch.micro_batch_size,
                    data_parallel=len(data_group), rank=data_group.index(rank),
-                   column_names=train_dataset.dataloader.column_names,
+                   column_names=column_names or train_dataset.dataloader.column_names,
                    consumed_samples=consumed_samples,
                    drop_remainder=train_dataset.drop_remainder,
-                   shuffle=train_dataset.dataloader.shuffle, seed=seed,
+                   shuffle=train_dataset.dataloader.shuffle, seed=seed, epoch=epoch,
                    num_parallel_workers=train_dataset.num_parallel_workers,
                    prefetch_size=train_dataset.prefetch_size)
 

@@ -50,7 +50,7 @@ def launch(args: argparse.Namespace, argv: list[str]) -> int:
     """Validate for `--nproc` ranks here, then run them through msrun."""
     from mf_parallel.launch import LaunchError, run_ranks
 
-    if _validated(args, args.nproc) is None:
+    if _validated(args, args.nproc, say_warnings=True) is None:
         return 2
     logs = Path(args.output_dir) / "logs"
     worker = Path(__file__).with_name("rank_worker.py")
@@ -82,22 +82,30 @@ def _without_launcher_options(argv: list[str]) -> list[str]:
     return out
 
 
-def _validated(args: argparse.Namespace, world_size: int) -> tuple[object, object] | None:
-    """(config, source) when the file, overrides and plan are valid; else print, None."""
+def _validated(args: argparse.Namespace, world_size: int, *,
+               say_warnings: bool = False) -> tuple[object, object] | None:
+    """(config, source) when the file, overrides, plan and what the trainer supports
+    (`support`) are valid; else print the problems and return None. With `say_warnings`,
+    the settings that have no effect here are printed too (the launcher says them once for
+    all ranks; a single process logs them when the trainer starts)."""
     from mf_config import ConfigError
     from mf_config.validate import config_from_source, load_source
     from mf_config.yaml_source import UnreadableFile
     from mf_parallel import PlanError
 
-    from .trainer import make_job_plan
+    from .trainer import check_support, make_job_plan, resolve_device
 
     try:
         source = load_source(args.config, args.overrides)
         config = config_from_source(source)
-        make_job_plan(config, world_size=world_size, source=source)
+        plan = make_job_plan(config, world_size=world_size, source=source)
+        device = resolve_device(config.context.device_target)
+        warnings = check_support(config, plan, device, source)
     except (ConfigError, UnreadableFile, PlanError) as exc:
         print(f"mf-train: {exc}", file=sys.stderr)
         return None
+    for warning in warnings if say_warnings else ():
+        print(f"mf-train: {warning}", file=sys.stderr)
     return config, source
 
 

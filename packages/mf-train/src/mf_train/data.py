@@ -5,9 +5,12 @@ built-in `BlendedMegatronDatasetDataLoader` builds mf-data's Megatron GPT datase
 them with mf-data's `BatchLoader` in Megatron's sampler order. When a pass over the training
 split ends, the next pass starts from its beginning (as MindFormers recreates its iterator),
 so `consumed_samples` keeps counting across passes and a resumed run lands on the same sample.
+With `shuffle: true` each pass has its own order (the loader's seed plus the pass number).
 
-Each micro-batch reaches the model as (tokens, labels, loss_mask): the first three columns by
-position, whatever `column_names` calls them (MindFormers' convention).
+Each micro-batch reaches the model as (tokens, labels, loss_mask), taken from the samples by
+field whatever `column_names` says: the loss mask the data settings ask for (`eod_mask_loss`,
+padding) always applies. Further columns (`position_ids`, attention masks) are not built for
+the trainer: the models do not take them yet (`support` warns when `column_names` asks).
 """
 
 from __future__ import annotations
@@ -25,6 +28,8 @@ from mf_parallel import Plan
 from .registry import DATALOADERS
 
 LOG = logging.getLogger(__name__)
+TRAINER_COLUMNS = ("input_ids", "labels", "loss_mask")
+"""The fields each micro-batch gives the model (the loader's first three sample fields)."""
 
 
 class MicroBatchStream:
@@ -34,8 +39,9 @@ class MicroBatchStream:
                  *, consumed_samples: int, seed: int):
         from mf_data.loader import BatchLoader
 
-        self._make = lambda consumed: BatchLoader.for_rank(
-            dataset, train_dataset, plan, rank, consumed_samples=consumed, seed=seed)
+        self._make = lambda consumed, epoch: BatchLoader.for_rank(
+            dataset, train_dataset, plan, rank, consumed_samples=consumed, seed=seed,
+            epoch=epoch, column_names=TRAINER_COLUMNS)
         step = self.step_samples = plan.batch.samples_per_micro_step
         """Samples one micro-batch consumes over all data-parallel ranks."""
         self.samples_per_pass = (len(dataset) // step) * step if train_dataset.drop_remainder \
@@ -49,13 +55,13 @@ class MicroBatchStream:
         self._open()
 
     def _open(self) -> None:
-        within = self.consumed_samples % self.samples_per_pass
-        self._iterator = iter(self._make(within))
+        epoch, within = divmod(self.consumed_samples, self.samples_per_pass)
+        self._iterator = iter(self._make(within, epoch))
 
     def __iter__(self) -> MicroBatchStream:
         return self
 
-    def __next__(self) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+    def __next__(self) -> tuple[np.ndarray, ...]:
         try:
             batch = next(self._iterator)
         except StopIteration:
@@ -64,8 +70,7 @@ class MicroBatchStream:
             self._open()
             batch = next(self._iterator)
         self.consumed_samples += self.step_samples
-        columns = list(batch.values())
-        return columns[0], columns[1], columns[2] if len(columns) > 2 else None
+        return tuple(batch[name] for name in TRAINER_COLUMNS)
 
 
 @DATALOADERS.register("BlendedMegatronDatasetDataLoader")

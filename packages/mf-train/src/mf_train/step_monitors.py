@@ -1,6 +1,6 @@
 """The monitors' view of a training step: `TrainStep`'s observer, feeding mf_train.monitor's
-`TrainStateMonitor` (local/device losses and norms) and `MoeMonitor` (tokens per expert
-summed over the step's micro-batches)."""
+`TrainStateMonitor` (local/device losses and norms), `MoeMonitor` (tokens per expert summed
+over the step's micro-batches) and `EmbeddingHealthMonitor` (the embedding's local norm)."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ from collections.abc import Sequence
 
 from mindspore import Tensor
 
+from .monitor.health import EmbeddingHealthMonitor
 from .monitor.moe import MoeMonitor
 from .monitor.train_state import TrainStateMonitor
 
@@ -16,9 +17,9 @@ class MonitorObserver:
     """Hands each micro-batch and the step's local totals to the monitors."""
 
     def __init__(self, names: Sequence[str], train_state: TrainStateMonitor | None,
-                 moe: MoeMonitor | None):
+                 moe: MoeMonitor | None, health: EmbeddingHealthMonitor | None = None):
         self.names = list(names)
-        self.train_state, self.moe = train_state, moe
+        self.train_state, self.moe, self.health = train_state, moe, health
 
     def micro_batch(self, index: int, loss: Tensor, grads: Sequence[Tensor]) -> None:
         if self.moe is not None:
@@ -32,3 +33,5 @@ class MonitorObserver:
         if self.train_state is not None:
             self.train_state.record_device_loss(loss)
             self.train_state.record_device_norms(self.names, grads)
+        if self.health is not None:
+            self.health.record(self.names, grads)

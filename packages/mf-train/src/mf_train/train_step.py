@@ -2,13 +2,16 @@
 
 The loss of each micro-batch is divided by the number of micro-batches, so the accumulated
 gradient is that of the step's mean loss (Megatron's and MindFormers' convention). With data
-parallelism the gradients and the reported loss are averaged over the data-parallel group
-(mf-parallel's bucketed `GradientSync`). The global gradient norm is the float32 L2 norm over
-all gradients; when it exceeds `training.max_norm` every gradient is scaled by
-`clip_coef = max_norm / (norm + 1e-6)` (applied only when below 1). With
-`training.use_skip_step_on_nan` a step whose norm is not finite, or above
-`monitor.health_checkpoint.global_norm_skip_threshold`, is skipped: no update, the optimizer's
-step count unchanged.
+parallelism the reduced gradients and the reported loss are the mean over the data-parallel
+group (mf-parallel's bucketed `GradientSync`): either the reduction averages, or, when the
+gradients are summed (`parallelism.disable_gradient_division`, MindFormers' default), each
+rank's loss is also divided by `loss_divisor`, the data-parallel size, before the backward.
+
+The global gradient norm is the float32 L2 norm over all gradients; when it exceeds
+`training.max_norm` every gradient is scaled by `clip_coef = max_norm / (norm + 1e-6)`
+(applied only when below 1). With `training.use_skip_step_on_nan` a step whose norm is not
+finite, or above `monitor.health_checkpoint.global_norm_skip_threshold`, is skipped: no
+update, the optimizer's step count unchanged.
 
 Under a sharded data-parallel strategy (ZeRO-1/2, FSDP) the optimizer owns the reduction: it is
 a `ReducingOptimizer` (`mf_train.sharded_optimizer.ShardedAdamW`), which reduces the local
@@ -77,7 +80,8 @@ class TrainStep:
                  reduce_grads: Callable[[Sequence[Tensor]], Sequence[Tensor]] | None = None,
                  average_loss: Callable[[Tensor], Tensor] | None = None,
                  observer: StepObserver | None = None,
-                 norm_of: Callable[[Sequence[Tensor]], float] | None = None):
+                 norm_of: Callable[[Sequence[Tensor]], float] | None = None,
+                 loss_divisor: int = 1):
         self.model = model
         self.optimizer = optimizer
         self.params = list(optimizer.params)
@@ -87,6 +91,7 @@ class TrainStep:
         self.average_loss = average_loss
         self.observer = observer
         self.norm_of = norm_of or global_norm
+        self.loss_divisor = loss_divisor
         self.reducing = isinstance(optimizer, ReducingOptimizer)
         if self.reducing and (reduce_grads is not None or norm_of is not None):
             raise ValueError("TrainStep: an optimizer that reduces gradients itself takes no "
@@ -100,7 +105,7 @@ class TrainStep:
     def __call__(self, micro_batches: Sequence[tuple[np.ndarray, np.ndarray, np.ndarray | None]],
                  lr: float) -> StepOutcome:
         start = time.perf_counter()
-        self._scale = 1.0 / len(micro_batches)
+        self._scale = 1.0 / (len(micro_batches) * self.loss_divisor)
         loss_sum: Tensor | None = None
         grads: list[Tensor] | None = None
         tokens = 0

@@ -1,8 +1,10 @@
 """The trainer: config -> plan -> build -> run, for one rank.
 
 `Trainer(config, output_dir=...)` builds everything from the validated configuration, in this
-order, each component from the typed section it needs: backend and seeds (`context`,
-`training`), the parallel plan and communication (mf-parallel), the model (`model`, through the
+order, each component from the typed section it needs: backend, memory cap and seeds
+(`context`, `training`), the parallel plan and what the trainer supports of the configuration
+(`support`: a refused value raises, a value with no effect here is logged once on rank 0),
+communication (mf-parallel), the model (`model`, through the
 `MODELS` registry), recompute, communication recompute and swap (mf-memory), the optimizer and
 LR schedule, the resumed state (`checkpoint.load_path`), the data stream (`train_dataset`, from
 the consumed-sample count), and the callbacks. `train()` then runs `training.steps` optimizer
@@ -10,7 +12,12 @@ steps, each of `plan.batch.accumulation_steps()` micro-batches (`train_step.Trai
 
 Data parallelism runs as `data_sharding` decides: replicated (gradients all-reduced) with a
 shard degree of 1, else `parallelism.data_parallel_shard_strategy` (ZeRO-1, ZeRO-2 or FSDP,
-with `sharded_optimizer.ShardedAdamW`). Under FSDP the model holds placeholders between steps:
+with `sharded_optimizer.ShardedAdamW`). `parallelism.disable_gradient_division` (default
+true, as MindFormers) sums the gradients over the data-parallel ranks and divides each rank's
+loss by their number before the backward pass; false averages the reduced gradients instead.
+Both give the same update (bit for bit when the data-parallel size is a power of two).
+
+Under FSDP the model holds placeholders between steps:
 checkpoints gather the whole parameters to save them and to load weights (`_whole_model`).
 """
 
@@ -25,7 +32,8 @@ from typing import Any
 import mindspore as ms
 import numpy as np
 
-from mf_config import TrainConfig
+from mf_config import ConfigIssue, TrainConfig
+from mf_config.components import decoder_layers, sequence_length
 from mf_config.yaml_source import Source
 from mf_parallel import Plan, make_plan
 
@@ -51,15 +59,37 @@ def seed_everything(seed: int, deterministic: bool) -> None:
         ms.set_context(deterministic="ON")
 
 
+def cap_device_memory(max_device_memory: str | None, device: str) -> None:
+    """`context.max_device_memory` as the cap of MindSpore's device memory pool, on the
+    backends where it caps anything (on CPU it does not: `support` says so before the run)."""
+    if max_device_memory is not None and device != "CPU":
+        ms.runtime.set_memory(max_size=max_device_memory)
+
+
+def check_support(config: TrainConfig, plan: Plan, device: str,
+                  source: Source | None = None) -> list[ConfigIssue]:
+    """`ConfigError` for every value the trainer refuses (`support.FIELDS`); else the
+    warnings for values that have no effect here."""
+    from mf_config import ConfigError
+
+    from .support import Target, support_issues
+
+    target = Target(config, plan.dims.world_size, device, source, plan.dims.data_shard)
+    issues = support_issues(target)
+    errors = [issue for issue in issues if issue.severity == "error"]
+    if errors:
+        raise ConfigError(errors)
+    return [issue for issue in issues if issue.severity == "warning"]
+
+
 def make_job_plan(config: TrainConfig, world_size: int, source: Source | None = None) -> Plan:
     """The parallel plan of this configuration on `world_size` ranks (`PlanError` if it does
     not fit, `ConfigError` if the sharded data-parallel strategy cannot run with the rest of
     the configuration); also what `mf-train` checks before it touches a device."""
     from .data_sharding import check_sharding
 
-    seq = config.model.get("seq_length")
     plan = make_plan(config.parallelism, config.training, world_size,
-                     num_layers=config.model.layer_count(), seq_length=seq)
+                     num_layers=decoder_layers(config), seq_length=sequence_length(config))
     check_sharding(plan.dims, parallelism=config.parallelism, optimizer=config.optimizer,
                    swap=config.swap, recompute_comm=config.recompute_comm, source=source)
     return plan
@@ -81,9 +111,13 @@ class Trainer:
         self.device = resolve_device(config.context.device_target)
         ms.set_context(mode=ms.PYNATIVE_MODE)
         ms.set_device(self.device)
+        cap_device_memory(config.context.max_device_memory, self.device)
         seed_everything(config.training.seed, config.training.deterministic)
         self.plan = make_job_plan(config, world_size, source)
+        no_effect = check_support(config, self.plan, self.device, source)
         self.comm = init_communication(self.plan, self.device)
+        for warning in no_effect if self.comm.rank == 0 else ():
+            LOG.warning("%s", warning)
         self.collectives = Collectives(self.comm)
         self.tensor_group = self._tensor_group()
         self.model = self._build_model()
@@ -102,18 +136,7 @@ class Trainer:
         or None without tensor parallelism."""
         from mf_parallel.runtime.tensor_parallel import TensorGroup
 
-        if self.config.parallelism.cpu_offload:
-            LOG.warning("parallelism.cpu_offload has no effect: the trainer keeps parameters "
-                        "and optimizer state on the device")
-        dims = self.plan.dims
-        unsupported = [name for name, degree in (("pipeline_parallel", dims.pipeline),
-                                                 ("context_parallel", dims.context))
-                       if degree > 1]
-        if unsupported:
-            raise ValueError(f"parallelism.{unsupported[0]}: the trainer runs data and tensor "
-                             "parallelism; pipeline and context parallelism are planned by "
-                             "mf-parallel but not run by mf-train yet: set it to 1")
-        if dims.tensor == 1:
+        if self.plan.dims.tensor == 1:
             return None
         return TensorGroup(self.collectives, sequence_parallel=True)
 
@@ -153,7 +176,8 @@ class Trainer:
             optimizer = build_sharded_optimizer(
                 strategy, self.config.optimizer, self.model, self.collectives,
                 reshard_policy=parallelism.reshard_after_forward_policy,
-                pipeline_parallel=self.plan.dims.pipeline, source=self.source)
+                pipeline_parallel=self.plan.dims.pipeline,
+                average=not parallelism.disable_gradient_division, source=self.source)
         schedule = build_lr_schedule(self.config.lr_scheduler, self.config.training.steps,
                                      self.source)
         LOG.info("%s; optimizer %s; %s", describe(parallelism, self.plan.dims),
@@ -179,10 +203,6 @@ class Trainer:
         section = self.config.checkpoint
         if section.enable_save and not section.save_path:
             section = attrs.evolve(section, save_path=str(self.output_dir / "checkpoint"))
-        for name in ("remove_redundancy", "load_balanced"):
-            if getattr(section, name):
-                LOG.warning("checkpoint.%s has no effect here: every rank writes and reads "
-                            "its full state", name)
         return CheckpointManager(section, self.comm.rank, self.comm.world_size,
                                  barrier=self._barrier if self.comm.world_size > 1 else None,
                                  source=self.source)
@@ -259,6 +279,7 @@ class Trainer:
     def _build_step(self) -> TrainStep:
         from mf_parallel.runtime.grad_sync import GradientSync
 
+        from .monitor.health import EmbeddingHealthMonitor
         from .monitor.moe import MoeMonitor
         from .monitor.train_state import TrainStateMonitor
         from .step_monitors import MonitorObserver
@@ -267,7 +288,8 @@ class Trainer:
         skip = health.global_norm_skip_threshold if self.config.training.use_skip_step_on_nan \
             else None
         params = self.optimizer.params
-        sync = GradientSync(self.collectives, [tuple(p.shape) for p in params], average=True)
+        divide = not self.config.parallelism.disable_gradient_division
+        sync = GradientSync(self.collectives, [tuple(p.shape) for p in params], average=divide)
         data_parallel = sync.size > 1
         # A sharded optimizer reduces, takes the norm and clips on its slices itself.
         whole = not isinstance(self.optimizer, ReducingOptimizer)
@@ -276,12 +298,22 @@ class Trainer:
                          reduce_grads=self._gradient_reduction(sync if data_parallel else None)
                          if whole else None,
                          norm_of=self._norm() if whole else None,
-                         average_loss=(lambda loss: sync.average_loss(loss, "data"))
+                         average_loss=self._loss_reduction(sync, divide)
                          if data_parallel else None,
+                         loss_divisor=1 if divide else sync.size,
                          observer=MonitorObserver(
                              [p.name for p in self.optimizer.params],
                              self.callbacks.find(TrainStateMonitor),
-                             self.callbacks.find(MoeMonitor)))
+                             self.callbacks.find(MoeMonitor),
+                             self.callbacks.find(EmbeddingHealthMonitor)))
+
+    @staticmethod
+    def _loss_reduction(sync: Any, divide: bool) -> Any:
+        """The step's loss over the data-parallel ranks: their mean; with summed gradients
+        each rank's loss is already divided by their number, so their sum."""
+        if divide:
+            return lambda loss: sync.average_loss(loss, "data")
+        return lambda loss: sync.collectives.all_reduce(loss, "data")
 
     def _gradient_reduction(self, sync: Any) -> Any:
         """Partial gradients summed over the tensor group (sequence-parallel norms, per-head

@@ -24,6 +24,7 @@ import numpy as np
 
 from . import layout
 from .errors import CheckpointError
+from .reading import read_files
 
 INDEX = "model.safetensors.index.json"
 _NUMPY_DTYPES = {
@@ -46,23 +47,22 @@ def is_hf_checkpoint(path: str | os.PathLike[str]) -> bool:
     return (path / INDEX).is_file() or any(path.glob("*.safetensors"))
 
 
-def load_hf_weights(path: str | os.PathLike[str]) -> dict[str, np.ndarray]:
+def load_hf_weights(path: str | os.PathLike[str], workers: int = 1) -> dict[str, np.ndarray]:
     """Every tensor of a Hugging Face checkpoint (a `.safetensors` file, or a directory with
     `model.safetensors.index.json` or plain `*.safetensors` files) by its HF name; floating
-    tensors as float32, others in their own dtype."""
+    tensors as float32, others in their own dtype. `workers` files are read at a time."""
     path = Path(path)
     if not path.exists():
         raise CheckpointError(f"Hugging Face checkpoint {path} does not exist")
     if path.is_file():
         return read_safetensors(path)
     if (path / INDEX).is_file():
-        return _load_indexed(path)
+        return _load_indexed(path, workers)
     files = sorted(path.glob("*.safetensors"))
     if not files:
         raise CheckpointError(f"{path} holds no *.safetensors files (nor {INDEX})")
     tensors: dict[str, np.ndarray] = {}
-    for file in files:
-        part = read_safetensors(file)
+    for file, part in zip(files, read_files(read_safetensors, files, workers), strict=True):
         repeated = sorted(tensors.keys() & part.keys())
         if repeated:
             raise CheckpointError(f"{file} repeats tensors of an earlier file: "
@@ -71,7 +71,7 @@ def load_hf_weights(path: str | os.PathLike[str]) -> dict[str, np.ndarray]:
     return tensors
 
 
-def _load_indexed(directory: Path) -> dict[str, np.ndarray]:
+def _load_indexed(directory: Path, workers: int = 1) -> dict[str, np.ndarray]:
     index_path = directory / INDEX
     try:
         weight_map = json.loads(index_path.read_text(encoding="utf-8"))["weight_map"]
@@ -83,8 +83,8 @@ def _load_indexed(directory: Path) -> dict[str, np.ndarray]:
         raise CheckpointError(f"{index_path} lists files that are missing: "
                               + ", ".join(missing))
     tensors: dict[str, np.ndarray] = {}
-    for name in files:
-        tensors.update(read_safetensors(directory / name))
+    for part in read_files(read_safetensors, [directory / name for name in files], workers):
+        tensors.update(part)
     absent = sorted(name for name in weight_map if name not in tensors)
     if absent:
         raise CheckpointError(f"{index_path} maps tensors its files do not hold: "

@@ -18,6 +18,7 @@ from mf_config.yaml_source import Source
 from . import layout
 from .errors import CheckpointError
 from .hf import is_hf_checkpoint, load_hf_weights
+from .reading import read_files
 from .state import TrainState
 
 
@@ -43,11 +44,12 @@ class Resumed(NamedTuple):
 
 
 def load_checkpoint(path: str | os.PathLike[str], rank: int = 0, *,
-                    load_optimizer: bool = True,
-                    world_size: int | None = None) -> LoadedCheckpoint:
+                    load_optimizer: bool = True, world_size: int | None = None,
+                    workers: int = 1) -> LoadedCheckpoint:
     """Rank `rank`'s arrays and the run state of the checkpoint at `path` (an
     `iteration_XXXXXXXX` directory, or a save root: its newest complete checkpoint).
-    `world_size`, when given, must equal the saving run's (no resharding)."""
+    `world_size`, when given, must equal the saving run's (no resharding). The model and
+    optimizer files are read `workers` at a time (`checkpoint.load_worker_number`)."""
     directory = layout.find_checkpoint(path)
     if directory is None:
         raise CheckpointError(f"{path} holds no complete checkpoint")
@@ -64,17 +66,18 @@ def load_checkpoint(path: str | os.PathLike[str], rank: int = 0, *,
     def file(kind: str) -> Path:
         return directory / layout.rank_file(prefix, kind, rank, saved_world)
 
-    optimizer = None
+    arrays = [file("model")]
     if load_optimizer:
         if not common.get("has_optimizer") or not file("opt").is_file():
             raise CheckpointError(
                 f"no_load_optim is False but no optimizer checkpoint found in {directory}. "
                 "It was saved with checkpoint.no_save_optim: True; set checkpoint.no_load_optim: "
                 "True to load the weights only (the run then does not resume exactly).")
-        optimizer = _read_arrays(file("opt"))
+        arrays.append(file("opt"))
+    model, *optimizer = read_files(_read_arrays, arrays, workers)
     rng = _read_json(file("rng"))
     state = TrainState.from_common(common, rng, str(directory / layout.COMMON))
-    return LoadedCheckpoint(_read_arrays(file("model")), optimizer, state)
+    return LoadedCheckpoint(model, optimizer[0] if optimizer else None, state)
 
 
 def resume(config: CheckpointConfig, rank: int = 0, world_size: int = 1,
@@ -94,14 +97,15 @@ def resume(config: CheckpointConfig, rank: int = 0, world_size: int = 1,
                                    "Resume training (no_load_optim=False) is not supported for "
                                    f"HuggingFace checkpoints ({path}); set no_load_optim: True "
                                    "to load its weights only")], source)
-        return Resumed(path, "hf", load_hf_weights(path), None, None)
+        return Resumed(path, "hf", load_hf_weights(path, config.load_worker_number), None,
+                       None)
     directory = layout.find_checkpoint(path)
     if directory is None:
         warnings.warn(f"checkpoint.load_path {path} holds no complete checkpoint yet; "
                       "training starts from scratch", RuntimeWarning, stacklevel=2)
         return None
     loaded = load_checkpoint(directory, rank, load_optimizer=not config.no_load_optim,
-                             world_size=world_size)
+                             world_size=world_size, workers=config.load_worker_number)
     return Resumed(directory, "mf", *loaded)
 
 

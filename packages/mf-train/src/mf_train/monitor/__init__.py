@@ -5,6 +5,7 @@
 * `progress.ProgressBar`: a tqdm bar when stderr is a terminal (rank 0).
 * `train_state.TrainStateMonitor`: local/device losses and gradient norms (every rank).
 * `moe.MoeMonitor`: tokens per expert of MoE layers every N steps (every rank).
+* `health.EmbeddingHealthMonitor`: the embedding's local gradient norm against its threshold.
 
 `standard_callbacks(monitor, user)` is the list a run uses: collectors, then the user's
 callbacks, then the writers (see `mf_train.callbacks` for the hook points and the order).
@@ -18,24 +19,25 @@ from mf_config import MonitorConfig, ProfilerConfig
 from mf_config.yaml_source import Source
 
 from ..callbacks import Callback, CallbackList, LossLogger
+from .health import EmbeddingHealthMonitor
 from .metrics import MetricsWriter
 from .moe import MoeMonitor
 from .progress import ProgressBar
 from .tensorboard import TensorboardWriter
 from .train_state import TrainStateMonitor
 
-__all__ = ["MetricsWriter", "MoeMonitor", "ProgressBar", "TensorboardWriter",
-           "TrainStateMonitor", "standard_callbacks"]
+__all__ = ["EmbeddingHealthMonitor", "MetricsWriter", "MoeMonitor", "ProgressBar",
+           "TensorboardWriter", "TrainStateMonitor", "standard_callbacks"]
 
 
 def standard_callbacks(monitor: MonitorConfig, user: Sequence[Callback] = (),
                        source: Source | None = None,
                        profiler: ProfilerConfig | None = None) -> CallbackList:
     """The built-in callbacks (always on) around the user's, in calling order:
-    TrainStateMonitor, MoeMonitor, *user, LossLogger, MetricsWriter, TensorboardWriter,
-    ProgressBar, then the profiler when `profiler.enable_profiling` (last, so that a profiled
-    step includes the other callbacks' work). The loop reaches the collectors with
-    `callbacks.find(TrainStateMonitor)` and `callbacks.find(MoeMonitor)`."""
+    TrainStateMonitor, MoeMonitor, EmbeddingHealthMonitor, *user, LossLogger, MetricsWriter,
+    TensorboardWriter, ProgressBar, then the profiler when `profiler.enable_profiling` (last,
+    so that a profiled step includes the other callbacks' work). The loop reaches the three
+    collectors with `callbacks.find(TrainStateMonitor)` and so on."""
     profiling: list[Callback] = []
     if profiler is not None and profiler.enable_profiling:
         from ..profiling import profiler_callbacks  # imports MindSpore
@@ -44,6 +46,7 @@ def standard_callbacks(monitor: MonitorConfig, user: Sequence[Callback] = (),
     return CallbackList([
         TrainStateMonitor(monitor.train_state),
         MoeMonitor(monitor.moe_monitor, source),
+        EmbeddingHealthMonitor(monitor.health_checkpoint),
         *user,
         LossLogger(),
         MetricsWriter(),

@@ -1,0 +1,439 @@
+"""What the trainer does with every configuration field: it works, it has no effect here (a
+warning, once, before anything starts), or it is refused (an error, before any rank starts).
+
+`FIELDS` lists every field of `TrainConfig` (tests/train/test_support.py fails when a field is
+added without an entry) and the component keys whose effect depends on the run. Each entry
+names the modules that read the field, and the rules under which a value is refused or has no
+effect, each with an example that triggers it (the tests run every example). The keys of the
+open sections that are accepted but change nothing in training (Hugging Face's `use_cache`,
+say) carry `no_effect` in their settings class; `support_issues` reports those too when they
+are written.
+
+`mf-train` calls `support_issues` after validating the file and working out the plan, in the
+launcher, so a refusal costs seconds and no rank is started.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from typing import Any
+
+import attrs
+
+from mf_config import ConfigIssue, TrainConfig
+from mf_config.components import selections, settings_class
+from mf_config.sections import declared_fields
+from mf_config.yaml_source import Source
+
+from .data import TRAINER_COLUMNS
+from .data_sharding import FSDP
+
+
+@attrs.frozen
+class Target:
+    """What a decision depends on: the configuration, the ranks, the backend."""
+
+    config: TrainConfig
+    world_size: int = 1
+    device: str = "CPU"
+    source: Source | None = None
+    data_shard: int = 1
+    """The plan's data-parallel shard degree (a sharded strategy runs when above 1)."""
+
+    def written(self, path: tuple[str, ...]) -> bool:
+        """Whether the user wrote `path` (in the file or a `--set`); without a source,
+        whether the value differs from its default."""
+        if self.source is not None:
+            return self.source.written(path)
+        return value_at(self.config, path) != value_at(TrainConfig(), path)
+
+
+@attrs.frozen
+class Rule:
+    """A value that is refused, or that has no effect here."""
+
+    refuse: bool
+    applies: Callable[[Any, Target], bool]
+    """(the field's value, the target) -> whether the rule applies."""
+    message: str
+    """Said after the path; `{value}` is replaced by the field's value."""
+    example: dict[str, Any]
+    """`--set` overrides of the tiny Qwen3 example that make the rule apply (for the tests)."""
+    world_size: int = 1
+
+
+@attrs.frozen
+class Field:
+    """Who reads a field, and when it is refused or has no effect."""
+
+    reads: tuple[str, ...] = ()
+    """Modules that read it (`mf_train.trainer`); the tests check the name appears there."""
+    rules: tuple[Rule, ...] = ()
+
+
+def reads(*modules: str, rules: tuple[Rule, ...] = ()) -> Field:
+    return Field(reads=modules, rules=rules)
+
+
+def no_effect(when: Callable[[Any, Target], bool], message: str, example: dict[str, Any],
+              world_size: int = 1) -> Rule:
+    return Rule(False, when, message, example, world_size)
+
+
+def refused(when: Callable[[Any, Target], bool], message: str, example: dict[str, Any],
+            world_size: int = 1) -> Rule:
+    return Rule(True, when, message, example, world_size)
+
+
+def written(path: str) -> Callable[[Any, Target], bool]:
+    """The rule applies when the user wrote `path`."""
+    keys = tuple(path.split("."))
+    return lambda _value, target: target.written(keys)
+
+
+def differs(default: Any) -> Callable[[Any, Target], bool]:
+    return lambda value, _target: value != default
+
+
+def on_cpu(value: Any, target: Target) -> bool:
+    return value is not None and target.device == "CPU"
+
+
+def above_one(value: Any, _target: Target) -> bool:
+    return value > 1
+
+
+def _fsdp_off(_value: Any, target: Target) -> bool:
+    strategy = target.config.parallelism.data_parallel_shard_strategy
+    running = target.data_shard > 1 and strategy == FSDP
+    return target.written(("parallelism", "reshard_after_forward_policy")) and not running
+
+
+def _profiling_off(name: str) -> Callable[[Any, Target], bool]:
+    return lambda _value, target: (not target.config.profiler.enable_profiling
+                                   and target.written(("profiler", name)))
+
+
+def _swap_off(name: str) -> Callable[[Any, Target], bool]:
+    return lambda _value, target: (not target.config.swap.enable
+                                   and target.written(("swap", name)))
+
+
+def _without_tensor_parallel(value: Any, target: Target) -> bool:
+    return bool(value) and target.config.parallelism.tensor_parallel == 1
+
+
+def _extra_columns(value: list[str], _target: Target) -> bool:
+    return len(value) > len(TRAINER_COLUMNS)
+
+
+NO_PIPELINE = ("pipeline parallelism is planned by mf-parallel (mf-parallel plan shows it) but "
+               "not run by mf-train yet")
+NO_CONTEXT = "context parallelism is not run by mf-train yet (context_parallel must be 1)"
+NO_EXPERT = "expert parallelism is not run by mf-train yet (expert_parallel must be 1)"
+UNUSED_MASKS = ("the models do not take position ids or attention masks yet: packed documents "
+                "still attend to each other and positions run through the whole sequence")
+
+TRAINER = "mf_train.trainer"
+WRITER = "mf_train.checkpoint.writer"
+READER = "mf_train.checkpoint.reader"
+LOADER = "mf_data.loader"
+PROFILING = "mf_train.profiling"
+
+FIELDS: dict[str, Field] = {
+    # context
+    "context.device_target": reads(TRAINER),
+    "context.mode": reads("mf_config.rules"),
+    "context.max_device_memory": reads(TRAINER, rules=(
+        no_effect(on_cpu, "has no effect on the CPU backend: MindSpore's CPU memory pool "
+                          "ignores the cap (measured: a 1.6 GB tensor allocates under a 1GB "
+                          "cap); it is applied on Ascend and GPU",
+                  {"context.max_device_memory": "1GB"}),)),
+    # checkpoint
+    "checkpoint.enable_save": reads(TRAINER, WRITER),
+    "checkpoint.save_path": reads(TRAINER, WRITER),
+    "checkpoint.save_max": reads(WRITER),
+    "checkpoint.save_interleaved_steps": reads(WRITER),
+    "checkpoint.no_save_optim": reads(TRAINER, WRITER),
+    "checkpoint.async_save": reads(WRITER),
+    "checkpoint.prefix": reads(WRITER),
+    "checkpoint.remove_redundancy": Field(rules=(
+        no_effect(differs(False), "has no effect here: every rank writes and reads its full "
+                                  "state", {"checkpoint.remove_redundancy": True}),)),
+    "checkpoint.load_path": reads(TRAINER, READER),
+    "checkpoint.load_balanced": Field(rules=(
+        no_effect(differs(False), "has no effect here: every rank reads its own files",
+                  {"checkpoint.load_balanced": True}),)),
+    "checkpoint.no_load_optim": reads(READER),
+    "checkpoint.load_worker_number": reads(READER),
+    "checkpoint.save_global_layout_cache": Field(rules=(
+        no_effect(written("checkpoint.save_global_layout_cache"),
+                  "has no effect here: mf keeps no global layout cache; each checkpoint "
+                  "records its layout (world size, file per rank) in common.json",
+                  {"checkpoint.save_global_layout_cache": True}),)),
+    # training
+    "training.steps": reads(TRAINER),
+    "training.local_batch_size": reads("mf_parallel.batch"),
+    "training.global_batch_size": reads("mf_parallel.batch", TRAINER),
+    "training.max_norm": reads(TRAINER),
+    "training.seed": reads(TRAINER),
+    "training.deterministic": reads(TRAINER),
+    "training.rampup_batch_size": reads("mf_parallel.batch"),
+    "training.use_skip_step_on_nan": reads(TRAINER),
+    "training.max_consecutive_skipped_steps": reads(TRAINER),
+    # parallelism
+    "parallelism.data_parallel_shard": reads("mf_parallel.dims"),
+    "parallelism.data_parallel_shard_strategy": reads("mf_train.data_sharding"),
+    "parallelism.reshard_after_forward_policy": reads(TRAINER, rules=(
+        no_effect(_fsdp_off, "has no effect: only FSDP (data_parallel_shard_strategy "
+                             "optim_grads_params over more than one rank) reshards parameters",
+                  {"parallelism.reshard_after_forward_policy": "always"}),)),
+    "parallelism.cpu_offload": Field(rules=(
+        no_effect(differs(False), "has no effect: the trainer keeps parameters and optimizer "
+                                  "state on the device", {"parallelism.cpu_offload": True}),)),
+    "parallelism.disable_gradient_division": reads(TRAINER),
+    "parallelism.tensor_parallel": reads("mf_parallel.dims", TRAINER),
+    "parallelism.context_parallel": reads("mf_parallel.dims", rules=(
+        refused(above_one, f"is {{value}}, but {NO_CONTEXT}; set it to 1",
+                {"parallelism.context_parallel": 2, "parallelism.data_parallel_shard": 1},
+                world_size=2),)),
+    **{f"parallelism.{name}": Field(rules=(
+        no_effect(written(f"parallelism.{name}"), f"has no effect: {NO_CONTEXT}",
+                  {f"parallelism.{name}": value}),))
+       for name, value in (("context_parallel_method", "ulysses"),
+                           ("context_parallel_async", True),
+                           ("ulysses_degree_in_cp", 1),
+                           ("context_parallel_mask_type", "full"))},
+    "parallelism.pipeline_parallel": reads("mf_parallel.dims", rules=(
+        refused(above_one, f"is {{value}}, but {NO_PIPELINE}; set it to 1",
+                {"parallelism.pipeline_parallel": 2}, world_size=2),)),
+    **{f"parallelism.{name}": Field(rules=(
+        no_effect(written(f"parallelism.{name}"), f"has no effect: {NO_PIPELINE}",
+                  {f"parallelism.{name}": value}),))
+       for name, value in (("pipeline_parallel_layers_per_stage", [4]),
+                           ("pipeline_parallel_schedule", "gpipe"),
+                           ("pipeline_parallel_interleave_num", 1),
+                           ("pipeline_parallel_overlap_p2p", True),
+                           ("pipeline_parallel_overlap_b_f", True),
+                           ("pipeline_parallel_enable_dxdw_split", True))},
+    "parallelism.sequence_parallel": Field(rules=(
+        no_effect(_without_tensor_parallel, "has no effect without tensor parallelism "
+                                            "(tensor_parallel is 1); with it, sequence "
+                                            "parallelism is always on",
+                  {"parallelism.sequence_parallel": True}),)),
+    "parallelism.expert_parallel": reads("mf_parallel.dims", rules=(
+        refused(above_one, f"is {{value}}, but {NO_EXPERT}; set it to 1",
+                {"parallelism.expert_parallel": 2}, world_size=2),)),
+    "parallelism.npu_nums_per_device": Field(rules=(
+        refused(differs(8), f"is {{value}}, but it only shapes expert-parallel token dispatch "
+                            f"and {NO_EXPERT}; remove it", {"parallelism.npu_nums_per_device": 1}),
+    )),
+    "parallelism.moe_token_dispatcher_type": Field(rules=(
+        refused(differs("alltoall"), f"is {{value!r}}, but {NO_EXPERT}; remove it",
+                {"parallelism.moe_token_dispatcher_type": "alltoall_deredundancy",
+                 "parallelism.npu_nums_per_device": 1}),)),
+    "parallelism.param_dtype": Field(rules=(
+        no_effect(differs("float32"), "has no effect: parameters are kept in "
+                                      "model.params_dtype and computed in model.compute_dtype; "
+                                      "set those", {"parallelism.param_dtype": "bfloat16"}),)),
+    "parallelism.reduce_dtype": Field(rules=(
+        no_effect(differs("float32"), "has no effect: gradients are reduced in float32",
+                  {"parallelism.reduce_dtype": "bfloat16"}),)),
+    # optimizer and learning rate
+    "optimizer.type": reads("mf_train.optim"),
+    "optimizer.betas": reads("mf_train.optim.base"),
+    "optimizer.eps": reads("mf_train.optim.base"),
+    "optimizer.weight_decay": reads("mf_train.optim.adamw"),
+    "optimizer.weight_decay_include": reads("mf_train.optim.base"),
+    "optimizer.weight_decay_exclude": reads("mf_train.optim.base"),
+    "lr_scheduler.type": reads("mf_train.lr_schedules"),
+    "lr_scheduler.learning_rate": reads("mf_train.lr_schedules"),
+    # data
+    "train_dataset.dataloader.type": reads("mf_train.data"),
+    "train_dataset.dataloader.shuffle": reads(LOADER),
+    "train_dataset.dataloader.column_names": reads(LOADER, rules=(
+        no_effect(_extra_columns, f"columns after {', '.join(TRAINER_COLUMNS)} are built, but "
+                                  f"{UNUSED_MASKS}",
+                  {"train_dataset.dataloader.column_names":
+                   ["input_ids", "labels", "loss_mask", "position_ids"]}),)),
+    "train_dataset.dataloader.python_multiprocessing": Field(rules=(
+        no_effect(differs(False), "has no effect: mf-data builds batches in threads "
+                                  "(num_parallel_workers), not worker processes",
+                  {"train_dataset.dataloader.python_multiprocessing": True}),)),
+    "train_dataset.drop_remainder": reads(LOADER),
+    "train_dataset.num_parallel_workers": reads(LOADER),
+    "train_dataset.prefetch_size": reads(LOADER),
+    "train_dataset.numa_enable": Field(rules=(
+        no_effect(differs(False), "has no effect: mf-data pins its threads to no NUMA node",
+                  {"train_dataset.numa_enable": True}),)),
+    "train_dataset.dataloader.config.reset_attention_mask": Field(rules=(
+        no_effect(lambda value, _t: value is True, f"has no effect on training: "
+                                                   f"{UNUSED_MASKS}",
+                  {"train_dataset.dataloader.config.reset_attention_mask": True}),)),
+    "train_dataset.dataloader.config.reset_position_ids": Field(rules=(
+        no_effect(lambda value, _t: value is True, f"has no effect on training: "
+                                                   f"{UNUSED_MASKS}",
+                  {"train_dataset.dataloader.config.reset_position_ids": True}),)),
+    # model
+    "model.model_type": reads("mf_train.models"),
+    "model.architectures": reads("mf_train.models"),
+    # monitoring
+    "monitor.train_state.local_norm": reads("mf_train.monitor.train_state"),
+    "monitor.train_state.local_loss": reads("mf_train.monitor.train_state"),
+    "monitor.train_state.device_norm": reads("mf_train.monitor.train_state"),
+    "monitor.train_state.device_loss": reads("mf_train.monitor.train_state"),
+    "monitor.moe_monitor.save_tokens_per_expert_interval": reads("mf_train.monitor.moe"),
+    "monitor.moe_monitor.target_layers": reads("mf_train.monitor.moe"),
+    "monitor.health_checkpoint.embedding_local_norm_threshold": reads("mf_train.monitor.health"),
+    "monitor.health_checkpoint.global_norm_skip_threshold": reads(TRAINER),
+    "monitor.health_checkpoint.global_norm_skip_time": reads(TRAINER),
+    "monitor.tensorboard.output_dir": reads("mf_train.monitor.tensorboard"),
+    "monitor.tensorboard.log_interval": reads("mf_train.monitor.tensorboard"),
+    "monitor.tensorboard.queue_size": reads("mf_train.monitor.tensorboard"),
+    # profiler
+    "profiler.enable_profiling": reads(PROFILING),
+    **{f"profiler.{name}": reads(PROFILING, rules=(
+        no_effect(_profiling_off(name), "has no effect: profiler.enable_profiling is false",
+                  {f"profiler.{name}": value}),))
+       for name, value in (("start_step", 1), ("end_step", 1), ("output_path", "prof"),
+                           ("profiler_rank", [0]), ("profile_memory", True),
+                           ("profile_cpu", True))},
+    "profiler.profiler_level": reads(PROFILING, rules=(
+        no_effect(_profiling_off("profiler_level"), "has no effect: profiler.enable_profiling "
+                                                    "is false", {"profiler.profiler_level": 1}),
+        no_effect(lambda value, t: t.config.profiler.enable_profiling and t.device == "CPU"
+                  and value != 0, "has no effect on the CPU backend: its profiler records "
+                                  "every host operator at any level",
+                  {"profiler.enable_profiling": True, "profiler.profiler_level": 1}))),
+    "profiler.mstx": reads(PROFILING, rules=(
+        no_effect(lambda value, t: value and t.device != "Ascend", "has no effect here: mstx "
+                  "markers exist on Ascend only", {"profiler.mstx": True}),)),
+    "profiler.with_stack": reads(PROFILING, rules=(
+        no_effect(lambda value, t: (t.written(("profiler", "with_stack")) and value
+                                    and t.device != "Ascend"),
+                  "has no effect here: MindSpore collects Python call stacks on Ascend only",
+                  {"profiler.with_stack": True}),)),
+    # memory
+    "recompute.mode": reads("mf_memory.recompute"),
+    "recompute.full_recompute_layer": reads("mf_memory.recompute"),
+    "recompute.select_module": reads("mf_memory.recompute"),
+    "recompute_comm.enable": reads("mf_memory.recompute", rules=(
+        no_effect(_without_tensor_parallel, "has no effect without tensor parallelism "
+                                            "(tensor_parallel is 1): there is no tensor-"
+                                            "parallel communication to recompute",
+                  {"recompute_comm.enable": True,
+                   "recompute_comm.select_module": {"attention.qkv": ["0"]}}),)),
+    "recompute_comm.select_module": reads("mf_memory.recompute", rules=(
+        no_effect(lambda value, t: value is not None and not t.config.recompute_comm.enable,
+                  "has no effect: recompute_comm.enable is false",
+                  {"recompute_comm.select_module": {"attention.qkv": ["0"]}}),)),
+    "swap.enable": reads("mf_memory.swap"),
+    **{f"swap.{name}": reads("mf_memory.swap", rules=(
+        no_effect(_swap_off(name), "has no effect: swap.enable is false",
+                  {f"swap.{name}": value}),))
+       for name, value in (("default_prefetch", 1), ("layer_swap", [{"layers": ["0"]}]),
+                           ("op_swap", [{"op_name": "attention", "layers": ["0"]}]))},
+    "swap.layer_swap[].layers": reads("mf_memory.swap"),
+    "swap.op_swap[].op_name": reads("mf_memory.swap"),
+    "swap.op_swap[].layers": reads("mf_memory.swap"),
+    "callbacks": reads(TRAINER),
+    "callbacks[].type": reads("mf_train.callbacks"),
+}
+
+
+def support_issues(target: Target) -> list[ConfigIssue]:
+    """Errors for what the trainer refuses, warnings for what has no effect here: the rules
+    of `FIELDS`, and the written keys of open sections whose settings say `no_effect`."""
+    issues = [_issue(target, path, rule) for path, field in FIELDS.items()
+              if "[]" not in path for rule in field.rules if _applies(target, path, rule)]
+    return issues + _inert_keys(target)
+
+
+def _applies(target: Target, path: str, rule: Rule) -> bool:
+    try:
+        value = value_at(target.config, tuple(path.split(".")))
+    except KeyError:  # an open section's key that is not written
+        return False
+    return rule.applies(value, target)
+
+
+def _issue(target: Target, path: str, rule: Rule) -> ConfigIssue:
+    keys = tuple(path.split("."))
+    message = rule.message.format(value=value_at(target.config, keys))
+    severity = "error" if rule.refuse else "warning"
+    if target.source is not None:
+        return target.source.issue(keys, message, severity)
+    return ConfigIssue(path, message, severity=severity)
+
+
+def _inert_keys(target: Target) -> list[ConfigIssue]:
+    """Written keys of open sections that their component accepts but does not use."""
+    issues = []
+    for selection in selections(target.config):
+        cls = settings_class(selection.kind, selection.type_name) \
+            if selection.type_name else None
+        if cls is None:
+            continue
+        for a in attrs.fields(cls):
+            reason = a.metadata.get("no_effect")
+            if reason and a.name in selection.section.extras:
+                where = (*selection.path, a.name)
+                message = f"has no effect: {reason}"
+                issues.append(target.source.issue(where, message, "warning")
+                              if target.source is not None
+                              else ConfigIssue(".".join(map(str, where)), message,
+                                               severity="warning"))
+    return issues
+
+
+def value_at(config: Any, path: tuple[str, ...]) -> Any:
+    """The value at a dotted path of a config: declared fields, then open sections' keys and
+    mappings inside them; `KeyError` when an open key is not there."""
+    node = config
+    for key in path:
+        if attrs.has(type(node)) and key in declared_fields(type(node)):
+            node = getattr(node, key)
+        elif attrs.has(type(node)) and hasattr(node, "extras"):
+            node = node.extras[key]
+        elif isinstance(node, dict):
+            node = node[key]
+        else:
+            raise KeyError(key)
+    return node
+
+
+def support_table() -> str:
+    """The refused and no-effect settings as a Markdown table (mf-train's README shows it;
+    a test keeps the two equal). Each message is shown with its example's value."""
+    rows = ["| setting | for example | here | what mf-train says |", "|---|---|---|---|"]
+    for path, field in FIELDS.items():
+        for rule in field.rules:
+            value = rule.example.get(path, "...")
+            what = "refused" if rule.refuse else "no effect"
+            example = ", ".join(f"{key.rsplit('.', 1)[-1]}: {json.dumps(item)}"
+                                for key, item in rule.example.items())
+            if rule.world_size > 1:
+                example += f" ({rule.world_size} ranks)"
+            rows.append(f"| `{path}` | `{example}` | {what} | "
+                        f"{rule.message.format(value=value)} |")
+    for kind, name, key, reason in _no_effect_keys():
+        rows.append(f"| `{key}` ({kind} {name}) | written | no effect | {reason} |")
+    return "\n".join(rows)
+
+
+def _no_effect_keys() -> list[tuple[str, str, str, str]]:
+    """(kind, type, key, reason) of every component key marked `no_effect`, one type name
+    per settings class."""
+    from mf_config.components import KINDS, _group
+
+    found, classes = [], set()
+    for kind in KINDS:
+        for entry in _group(kind):
+            cls = entry.load()
+            if cls in classes:
+                continue
+            classes.add(cls)
+            found += [(KINDS[kind], entry.name, a.name, a.metadata["no_effect"])
+                      for a in attrs.fields(cls) if a.metadata.get("no_effect")]
+    return found
