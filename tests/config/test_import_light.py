@@ -67,18 +67,16 @@ def test_mf_config_imports_no_package_above_it(tmp_path: Path) -> None:
 
 SETTINGS_MODULES = {"mf_data", "mf_data.errors", "mf_data.loader_config", "mf_train",
                     "mf_train.settings", "mf_train.settings.deepseek_v3",
-                    "mf_train.settings.lr_schedules", "mf_train.settings.optimizers",
-                    "mf_train.lr_schedules", "mf_train.registry"}
+                    "mf_train.settings.lr_schedules", "mf_train.settings.adamw"}
 """What validating the skeleton may import from the packages above when they are installed:
-the settings they declare for its components (entry points), and the schedule formulas the
-learning-rate settings check against (pure Python)."""
+the settings they declare for its components (entry points), nothing else."""
 
 
 def test_validation_imports_only_the_declared_settings_above_it(tmp_path: Path) -> None:
     pytest.importorskip("mf_train")
     pytest.importorskip("mf_data")
     modules = modules_after(USE_MF_CONFIG, tmp_path)
-    assert set(starting_with(modules, ABOVE)) <= SETTINGS_MODULES
+    assert set(starting_with(modules, ABOVE)) == SETTINGS_MODULES
     assert "mf_train.settings.deepseek_v3" in modules  # the skeleton's model was checked
 
 

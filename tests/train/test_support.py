@@ -112,7 +112,7 @@ values, its `shape()` feeds the plan); the schedules are read in mf_train.lr_sch
 
 def readers_of(cls: type) -> tuple[str, ...]:
     if cls.__module__ == "mf_train.settings.lr_schedules":
-        return ("mf_train.lr_schedules",)
+        return ("mf_train.lr_schedules", "mf_train.settings.lr_schedules")
     return SETTINGS_READERS[cls.__name__]
 
 

@@ -26,18 +26,18 @@ component checks them when it is built.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Any, TypeVar
-
-import attrs
+from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
 
 from .component_settings import structure_settings
 from .entry_points import EntryPoint, entry_points
 from .errors import ConfigError, ConfigIssue, Path
-from .model_shape import ModelSettings, ModelShape
 from .sections import ModelConfig, OpenSection, TrainConfig, declared_fields
 from .yaml_source import Source
 
-M = TypeVar("M", bound=ModelSettings)
+if TYPE_CHECKING:  # imported by the models' settings modules, when a model has them
+    from .model_shape import ModelSettings, ModelShape
+
+M = TypeVar("M", bound="ModelSettings")
 GROUP_PREFIX = "mf_config."
 KINDS = {"models": "model type", "optimizers": "optimizer type",
          "lr_schedulers": "learning-rate scheduler type", "dataloaders": "data loader type",
@@ -45,8 +45,7 @@ KINDS = {"models": "model type", "optimizers": "optimizer type",
 """Entry-point group suffix -> how a type of that kind is named in messages."""
 
 
-@attrs.frozen
-class Selection:
+class Selection(NamedTuple):
     """One open section and the component type it selects."""
 
     kind: str
@@ -58,8 +57,7 @@ class Selection:
     type_name: str | None
 
 
-@attrs.frozen
-class ComponentCheck:
+class ComponentCheck(NamedTuple):
     """What checking the open sections found, and the model's shape when it is known."""
 
     issues: list[ConfigIssue]
@@ -102,8 +100,9 @@ def check_components(config: TrainConfig, source: Source,
     for selection in selections(config, failed):
         settings, found = _check(selection, config, source)
         issues += found
-        if isinstance(settings, ModelSettings) and not found:
-            shape = settings.shape()
+        give_shape = getattr(settings, "shape", None)  # a model's ModelSettings
+        if selection.kind == "models" and give_shape is not None and not found:
+            shape = give_shape()
     return ComponentCheck(issues, shape)
 
 

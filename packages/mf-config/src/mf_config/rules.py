@@ -11,15 +11,17 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import attrs
 
 from .errors import ConfigIssue, MappingKey, Path
 from .layer_spec import LayerSpec, order_problems
-from .model_shape import ModelShape
 from .sections import REQUIRED_SECTIONS, TrainConfig
 from .yaml_source import Source
+
+if TYPE_CHECKING:
+    from .model_shape import ModelShape
 
 
 @dataclass

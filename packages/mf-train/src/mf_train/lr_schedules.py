@@ -42,9 +42,10 @@ Where MindFormers' formula misbehaves this module does the evident intent instea
   `total_steps`.
 Rates and step counts are checked non-negative (MindFormers does not check).
 
-The keys of each schedule are in `settings.lr_schedules` (MindSpore-free, declared to
-mf-config through entry points, so that `mf-config validate` checks them and, through
-`schedule_problems`, how they fit together).
+The keys of each schedule, and which of them it requires or bounds by the learning rate, are
+in `settings.lr_schedules` (MindSpore-free, declared to mf-config through entry points, so
+that `mf-config validate` checks them and how they fit together without importing this
+module).
 """
 
 import math
@@ -52,16 +53,15 @@ import operator
 import warnings
 from typing import Any, ClassVar
 
-import attrs
-
 from mf_config import LrSchedulerConfig
 from mf_config.component_settings import settings_error, structure_settings
-from mf_config.errors import ConfigIssue, ConfigWarning, Path, format_path
+from mf_config.errors import ConfigIssue, ConfigWarning, format_path
 from mf_config.sections import Section, declared_fields
 from mf_config.yaml_source import Source
 
 from .registry import LR_SCHEDULERS
 from .settings.lr_schedules import (
+    WARMUP,
     ConstantWarmUpLRSettings,
     ConstantWithCoolDownLRSettings,
     CosineWithRestartsAndWarmUpLRSettings,
@@ -70,6 +70,7 @@ from .settings.lr_schedules import (
     PolynomialWithWarmUpLRSettings,
     WarmupSettings,
     WarmUpStableDecayLRSettings,
+    number,
 )
 
 PATH = ("lr_scheduler",)
@@ -132,9 +133,9 @@ class LrSchedule:
     def head(self) -> str:
         """`Name: rate, warmup ...`: the start of every `describe()`."""
         if self.warmup_steps == 0:
-            return f"{self.name}: {_num(self.learning_rate)}, no warmup"
-        return (f"{self.name}: {_num(self.learning_rate)}, warmup {self.warmup_steps} steps "
-                f"from {_num(self.warmup_lr_init)}")
+            return f"{self.name}: {number(self.learning_rate)}, no warmup"
+        return (f"{self.name}: {number(self.learning_rate)}, warmup {self.warmup_steps} steps "
+                f"from {number(self.warmup_lr_init)}")
 
 
 class ConstantLR(LrSchedule):
@@ -149,62 +150,20 @@ class ConstantLR(LrSchedule):
         return self.learning_rate
 
     def describe(self) -> str:
-        return f"constant learning rate {_num(self.learning_rate)}"
-
-
-class _Reader:
-    """Resolves a schedule's step counts from its settings, collecting problems."""
-
-    def __init__(self, owner: str, settings: Any, total_steps: int):
-        self.owner = owner
-        self.settings = settings
-        self.total_steps = total_steps
-        self.found: list[tuple[str, str]] = []
-
-    def steps(self, name: str, ratio_name: str | None) -> int | None:
-        """MindFormers' `_get_lr_steps`: `floor(total_steps * ratio)` when the ratio is
-        given (it overrides the count), else the count (None when not given)."""
-        ratio = getattr(self.settings, ratio_name) if ratio_name else None
-        if ratio is not None:
-            return floor_of_ratio(ratio, self.total_steps)
-        return getattr(self.settings, name)
-
-    def required_steps(self, name: str, ratio_name: str) -> int:
-        value = self.steps(name, ratio_name)
-        if value is None:
-            self.found.append((name, f"required by {self.owner}: give {name} (an integer "
-                                     f">= 0) or {ratio_name} (a fraction of total_steps, "
-                                     "in [0, 1])"))
-            return 0
-        return value
-
-    def below(self, name: str, learning_rate: float) -> float:
-        """The rate `name`, which must be smaller than `learning_rate`."""
-        value = getattr(self.settings, name)
-        if not value < learning_rate:
-            default = attrs.fields_dict(type(self.settings))[name].default
-            self.found.append((name, f"must be smaller than learning_rate "
-                                     f"({_num(learning_rate)}) for {self.owner}, got "
-                                     f"{_num(value)} (default {_num(default)})"))
-        return value
-
-    def done(self) -> None:
-        if self.found:
-            raise SettingProblems(self.found)
+        return f"constant learning rate {number(self.learning_rate)}"
 
 
 def _start(schedule: LrSchedule, learning_rate: float, settings: WarmupSettings,
-           total_steps: int, warmup_required: bool = True) -> _Reader:
-    """Set the fields every schedule has; the reader for the rest."""
-    reader = _Reader(schedule.name, settings, total_steps)
+           total_steps: int) -> None:
+    """Check that the settings fit (`SettingProblems` otherwise) and set the fields every
+    schedule has."""
+    found = settings.fit_problems(learning_rate, total_steps)
+    if found:
+        raise SettingProblems(found)
     schedule.learning_rate = learning_rate
     schedule.total_steps = total_steps
     schedule.warmup_lr_init = settings.warmup_lr_init
-    if warmup_required:
-        schedule.warmup_steps = reader.required_steps("warmup_steps", "warmup_ratio")
-    else:
-        schedule.warmup_steps = reader.steps("warmup_steps", "warmup_ratio") or 0
-    return reader
+    schedule.warmup_steps = settings.steps(*WARMUP, total_steps) or 0
 
 
 @LR_SCHEDULERS.register("ConstantWarmUpLR")
@@ -216,7 +175,7 @@ class ConstantWarmUpLR(LrSchedule):
 
     def __init__(self, learning_rate: float, settings: ConstantWarmUpLRSettings,
                  total_steps: int):
-        _start(self, learning_rate, settings, total_steps).done()
+        _start(self, learning_rate, settings, total_steps)
 
     def rate(self, step: int) -> float:
         if self.in_warmup(step):
@@ -236,7 +195,7 @@ class LinearWithWarmUpLR(LrSchedule):
 
     def __init__(self, learning_rate: float, settings: LinearWithWarmUpLRSettings,
                  total_steps: int):
-        _start(self, learning_rate, settings, total_steps).done()
+        _start(self, learning_rate, settings, total_steps)
         self.linear_steps = max(1, total_steps - self.warmup_steps)
 
     def rate(self, step: int) -> float:
@@ -256,13 +215,11 @@ class CosineWithWarmUpLR(LrSchedule):
 
     Settings = CosineWithWarmUpLRSettings
     name = "CosineWithWarmUpLR"
-    warmup_required: ClassVar[bool] = False
     decay_ratio_key: ClassVar[str | None] = "decay_ratio"
 
     def __init__(self, learning_rate: float, settings: Any, total_steps: int):
-        reader = _start(self, learning_rate, settings, total_steps, self.warmup_required)
-        decay_steps = reader.steps("decay_steps", self.decay_ratio_key)
-        reader.done()
+        _start(self, learning_rate, settings, total_steps)
+        decay_steps = settings.steps("decay_steps", self.decay_ratio_key, total_steps)
         self.decay_steps = max(1, total_steps if decay_steps is None else decay_steps)
         self.cosine_steps = max(1, total_steps - self.warmup_steps)
         self.num_cycles = settings.num_cycles
@@ -283,9 +240,9 @@ class CosineWithWarmUpLR(LrSchedule):
 
     def describe(self) -> str:
         end = min(self.decay_steps, self.total_steps)
-        cut = f", {_num(self.lr_end)} from step {end}" if end < self.total_steps else ""
-        return (f"{self.head()}, {self.curve()} ({_num(self.num_cycles)} cycles) to "
-                f"{_num(self.lr_end)} over steps {self.warmup_steps}-{self.total_steps}{cut}")
+        cut = f", {number(self.lr_end)} from step {end}" if end < self.total_steps else ""
+        return (f"{self.head()}, {self.curve()} ({number(self.num_cycles)} cycles) to "
+                f"{number(self.lr_end)} over steps {self.warmup_steps}-{self.total_steps}{cut}")
 
     def curve(self) -> str:
         return "cosine"
@@ -298,7 +255,6 @@ class CosineWithRestartsAndWarmUpLR(CosineWithWarmUpLR):
 
     Settings = CosineWithRestartsAndWarmUpLRSettings
     name = "CosineWithRestartsAndWarmUpLR"
-    warmup_required = True
     decay_ratio_key = None
 
     def fraction(self, progress: float) -> float:
@@ -318,9 +274,8 @@ class PolynomialWithWarmUpLR(LrSchedule):
 
     def __init__(self, learning_rate: float, settings: PolynomialWithWarmUpLRSettings,
                  total_steps: int):
-        reader = _start(self, learning_rate, settings, total_steps)
-        self.lr_end = reader.below("lr_end", learning_rate)
-        reader.done()
+        _start(self, learning_rate, settings, total_steps)
+        self.lr_end = settings.lr_end
         default_decay = total_steps - self.warmup_steps
         decay_steps = settings.decay_steps
         self.decay_steps = max(1, default_decay if decay_steps is None else decay_steps)
@@ -335,8 +290,8 @@ class PolynomialWithWarmUpLR(LrSchedule):
         return (self.learning_rate - self.lr_end) * remaining ** self.power + self.lr_end
 
     def describe(self) -> str:
-        return (f"{self.head()}, polynomial (power {_num(self.power)}) to "
-                f"{_num(self.lr_end)} over {self.decay_steps} steps")
+        return (f"{self.head()}, polynomial (power {number(self.power)}) to "
+                f"{number(self.lr_end)} over {self.decay_steps} steps")
 
 
 @LR_SCHEDULERS.register("WarmUpStableDecayLR")
@@ -349,10 +304,9 @@ class WarmUpStableDecayLR(LrSchedule):
 
     def __init__(self, learning_rate: float, settings: WarmUpStableDecayLRSettings,
                  total_steps: int):
-        reader = _start(self, learning_rate, settings, total_steps)
-        self.lr_end = reader.below("lr_end", learning_rate)
-        self.decay_start = reader.required_steps("decay_start_steps", "decay_start_ratio")
-        reader.done()
+        _start(self, learning_rate, settings, total_steps)
+        self.lr_end = settings.lr_end
+        self.decay_start = settings.steps("decay_start_steps", "decay_start_ratio", total_steps)
         self.decay_steps = max(1, total_steps - self.decay_start)
 
     def rate(self, step: int) -> float:
@@ -367,7 +321,7 @@ class WarmUpStableDecayLR(LrSchedule):
 
     def describe(self) -> str:
         return (f"{self.head()}, stable until step {self.decay_start}, linear to "
-                f"{_num(self.lr_end)} at step {self.total_steps}")
+                f"{number(self.lr_end)} at step {self.total_steps}")
 
 
 @LR_SCHEDULERS.register("ConstantWithCoolDownLR")
@@ -381,9 +335,8 @@ class ConstantWithCoolDownLR(LrSchedule):
 
     def __init__(self, learning_rate: float, settings: ConstantWithCoolDownLRSettings,
                  total_steps: int):
-        reader = _start(self, learning_rate, settings, total_steps)
-        decay_steps = reader.required_steps("decay_steps", "decay_ratio")
-        reader.done()
+        _start(self, learning_rate, settings, total_steps)
+        decay_steps = settings.steps("decay_steps", "decay_ratio", total_steps)
         self.decay_start = self.warmup_steps + settings.keep_steps
         self.decay_steps = decay_steps
         self.final_start = self.decay_start + decay_steps
@@ -407,8 +360,8 @@ class ConstantWithCoolDownLR(LrSchedule):
 
     def describe(self) -> str:
         return (f"{self.head()}, keep until step {self.decay_start}, cosine to "
-                f"{_num(self.lr_end1)} over {self.decay_steps} steps, hold until step "
-                f"{self.final_end}, then {_num(self.lr_end2)}")
+                f"{number(self.lr_end1)} over {self.decay_steps} steps, hold until step "
+                f"{self.final_end}, then {number(self.lr_end2)}")
 
 
 # ----------------------------------------------------------------------------- building
@@ -444,20 +397,6 @@ def build_lr_schedule(config: LrSchedulerConfig, total_steps: int,
                              source) from None
 
 
-def schedule_problems(config: LrSchedulerConfig, settings: Section, total_steps: int,
-                      path: Path = PATH) -> list[tuple[Path, str]]:
-    """What building the schedule of `config` (its keys already structured as `settings`)
-    over `total_steps` finds: the checks of `build_lr_schedule` after structuring, as
-    (path, message) pairs, for validation before training."""
-    cls = LR_SCHEDULERS.get(config.type, (*path, "type"))
-    length = getattr(settings, "total_steps", None) or total_steps
-    try:
-        cls(config.learning_rate, settings, length)
-    except SettingProblems as exc:
-        return [((*path, key), message) for key, message in exc.found]
-    return []
-
-
 def _reject_keys_without_type(config: LrSchedulerConfig, source: Source | None) -> None:
     """Keys for a schedule while `type` is null would be ignored silently: refuse them."""
     if not config.extras:
@@ -482,23 +421,3 @@ def _schedule_length(settings: Any, total_steps: int, source: Source | None) -> 
                  else ConfigIssue(format_path(where), message, severity="warning"))
         warnings.warn(str(issue), ConfigWarning, stacklevel=3)
     return written
-
-
-def floor_of_ratio(ratio: float, total: int) -> int:
-    """`floor(total * ratio)` with `ratio` read as the decimal it is written as (its shortest
-    repr: 0.29 is 29/100, not 0.28999999999999998), in integers: `floor(100 * 0.29)` is 29.
-
-    Exact like `fractions.Fraction(repr(ratio))`, without importing `fractions` (which
-    imports `decimal`: 8 ms of every `mf-config validate`, measured). `ratio` >= 0."""
-    mantissa, _, exponent = repr(float(ratio)).partition("e")
-    whole, _, decimals = mantissa.partition(".")
-    scale = len(decimals) - int(exponent or 0)
-    digits = int(whole + decimals)
-    if scale <= 0:
-        return total * digits * 10**-scale
-    return total * digits // 10**scale
-
-
-def _num(value: float) -> str:
-    """A rate or count as the log shows it: `0.0001`, `1e-07`, `0`."""
-    return f"{value:g}"

@@ -253,8 +253,8 @@ FIELDS: dict[str, Field] = {
     "train_dataset.dataloader.type": reads("mf_train.data"),
     "train_dataset.dataloader.shuffle": reads(LOADER),
     "train_dataset.dataloader.column_names": reads(LOADER, rules=(
-        no_effect(_extra_columns, f"columns after {', '.join(TRAINER_COLUMNS)} are built, but "
-                                  f"{UNUSED_MASKS}",
+        no_effect(_extra_columns, f"the columns after {', '.join(TRAINER_COLUMNS)} do not "
+                                  f"reach the model: {UNUSED_MASKS}",
                   {"train_dataset.dataloader.column_names":
                    ["input_ids", "labels", "loss_mask", "position_ids"]}),)),
     "train_dataset.dataloader.python_multiprocessing": Field(rules=(
@@ -275,6 +275,17 @@ FIELDS: dict[str, Field] = {
         no_effect(lambda value, _t: value is True, f"has no effect on training: "
                                                    f"{UNUSED_MASKS}",
                   {"train_dataset.dataloader.config.reset_position_ids": True}),)),
+    **{f"train_dataset.dataloader.config.{name}": Field(rules=(
+        no_effect(lambda value, _t: value is True, f"builds a mask the models do not take "
+                                                   f"yet: {UNUSED_MASKS}",
+                  {f"train_dataset.dataloader.config.{name}": True}),))
+       for name in ("create_attention_mask", "create_compressed_eod_mask")},
+    **{f"train_dataset.dataloader.config.{name}": Field(rules=(
+        no_effect(written(f"train_dataset.dataloader.config.{name}"),
+                  "has no effect on training: it sizes the compressed end-of-document mask, "
+                  "which the models do not take yet",
+                  {f"train_dataset.dataloader.config.{name}": 64}),))
+       for name in ("eod_pad_length", "compressed_eod_mask_length")},
     # model
     "model.model_type": reads("mf_train.models"),
     "model.architectures": reads("mf_train.models"),

@@ -14,7 +14,7 @@ slice a rank owns.
 
 MindFormers' `enable_fused_opt` / `use_fused` (an Ascend kernel) and `amsgrad` / `maximize`
 (only on that kernel) are not offered: the section takes no settings beyond the declared ones
-(`settings.optimizers.AdamWSettings`).
+(`settings.adamw.AdamWSettings`).
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from mf_config.sections import declared_fields
 from mf_config.yaml_source import Source
 
 from ..registry import OPTIMIZERS
-from ..settings.optimizers import AdamWSettings
+from ..settings.adamw import AdamWSettings
 from .base import Optimizer, adam_hyperparameters, decay_flags
 
 

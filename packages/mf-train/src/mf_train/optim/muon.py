@@ -33,7 +33,7 @@ Differences from MindFormers (`mindformers/pynative/optimizer/muon.py`):
 - The `adamw_include` default adds Hugging Face names ("*embed*", "*lm_head*") to MindFormers'
   ("*word_embeddings*", "*output_layer*").
 
-The keys are `settings.optimizers.MuonSettings` (MindSpore-free, so that `mf-config validate`
+The keys are `settings.muon.MuonSettings` (MindSpore-free, so that `mf-config validate`
 checks them).
 """
 
@@ -49,7 +49,7 @@ from mf_config.errors import Path
 from mf_config.yaml_source import Source
 
 from ..registry import OPTIMIZERS
-from ..settings.optimizers import MuonSettings
+from ..settings.muon import MuonSettings
 from .adamw import AdamMoments
 from .base import Optimizer, adam_hyperparameters, decay_flags
 from .param_groups import check_rules, matching_rule

@@ -1,8 +1,5 @@
-"""The keys of the `optimizer` section each optimizer reads beyond the declared ones.
-
-AdamW reads none: `type`, `betas`, `eps`, `weight_decay` and the weight-decay rules are the
-section's own fields (MindFormers' `enable_fused_opt` / `use_fused`, an Ascend kernel, and
-`amsgrad` / `maximize`, only on that kernel, are not offered). Muon's are MindFormers' names.
+"""The keys of the `optimizer` section Muon reads beyond the declared ones (MindFormers'
+names; the update is in `mf_train.optim.muon`).
 
 No `from __future__ import annotations` here: cattrs reads the field types at run time.
 """
@@ -12,11 +9,6 @@ from typing import Any
 from mf_config.sections import Section, section, setting
 
 DEFAULT_COEFFICIENTS = [3.4445, -4.7750, 2.0315]
-
-
-@section
-class AdamWSettings(Section):
-    """AdamW takes no keys beyond the `optimizer` section's own."""
 
 
 @section
