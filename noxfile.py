@@ -61,8 +61,8 @@ def train(session: nox.Session) -> None:
                 "--output-prefix", CORPUS)
     session.run("mf-data", "inspect", CORPUS)
     config = session.posargs[0] if session.posargs else "examples/qwen3_tiny.yaml"
-    session.run("mf-train", "--config", config, "--output-dir", "output/demo",
-                *session.posargs[1:])
+    output = f"output/demo/{Path(config).stem}"  # each example owns its run directory
+    session.run("mf-train", "--config", config, "--output-dir", output, *session.posargs[1:])
 
 
 @nox.session

@@ -3,6 +3,7 @@ saves killed with SIGKILL at every stage, clear errors, and Hugging Face bf16 sa
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import random
@@ -12,6 +13,7 @@ import subprocess
 import sys
 import textwrap
 import threading
+import warnings
 from pathlib import Path
 
 import mindspore as ms
@@ -23,6 +25,7 @@ from mf_config import CheckpointConfig, ConfigError, ModelConfig, OptimizerConfi
 from mf_train.checkpoint import (
     CheckpointError,
     CheckpointManager,
+    CorruptCheckpointError,
     TrainState,
     apply_model_params,
     capture_rng_state,
@@ -96,15 +99,19 @@ def test_round_trip_is_bit_identical_and_uses_mindformers_layout(tmp_path):
     assert (tmp_path / "latest_checkpointed_iteration.txt").read_text() == "3"
     assert sorted(os.listdir(directory)) == [
         "common.json", "qwen3-model-0000000-0000001.safetensors",
-        "qwen3-opt-0000000-0000001.safetensors", "qwen3-rng-0000000-0000001.json"]
+        "qwen3-opt-0000000-0000001.safetensors", "qwen3-rng-0000000-0000001.json",
+        "qwen3-sums-0000000-0000001.json"]
     common = json.loads((directory / "common.json").read_text())
     assert {key: common[key] for key in ("epoch_num", "step_num", "global_step", "loss_scale",
                                          "global_batch_size", "consumed_samples")} == {
         "epoch_num": 0, "step_num": 100, "global_step": 3, "loss_scale": 1.0,
         "global_batch_size": 8, "consumed_samples": 24}
     assert common["world_size"] == 1 and common["has_optimizer"] is True
-    assert common["files"]["qwen3-model-0000000-0000001.safetensors"] == (
-        directory / "qwen3-model-0000000-0000001.safetensors").stat().st_size
+    model_file = directory / "qwen3-model-0000000-0000001.safetensors"
+    assert common["files"][model_file.name] == {
+        "bytes": model_file.stat().st_size,
+        "sha256": hashlib.sha256(model_file.read_bytes()).hexdigest()}
+    assert common["version"] == 2
 
     model, optim, state = load_checkpoint(tmp_path)
     assert_same_bits(model, arrays(3))
@@ -357,7 +364,7 @@ def test_two_ranks_write_one_checkpoint(tmp_path, async_save):
     # with several ranks an asynchronous save is committed in wait(), not by the thread
     assert seen_before_wait == [not async_save] * 2
     common = json.loads((tmp_path / "iteration_00000005" / "common.json").read_text())
-    assert common["world_size"] == 2 and len(common["files"]) == 6
+    assert common["world_size"] == 2 and len(common["files"]) == 8  # 4 files per rank
     for rank in range(2):
         loaded = load_checkpoint(tmp_path, rank, world_size=2)
         assert_same_bits(loaded.model_params, arrays(rank))
@@ -389,7 +396,7 @@ def test_a_failing_rank_blocks_the_commit_without_hanging_the_others(tmp_path, m
     assert sorted(str(e).split(":")[0] for e in errors) == [
         f"saving checkpoint step 1 to {tmp_path} failed on rank 0",
         f"saving checkpoint step 1 to {tmp_path} failed on rank 1"]
-    assert "rank files missing, not committed" in " ".join(map(str, errors))
+    assert "(rank 1 did not finish), not committed" in " ".join(map(str, errors))
     assert find_checkpoint(tmp_path) is None
 
 
@@ -534,6 +541,12 @@ def test_unreadable_files_are_named(tmp_path):
     data = json.loads(common.read_text())
     opt = directory / "checkpoint-opt-0000000-0000001.safetensors"
     opt.write_bytes(b"\xff" * opt.stat().st_size)  # same size, garbage content
+    with pytest.raises(CorruptCheckpointError, match=r"opt-0000000-0000001\.safetensors: its "
+                                                     r"bytes do not match the SHA-256"):
+        load_checkpoint(tmp_path)
+    version_1 = {**data, "version": 1,  # sizes only: the garbage is found by the parser
+                 "files": {name: entry["bytes"] for name, entry in data["files"].items()}}
+    common.write_text(json.dumps(version_1))
     with pytest.raises(CheckpointError, match=r"opt-0000000-0000001\.safetensors: cannot read "
                                               r"it as safetensors"):
         load_checkpoint(tmp_path)
@@ -686,3 +699,87 @@ def test_tiny_qwen3_through_hf_bf16_and_mf_checkpoints(tmp_path):
     apply_model_params(copy.parameters_and_names(), model)
     ids = Tensor(np.arange(8, dtype=np.int32).reshape(1, 8))
     assert copy.logits(ids).asnumpy().tobytes() == hf_model.logits(ids).asnumpy().tobytes()
+
+
+# ----------------------------------------------------------------- checksums and async faults
+
+
+def flip_a_byte(path: Path) -> None:
+    """Change one byte in the middle of `path`, keeping its size (damage sizes do not see)."""
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    path.write_bytes(bytes(data))
+
+
+def test_a_corrupt_checkpoint_falls_back_to_the_newest_valid_one(tmp_path):
+    manager = CheckpointManager(config(tmp_path))
+    for step in (1, 2, 3):
+        save(manager, step)
+    flip_a_byte(tmp_path / "iteration_00000003" / "checkpoint-opt-0000000-0000001.safetensors")
+    flip_a_byte(tmp_path / "iteration_00000002" / "checkpoint-rng-0000000-0000001.json")
+    assert find_checkpoint(tmp_path) == tmp_path / "iteration_00000003"  # sizes are intact
+    with pytest.warns(RuntimeWarning) as warned:
+        resumed = resume(config(tmp_path, load_path=str(tmp_path)))
+    assert resumed.path == tmp_path / "iteration_00000001"
+    assert resumed.state.global_step == 1
+    assert_same_bits(resumed.model_params, arrays(1))
+    messages = [str(w.message) for w in warned]
+    assert messages[0].startswith(f"{tmp_path / 'iteration_00000003'} is corrupt (")
+    assert "opt-0000000-0000001.safetensors: its bytes do not match the SHA-256" in messages[0]
+    assert "trying the next newest complete checkpoint" in messages[1]
+    named = tmp_path / "iteration_00000003"  # asked for by name: no fallback
+    with pytest.raises(CorruptCheckpointError, match="its bytes do not match"):
+        resume(config(tmp_path, load_path=str(named)))
+
+
+def test_every_rank_falls_back_when_one_finds_its_file_corrupt(tmp_path):
+    """Rank 1's file of step 2 is damaged; rank 0's are fine: both load step 1."""
+    def body(rank, barrier):
+        manager = CheckpointManager(config(tmp_path), rank, 2, barrier)
+        for step in (1, 2):
+            manager.save(step, arrays(step + rank), optimizer_state(step), train_state(step))
+
+    assert run_ranks(2, body) == []
+    flip_a_byte(tmp_path / "iteration_00000002" / "checkpoint-model-0000001-0000002.safetensors")
+    votes: list[bool] = []
+    gate = threading.Barrier(2, timeout=30)
+    chosen: dict[int, Path] = {}
+
+    def agree(ok: bool) -> bool:  # an all-reduce of the two ranks' verdicts
+        votes.append(ok)
+        gate.wait()
+        verdict = all(votes[-2:])
+        gate.wait()
+        return verdict
+
+    def load(rank, _barrier):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)
+            chosen[rank] = resume(config(tmp_path, load_path=str(tmp_path)), rank, 2,
+                                  agree=agree).path
+
+    assert run_ranks(2, load) == []
+    assert chosen == {0: tmp_path / "iteration_00000001", 1: tmp_path / "iteration_00000001"}
+
+
+def test_a_failed_async_save_is_reported_by_the_next_poll(tmp_path, monkeypatch):
+    real_write = writer.write_safetensors
+
+    def write(path, tensors, metadata=None):
+        if "iteration_00000002" in str(path):
+            raise OSError(28, "No space left on device")
+        real_write(path, tensors, metadata)
+
+    monkeypatch.setattr(writer, "write_safetensors", write)
+    manager = CheckpointManager(config(tmp_path, async_save=True))
+    save(manager, 1)
+    manager.wait()
+    assert manager.poll() == [(1, tmp_path / "iteration_00000001")]
+    save(manager, 2)
+    manager._thread.join()  # the write is over: the next step's poll must say it failed
+    with pytest.raises(CheckpointError) as failed:
+        manager.poll()
+    assert str(failed.value) == (
+        f"the asynchronous save of checkpoint step 2 to {tmp_path} failed: [Errno 28] No space "
+        f"left on device; the newest complete checkpoint is {tmp_path / 'iteration_00000001'}")
+    assert manager.poll() == []  # reported once; nothing was saved

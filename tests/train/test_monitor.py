@@ -103,10 +103,12 @@ def test_a_resumed_run_appends_after_a_resume_marker(tmp_path: Path) -> None:
     assert last_per_step[3]["loss"] == 9.0
 
 
-def test_a_new_run_starts_a_new_file(tmp_path: Path) -> None:
+def test_the_file_is_never_truncated(tmp_path: Path) -> None:
+    """A run owns its directory (run_directory refuses another run's); the writer only
+    appends, so nothing a run wrote is ever lost to the next one."""
     run(MetricsWriter(), context(tmp_path), [record(1), record(2)])
     run(MetricsWriter(), context(tmp_path), [record(1)])
-    assert [line["step"] for line in read_jsonl(tmp_path / "metrics.jsonl")] == [0, 1]
+    assert [line["step"] for line in read_jsonl(tmp_path / "metrics.jsonl")] == [0, 1, 2, 0, 1]
 
 
 def test_metrics_only_on_rank_0(tmp_path: Path) -> None:

@@ -97,7 +97,7 @@ def test_stopped_and_resumed_equals_uninterrupted(data_prefix, tmp_path) -> None
     part = Trainer(first, output_dir=tmp_path / "b_out")
     stream = part.stream()
     head = [part.run_step(stream).loss for _ in range(3)]
-    part.save_checkpoint(part.context())
+    part.save_checkpoint()
     part.checkpoints.wait()
     again = load_config(EXAMPLE, overrides(data_prefix, 6, f"checkpoint.save_path={tmp_path / 'c'}",
                                            f"checkpoint.load_path={tmp_path / 'b'}"))

@@ -13,10 +13,16 @@ stops and the launcher prints that rank's error and the path of its log.
 from __future__ import annotations
 
 import argparse
+import json
 import logging
+import os
 import sys
+import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
+
+import attrs
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -47,23 +53,71 @@ def run(argv: Sequence[str] | None = None) -> int:
 
 
 def launch(args: argparse.Namespace, argv: list[str]) -> int:
-    """Validate for `--nproc` ranks here, then run them through msrun."""
+    """Validate for `--nproc` ranks here, claim the output directory for the whole job, then
+    run the ranks through msrun and print the run's summary."""
     from mf_parallel.launch import LaunchError, run_ranks
 
-    if _validated(args, args.nproc, say_warnings=True) is None:
+    validated = _validated(args, args.nproc, say_warnings=True)
+    if validated is None:
+        return 2
+    owned = _claimed(args.output_dir, validated[0])
+    if owned is None:
         return 2
     logs = Path(args.output_dir) / "logs"
     worker = Path(__file__).with_name("rank_worker.py")
-    rank_args = _without_launcher_options(argv)
+    rank_args = [*_without_launcher_options(argv), *_decided(owned)]
     timeout = args.timeout if args.timeout > 0 else 365 * 24 * 3600.0
     print(f"mf-train: starting {args.nproc} ranks; logs in {logs}/worker_<rank>.log",
           file=sys.stderr)
+    start = time.monotonic()
     try:
-        run_ranks(worker, args.nproc, log_dir=logs, timeout=timeout, args=rank_args)
+        run_ranks(worker, args.nproc, log_dir=logs, timeout=timeout, args=rank_args,
+                  env={LAUNCHED: "1"})
     except LaunchError as exc:
         print(f"mf-train: {exc}", file=sys.stderr)
         return 1
+    finally:
+        owned.release()
+    _summarise(validated[0], owned, time.monotonic() - start)
     return 0
+
+
+LAUNCHED = "MF_TRAIN_LAUNCHED"
+"""Set for the ranks the launcher starts: it holds the output directory's lock for them."""
+
+
+def _claimed(output_dir: str, config: Any, *, lock: bool = True) -> Any:
+    """The run's claim on `output_dir` (see `run_directory`), or None after printing why not;
+    says what the run does with an earlier run it found."""
+    from .run_directory import RunDirectoryError, claim
+
+    try:
+        owned = claim(output_dir, config.checkpoint, lock=lock)
+    except RunDirectoryError as exc:
+        print(f"mf-train: {exc}", file=sys.stderr)
+        return None
+    if owned.note is not None and lock:
+        print(f"mf-train: {owned.note}", file=sys.stderr)
+    return owned
+
+
+def _decided(owned: Any) -> list[str]:
+    """The launcher's decisions, as overrides for the ranks (so they need not re-decide)."""
+    checkpoint = owned.checkpoint
+    sets = [f"checkpoint.save_path={json.dumps(checkpoint.save_path)}"]
+    if checkpoint.load_path:
+        sets.append(f"checkpoint.load_path={json.dumps(checkpoint.load_path)}")
+    return [arg for value in sets for arg in ("--set", value)]
+
+
+def _summarise(config: Any, owned: Any, seconds: float) -> None:
+    from .monitor.tensorboard import event_dir
+    from .summary import summary_lines
+
+    checkpoints = Path(owned.checkpoint.save_path)
+    tensorboard = event_dir(config.monitor.tensorboard, owned.output_dir)
+    for line in summary_lines(owned.output_dir, checkpoints, tensorboard, seconds):
+        print(f"mf-train: {line}", file=sys.stderr)
 
 
 def _without_launcher_options(argv: list[str]) -> list[str]:
@@ -131,12 +185,19 @@ def run_training(argv: Sequence[str], *, world_size: int) -> int:
     if validated is None:
         return 2
     config, source = validated
+    # the launcher holds the lock for its ranks; ranks started by hand, rank 0 takes it
+    lock = world_size == 1 or (os.environ.get(LAUNCHED) != "1"
+                               and os.environ.get("RANK_ID", "0") == "0")
+    owned = _claimed(args.output_dir, config, lock=lock)
+    if owned is None:
+        return 2
+    config = attrs.evolve(config, checkpoint=owned.checkpoint)
     from .trainer import Trainer, TrainingStopped
 
     output_dir = Path(args.output_dir)
-    output_dir.mkdir(parents=True, exist_ok=True)
     # ranks started by msrun log to <output-dir>/logs/worker_<rank>.log already
     handler = _log_to_file(output_dir / "logs" / "train.log") if world_size == 1 else None
+    start = time.monotonic()
     try:
         trainer = Trainer(config, output_dir=output_dir, source=source,
                           world_size=world_size)
@@ -150,6 +211,9 @@ def run_training(argv: Sequence[str], *, world_size: int) -> int:
         if handler is not None:
             logging.getLogger().removeHandler(handler)
             handler.close()
+        owned.release()
+    if world_size == 1:
+        _summarise(config, owned, time.monotonic() - start)
     return 0
 
 

@@ -199,13 +199,24 @@ class Trainer:
         import attrs
 
         from .checkpoint import CheckpointManager
+        from .run_directory import checkpoint_root
 
         section = self.config.checkpoint
         if section.enable_save and not section.save_path:
-            section = attrs.evolve(section, save_path=str(self.output_dir / "checkpoint"))
+            section = attrs.evolve(section, save_path=str(checkpoint_root(section,
+                                                                          self.output_dir)))
         return CheckpointManager(section, self.comm.rank, self.comm.world_size,
                                  barrier=self._barrier if self.comm.world_size > 1 else None,
                                  source=self.source)
+
+    @staticmethod
+    def _all_ranks(ok: bool) -> bool:
+        """Whether `ok` holds on every rank (an all-reduce of the failures)."""
+        from mindspore import communication, ops
+
+        group = communication.GlobalComm.WORLD_COMM_GROUP
+        failed = ms.Tensor(np.array([0.0 if ok else 1.0], np.float32))
+        return float(ops.AllReduce(group=group)(failed).asnumpy()[0]) == 0.0
 
     @staticmethod
     def _barrier() -> None:
@@ -222,7 +233,8 @@ class Trainer:
         from .checkpoint import resume
 
         resumed = resume(self.config.checkpoint, self.comm.rank, self.comm.world_size,
-                         self.source)
+                         self.source, agree=self._all_ranks if self.comm.world_size > 1
+                         else None)
         if resumed is None:
             return None
         with self._whole_model():
@@ -250,10 +262,10 @@ class Trainer:
                  self.step_count, self.consumed_samples)
         return resumed.path
 
-    def save_checkpoint(self, ctx: Any) -> None:
-        """Save after this step when the schedule says so, and tell the callbacks."""
+    def save_checkpoint(self) -> None:
+        """Save after this step when the schedule says so (in the background with
+        `async_save`; `_report_saves` tells the callbacks once it is complete)."""
         from .checkpoint import TrainState, model_arrays
-        from .checkpoint.layout import iteration_name
 
         step, total = self.step_count, self.config.training.steps
         if not self.checkpoints.should_save(step, last=step == total):
@@ -266,7 +278,12 @@ class Trainer:
         with self._whole_model():
             arrays = model_arrays(self.model.parameters_and_names())
         self.checkpoints.save(step, arrays, optimizer_state, state, owned=True)  # host copies
-        self.callbacks.on_save(ctx, step, self.checkpoints.root / iteration_name(step))
+
+    def _report_saves(self, ctx: Any) -> None:
+        """Tell the callbacks of each checkpoint completed since the last step; a failed
+        background save stops the run here, naming the newest complete checkpoint."""
+        for step, path in self.checkpoints.poll():
+            self.callbacks.on_save(ctx, step, path)
 
     def _build_callbacks(self) -> Any:
         from .callbacks import build_callbacks
@@ -405,10 +422,12 @@ class Trainer:
                     tokens=outcome.tokens * self.plan.batch.data_parallel,
                     consumed_samples=self.consumed_samples, skipped=outcome.skipped)
                 self.callbacks.on_step_end(ctx, last)
-                self.save_checkpoint(ctx)
+                self.save_checkpoint()
+                self._report_saves(ctx)
                 skipped_in_a_row = skipped_in_a_row + 1 if outcome.skipped else 0
                 self._check_skips(skipped_in_a_row)
             self.checkpoints.wait()
+            self._report_saves(ctx)
         finally:
             self.callbacks.on_train_end(ctx, last)
         return outcomes

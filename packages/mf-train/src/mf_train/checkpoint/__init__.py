@@ -26,9 +26,15 @@ The layout is described in `layout`, the save protocol in `writer`, the dtype po
 (bfloat16 stored as float32) in `params`, what the RNG state covers in `rng`.
 """
 
-from .errors import CheckpointError
+from .errors import CheckpointError, CorruptCheckpointError
 from .hf import is_hf_checkpoint, load_hf_weights, read_safetensors
-from .layout import check_complete, complete_iterations, find_checkpoint, read_tracker
+from .layout import (
+    candidates,
+    check_complete,
+    complete_iterations,
+    find_checkpoint,
+    read_tracker,
+)
 from .params import apply_model_params, model_arrays
 from .reader import LoadedCheckpoint, Resumed, load_checkpoint, resume
 from .rng import capture_rng_state, restore_rng_state
@@ -38,10 +44,12 @@ from .writer import CheckpointManager
 __all__ = [
     "CheckpointError",
     "CheckpointManager",
+    "CorruptCheckpointError",
     "LoadedCheckpoint",
     "Resumed",
     "TrainState",
     "apply_model_params",
+    "candidates",
     "capture_rng_state",
     "check_complete",
     "complete_iterations",

@@ -3,11 +3,13 @@
     <save_path>/
       latest_checkpointed_iteration.txt          the newest committed step, e.g. "8"
       iteration_00000008/
-        common.json                              run state, world size and every file's size
+        common.json                              run state, world size, every file's size
+                                                 and SHA-256
         {prefix}-model-0000000-0000002.safetensors   rank 0 of 2: model parameters
         {prefix}-opt-0000000-0000002.safetensors     optimizer state (unless no_save_optim)
         {prefix}-rng-0000000-0000002.json            rank 0's random generator states
-        ... the same three files for rank 1
+        {prefix}-sums-0000000-0000002.json           rank 0's files' sizes and SHA-256
+        ... the same four files for rank 1
       iteration_00000008.tmp-<token>/            a save in progress: never loaded
       iteration_00000004.del-<pid>/              a checkpoint being deleted: never loaded
 
@@ -16,7 +18,10 @@ The directory and tracker names are MindFormers' (`iteration_{:08d}`,
 {world:07d}`, `-opt-` for the optimizer). A directory under its final name is complete by
 construction: it is renamed into place only after every rank's files and `common.json` are
 written. `check_complete` still verifies that each file `common.json` lists is present with
-its recorded size, which also catches a directory damaged by hand.
+its recorded size, which also catches a directory damaged by hand. The SHA-256 of each file
+(format version 2; version 1 recorded sizes only) is checked when a rank reads its files
+(`reader`), so bytes changed at the same size are found too; `candidates` lists what a resume
+falls back to.
 """
 
 from __future__ import annotations
@@ -35,7 +40,7 @@ COMMON = "common.json"
 TMP_MARK = ".tmp-"
 DEL_MARK = ".del-"
 FORMAT = "mf-checkpoint"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
 _FINAL = re.compile(r"iteration_(\d{8,})")
 
 
@@ -51,17 +56,26 @@ def parse_iteration(name: str) -> int | None:
 
 
 def rank_file(prefix: str, kind: str, rank: int, world_size: int) -> str:
-    """File name of one rank's `kind` ("model", "opt" or "rng") part."""
-    extension = "json" if kind == "rng" else "safetensors"
+    """File name of one rank's `kind` ("model", "opt", "rng" or "sums") part."""
+    extension = "json" if kind in ("rng", "sums") else "safetensors"
     stem = f"{kind}-{rank:07d}-{world_size:07d}.{extension}"
     return f"{prefix}-{stem}" if prefix else stem
 
 
 def expected_files(prefix: str, world_size: int, with_optimizer: bool) -> list[str]:
-    """Every rank file a complete checkpoint of `world_size` ranks holds."""
+    """Every rank file a complete checkpoint of `world_size` ranks holds (the `sums` files,
+    which carry the others' checksums to rank 0, not included)."""
     kinds = ("model", "opt", "rng") if with_optimizer else ("model", "rng")
     return [rank_file(prefix, kind, rank, world_size)
             for rank in range(world_size) for kind in kinds]
+
+
+def recorded(entry: Any) -> tuple[int, str | None]:
+    """(size, SHA-256 or None) of a `common.json` files entry: `{"bytes": n, "sha256": h}`,
+    or a bare size (format version 1)."""
+    if isinstance(entry, dict):
+        return int(entry["bytes"]), entry.get("sha256")
+    return int(entry), None
 
 
 def read_common(directory: Path) -> dict[str, Any]:
@@ -85,7 +99,8 @@ def check_complete(directory: Path) -> list[str]:
     except CheckpointError as exc:
         return [str(exc)]
     problems = []
-    for name, size in sorted(common.get("files", {}).items()):
+    for name, entry in sorted(common.get("files", {}).items()):
+        size, _ = recorded(entry)
         path = directory / name
         if not path.is_file():
             problems.append(f"{path}: missing")
@@ -144,6 +159,15 @@ def find_checkpoint(load_path: str | os.PathLike[str]) -> Path | None:
     if not path.is_dir():
         raise CheckpointError(f"checkpoint path {path} is not a directory")
     return _newest_in_root(path)
+
+
+def candidates(root: Path) -> list[Path]:
+    """The complete checkpoints under a save root, in the order a resume tries them: the
+    tracker's first, then the others newest first."""
+    complete = [path for _, path in reversed(complete_iterations(root))]
+    tracked = read_tracker(root)
+    first = root / iteration_name(tracked) if tracked is not None else None
+    return sorted(complete, key=lambda path: path != first)
 
 
 def _newest_in_root(root: Path) -> Path | None:

@@ -5,18 +5,20 @@ from __future__ import annotations
 import json
 import os
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, NamedTuple
 
 import numpy as np
-from safetensors.numpy import load_file
+from safetensors.numpy import load
 
 from mf_config import CheckpointConfig
 from mf_config.component_settings import settings_error
 from mf_config.yaml_source import Source
 
 from . import layout
-from .errors import CheckpointError
+from .atomic import bytes_digest
+from .errors import CheckpointError, CorruptCheckpointError
 from .hf import is_hf_checkpoint, load_hf_weights
 from .reading import read_files
 from .state import TrainState
@@ -49,11 +51,13 @@ def load_checkpoint(path: str | os.PathLike[str], rank: int = 0, *,
     """Rank `rank`'s arrays and the run state of the checkpoint at `path` (an
     `iteration_XXXXXXXX` directory, or a save root: its newest complete checkpoint).
     `world_size`, when given, must equal the saving run's (no resharding). The model and
-    optimizer files are read `workers` at a time (`checkpoint.load_worker_number`)."""
+    optimizer files are read `workers` at a time (`checkpoint.load_worker_number`); each file
+    read must match the SHA-256 `common.json` records (`CorruptCheckpointError` otherwise)."""
     directory = layout.find_checkpoint(path)
     if directory is None:
         raise CheckpointError(f"{path} holds no complete checkpoint")
     common = layout.read_common(directory)
+    recorded = {name: layout.recorded(entry) for name, entry in common.get("files", {}).items()}
     saved_world = int(common.get("world_size", 1))
     if world_size is not None and world_size != saved_world:
         raise CheckpointError(f"{directory} was saved by {saved_world} rank(s); this run has "
@@ -63,28 +67,35 @@ def load_checkpoint(path: str | os.PathLike[str], rank: int = 0, *,
                               f"files for rank {rank}")
     prefix = str(common.get("prefix", ""))
 
-    def file(kind: str) -> Path:
-        return directory / layout.rank_file(prefix, kind, rank, saved_world)
+    def file(kind: str) -> tuple[Path, str | None]:
+        name = layout.rank_file(prefix, kind, rank, saved_world)
+        return directory / name, recorded.get(name, (0, None))[1]
 
     arrays = [file("model")]
     if load_optimizer:
-        if not common.get("has_optimizer") or not file("opt").is_file():
+        if not common.get("has_optimizer") or not file("opt")[0].is_file():
             raise CheckpointError(
                 f"no_load_optim is False but no optimizer checkpoint found in {directory}. "
                 "It was saved with checkpoint.no_save_optim: True; set checkpoint.no_load_optim: "
                 "True to load the weights only (the run then does not resume exactly).")
         arrays.append(file("opt"))
-    model, *optimizer = read_files(_read_arrays, arrays, workers)
-    rng = _read_json(file("rng"))
+    model, *optimizer = read_files(lambda item: _read_arrays(*item), arrays, workers)
+    rng = _read_json(*file("rng"))
     state = TrainState.from_common(common, rng, str(directory / layout.COMMON))
     return LoadedCheckpoint(model, optimizer[0] if optimizer else None, state)
 
 
 def resume(config: CheckpointConfig, rank: int = 0, world_size: int = 1,
-           source: Source | None = None) -> Resumed | None:
+           source: Source | None = None,
+           agree: Callable[[bool], bool] | None = None) -> Resumed | None:
     """What `checkpoint.load_path` designates for this rank, or None when it is empty (start
     from scratch) or a directory without any complete checkpoint yet (with a warning).
-    Respects `no_load_optim`; a missing path is a `ConfigError` at `checkpoint.load_path`."""
+    Respects `no_load_optim`; a missing path is a `ConfigError` at `checkpoint.load_path`.
+
+    A save root falls back from a corrupt checkpoint (a file whose bytes do not match its
+    recorded SHA-256) to the next newest complete one, with a warning. Every rank must make
+    the same choice though each reads only its own files: `agree(ok)` returns whether every
+    rank's read went well (an all-reduce; the identity on one process)."""
     if not config.load_path:
         return None
     path = Path(config.load_path)
@@ -104,24 +115,58 @@ def resume(config: CheckpointConfig, rank: int = 0, world_size: int = 1,
         warnings.warn(f"checkpoint.load_path {path} holds no complete checkpoint yet; "
                       "training starts from scratch", RuntimeWarning, stacklevel=2)
         return None
-    loaded = load_checkpoint(directory, rank, load_optimizer=not config.no_load_optim,
-                             world_size=world_size, workers=config.load_worker_number)
-    return Resumed(directory, "mf", *loaded)
+    tries = [directory] if directory == path else layout.candidates(path)
+    for candidate in tries:
+        loaded, corrupt = _load_agreed(candidate, config, rank, world_size, agree)
+        if loaded is not None:
+            return Resumed(candidate, "mf", *loaded)
+        if candidate == path:  # the one the user named: no other to fall back to
+            raise corrupt or CorruptCheckpointError(f"{candidate} is corrupt on another rank")
+        warnings.warn(f"{candidate} is corrupt ({corrupt or 'on another rank'}); trying the "
+                      "next newest complete checkpoint", RuntimeWarning, stacklevel=2)
+    raise CheckpointError(f"{path}: every complete checkpoint is corrupt; nothing to resume "
+                          "from")
 
 
-def _read_arrays(path: Path) -> dict[str, np.ndarray]:
-    if not path.is_file():
-        raise CheckpointError(f"{path}: missing")
+def _load_agreed(directory: Path, config: CheckpointConfig, rank: int, world_size: int,
+                 agree: Callable[[bool], bool] | None,
+                 ) -> tuple[LoadedCheckpoint | None, CorruptCheckpointError | None]:
+    """This rank's part of `directory`, or (None, why) when any rank found it corrupt."""
+    loaded, corrupt = None, None
     try:
-        return load_file(str(path))
+        loaded = load_checkpoint(directory, rank, load_optimizer=not config.no_load_optim,
+                                 world_size=world_size, workers=config.load_worker_number)
+    except CorruptCheckpointError as exc:
+        corrupt = exc
+    everyone = agree(corrupt is None) if agree is not None else corrupt is None
+    return (loaded, None) if everyone else (None, corrupt)
+
+
+def _read_verified(path: Path, sha256: str | None) -> bytes:
+    """The bytes of `path`, checked against the SHA-256 `common.json` records for it."""
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        raise CheckpointError(f"{path}: missing") from None
+    except OSError as exc:
+        raise CheckpointError(f"{path}: cannot be read ({exc.strerror or exc})") from None
+    if sha256 is not None and bytes_digest(data) != sha256:
+        raise CorruptCheckpointError(f"{path}: its bytes do not match the SHA-256 recorded in "
+                                     f"{layout.COMMON} (damaged after it was written)")
+    return data
+
+
+def _read_arrays(path: Path, sha256: str | None = None) -> dict[str, np.ndarray]:
+    data = _read_verified(path, sha256)
+    try:
+        return load(data)
     except Exception as exc:  # safetensors' own error types: re-raised naming the file
         raise CheckpointError(f"{path}: cannot read it as safetensors ({exc})") from None
 
 
-def _read_json(path: Path) -> Any:
-    if not path.is_file():
-        raise CheckpointError(f"{path}: missing")
+def _read_json(path: Path, sha256: str | None = None) -> Any:
+    data = _read_verified(path, sha256)
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError) as exc:
+        return json.loads(data.decode("utf-8"))
+    except ValueError as exc:
         raise CheckpointError(f"{path}: cannot read it as JSON ({exc})") from None

@@ -5,10 +5,11 @@ One save of step N, world of W ranks:
   1. rank 0 creates `iteration_N.tmp-<token>` (removing a leftover of a killed save); barrier.
   2. each rank writes its model, optimizer and rng files into it, each atomically
      (`.part` file, fsync, rename), so no rank ever sees another's half-written file.
-  3. barrier; rank 0 checks every rank's files are there, writes `common.json` (listing each
-     file and its size), renames the directory to `iteration_N`, then replaces the tracker,
-     then deletes what `save_max` no longer keeps (each by renaming it to `.del-<pid>` first);
-     barrier.
+     Each rank then writes its `sums` file: the size and SHA-256 of each file it wrote.
+  3. barrier; rank 0 checks every rank's files are there with the sizes their `sums` files
+     give, writes `common.json` (each file's size and SHA-256), renames the directory to
+     `iteration_N`, then replaces the tracker, then deletes what `save_max` no longer keeps
+     (each by renaming it to `.del-<pid>` first); barrier.
 A process killed anywhere leaves the previous complete checkpoint (and the tracker naming
 it) or the new one: the new directory gets its final name only once it is whole, and the
 tracker only ever names a directory that already has its final name.
@@ -17,12 +18,15 @@ tracker only ever names a directory that already has its final name.
 copies of the arrays, taken before `save` returns, so training continues during the write.
 With several ranks, step 3 needs a barrier, and collectives must not run from a side thread
 (they would interleave with the training step's), so it runs in `wait()`, which the next
-`save` calls first; call `wait()` once more after the last step. An error in the thread is
-raised by the next `save` or `wait`.
+`save` calls first; call `wait()` once more after the last step. The training loop calls
+`poll()` after every step: it returns the saves committed since the last call (only those are
+reported as saved) and raises as soon as a background write has failed, naming the newest
+complete checkpoint left.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import threading
 from collections.abc import Callable, Mapping
@@ -37,7 +41,14 @@ from mf_config.component_settings import settings_error
 from mf_config.yaml_source import Source
 
 from . import layout
-from .atomic import fsync_dir, remove_tree, write_json, write_safetensors, write_text
+from .atomic import (
+    file_digest,
+    fsync_dir,
+    remove_tree,
+    write_json,
+    write_safetensors,
+    write_text,
+)
 from .errors import CheckpointError
 from .params import storable
 from .rng import capture_rng_state
@@ -86,6 +97,7 @@ class CheckpointManager:
         self._thread: threading.Thread | None = None
         self._error: tuple[int, BaseException] | None = None
         self._pending: _Job | None = None
+        self._committed: list[tuple[int, Path]] = []
 
     # ----- the training loop's interface -----
 
@@ -138,7 +150,31 @@ class CheckpointManager:
         elif failed is not None:
             step, error = failed
             raise CheckpointError(f"the asynchronous save of checkpoint step {step} to "
-                                  f"{self.root} failed: {error!r}") from error
+                                  f"{self.root} failed: {error}; {self.last_good()}") from error
+
+    def poll(self) -> list[tuple[int, Path]]:
+        """The saves committed since the last call, as (step, directory); `CheckpointError`
+        as soon as a background write has failed (on this rank). Never blocks on a write
+        still running."""
+        if self._thread is not None and not self._thread.is_alive():
+            self._thread.join()
+            self._thread = None
+            if self._error is not None and self._pending is None:
+                self.wait()  # raises, naming the newest complete checkpoint
+            if self._error is not None:
+                step, error = self._error
+                raise CheckpointError(f"the asynchronous save of checkpoint step {step} to "
+                                      f"{self.root} failed on rank {self.rank}: {error}; "
+                                      f"{self.last_good()}") from error
+        committed, self._committed = self._committed, []
+        return committed
+
+    def last_good(self) -> str:
+        """Where the newest complete checkpoint is, for error messages."""
+        complete = layout.complete_iterations(self.root)
+        if not complete:
+            return f"no complete checkpoint is left in {self.root}"
+        return f"the newest complete checkpoint is {complete[-1][1]}"
 
     # ----- steps of one save -----
 
@@ -183,10 +219,16 @@ class CheckpointManager:
 
     def _write_rank_files(self, job: _Job) -> None:
         metadata = {"format": layout.FORMAT}  # one key: safetensors orders several randomly
-        write_safetensors(self._file(job, "model"), job.model, metadata)
+        written = [self._file(job, "model")]
+        write_safetensors(written[0], job.model, metadata)
         if job.optimizer is not None:
-            write_safetensors(self._file(job, "opt"), job.optimizer, metadata)
-        write_json(self._file(job, "rng"), job.rng)
+            written.append(self._file(job, "opt"))
+            write_safetensors(written[-1], job.optimizer, metadata)
+        written.append(self._file(job, "rng"))
+        write_json(written[-1], job.rng)
+        write_json(self._file(job, "sums"), {path.name: {"bytes": path.stat().st_size,
+                                                         "sha256": file_digest(path)}
+                                             for path in written})
         _reached("rank_files")
 
     def _background(self, job: _Job) -> None:
@@ -194,7 +236,8 @@ class CheckpointManager:
             self._write_rank_files(job)
             if self.world_size == 1:
                 self._commit(job)
-        except BaseException as exc:  # raised again by the next save() or wait()
+                self._committed.append((job.step, self.root / layout.iteration_name(job.step)))
+        except BaseException as exc:  # raised again by the next poll(), save() or wait()
             self._error = (job.step, exc)
 
     def _finish(self, job: _Job, error: BaseException | None) -> None:
@@ -209,17 +252,19 @@ class CheckpointManager:
         self._barrier()
         if error is not None:
             raise CheckpointError(f"saving checkpoint step {job.step} to {self.root} failed "
-                                  f"on rank {self.rank}: {error}") from error
+                                  f"on rank {self.rank}: {error}; {self.last_good()}"
+                                  ) from error
+        self._committed.append((job.step, self.root / layout.iteration_name(job.step)))
 
     def _commit(self, job: _Job) -> None:
         """Rank 0: make the temporary directory the complete `iteration_N` and track it."""
         with_optimizer = job.optimizer is not None
         names = layout.expected_files(self.config.prefix, self.world_size, with_optimizer)
-        missing = [name for name in names if not (job.tmp_dir / name).is_file()]
+        files = _recorded_files(job.tmp_dir, self.config.prefix, self.world_size)
+        missing = [name for name in names if name not in files]
         if missing:
             raise CheckpointError(f"{job.tmp_dir}: rank files missing, not committed: "
                                   + ", ".join(missing))
-        files = {name: (job.tmp_dir / name).stat().st_size for name in names}
         write_json(job.tmp_dir / layout.COMMON, {
             **job.common, "format": layout.FORMAT, "version": layout.FORMAT_VERSION,
             "world_size": self.world_size, "prefix": self.config.prefix,
@@ -248,6 +293,25 @@ class CheckpointManager:
         keep_others = self.config.save_max - 1
         for path in others[:max(len(others) - keep_others, 0)]:
             remove_tree(path, layout.DEL_MARK)
+
+
+def _recorded_files(directory: Path, prefix: str, world_size: int) -> dict[str, Any]:
+    """Every rank's files as its `sums` file records them ({"bytes", "sha256"}), each checked
+    to be there at that size, plus the `sums` files themselves; `CheckpointError` otherwise."""
+    files: dict[str, Any] = {}
+    for rank in range(world_size):
+        sums = directory / layout.rank_file(prefix, "sums", rank, world_size)
+        if not sums.is_file():
+            raise CheckpointError(f"{sums}: missing (rank {rank} did not finish), not "
+                                  "committed")
+        for name, entry in json.loads(sums.read_text(encoding="utf-8")).items():
+            path = directory / name
+            if not path.is_file() or path.stat().st_size != entry["bytes"]:
+                raise CheckpointError(f"{path}: missing or not {entry['bytes']} bytes as rank "
+                                      f"{rank} wrote it, not committed")
+            files[name] = entry
+        files[sums.name] = {"bytes": sums.stat().st_size, "sha256": file_digest(sums)}
+    return files
 
 
 def _check_config(config: CheckpointConfig, source: Source | None) -> None:

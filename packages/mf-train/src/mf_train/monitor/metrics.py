@@ -4,13 +4,15 @@ A step line holds `step`, `total_steps`, `loss`, `lr`, `grad_norm`, `step_time` 
 `tokens`, `tokens_per_s`, `consumed_samples`, `skipped`, `time` (Unix seconds) and the
 record's `extra` values (the monitors' `local_loss/micro1`, `moe/layer3/expert0`, ...) as
 top-level keys. Other lines are events and carry an `event` key:
-* `{"event": "start", "step": 0, ...}` opens a new run (the file is truncated);
-* `{"event": "resume", "step": N, ...}` marks a run resumed after N steps: the file is opened
-  in append mode, so the steps after the resumed checkpoint that the earlier run had already
-  logged stay above the marker; for each step, the last line written is the one that counts;
+* `{"event": "start", "step": 0, ...}` opens a new run;
+* `{"event": "resume", "step": N, ...}` marks a run resumed after N steps: the steps after the
+  resumed checkpoint that the earlier run had already logged stay above the marker; for each
+  step, the last line written is the one that counts;
 * `{"event": "save", "step": N, "path": ...}` follows each checkpoint.
 
-Each line is flushed as it is written (line-buffered file), so a crash loses no finished step.
+The file is only ever appended to, never truncated: a run owns its output directory
+(`mf_train.run_directory`), and a resumed run continues its predecessor's file. Each line is
+flushed as it is written (line-buffered file), so a crash loses no finished step.
 Non-finite numbers are written as `null` (strict JSON; `skipped` says why a step has no loss).
 """
 
@@ -40,7 +42,7 @@ class MetricsWriter(Callback):
         path = Path(self.path) if self.path is not None else ctx.output_dir / FILE_NAME
         path.parent.mkdir(parents=True, exist_ok=True)
         self.path = path
-        self._file = path.open("a" if ctx.resumed else "w", encoding="utf-8", buffering=1)
+        self._file = path.open("a", encoding="utf-8", buffering=1)
         self._write({"event": "resume" if ctx.resumed else "start", "step": ctx.start_step,
                      "total_steps": ctx.total_steps, "world_size": ctx.world_size})
 

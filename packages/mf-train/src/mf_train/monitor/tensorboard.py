@@ -34,6 +34,12 @@ DEFAULT_DIR = "tensorboard"
 _NOT_IN_TAG = re.compile(r"[^A-Za-z0-9_./\-]")
 
 
+def event_dir(config: TensorboardConfig, output_dir: Path) -> Path:
+    """Where the event files go: `monitor.tensorboard.output_dir`, else `<output_dir>/
+    tensorboard`."""
+    return Path(config.output_dir) if config.output_dir else Path(output_dir) / DEFAULT_DIR
+
+
 class TensorboardWriter(Callback):
     """Scalars of each logged step in TensorBoard event files (rank 0 only)."""
 
@@ -48,8 +54,7 @@ class TensorboardWriter(Callback):
             return
         from tensorboardX.event_file_writer import EventsWriter
 
-        configured = self.config.output_dir
-        self.log_dir = Path(configured) if configured else ctx.output_dir / DEFAULT_DIR
+        self.log_dir = event_dir(self.config, ctx.output_dir)
         self.log_dir.mkdir(parents=True, exist_ok=True)
         # Event files are named by the second and the host: the counter keeps a run that
         # resumes within the same second from overwriting the earlier run's file.

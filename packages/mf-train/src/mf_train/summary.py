@@ -1,0 +1,59 @@
+"""The lines a run ends with: what it did, and where its checkpoints, metrics and logs are.
+
+Read from the files the run wrote (metrics.jsonl, the checkpoint directory), so the launcher
+of a multi-rank job prints the same summary as a single process, after the ranks are gone.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from .checkpoint import layout
+from .monitor.metrics import FILE_NAME as METRICS
+
+
+def summary_lines(output_dir: Path, checkpoints: Path, tensorboard: Path,
+                  seconds: float) -> list[str]:
+    """`finished: ...` (or `nothing to do: ...`), then `checkpoints: ...`, then where the
+    metrics, TensorBoard events and logs are."""
+    steps, total, loss = _this_run(output_dir / METRICS)
+    if steps:
+        head = (f"finished steps {steps[0]}-{steps[-1]} of {total} ({len(steps)} in this run) "
+                f"in {_duration(seconds)}; final loss {_loss(loss)}")
+    else:
+        head = (f"nothing to do: the run in {output_dir} had already finished its {total} steps"
+                if total else f"no step was run ({_duration(seconds)})")
+    complete = layout.complete_iterations(checkpoints)
+    newest = f" (newest: {complete[-1][1].name})" if complete else " (none saved)"
+    return [head, f"checkpoints: {checkpoints}{newest}",
+            f"metrics: {output_dir / METRICS}; TensorBoard: {tensorboard}; logs: "
+            f"{output_dir / 'logs'}"]
+
+
+def _this_run(metrics: Path) -> tuple[list[int], int | None, float | None]:
+    """Steps logged since the last start or resume event, the run's total, the last loss."""
+    if not metrics.is_file():
+        return [], None, None
+    steps: list[int] = []
+    total, loss = None, None
+    for line in metrics.read_text(encoding="utf-8").splitlines():
+        try:
+            entry = json.loads(line)
+        except ValueError:
+            continue
+        if entry.get("event") in ("start", "resume"):
+            steps, total = [], entry.get("total_steps")
+        elif "event" not in entry:
+            steps.append(entry["step"])
+            loss = entry.get("loss")
+    return steps, total, loss
+
+
+def _duration(seconds: float) -> str:
+    minutes, rest = divmod(round(seconds), 60)
+    return f"{minutes}m{rest:02d}s" if minutes else f"{seconds:.1f}s"
+
+
+def _loss(value: float | None) -> str:
+    return "n/a (skipped)" if value is None else f"{value:.6f}"

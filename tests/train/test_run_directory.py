@@ -1,0 +1,152 @@
+"""A run owns its output directory: one run at a time, an earlier run resumed or refused but
+never overwritten, metrics appended, every fault one clear line; and a run ends with a
+summary."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("mindspore")
+
+from mf_config import CheckpointConfig
+from mf_train.cli import run
+from mf_train.run_directory import RunDirectoryError, claim
+
+ROOT = Path(__file__).resolve().parents[2]
+EXAMPLE = ROOT / "examples" / "qwen3_tiny.yaml"
+HOLD = """
+import sys, time
+from mf_config import CheckpointConfig
+from mf_train.run_directory import claim
+held = claim(sys.argv[1], CheckpointConfig())  # kept: the lock lives with it
+print("claimed", flush=True)
+time.sleep(600)
+"""
+
+
+def small(prefix: str, output: Path, steps: int, *more: str) -> list[str]:
+    sets = [f"train_dataset.dataloader.config.data_path=['1','{prefix}']",
+            f"training.steps={steps}", "model.hidden_size=32", "model.intermediate_size=64",
+            "model.head_dim=8", "train_dataset.dataloader.config.seq_length=32",
+            "model.max_position_embeddings=32", "recompute.mode=None",
+            "recompute.select_module=null", "lr_scheduler.warmup_steps=1",
+            "checkpoint.save_interleaved_steps=2", *more]
+    return ["--config", str(EXAMPLE), "--output-dir", str(output),
+            *[arg for value in sets for arg in ("--set", value)]]
+
+
+def lines(output: Path) -> list[dict]:
+    return [json.loads(line) for line in (output / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_a_second_run_into_a_directory_in_use_fails_at_once(tmp_path: Path, capsys) -> None:
+    holder = subprocess.Popen([sys.executable, "-c", HOLD, str(tmp_path)],
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "claimed"
+        with pytest.raises(RunDirectoryError) as busy:
+            claim(tmp_path, CheckpointConfig())
+        assert str(busy.value).startswith(f"{tmp_path} is in use by another run (PID "
+                                          f"{holder.pid} on ")
+        assert str(busy.value).endswith("; wait for it to finish, or choose another "
+                                        "--output-dir")
+        assert run(["--config", str(EXAMPLE), "--output-dir", str(tmp_path)]) == 2
+        assert f"mf-train: {tmp_path} is in use by another run (PID {holder.pid}" in \
+            capsys.readouterr().err
+    finally:
+        holder.send_signal(signal.SIGKILL)
+        holder.wait(timeout=30)
+    claim(tmp_path, CheckpointConfig()).release()  # kill -9 left the lock to the system
+
+
+def test_an_earlier_run_without_checkpoints_is_not_overwritten(tmp_path: Path) -> None:
+    (tmp_path / "metrics.jsonl").write_text('{"event": "start", "step": 0}\n'
+                                            '{"step": 1, "loss": 5.0}\n{"step": 2, "loss": 4.0}\n')
+    with pytest.raises(RunDirectoryError) as refused:
+        claim(tmp_path, CheckpointConfig())
+    assert str(refused.value) == (
+        f"{tmp_path} holds an earlier run (metrics.jsonl logs 2 steps) but no checkpoint to "
+        f"resume from in {tmp_path / 'checkpoint'}; choose another --output-dir, or remove "
+        f"{tmp_path}")
+    assert (tmp_path / "metrics.jsonl").read_text().count("\n") == 3
+
+
+def test_an_unusable_output_directory_is_one_line(tmp_path: Path, capsys) -> None:
+    (tmp_path / "file").write_text("not a directory")
+    assert run(["--config", str(EXAMPLE), "--output-dir", str(tmp_path / "file" / "out")]) == 2
+    err = capsys.readouterr().err
+    assert err.strip().splitlines()[-1] == (
+        f"mf-train: cannot use {tmp_path / 'file' / 'out'} as the output directory: Not a "
+        "directory; choose a writable --output-dir")
+    assert "Traceback" not in err
+
+
+def test_runs_one_after_the_other_resume_and_append(data_prefix, tmp_path: Path,
+                                                    capsys) -> None:
+    """The same command twice with more steps: the second resumes from the first's last
+    checkpoint, metrics.jsonl keeps every line, the tracker only moves forward; loading
+    another checkpoint into a directory holding this run's is refused."""
+    out = tmp_path / "out"
+    assert run(small(data_prefix, out, 3)) == 0
+    first = capsys.readouterr().err.splitlines()
+    assert first[-3].startswith("mf-train: finished steps 1-3 of 3 (3 in this run) in ")
+    assert first[-2] == f"mf-train: checkpoints: {out / 'checkpoint'} (newest: iteration_00000003)"
+    assert first[-1] == (f"mf-train: metrics: {out / 'metrics.jsonl'}; TensorBoard: "
+                         f"{out / 'tensorboard'}; logs: {out / 'logs'}")
+    assert run(small(data_prefix, out, 4)) == 0
+    second = capsys.readouterr().err
+    assert (f"mf-train: {out} holds an earlier run: resuming from its checkpoint "
+            f"{out / 'checkpoint' / 'iteration_00000003'}") in second
+    assert "finished steps 4-4 of 4 (1 in this run)" in second
+    events = [(line.get("event", "step"), line["step"]) for line in lines(out)]
+    assert events == [("start", 0), ("step", 1), ("step", 2), ("save", 2), ("step", 3),
+                      ("save", 3), ("resume", 3), ("step", 4), ("save", 4)]
+    assert (out / "checkpoint" / "latest_checkpointed_iteration.txt").read_text() == "4"
+    assert run(small(data_prefix, out, 4)) == 0
+    assert "nothing to do: the run in" in capsys.readouterr().err
+    elsewhere = small(data_prefix, out, 6, f"checkpoint.load_path={tmp_path / 'other'}")
+    (tmp_path / "other").mkdir()
+    assert run(elsewhere) == 2
+    assert (f"{out / 'checkpoint'} holds checkpoints of an earlier run (newest: "
+            "iteration_00000004), and this run loads") in capsys.readouterr().err
+
+
+FAILING_SAVE = """
+import sys
+import mf_train.checkpoint.writer as writer
+from mf_train.cli import run
+
+real = writer.write_safetensors
+
+def write(path, tensors, metadata=None):  # the disk fills up during step 4's save
+    if "iteration_00000004" in str(path):
+        raise OSError(28, "No space left on device")
+    real(path, tensors, metadata)
+
+writer.write_safetensors = write
+sys.exit(run(sys.argv[1:]))
+"""
+
+
+def test_a_failed_async_save_stops_the_run_at_the_next_step(data_prefix, tmp_path) -> None:
+    out = tmp_path / "out"
+    args = small(data_prefix, out, 8, "checkpoint.async_save=true")
+    result = subprocess.run([sys.executable, "-c", FAILING_SAVE, *args], capture_output=True,
+                            text=True, timeout=600)
+    assert result.returncode == 1
+    assert result.stderr.strip().splitlines()[-1] == (
+        f"mf-train: the asynchronous save of checkpoint step 4 to {out / 'checkpoint'} failed: "
+        "[Errno 28] No space left on device; the newest complete checkpoint is "
+        f"{out / 'checkpoint' / 'iteration_00000002'}")
+    assert "Traceback" not in result.stderr
+    saves = [line["step"] for line in lines(out) if line.get("event") == "save"]
+    steps = [line["step"] for line in lines(out) if "event" not in line]
+    assert saves == [2]  # no event for the save that did not complete
+    # reported as soon as the step that started it, or the next one, is over
+    assert steps in ([1, 2, 3, 4], [1, 2, 3, 4, 5])
