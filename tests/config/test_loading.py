@@ -6,9 +6,17 @@ import time
 
 import pytest
 from conftest import spec_yaml_blocks
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from mf_config import ConfigError, load_config
-from mf_config.yaml_source import MAX_MAPPING_DEPTH, UnreadableFile, dump_text, load_text
+from mf_config.yaml_source import (
+    MAX_MAPPING_DEPTH,
+    MAX_NESTING_DEPTH,
+    UnreadableFile,
+    dump_text,
+    load_text,
+)
 
 SKELETON = spec_yaml_blocks()[0]
 
@@ -147,6 +155,69 @@ def test_lists_do_not_count_toward_depth() -> None:
     for _ in range(12):
         value = value[0]
     assert value == 1
+
+
+TOO_DEEP = (f"nesting deeper than {MAX_NESTING_DEPTH} levels (lists and mappings); a "
+            "configuration needs a handful")
+
+
+def nested_text(kinds: str, block: bool) -> str:
+    """`x:` holding one collection per letter of `kinds` (l: list, m: mapping), innermost 1.
+
+    In block style, the collection at nesting level N (the top-level mapping is level 1)
+    starts on line N; in flow style everything is on line 1.
+    """
+    if not block:
+        opening = "".join("[" if kind == "l" else "{k: " for kind in kinds)
+        return f"x: {opening}1{''.join(']' if kind == 'l' else '}' for kind in reversed(kinds))}\n"
+    entries = ["  " * level + ("-" if kind == "l" else "k:") for level, kind in
+               enumerate(kinds, 1)]
+    return "\n".join(["x:", *entries[:-1], entries[-1] + " 1"]) + "\n"
+
+
+@st.composite
+def container_kinds(draw: st.DrawFn) -> str:
+    """Lists and mappings nested around the limit, with no more mappings than allowed."""
+    depth = draw(st.integers(MAX_NESTING_DEPTH - 4, MAX_NESTING_DEPTH + 4)) - 1  # - the top
+    mappings = draw(st.sets(st.integers(0, depth - 1), max_size=MAX_MAPPING_DEPTH - 1))
+    return "".join("m" if level in mappings else "l" for level in range(depth))
+
+
+@settings(max_examples=60, deadline=None)
+@given(kinds=container_kinds(), block=st.booleans())
+def test_lists_and_mappings_nest_at_most_max_nesting_depth_together(kinds: str,
+                                                                    block: bool) -> None:
+    text = nested_text(kinds, block)
+    if 1 + len(kinds) <= MAX_NESTING_DEPTH:
+        value = load_text(text, "t.yaml").data["x"]
+        for kind in kinds:
+            value = value[0] if kind == "l" else value["k"]
+        assert value == 1
+        return
+    with pytest.raises(ConfigError) as exc:
+        load_text(text, "t.yaml")
+    line = MAX_NESTING_DEPTH + 1 if block else 1
+    assert str(only_issue(exc)) == f"t.yaml:{line}: {TOO_DEEP}"
+
+
+@pytest.mark.parametrize("depth", [500, 999, 5000])
+@pytest.mark.parametrize(("block", "line"), [(False, 1), (True, MAX_NESTING_DEPTH + 1)])
+def test_very_deep_lists_are_one_clear_error(depth: int, block: bool, line: int) -> None:
+    # libyaml refuses 1000 levels itself; that is reported with the same message, at the
+    # line where it stopped.
+    if block and depth >= 999:
+        line = 1000
+    with pytest.raises(ConfigError) as exc:
+        load_text(nested_text("l" * depth, block), "t.yaml")
+    assert str(only_issue(exc)) == f"t.yaml:{line}: {TOO_DEEP}"
+
+
+def test_merge_chains_count_as_nesting() -> None:
+    lines = ["a0: &a0 {v: 1}"] + [f"a{i}: &a{i} {{<<: *a{i - 1}}}" for i in range(1, 150)]
+    with pytest.raises(ConfigError) as exc:
+        load_text("\n".join(lines) + "\n", "t.yaml")
+    assert only_issue(exc).message == TOO_DEEP
+    assert load_text("\n".join(lines[:MAX_NESTING_DEPTH - 1]) + "\n").data["a98"] == {"v": 1}
 
 
 @pytest.mark.parametrize(("text", "value"), [

@@ -107,3 +107,25 @@ def test_override_values_obey_the_nesting_limit(skeleton_file) -> None:
     (issue,) = exc.value.errors
     assert "nested deeper than 10" in issue.message
     load_config(skeleton_file, ["model" + ".a" * 8 + "={b: 1}"])
+
+
+@pytest.mark.parametrize("length", [11, 600])
+def test_override_key_paths_obey_the_mapping_limit(skeleton_file, length) -> None:
+    load_config(skeleton_file, ["model" + ".a" * 9 + "=1"])  # the top level + 9 mappings
+    override = "model" + ".a" * (length - 1) + "=1"
+    with pytest.raises(ConfigError) as exc:
+        load_config(skeleton_file, [override])
+    shown = override if len(override) <= 100 else f"{override[:97]}... ({len(override)} characters)"
+    assert str(exc.value.errors[0]) == (f"{skeleton_file}: bad override {shown!r}: the key path "
+                                        "nests mappings deeper than 10 levels")
+    assert len(exc.value.errors) == 1
+
+
+def test_override_values_obey_the_nesting_limit_of_lists_and_mappings(skeleton_file) -> None:
+    # model.x sits in 2 collections (the top level, model): 98 more make 100.
+    load_config(skeleton_file, ["model.x=" + "[" * 98 + "]" * 98])
+    with pytest.raises(ConfigError) as exc:
+        load_config(skeleton_file, ["model.x=" + "[" * 99 + "]" * 99])
+    (issue,) = exc.value.errors
+    assert issue.message.endswith("': nesting deeper than 100 levels (lists and mappings); a "
+                                  "configuration needs a handful")

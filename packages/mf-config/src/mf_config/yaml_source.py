@@ -7,8 +7,18 @@ YAML node tree with a safe loader and builds the data itself, so that it can:
 
 - reject a key repeated in one mapping (and say where the first one was),
 - read `1e-5` as a float (and keep dates as strings),
-- bound alias expansion and mapping depth,
+- bound alias expansion and nesting depth,
 - record the line of every mapping entry and list item, for error messages.
+
+Nesting has two limits. Mappings nest at most `MAX_MAPPING_DEPTH` (10) deep, the anchor's rule,
+which counts mappings only. Lists and mappings together nest at most `MAX_NESTING_DEPTH` (100)
+deep: a real configuration needs five, and the bound keeps every recursive walk of the data
+(this builder at two frames a level, the YAML dumper of `mf-config show` at about three) far
+below Python's recursion limit of 1000 frames, where a list nested 500 deep used to end in a
+RecursionError. The composer may stop a document before the builder sees it: libyaml refuses
+1000 levels, and PyYAML's pure-Python composer (used when libyaml is missing) runs out of
+frames near 490 levels; both are reported with the same message as the builder's limit (the
+line is then where the composer stopped).
 """
 
 from __future__ import annotations
@@ -24,6 +34,8 @@ from .errors import ConfigError, ConfigIssue, Path, format_path
 
 MAX_MAPPING_DEPTH = 10
 """Mappings nested deeper than this are rejected (the anchor's limit; only mappings count)."""
+MAX_NESTING_DEPTH = 100
+"""Lists and mappings nested deeper than this, counted together, are rejected (see above)."""
 MAX_VALUES = 100_000
 """Upper bound on values built from one document, which stops alias bombs early."""
 
@@ -44,6 +56,8 @@ _FLOAT_PATTERN = re.compile(
 )
 
 _BaseLoader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+_TOO_DEEP = (f"nesting deeper than {MAX_NESTING_DEPTH} levels (lists and mappings); a "
+             "configuration needs a handful")
 
 
 class UnreadableFile(ConfigError):
@@ -118,16 +132,7 @@ def load_file(path: str | FilePath) -> Source:
 def load_text(text: str, file: str | None = None) -> Source:
     """Parse configuration YAML from a string (`file` only names it in messages)."""
     loader = _ConfigLoader(text)
-    try:
-        root = loader.get_single_node()
-    except yaml.MarkedYAMLError as exc:
-        mark = exc.problem_mark or exc.context_mark
-        line = mark.line + 1 if mark is not None else None
-        column = f" (column {mark.column + 1})" if mark is not None else ""
-        problem = " ".join(p for p in (exc.context, exc.problem) if p)
-        raise _fatal(file, line, f"YAML syntax error: {problem}{column}") from None
-    except yaml.YAMLError as exc:
-        raise _fatal(file, None, f"YAML syntax error: {exc}") from None
+    root = _compose(loader, file)
     if root is None:
         raise _fatal(file, None, "the file is empty; a configuration needs at least the "
                      "model, train_dataset and training sections")
@@ -142,6 +147,29 @@ def load_text(text: str, file: str | None = None) -> Source:
         raise _fatal(file, root.start_mark.line + 1,
                      f"the top level must be a mapping of sections, got {_kind(data)}")
     return Source(data, file, builder.lines)
+
+
+def _compose(loader: Any, file: str | None) -> yaml.Node | None:
+    """The document's node tree; YAML errors, and nesting too deep to compose, as `ConfigError`.
+
+    libyaml stops at 1000 levels with its own error, PyYAML's Python composer recurses until
+    Python's limit: both become the nesting message of `MAX_NESTING_DEPTH`.
+    """
+    try:
+        return loader.get_single_node()
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark or exc.context_mark
+        line = mark.line + 1 if mark is not None else None
+        if "maximum nesting depth" in (exc.problem or ""):
+            raise _fatal(file, line, _TOO_DEEP) from None
+        column = f" (column {mark.column + 1})" if mark is not None else ""
+        problem = " ".join(p for p in (exc.context, exc.problem) if p)
+        raise _fatal(file, line, f"YAML syntax error: {problem}{column}") from None
+    except yaml.YAMLError as exc:
+        raise _fatal(file, None, f"YAML syntax error: {exc}") from None
+    except RecursionError:
+        line = getattr(loader, "line", None)  # where the pure-Python reader had got to
+        raise _fatal(file, None if line is None else line + 1, _TOO_DEEP) from None
 
 
 def _decode(raw: bytes, name: str) -> str:
@@ -177,8 +205,13 @@ def dump_text(data: Any) -> str:
     return yaml.dump(data, Dumper=_ConfigDumper, sort_keys=False, default_flow_style=False)
 
 
-class _TooLarge(Exception):
-    pass
+class _Abandon(Exception):
+    """Stops the build: the document nests or expands too far to be a configuration."""
+
+    def __init__(self, node: yaml.Node, message: str):
+        super().__init__(message)
+        self.line = node.start_mark.line + 1
+        self.message = message
 
 
 class _Builder:
@@ -191,28 +224,34 @@ class _Builder:
         self.problems: list[ConfigIssue] = []
         self.count = 0
         self.open_nodes: set[int] = set()
-        """Collections being built, to catch an alias to an enclosing collection."""
+        """Collections being built, to catch an alias to an enclosing collection; with
+        `outer`, their number is the nesting level that `MAX_NESTING_DEPTH` bounds."""
+        self.outer = 0
+        """Collections around the document (those of an override's key path)."""
 
-    def build(self, node: yaml.Node, path: Path, depth: int) -> Any:
+    def build(self, node: yaml.Node, path: Path, depth: int, level: int = 0) -> Any:
+        """`node` as plain data; `depth` mappings and `level` collections enclose it."""
+        self.outer = level
         try:
             return self._value(node, path, depth)
-        except _TooLarge:
-            self.problems.append(ConfigIssue(
-                "", f"the document expands to more than {MAX_VALUES} values through YAML "
-                "aliases (an alias bomb?); write the values out or use fewer aliases",
-                node.start_mark.line + 1, None, self.file))
+        except _Abandon as stop:
+            self.problems.append(ConfigIssue("", stop.message, stop.line, None, self.file))
             return None
 
     def _value(self, node: yaml.Node, path: Path, depth: int) -> Any:
         self.count += 1
         if self.count > MAX_VALUES:
-            raise _TooLarge
+            raise _Abandon(node, f"the document expands to more than {MAX_VALUES} values "
+                           "through YAML aliases (an alias bomb?); write the values out or "
+                           "use fewer aliases")
         if isinstance(node, yaml.ScalarNode):
             return self._scalar(node)
         if id(node) in self.open_nodes:
             self._problem(node, "an alias refers to a value that contains it (a recursive "
                           "alias); write the value out instead")
             return None
+        if len(self.open_nodes) + self.outer >= MAX_NESTING_DEPTH:
+            raise _Abandon(node, _TOO_DEEP)
         self.open_nodes.add(id(node))
         try:
             if isinstance(node, yaml.MappingNode):
@@ -291,21 +330,29 @@ class _Builder:
         self.problems.append(ConfigIssue("", message, node.start_mark.line + 1, None, self.file))
 
 
-def load_value(text: str, depth: int = 0) -> Any:
+def load_value(text: str, depth: int = 0, level: int = 0) -> Any:
     """Parse one YAML value (as written after `=` in an override) with the same rules.
 
-    `depth` is the number of mappings the value will sit in, for the nesting limit.
+    `depth` is the number of mappings the value will sit in and `level` the number of lists and
+    mappings, for the nesting limits. A key path can only add mappings, so one already past the
+    mapping limit is refused here too.
     """
+    if depth > MAX_MAPPING_DEPTH:
+        raise ValueError(f"the key path nests mappings deeper than {MAX_MAPPING_DEPTH} levels")
     loader = _ConfigLoader(text)
     try:
         node = loader.get_single_node()
     except yaml.YAMLError as exc:
+        if "maximum nesting depth" in str(getattr(exc, "problem", "")):
+            raise ValueError(_TOO_DEEP) from None
         raise ValueError(f"not a YAML value: {exc}") from None
+    except RecursionError:
+        raise ValueError(_TOO_DEEP) from None
     if node is None:
         return None
     builder = _Builder(loader, None)
     try:
-        value = builder.build(node, (), depth)
+        value = builder.build(node, (), depth, level)
     finally:
         loader.dispose()
     if builder.problems:
