@@ -183,3 +183,17 @@ def test_deep_override_values_are_one_line_and_exit_1(good, depth) -> None:
     assert (result.returncode, result.stdout) == (1, "")
     assert result.stderr == (f"{good}: bad override '{override[:97]}... ({len(override)} "
                              f"characters)': {TOO_DEEP}\n")
+
+
+@pytest.mark.slow  # about 40 s and 1.4 GB: libyaml composes 2 million nodes
+def test_a_20_mb_file_without_aliases_is_valid(tmp_path) -> None:
+    head, tail = SKELETON.split("\nmodel:\n", 1)
+    rows = [f"    key_{i:07d}: [{i}, {i + 1}, {i + 2}, value_{i}, {i * 0.5}]\n"
+            for i in range(313_100)]
+    path = tmp_path / "big.yaml"
+    path.write_text(f"{head}\nmodel:\n  big_table:\n{''.join(rows)}{tail}", encoding="utf-8")
+    assert path.stat().st_size > 20_000_000
+    result = subprocess.run([str(SCRIPT), "validate", str(path)], capture_output=True,
+                            text=True, timeout=600)
+    assert (result.returncode, result.stdout) == (0, f"{path}: OK\n")
+    assert "error" not in result.stderr and "Traceback" not in result.stderr

@@ -13,6 +13,7 @@ from mf_config import ConfigError, load_config
 from mf_config.yaml_source import (
     MAX_MAPPING_DEPTH,
     MAX_NESTING_DEPTH,
+    MAX_VALUES,
     UnreadableFile,
     dump_text,
     load_text,
@@ -115,6 +116,10 @@ def test_every_duplicate_is_reported() -> None:
     assert [issue.line for issue in exc.value.errors] == [2, 3]
 
 
+ALIAS_BOMB = (f"YAML aliases add more than {MAX_VALUES} values to the document (an alias "
+              "bomb?); write the values out or use fewer aliases")
+
+
 def test_alias_bomb_fails_fast() -> None:
     lines = ["a0: &a0 [x, x, x, x, x, x, x, x, x, x]"]
     for level in range(1, 10):
@@ -124,7 +129,38 @@ def test_alias_bomb_fails_fast() -> None:
     with pytest.raises(ConfigError) as exc:
         load_text("\n".join(lines) + "\n", "bomb.yaml")
     assert time.perf_counter() - start < 10  # 10**10 values if expanded; fails long before
-    assert "alias bomb" in only_issue(exc).message
+    # Copies add 100 (a1), 1,100 (a2), 11,100 (a3) values: a4's pass the limit.
+    assert str(only_issue(exc)) == f"bomb.yaml:5: {ALIAS_BOMB}"
+
+
+@pytest.mark.parametrize(("items", "copies"), [(1000, 100), (1000, 101), (7, 14285),
+                                               (7, 14286), (100_000, 1), (100_001, 1)])
+def test_only_values_that_aliases_add_count(items: int, copies: int) -> None:
+    lines = [f"a: &a [{', '.join(['1'] * items)}]", "b:", *["  - *a"] * copies]
+    if items * copies <= MAX_VALUES:
+        assert load_text("\n".join(lines) + "\n").data["b"] == [[1] * items] * copies
+        return
+    with pytest.raises(ConfigError) as exc:
+        load_text("\n".join(lines) + "\n", "t.yaml")
+    assert str(only_issue(exc)) == f"t.yaml:2: {ALIAS_BOMB}"  # b:, which uses the aliases
+
+
+def test_merges_count_as_aliases() -> None:
+    entries = ", ".join(f"k{i}: {i}" for i in range(1000))
+    lines = [f"d: &d {{{entries}}}"] + [f"m{i}: {{<<: *d}}" for i in range(101)]
+    with pytest.raises(ConfigError) as exc:
+        load_text("\n".join(lines) + "\n", "t.yaml")
+    assert str(only_issue(exc)) == f"t.yaml:102: {ALIAS_BOMB}"  # m100's merge: 101,000 values
+    assert len(load_text("\n".join(lines[:101]) + "\n").data) == 101
+
+
+def test_a_large_file_without_aliases_loads() -> None:
+    # Five times as many values as aliases may add; none of them is added by an alias.
+    rows = MAX_VALUES // 5
+    text = "model:\n" + "".join(f"  key_{i}: [{i}, {i + 1}, v{i}, {i / 2}]\n" for i in range(rows))
+    model = load_text(text, "big.yaml").data["model"]
+    assert len(model) == rows and model[f"key_{rows - 1}"] == [rows - 1, rows, f"v{rows - 1}",
+                                                               (rows - 1) / 2]
 
 
 def test_modest_aliases_are_fine() -> None:
@@ -216,7 +252,8 @@ def test_merge_chains_count_as_nesting() -> None:
     lines = ["a0: &a0 {v: 1}"] + [f"a{i}: &a{i} {{<<: *a{i - 1}}}" for i in range(1, 150)]
     with pytest.raises(ConfigError) as exc:
         load_text("\n".join(lines) + "\n", "t.yaml")
-    assert only_issue(exc).message == TOO_DEEP
+    # a99 (line 100) merges a98, which merges a97, ...: a0 is the 101st level.
+    assert str(only_issue(exc)) == f"t.yaml:{MAX_NESTING_DEPTH}: {TOO_DEEP}"
     assert load_text("\n".join(lines[:MAX_NESTING_DEPTH - 1]) + "\n").data["a98"] == {"v": 1}
 
 
