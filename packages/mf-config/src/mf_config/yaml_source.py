@@ -109,13 +109,30 @@ class Source:
         return ConfigIssue(format_path(path), message, line, origin, self.file, severity)
 
     def _locate(self, path: Path) -> tuple[int | None, str | None]:
+        """(line, override) of `path` or of the nearest enclosing value that has a source.
+
+        A key that the file does not have but an override wrote below was made by that
+        override (`--set bogus.key=1` makes `bogus`): the override is named, not the line of
+        the mapping around it.
+        """
         for end in range(len(path), -1, -1):
             prefix = tuple(path[:end])
             if prefix in self.origins:
                 return None, self.origins[prefix]
             if prefix in self.lines:
                 return self.lines[prefix], None
+            maker = self._override_below(prefix)
+            if maker is not None:
+                return None, maker
         return None, None
+
+    def _override_below(self, prefix: Path) -> str | None:
+        """The first override that wrote inside `prefix`, when the data came from a file (else
+        there are no lines to tell what the file had)."""
+        if not self.lines:
+            return None
+        return next((origin for written, origin in self.origins.items()
+                     if written[: len(prefix)] == prefix), None)
 
 
 def load_file(path: str | FilePath) -> Source:
