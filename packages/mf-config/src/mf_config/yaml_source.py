@@ -40,7 +40,9 @@ MAX_VALUES = 100_000
 """Upper bound on the values that aliases add to one document, which stops an alias bomb (the
 "billion laughs") early. Each use of an alias (or `<<` merge) of a list or mapping after the
 first copies it, and the values of the copies count; values written out do not, so a large
-file without aliases loads, at about 1.5 s a megabyte (libyaml composing is most of it)."""
+file without aliases loads: 20 MB of plain keys and lists in about 40 s and 1.4 GB on a 2-core
+machine, where libyaml composing the node tree takes 28 s and `yaml.load` with CSafeLoader
+35 s (plain `yaml.safe_load`, without libyaml, 113 s)."""
 
 _FLOAT_TAG = "tag:yaml.org,2002:float"
 _TIMESTAMP_TAG = "tag:yaml.org,2002:timestamp"
