@@ -135,3 +135,65 @@ def test_show_of_an_invalid_file_exits_1(broken) -> None:
 def test_main_can_be_called_in_process(good, capsys) -> None:
     assert main(["validate", str(good)]) == 0
     assert capsys.readouterr().out == f"{good}: OK\n"
+
+
+TOO_DEEP = ("nesting deeper than 100 levels (lists and mappings); a configuration needs a "
+            "handful")
+WITHOUT_LIBYAML = ("import yaml; yaml.__dict__.pop('CSafeLoader', None); "
+                   "from mf_config.cli import run; run()")
+"""`mf-config` as it runs where PyYAML has no libyaml: its pure-Python composer recurses."""
+
+
+def deep_list(depth: int) -> str:
+    return "[" * depth + "1" + "]" * depth
+
+
+@pytest.mark.parametrize("libyaml", [True, False], ids=["libyaml", "pure-python"])
+@pytest.mark.parametrize("command", ["validate", "show"])
+@pytest.mark.parametrize("depth", [500, 999, 5000])
+def test_deep_nesting_is_one_line_and_exit_1(tmp_path, depth, command, libyaml) -> None:
+    path = tmp_path / "train.yaml"
+    path.write_text(SKELETON + f"deep: {deep_list(depth)}\n", encoding="utf-8")
+    line = len(SKELETON.splitlines()) + 1
+    if libyaml:
+        result = run(command, str(path))
+    else:
+        result = subprocess.run([sys.executable, "-c", WITHOUT_LIBYAML, command, str(path)],
+                                capture_output=True, text=True, timeout=60)
+    assert (result.returncode, result.stdout) == (1, "")
+    assert result.stderr == f"{path}:{line}: {TOO_DEEP}\n"
+
+
+def test_show_prints_values_nested_to_the_limit(good, capsys) -> None:
+    # The top level (1) > callbacks (2) > its item (3) > 97 lists (4 to 100).
+    overrides = ["callbacks=[{type: A}]", f"callbacks[0].deep={deep_list(97)}"]
+    assert main(["show", str(good), *[f"--set={o}" for o in overrides]]) == 0
+    shown = yaml.safe_load(capsys.readouterr().out)
+    assert shown["callbacks"][0]["deep"] == yaml.safe_load(deep_list(97))
+    too_deep = f"callbacks[0].deep={deep_list(98)}"
+    assert main(["validate", str(good), "--set", "callbacks=[{type: A}]", "--set", too_deep]) == 1
+    assert capsys.readouterr().err == (
+        f"{good}: bad override '{too_deep[:97]}... ({len(too_deep)} characters)': {TOO_DEEP}\n")
+
+
+@pytest.mark.parametrize("depth", [500, 999, 5000])
+def test_deep_override_values_are_one_line_and_exit_1(good, depth) -> None:
+    override = f"model.x={deep_list(depth)}"
+    result = run("validate", str(good), "--set", override)
+    assert (result.returncode, result.stdout) == (1, "")
+    assert result.stderr == (f"{good}: bad override '{override[:97]}... ({len(override)} "
+                             f"characters)': {TOO_DEEP}\n")
+
+
+@pytest.mark.slow  # about 40 s and 1.4 GB: libyaml composes 2 million nodes
+def test_a_20_mb_file_without_aliases_is_valid(tmp_path) -> None:
+    head, tail = SKELETON.split("\nmodel:\n", 1)
+    rows = [f"    key_{i:07d}: [{i}, {i + 1}, {i + 2}, value_{i}, {i * 0.5}]\n"
+            for i in range(313_100)]
+    path = tmp_path / "big.yaml"
+    path.write_text(f"{head}\nmodel:\n  big_table:\n{''.join(rows)}{tail}", encoding="utf-8")
+    assert path.stat().st_size > 20_000_000
+    result = subprocess.run([str(SCRIPT), "validate", str(path)], capture_output=True,
+                            text=True, timeout=600)
+    assert (result.returncode, result.stdout) == (0, f"{path}: OK\n")
+    assert "error" not in result.stderr and "Traceback" not in result.stderr

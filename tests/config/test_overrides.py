@@ -4,9 +4,14 @@ from __future__ import annotations
 
 import pytest
 from conftest import spec_yaml_blocks
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from mf_config import ConfigError, LayerSpec, load_config
-from mf_config.overrides import parse_key_path
+from mf_config.cli import main
+from mf_config.overrides import apply_overrides, parse_key_path
+from mf_config.validate import check_source
+from mf_config.yaml_source import load_text
 
 
 @pytest.fixture()
@@ -71,6 +76,47 @@ def test_override_errors_name_the_override(skeleton_file) -> None:
         issues["training.stepz"].message
 
 
+TOP_LEVEL_KEYS = ("context, checkpoint, training, parallelism, optimizer, lr_scheduler, "
+                  "train_dataset, model, monitor, profiler, recompute, recompute_comm, swap, "
+                  "callbacks")
+
+
+@pytest.mark.parametrize("override", ["bogus.key=1", "bogus=1", "bogus.a.b.c={d: 1}"])
+def test_an_unknown_top_level_key_names_its_override_not_line_1(skeleton_file, capsys,
+                                                                 override) -> None:
+    assert main(["validate", str(skeleton_file), "--set", override]) == 1
+    printed = capsys.readouterr().err.splitlines()
+    # Notes name the open sections no installed package declares (none is, in tests/config).
+    assert [line for line in printed if ": note: " not in line] == [
+        f"{skeleton_file} (--set {override}): bogus: Unknown configuration keys for "
+        f"TrainConfig: ['bogus']; allowed keys: {TOP_LEVEL_KEYS}"]
+
+
+CLOSED_SECTIONS = ("context", "checkpoint", "training", "parallelism", "train_dataset",
+                   "monitor", "monitor.train_state", "profiler", "recompute", "recompute_comm",
+                   "swap")
+"""Sections that reject unknown keys; context and recompute_comm are not in the skeleton."""
+
+
+@settings(max_examples=60, deadline=None)
+@given(section=st.sampled_from(CLOSED_SECTIONS),
+       key=st.from_regex(r"zz_[a-z]{1,8}", fullmatch=True),
+       below=st.lists(st.sampled_from(["a", "b"]), max_size=3))
+def test_unknown_keys_inside_closed_sections_name_their_override(section: str, key: str,
+                                                                 below: list[str]) -> None:
+    override = ".".join([section, key, *below]) + "=1"
+    source = load_text(spec_yaml_blocks()[0], "train.yaml")
+    apply_overrides(source, [override])
+    errors = [issue for issue in check_source(source)[1] if issue.severity == "error"]
+    assert len(errors) == 1, errors
+    (issue,) = errors
+    assert (issue.path, issue.line, issue.origin) == (f"{section}.{key}", None,
+                                                      f"--set {override}")
+    assert str(issue).startswith(f"train.yaml (--set {override}): {section}.{key}: Unknown "
+                                 "configuration keys for ")
+    assert f"Config: ['{key}']; allowed keys: " in issue.message
+
+
 def test_file_errors_keep_their_lines_next_to_overrides(skeleton_file) -> None:
     with pytest.raises(ConfigError) as exc:
         load_config(skeleton_file, ["profiler.start_step=5", "profiler.end_step=3"])
@@ -107,3 +153,25 @@ def test_override_values_obey_the_nesting_limit(skeleton_file) -> None:
     (issue,) = exc.value.errors
     assert "nested deeper than 10" in issue.message
     load_config(skeleton_file, ["model" + ".a" * 8 + "={b: 1}"])
+
+
+@pytest.mark.parametrize("length", [11, 600])
+def test_override_key_paths_obey_the_mapping_limit(skeleton_file, length) -> None:
+    load_config(skeleton_file, ["model" + ".a" * 9 + "=1"])  # the top level + 9 mappings
+    override = "model" + ".a" * (length - 1) + "=1"
+    with pytest.raises(ConfigError) as exc:
+        load_config(skeleton_file, [override])
+    shown = override if len(override) <= 100 else f"{override[:97]}... ({len(override)} characters)"
+    assert str(exc.value.errors[0]) == (f"{skeleton_file}: bad override {shown!r}: the key path "
+                                        "nests mappings deeper than 10 levels")
+    assert len(exc.value.errors) == 1
+
+
+def test_override_values_obey_the_nesting_limit_of_lists_and_mappings(skeleton_file) -> None:
+    # model.x sits in 2 collections (the top level, model): 98 more make 100.
+    load_config(skeleton_file, ["model.x=" + "[" * 98 + "]" * 98])
+    with pytest.raises(ConfigError) as exc:
+        load_config(skeleton_file, ["model.x=" + "[" * 99 + "]" * 99])
+    (issue,) = exc.value.errors
+    assert issue.message.endswith("': nesting deeper than 100 levels (lists and mappings); a "
+                                  "configuration needs a handful")

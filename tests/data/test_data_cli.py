@@ -85,6 +85,23 @@ def test_data_errors_exit_1_with_a_message_and_no_traceback(tmp_path: Path) -> N
     assert sorted(p.name for p in tmp_path.iterdir()) == ["bad.jsonl"]
 
 
+@pytest.mark.parametrize(("content", "problem"), [
+    ("", "no documents (the file is empty); give one JSON object per line, its text under "
+         "'text'"),
+    ('{"text": ""}\n{"text": ""}\n', "no tokens: 'text' is empty or tokenizes to nothing in "
+                                     "all 2 documents; a dataset needs at least one token (is "
+                                     "'text' the key that holds the text? see --json-key)"),
+])
+def test_preprocess_of_nothing_exits_1_and_writes_nothing(tmp_path: Path, content: str,
+                                                          problem: str) -> None:
+    (tmp_path / "empty.jsonl").write_text(content, encoding="utf-8")
+    result = mf_data("preprocess", "--input", "empty.jsonl", "--output-prefix", "data/empty",
+                     cwd=tmp_path)
+    assert (result.returncode, result.stdout) == (1, "")
+    assert result.stderr == f"mf-data: error: empty.jsonl: {problem}; nothing was written\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["empty.jsonl"]
+
+
 @pytest.mark.parametrize(("args", "complaint"), [
     ((), "the following arguments are required: COMMAND"),
     (("preprocess", "--output-prefix", "x"), "the following arguments are required: --input"),

@@ -4,12 +4,16 @@ from __future__ import annotations
 
 import io
 import json
+import re
 import struct
 import sys
+import tempfile
 from pathlib import Path
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from mf_data.errors import DataError
 from mf_data.indexed import IndexedDataset, write_indexed
@@ -128,6 +132,86 @@ def test_failed_run_keeps_the_previous_output(tmp_path: Path) -> None:
         preprocess_jsonl(bad, tmp_path / "c", ByteTokenizer(), progress=None)
     assert ((tmp_path / "c.bin").read_bytes(), (tmp_path / "c.idx").read_bytes()) == before
     assert files_in(tmp_path) == ["bad.jsonl", "c.bin", "c.idx", "good.jsonl"]
+
+
+# --- inputs with nothing to train on ----------------------------------------------------------
+
+NO_DOCUMENTS = "give one JSON object per line, its text under 'text'; nothing was written"
+NO_TOKENS = ("a dataset needs at least one token (is 'text' the key that holds the text? see "
+             "--json-key); nothing was written")
+
+
+@pytest.mark.parametrize(("text", "problem"), [
+    ("", f"no documents (the file is empty); {NO_DOCUMENTS}"),
+    ("\n   \n\r\n", f"no documents (only blank lines); {NO_DOCUMENTS}"),
+    ('{"text": ""}\n', f"no tokens: 'text' is empty or tokenizes to nothing in its only "
+                       f"document; {NO_TOKENS}"),
+    ('{"text": ""}\n\n{"text": ["", ""]}\n{"text": []}\n',
+     f"no tokens: 'text' is empty or tokenizes to nothing in all 3 documents; {NO_TOKENS}"),
+])
+def test_no_tokens_at_all_is_an_error_and_writes_nothing(tmp_path: Path, text: str,
+                                                         problem: str) -> None:
+    source = tmp_path / "in.jsonl"
+    source.write_text(text, encoding="utf-8")
+    with pytest.raises(DataError) as error:
+        preprocess_jsonl(source, tmp_path / "out" / "deeper" / "c", ByteTokenizer(),
+                         progress=None)
+    assert str(error.value) == f"{source}: {problem}"
+    assert files_in(tmp_path) == ["in.jsonl"]  # no .bin, .idx, temporary or directory
+
+
+def test_no_tokens_keeps_the_previous_output(tmp_path: Path) -> None:
+    preprocess_jsonl(write_jsonl(tmp_path / "good.jsonl", [{"text": "old"}]), tmp_path / "c",
+                     ByteTokenizer(), progress=None)
+    before = (tmp_path / "c.bin").read_bytes(), (tmp_path / "c.idx").read_bytes()
+    (tmp_path / "empty.jsonl").write_text("", encoding="utf-8")
+    with pytest.raises(DataError, match=r"empty\.jsonl: no documents \(the file is empty\)"):
+        preprocess_jsonl(tmp_path / "empty.jsonl", tmp_path / "c", ByteTokenizer(), progress=None)
+    assert ((tmp_path / "c.bin").read_bytes(), (tmp_path / "c.idx").read_bytes()) == before
+    assert files_in(tmp_path) == ["c.bin", "c.idx", "empty.jsonl", "good.jsonl"]
+
+
+def test_text_that_tokenizes_to_nothing_counts_as_empty(tmp_path: Path) -> None:
+    # A word-level tokenizer splitting on whitespace makes no token of blanks.
+    tokenizer = load_tokenizer(word_level_tokenizer(tmp_path / "tokenizer.json",
+                                                    {"[UNK]": 0, "a": 1, "</s>": 2}))
+    source = write_jsonl(tmp_path / "in.jsonl", [{"text": "   "}, {"text": ["\t", " \n "]}])
+    with pytest.raises(DataError) as error:
+        preprocess_jsonl(source, tmp_path / "c", tokenizer, progress=None)
+    assert str(error.value) == (f"{source}: no tokens: 'text' is empty or tokenizes to nothing "
+                                f"in all 2 documents; {NO_TOKENS}")
+    assert files_in(tmp_path) == ["in.jsonl", "tokenizer.json"]
+
+
+LINES = st.one_of(
+    st.sampled_from(["", "  ", "\t"]),  # blank: not a document
+    st.sampled_from(['{"text": ""}', '{"text": []}', '{"text": ["", ""]}']),  # no tokens
+    st.text("ab ", min_size=1, max_size=5).map(lambda t: json.dumps({"text": t})),
+)
+
+
+@settings(max_examples=60, deadline=None)
+@given(lines=st.lists(LINES, max_size=8))
+def test_a_dataset_is_written_exactly_when_some_document_has_tokens(lines: list[str]) -> None:
+    with tempfile.TemporaryDirectory() as directory:
+        folder = Path(directory)
+        source = folder / "in.jsonl"
+        source.write_text("\n".join(lines), encoding="utf-8")
+        texts = [json.loads(line)["text"] for line in lines if line.strip()]
+        parts = [[t] if isinstance(t, str) else t for t in texts]
+        tokens = sum(len(part.encode()) for document in parts for part in document)
+        if tokens == 0:
+            nothing = f"^{re.escape(str(source))}: no (documents|tokens)"
+            with pytest.raises(DataError, match=nothing):
+                preprocess_jsonl(source, folder / "out" / "c", ByteTokenizer(), progress=None)
+            assert files_in(folder) == ["in.jsonl"]
+            return
+        summary = preprocess_jsonl(source, folder / "out" / "c", ByteTokenizer(), progress=None)
+        # Megatron keeps the empty documents of a non-empty input as documents with no sequence.
+        empty = sum(1 for document in parts if not "".join(document))
+        assert (summary.documents, summary.empty_documents) == (len(texts), empty)
+        assert summary.tokens == tokens + len(texts) - empty  # one EOD per non-empty document
+        assert files_in(folder / "out") == ["c.bin", "c.idx"]
 
 
 # --- progress --------------------------------------------------------------------------------

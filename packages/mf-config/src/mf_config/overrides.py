@@ -46,14 +46,21 @@ def apply_overrides(source: Source, overrides: Iterable[str]) -> None:
             path, value = _parse(text)
             _write(source.data, path, value)
         except ValueError as exc:
-            problems.append(ConfigIssue("", f"bad override {text!r}: {exc}", None, None,
-                                        source.file))
+            problems.append(ConfigIssue("", f"bad override {_shown(text)!r}: {exc}", None,
+                                        None, source.file))
             continue
         for known in [p for p in source.lines if p[: len(path)] == path]:
             del source.lines[known]
-        source.origins[path] = f"--set {text}"
+        source.origins[path] = f"--set {_shown(text)}"
     if problems:
         raise ConfigError(problems)
+
+
+def _shown(text: str, limit: int = 100) -> str:
+    """The override as messages quote it: whole, or its start when it is too long to read."""
+    if len(text) <= limit:
+        return text
+    return f"{text[: limit - 3]}... ({len(text)} characters)"
 
 
 def _parse(text: str) -> tuple[Path, Any]:
@@ -61,7 +68,8 @@ def _parse(text: str) -> tuple[Path, Any]:
     if not separator:
         raise ValueError("expected key.path=value")
     path = parse_key_path(key.strip())
-    return path, load_value(value, depth=sum(isinstance(part, str) for part in path))
+    mappings = sum(isinstance(part, str) for part in path)
+    return path, load_value(value, depth=mappings, level=len(path))
 
 
 def _write(data: dict[str, Any], path: Path, value: Any) -> None:

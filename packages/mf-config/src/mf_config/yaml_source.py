@@ -7,8 +7,18 @@ YAML node tree with a safe loader and builds the data itself, so that it can:
 
 - reject a key repeated in one mapping (and say where the first one was),
 - read `1e-5` as a float (and keep dates as strings),
-- bound alias expansion and mapping depth,
+- bound alias expansion and nesting depth,
 - record the line of every mapping entry and list item, for error messages.
+
+Nesting has two limits. Mappings nest at most `MAX_MAPPING_DEPTH` (10) deep, the anchor's rule,
+which counts mappings only. Lists and mappings together nest at most `MAX_NESTING_DEPTH` (100)
+deep: a real configuration needs five, and the bound keeps every recursive walk of the data
+(this builder at two frames a level, the YAML dumper of `mf-config show` at about three) far
+below Python's recursion limit of 1000 frames, where a list nested 500 deep used to end in a
+RecursionError. The composer may stop a document before the builder sees it: libyaml refuses
+1000 levels, and PyYAML's pure-Python composer (used when libyaml is missing) runs out of
+frames near 490 levels; both are reported with the same message as the builder's limit (the
+line is then where the composer stopped).
 """
 
 from __future__ import annotations
@@ -24,8 +34,15 @@ from .errors import ConfigError, ConfigIssue, Path, format_path
 
 MAX_MAPPING_DEPTH = 10
 """Mappings nested deeper than this are rejected (the anchor's limit; only mappings count)."""
+MAX_NESTING_DEPTH = 100
+"""Lists and mappings nested deeper than this, counted together, are rejected (see above)."""
 MAX_VALUES = 100_000
-"""Upper bound on values built from one document, which stops alias bombs early."""
+"""Upper bound on the values that aliases add to one document, which stops an alias bomb (the
+"billion laughs") early. Each use of an alias (or `<<` merge) of a list or mapping after the
+first copies it, and the values of the copies count; values written out do not, so a large
+file without aliases loads: 20 MB of plain keys and lists in about 40 s and 1.4 GB on a 2-core
+machine, where libyaml composing the node tree takes 28 s and `yaml.load` with CSafeLoader
+35 s (plain `yaml.safe_load`, without libyaml, 113 s)."""
 
 _FLOAT_TAG = "tag:yaml.org,2002:float"
 _TIMESTAMP_TAG = "tag:yaml.org,2002:timestamp"
@@ -44,6 +61,8 @@ _FLOAT_PATTERN = re.compile(
 )
 
 _BaseLoader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+_TOO_DEEP = (f"nesting deeper than {MAX_NESTING_DEPTH} levels (lists and mappings); a "
+             "configuration needs a handful")
 
 
 class UnreadableFile(ConfigError):
@@ -92,13 +111,30 @@ class Source:
         return ConfigIssue(format_path(path), message, line, origin, self.file, severity)
 
     def _locate(self, path: Path) -> tuple[int | None, str | None]:
+        """(line, override) of `path` or of the nearest enclosing value that has a source.
+
+        A key that the file does not have but an override wrote below was made by that
+        override (`--set bogus.key=1` makes `bogus`): the override is named, not the line of
+        the mapping around it.
+        """
         for end in range(len(path), -1, -1):
             prefix = tuple(path[:end])
             if prefix in self.origins:
                 return None, self.origins[prefix]
             if prefix in self.lines:
                 return self.lines[prefix], None
+            maker = self._override_below(prefix)
+            if maker is not None:
+                return None, maker
         return None, None
+
+    def _override_below(self, prefix: Path) -> str | None:
+        """The first override that wrote inside `prefix`, when the data came from a file (else
+        there are no lines to tell what the file had)."""
+        if not self.lines:
+            return None
+        return next((origin for written, origin in self.origins.items()
+                     if written[: len(prefix)] == prefix), None)
 
 
 def load_file(path: str | FilePath) -> Source:
@@ -118,16 +154,7 @@ def load_file(path: str | FilePath) -> Source:
 def load_text(text: str, file: str | None = None) -> Source:
     """Parse configuration YAML from a string (`file` only names it in messages)."""
     loader = _ConfigLoader(text)
-    try:
-        root = loader.get_single_node()
-    except yaml.MarkedYAMLError as exc:
-        mark = exc.problem_mark or exc.context_mark
-        line = mark.line + 1 if mark is not None else None
-        column = f" (column {mark.column + 1})" if mark is not None else ""
-        problem = " ".join(p for p in (exc.context, exc.problem) if p)
-        raise _fatal(file, line, f"YAML syntax error: {problem}{column}") from None
-    except yaml.YAMLError as exc:
-        raise _fatal(file, None, f"YAML syntax error: {exc}") from None
+    root = _compose(loader, file)
     if root is None:
         raise _fatal(file, None, "the file is empty; a configuration needs at least the "
                      "model, train_dataset and training sections")
@@ -142,6 +169,29 @@ def load_text(text: str, file: str | None = None) -> Source:
         raise _fatal(file, root.start_mark.line + 1,
                      f"the top level must be a mapping of sections, got {_kind(data)}")
     return Source(data, file, builder.lines)
+
+
+def _compose(loader: Any, file: str | None) -> yaml.Node | None:
+    """The document's node tree; YAML errors, and nesting too deep to compose, as `ConfigError`.
+
+    libyaml stops at 1000 levels with its own error, PyYAML's Python composer recurses until
+    Python's limit: both become the nesting message of `MAX_NESTING_DEPTH`.
+    """
+    try:
+        return loader.get_single_node()
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark or exc.context_mark
+        line = mark.line + 1 if mark is not None else None
+        if "maximum nesting depth" in (exc.problem or ""):
+            raise _fatal(file, line, _TOO_DEEP) from None
+        column = f" (column {mark.column + 1})" if mark is not None else ""
+        problem = " ".join(p for p in (exc.context, exc.problem) if p)
+        raise _fatal(file, line, f"YAML syntax error: {problem}{column}") from None
+    except yaml.YAMLError as exc:
+        raise _fatal(file, None, f"YAML syntax error: {exc}") from None
+    except RecursionError:
+        line = getattr(loader, "line", None)  # where the pure-Python reader had got to
+        raise _fatal(file, None if line is None else line + 1, _TOO_DEEP) from None
 
 
 def _decode(raw: bytes, name: str) -> str:
@@ -177,49 +227,89 @@ def dump_text(data: Any) -> str:
     return yaml.dump(data, Dumper=_ConfigDumper, sort_keys=False, default_flow_style=False)
 
 
-class _TooLarge(Exception):
-    pass
+class _Abandon(Exception):
+    """Stops the build: the document nests or expands too far to be a configuration."""
+
+    def __init__(self, line: int | None, message: str):
+        super().__init__(message)
+        self.line = line
+        self.message = message
 
 
 class _Builder:
-    """Walks a composed node tree into dicts, lists and scalars, recording lines."""
+    """Walks a composed node tree into dicts, lists and scalars, recording lines.
+
+    An alias is the same node met again: the builder makes a fresh copy of it each time (an
+    override may change one place), and counts the values of those copies against MAX_VALUES.
+    """
 
     def __init__(self, loader: Any, file: str | None):
         self.loader = loader
         self.file = file
         self.lines: dict[Path, int] = {(): 1}
         self.problems: list[ConfigIssue] = []
-        self.count = 0
         self.open_nodes: set[int] = set()
-        """Collections being built, to catch an alias to an enclosing collection."""
+        """Collections being built, to catch an alias to an enclosing collection; with
+        `outer`, their number is the nesting level that `MAX_NESTING_DEPTH` bounds."""
+        self.outer = 0
+        """Collections around the document (those of an override's key path)."""
+        self.built: set[int] = set()
+        """Collections built once already: meeting one again means an alias (or `<<`)."""
+        self.copying = 0
+        """How many aliased collections are being copied around the current value."""
+        self.alias_line: int | None = None
+        """Line of the entry using the alias that the outermost copy is for."""
+        self.count = 0
+        """Values built in copies of aliased collections: what aliases add to the document."""
 
-    def build(self, node: yaml.Node, path: Path, depth: int) -> Any:
+    def build(self, node: yaml.Node, path: Path, depth: int, level: int = 0) -> Any:
+        """`node` as plain data; `depth` mappings and `level` collections enclose it."""
+        self.outer = level
         try:
             return self._value(node, path, depth)
-        except _TooLarge:
-            self.problems.append(ConfigIssue(
-                "", f"the document expands to more than {MAX_VALUES} values through YAML "
-                "aliases (an alias bomb?); write the values out or use fewer aliases",
-                node.start_mark.line + 1, None, self.file))
+        except _Abandon as stop:
+            self.problems.append(ConfigIssue("", stop.message, stop.line, None, self.file))
             return None
 
     def _value(self, node: yaml.Node, path: Path, depth: int) -> Any:
-        self.count += 1
-        if self.count > MAX_VALUES:
-            raise _TooLarge
+        if self.copying:
+            self.count += 1
+            if self.count > MAX_VALUES:
+                raise _Abandon(self.alias_line, f"YAML aliases add more than {MAX_VALUES} "
+                               "values to the document (an alias bomb?); write the values "
+                               "out or use fewer aliases")
         if isinstance(node, yaml.ScalarNode):
             return self._scalar(node)
-        if id(node) in self.open_nodes:
+        key = id(node)
+        if key in self.open_nodes:
             self._problem(node, "an alias refers to a value that contains it (a recursive "
                           "alias); write the value out instead")
             return None
-        self.open_nodes.add(id(node))
+        alias = key in self.built
+        if alias and not self.copying:
+            self.alias_line = self._use_line(path)
+        self.copying += alias
+        self.open_nodes.add(key)
         try:
+            if len(self.open_nodes) + self.outer > MAX_NESTING_DEPTH:
+                line = self.alias_line if self.copying else node.start_mark.line + 1
+                raise _Abandon(line, _TOO_DEEP)
             if isinstance(node, yaml.MappingNode):
                 return self._mapping(node, path, depth + 1)
             return self._sequence(node, path, depth)
         finally:
-            self.open_nodes.discard(id(node))
+            self.open_nodes.discard(key)
+            self.built.add(key)
+            self.copying -= alias
+
+    def _use_line(self, path: Path) -> int | None:
+        """The line where the alias at `path` is used, as near as the node tree tells.
+
+        A mapping entry's line is its key's; a list item's is its node's, which for an alias is
+        the anchor's, so the list's own line stands in (an integer mapping key, which no
+        configuration uses, gets its mapping's line too).
+        """
+        return self.lines.get(path[:-1] if path and type(path[-1]) is int else path)
 
     def _sequence(self, node: yaml.SequenceNode, path: Path, depth: int) -> list[Any]:
         self._check_tag(node, _SEQ_TAG)
@@ -291,21 +381,29 @@ class _Builder:
         self.problems.append(ConfigIssue("", message, node.start_mark.line + 1, None, self.file))
 
 
-def load_value(text: str, depth: int = 0) -> Any:
+def load_value(text: str, depth: int = 0, level: int = 0) -> Any:
     """Parse one YAML value (as written after `=` in an override) with the same rules.
 
-    `depth` is the number of mappings the value will sit in, for the nesting limit.
+    `depth` is the number of mappings the value will sit in and `level` the number of lists and
+    mappings, for the nesting limits. A key path can only add mappings, so one already past the
+    mapping limit is refused here too.
     """
+    if depth > MAX_MAPPING_DEPTH:
+        raise ValueError(f"the key path nests mappings deeper than {MAX_MAPPING_DEPTH} levels")
     loader = _ConfigLoader(text)
     try:
         node = loader.get_single_node()
     except yaml.YAMLError as exc:
+        if "maximum nesting depth" in str(getattr(exc, "problem", "")):
+            raise ValueError(_TOO_DEEP) from None
         raise ValueError(f"not a YAML value: {exc}") from None
+    except RecursionError:
+        raise ValueError(_TOO_DEEP) from None
     if node is None:
         return None
     builder = _Builder(loader, None)
     try:
-        value = builder.build(node, (), depth)
+        value = builder.build(node, (), depth, level)
     finally:
         loader.dispose()
     if builder.problems:

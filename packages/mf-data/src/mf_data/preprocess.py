@@ -4,6 +4,10 @@
 A text may be a string (one sequence) or a list of strings (one sequence each, as Megatron's
 ``--split-sentences`` output; EOD ends the last). Parts that tokenize to nothing are dropped and
 a document with no tokens gets no sequence and no EOD, exactly as in Megatron.
+
+Unlike Megatron, an input with no tokens at all (an empty file, only blank lines, or documents
+that are all empty) is an error naming the file, and nothing is written: Megatron writes an
+empty dataset there, which only fails later, when training samples from it.
 """
 
 from __future__ import annotations
@@ -136,7 +140,8 @@ def preprocess_jsonl(input_path: str | os.PathLike, output_prefix: str | os.Path
     """Tokenize every record's ``json_key`` into ``output_prefix.bin``/``.idx``.
 
     The dtype defaults to Megatron's optimal one (uint16 below a 65500-token vocabulary, else
-    int32). Output appears only when complete; on any error nothing is left behind.
+    int32). Output appears only when complete; on any error nothing is left behind, not even
+    the directories made for it.
     """
     path, prefix = os.fspath(input_path), os.fspath(output_prefix)
     if not os.path.isfile(path):
@@ -144,9 +149,30 @@ def preprocess_jsonl(input_path: str | os.PathLike, output_prefix: str | os.Path
     token_dtype = DType.optimal(tokenizer.vocab_size) if dtype is None else \
         DType.dtype_of(DType.code_of(dtype))
     _check_dtype(token_dtype, tokenizer)
-    os.makedirs(os.path.dirname(os.path.abspath(prefix)), exist_ok=True)
+    made = _make_parent_directories(prefix)
     printer = ProgressPrinter(progress, os.path.getsize(path), progress_seconds)
     started = time.monotonic()
+    try:
+        writer, bytes_read = _write_dataset(path, prefix, tokenizer, json_key, token_dtype,
+                                            printer)
+    except BaseException:
+        _remove_empty_directories(made)
+        raise
+    printer.update(writer.documents, writer.tokens, bytes_read, final=True)
+    return PreprocessSummary(input=path, prefix=prefix, documents=writer.documents,
+                             empty_documents=writer.empty, sequences=writer.sequences,
+                             tokens=writer.tokens, dtype=token_dtype,
+                             seconds=time.monotonic() - started)
+
+
+def _write_dataset(path: str, prefix: str, tokenizer: TextTokenizer, json_key: str,
+                   token_dtype: np.dtype, printer: ProgressPrinter
+                   ) -> tuple[_DocumentWriter, int]:
+    """Encode the records in batches into the builder; (what was written, bytes read).
+
+    The builder's ``.bin`` has a temporary name until ``finalize``, and an error raised inside
+    the ``with`` deletes it, so a failure leaves no file behind.
+    """
     bytes_read = 0
     with IndexedDatasetBuilder(data_path(prefix), token_dtype) as builder:
         writer = _DocumentWriter(builder, tokenizer.eod)
@@ -165,9 +191,41 @@ def preprocess_jsonl(input_path: str | os.PathLike, output_prefix: str | os.Path
             if len(batch) >= _BATCH:
                 flush(bytes_read)
         flush(bytes_read)
+        if writer.tokens == 0:
+            raise _no_tokens(path, json_key, writer.documents)
         builder.finalize(index_path(prefix))
-    printer.update(writer.documents, writer.tokens, bytes_read, final=True)
-    return PreprocessSummary(input=path, prefix=prefix, documents=writer.documents,
-                             empty_documents=writer.empty, sequences=writer.sequences,
-                             tokens=writer.tokens, dtype=token_dtype,
-                             seconds=time.monotonic() - started)
+    return writer, bytes_read
+
+
+def _no_tokens(path: str, json_key: str, documents: int) -> DataError:
+    """The error for an input that would make a dataset with nothing to train on."""
+    if documents == 0:
+        what = "the file is empty" if os.path.getsize(path) == 0 else "only blank lines"
+        return DataError(f"{path}: no documents ({what}); give one JSON object per line, its "
+                         f"text under {json_key!r}; nothing was written")
+    where = "its only document" if documents == 1 else f"all {documents:,} documents"
+    return DataError(f"{path}: no tokens: {json_key!r} is empty or tokenizes to nothing in "
+                     f"{where}; a dataset needs at least one token (is {json_key!r} the key "
+                     "that holds the text? see --json-key); nothing was written")
+
+
+def _make_parent_directories(prefix: str) -> list[str]:
+    """Create the directory of ``prefix`` and the missing ones above it; those made, deepest
+    first."""
+    directory = os.path.dirname(os.path.abspath(prefix))
+    missing = []
+    while not os.path.exists(directory):
+        missing.append(directory)
+        directory = os.path.dirname(directory)
+    if missing:
+        os.makedirs(missing[0])
+    return missing
+
+
+def _remove_empty_directories(made: list[str]) -> None:
+    """Undo ``_make_parent_directories`` after a failed run, leaving any that are not empty."""
+    for directory in made:
+        try:
+            os.rmdir(directory)
+        except OSError:
+            return
