@@ -1,4 +1,5 @@
-"""The msrun launcher: a failing rank is named with its error; a hung job is killed in time."""
+"""The msrun launcher: a failed or killed rank ends the job at once and is named with its error;
+a hung job is killed at the deadline."""
 
 from __future__ import annotations
 
@@ -11,7 +12,15 @@ from pathlib import Path
 import pytest
 
 from mf_parallel.errors import PlanError
-from mf_parallel.launch import LaunchError, free_port, msrun_command, run_ranks
+from mf_parallel.launch import (
+    LaunchError,
+    _LogScan,
+    _RankWatch,
+    free_port,
+    msrun_command,
+    rank_failure_message,
+    run_ranks,
+)
 
 WORKERS = Path(__file__).resolve().parent / "workers"
 
@@ -34,35 +43,124 @@ def test_free_port_is_bindable() -> None:
         probe.bind(("127.0.0.1", port))
 
 
-def _workers_alive(log_dir: Path) -> list[int]:
-    """PIDs of processes still running our worker script."""
+def _workers_alive(script: str) -> list[int]:
+    """PIDs of processes still running a worker script."""
     out = subprocess.run(["ps", "-eo", "pid,args"], capture_output=True, text=True).stdout
     return [int(line.split()[0]) for line in out.splitlines()
-            if "failing_worker.py" in line and str(log_dir) not in line and "ps -eo" not in line]
+            if script in line and "ps -eo" not in line]
+
+
+def _assert_none_left(script: str) -> None:
+    """No process of the job is left; any that is gets killed, even when the assertion fails."""
+    leftovers = _workers_alive(script)
+    for pid in leftovers:
+        os.kill(pid, signal.SIGKILL)
+    assert leftovers == []
 
 
 @pytest.mark.ranks
-def test_a_failing_rank_ends_the_job_with_its_error(tmp_path) -> None:
+@pytest.mark.parametrize(("mode", "message"), [
+    ("raise", "rank 1 failed: ValueError: rank 1 stops here on purpose (log: "),
+    ("kill", "rank 1 was killed by SIGKILL (log: "),
+    ("exit", "rank 1 exited with status 3 and logged no Python error (log: "),
+])
+def test_a_failed_rank_ends_the_job_at_once_with_its_error(tmp_path, mode, message) -> None:
+    """Rank 0 waits in an all-reduce for rank 1, which fails: the launcher ends the job itself
+    and names rank 1, long before the deadline or MindSpore's heartbeat timeout would."""
     pytest.importorskip("mindspore")
-    start = time.monotonic()
-    with pytest.raises(LaunchError) as exc:
-        run_ranks(WORKERS / "failing_worker.py", 2, log_dir=tmp_path, timeout=180,
-                  args=["raise"])
-    assert str(exc.value).startswith(
-        "rank 1 failed: ValueError: rank 1 stops here on purpose (log: ")
-    assert time.monotonic() - start < 180
-    assert _workers_alive(tmp_path) == []
+    try:
+        with pytest.raises(LaunchError) as exc:
+            run_ranks(WORKERS / "failing_worker.py", 2, log_dir=tmp_path, timeout=300,
+                      args=[mode])
+    finally:
+        _assert_none_left("failing_worker.py")
+    assert str(exc.value) == f"{message}{tmp_path / 'worker_1.log'})"
+    # the scheduler never got to declare rank 1 dead: the launcher stopped the job first
+    assert "is timed out" not in (tmp_path / "scheduler.log").read_text(errors="replace")
 
 
 @pytest.mark.ranks
 def test_a_hung_job_is_killed_at_the_deadline(tmp_path) -> None:
     pytest.importorskip("mindspore")
     start = time.monotonic()
-    with pytest.raises(LaunchError, match="did not finish in 40 s and was killed"):
-        run_ranks(WORKERS / "failing_worker.py", 2, log_dir=tmp_path, timeout=40,
-                  args=["hang"])
+    try:
+        with pytest.raises(LaunchError, match="did not finish in 40 s and was killed"):
+            run_ranks(WORKERS / "failing_worker.py", 2, log_dir=tmp_path, timeout=40,
+                      args=["hang"])
+    finally:
+        _assert_none_left("failing_worker.py")
     assert time.monotonic() - start < 40 + 15
-    leftovers = _workers_alive(tmp_path)
-    for pid in leftovers:  # never leave processes behind, even when the assertion fails
-        os.kill(pid, signal.SIGKILL)
-    assert leftovers == []
+
+
+UNCAUGHT = """[WARNING] ME(1): starting
+Traceback (most recent call last):
+  File "/work/train.py", line 16, in <module>
+    main()
+  File "/work/train.py", line 9, in main
+    raise ValueError("bad batch")
+ValueError: bad batch
+"""
+
+
+@pytest.mark.parametrize(("text", "fatal"), [
+    (UNCAUGHT, True),
+    (UNCAUGHT[:UNCAUGHT.index("ValueError: bad")], False),  # still being written
+    (UNCAUGHT.replace("ValueError: bad batch\n", "ValueError: bad"), False),  # line cut short
+    ("Exception in thread Thread-1 (load):\nTraceback (most recent call last):\n"
+     '  File "/usr/lib/python3.11/threading.py", line 1045, in _bootstrap_inner\n'
+     "    self.run()\nOSError: disk full\n", False),  # a thread died, the rank goes on
+    ("ERROR:root:retrying\nTraceback (most recent call last):\n"
+     '  File "/work/train.py", line 5, in fetch\n    get()\nTimeoutError: slow\n',
+     False),  # logging.exception in a function
+    ("no traceback at all\n", False),
+])
+def test_which_tracebacks_mean_a_rank_is_dying(tmp_path, text, fatal) -> None:
+    """Only an exception that reached the script's top level ends a rank; others are logged
+    by ranks that go on, and must not stop the job."""
+    log = tmp_path / "worker_0.log"
+    log.write_text(text)
+    assert _LogScan(log).uncaught_traceback() is fatal
+
+
+def test_a_traceback_is_found_when_it_arrives_in_pieces(tmp_path) -> None:
+    log = tmp_path / "worker_0.log"
+    scan = _LogScan(log)
+    log.write_text("x" * 100 + UNCAUGHT[:30])
+    assert not scan.uncaught_traceback()
+    with open(log, "a") as more:
+        more.write(UNCAUGHT[30:])
+    assert scan.uncaught_traceback()
+
+
+def test_how_a_rank_ended_in_one_line(tmp_path) -> None:
+    log = tmp_path / "worker_2.log"
+    log.write_text(UNCAUGHT)
+    assert rank_failure_message(2, 1, log) == f"rank 2 failed: ValueError: bad batch (log: {log})"
+    assert rank_failure_message(2, -9, log) == f"rank 2 was killed by SIGKILL (log: {log})"
+    assert rank_failure_message(2, -15, log) == f"rank 2 was killed by SIGTERM (log: {log})"
+    log.write_text("Segmentation fault\n")
+    assert rank_failure_message(2, 139, log) == (
+        f"rank 2 exited with status 139 and logged no Python error (log: {log})")
+
+
+MSRUN_LOG = (
+    "Start worker process with rank id:1, log file:/x/worker_1.log. Execute command: python t\n"
+    "[ERROR] ME(777:1234,MainProcess):2026-12-03-09:00:00.000.000 [x] Worker process 4896 "
+    "exit with exception. Error code: 1.\n"
+    "[ERROR] ME(4865:140419189255040,MainProcess):2026-12-03-09:00:08.290.000 [mindspore/"
+    "parallel/cluster/process_entity/_api.py:365] Worker process 4897 exit with exception. "
+    "Error code: -9.\n")
+
+
+def test_msrun_reports_a_worker_the_watch_never_saw(tmp_path) -> None:
+    """A worker can end and be reaped by msrun between two looks at /proc: then msrun's own
+    line (recorded from msrun 2.10; a line in a copied worker log, with another PID, does not
+    count) says how it ended, and the logs say which rank it was."""
+    (tmp_path / "msrun.log").write_text(MSRUN_LOG)
+    watch = _RankWatch(4865, tmp_path, 2)
+    assert watch.failure() == (
+        f"a worker (pid 4897) was killed by SIGKILL and no rank logged a Python error; "
+        f"see {tmp_path}")
+    (tmp_path / "worker_1.log").write_text(UNCAUGHT)
+    assert watch.failure() == (
+        f"rank 1 failed: ValueError: bad batch (log: {tmp_path / 'worker_1.log'})")
