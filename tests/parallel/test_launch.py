@@ -1,5 +1,5 @@
 """The msrun launcher: a failed or killed rank ends the job at once and is named with its error;
-a hung job is killed at the deadline."""
+a hung job is killed at the deadline; an unwritable log directory is one clear error."""
 
 from __future__ import annotations
 
@@ -90,6 +90,37 @@ def test_a_hung_job_is_killed_at_the_deadline(tmp_path) -> None:
     finally:
         _assert_none_left("failing_worker.py")
     assert time.monotonic() - start < 40 + 15
+
+
+def test_a_log_directory_under_a_file_is_one_clear_error(tmp_path) -> None:
+    (tmp_path / "some_file").write_text("not a directory")
+    with pytest.raises(LaunchError) as exc:
+        run_ranks("train.py", 2, log_dir=tmp_path / "some_file" / "logs", timeout=10)
+    assert str(exc.value) == (
+        f"cannot create the log directory {tmp_path}/some_file/logs: {tmp_path}/some_file is "
+        "a file, not a directory; choose a log directory in a place you can write to")
+
+
+def test_a_log_directory_that_cannot_be_created_is_one_clear_error() -> None:
+    with pytest.raises(LaunchError) as exc:
+        run_ranks("train.py", 2, log_dir="/proc/x/logs", timeout=10)
+    assert str(exc.value) == (
+        "cannot create the log directory /proc/x/logs: No such file or directory; choose a "
+        "log directory in a place you can write to")
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root writes to a read-only directory")
+def test_a_read_only_log_directory_is_one_clear_error(tmp_path) -> None:
+    logs = tmp_path / "logs"
+    logs.mkdir(mode=0o500)
+    try:
+        with pytest.raises(LaunchError) as exc:
+            run_ranks("train.py", 2, log_dir=logs, timeout=10)
+    finally:
+        logs.chmod(0o700)
+    assert str(exc.value) == (
+        f"cannot write to the log directory {logs}: Permission denied; choose a log "
+        "directory you can write to")
 
 
 UNCAUGHT = """[WARNING] ME(1): starting

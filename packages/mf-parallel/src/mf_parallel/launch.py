@@ -137,10 +137,30 @@ def _open_log_dir(log_dir: Path, nproc: int) -> BinaryIO:
     msrun would overwrite those worker logs anyway; removing them first keeps the watch from
     reading an old run's traceback before msrun has started the new ranks.
     """
-    log_dir.mkdir(parents=True, exist_ok=True)
-    for rank in range(nproc):
-        (log_dir / f"worker_{rank}.log").unlink(missing_ok=True)
-    return open(log_dir / "msrun.log", "wb")  # closed by run_ranks
+    try:
+        log_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise LaunchError(f"cannot create the log directory {log_dir}: "
+                          f"{_why_unwritable(log_dir, exc)}; choose a log directory in a "
+                          "place you can write to") from None
+    try:
+        for rank in range(nproc):
+            (log_dir / f"worker_{rank}.log").unlink(missing_ok=True)
+        return open(log_dir / "msrun.log", "wb")  # closed by run_ranks
+    except OSError as exc:
+        raise LaunchError(f"cannot write to the log directory {log_dir}: "
+                          f"{_why_unwritable(log_dir, exc)}; choose a log directory you can "
+                          "write to") from None
+
+
+def _why_unwritable(path: Path, exc: OSError) -> str:
+    """The reason in words: a file where a directory must be, else the system's reason."""
+    for ancestor in (path, *path.parents):
+        if ancestor.exists():
+            if not ancestor.is_dir():
+                return f"{ancestor} is a file, not a directory"
+            break
+    return exc.strerror or str(exc)
 
 
 def _child_env(env: dict[str, str] | None) -> dict[str, str]:
