@@ -1,8 +1,10 @@
 """The msrun launcher: a failed or killed rank ends the job at once and is named with its error;
-a hung job is killed at the deadline; an unwritable log directory is one clear error."""
+a hung job is killed at the deadline; an unwritable log directory is one clear error; rank 0's
+lines can be followed while the job runs."""
 
 from __future__ import annotations
 
+import io
 import os
 import signal
 import subprocess
@@ -90,6 +92,46 @@ def test_a_hung_job_is_killed_at_the_deadline(tmp_path) -> None:
     finally:
         _assert_none_left("failing_worker.py")
     assert time.monotonic() - start < 40 + 15
+
+
+class _Console(io.StringIO):
+    """A console that creates `go` once it has shown rank 0's third line."""
+
+    def __init__(self, go: Path) -> None:
+        super().__init__()
+        self.go = go
+
+    def write(self, text: str) -> int:
+        written = super().write(text)
+        if "[rank 0] echo 3\n" in self.getvalue():
+            self.go.touch()
+        return written
+
+
+@pytest.mark.ranks
+def test_rank_0_is_echoed_while_the_job_runs(tmp_path) -> None:
+    """Rank 0 waits for a file the console creates when it sees rank 0's third line: the job
+    can only finish if the lines were echoed while it ran. The last line, cut short without a
+    newline, is still shown when the job ends; rank 1's lines are not."""
+    pytest.importorskip("mindspore")  # msrun comes with it
+    console = _Console(tmp_path / "go")
+    try:
+        run_ranks(WORKERS / "echo_worker.py", 2, log_dir=tmp_path / "logs", timeout=180,
+                  args=[str(tmp_path / "go")], echo_rank=0, echo_to=console)
+    finally:
+        _assert_none_left("echo_worker.py")
+    lines = console.getvalue().splitlines()
+    assert [line for line in lines if "echo" in line] == [
+        "[rank 0] echo 1", "[rank 0] echo 2", "[rank 0] echo 3", "[rank 0] echo 4",
+        "[rank 0] echo 5 without a newline"]
+    assert all(line.startswith("[rank 0] ") for line in lines)
+    assert console.getvalue().endswith("\n")
+    assert "rank 1 has nothing to say" in (tmp_path / "logs" / "worker_1.log").read_text()
+
+
+def test_echo_rank_must_be_a_rank_of_the_job(tmp_path) -> None:
+    with pytest.raises(ValueError, match=r"echo_rank must be a rank of the job \(0 to 1\), got 2"):
+        run_ranks("train.py", 2, log_dir=tmp_path, timeout=10, echo_rank=2)
 
 
 def test_a_log_directory_under_a_file_is_one_clear_error(tmp_path) -> None:

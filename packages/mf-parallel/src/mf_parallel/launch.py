@@ -6,7 +6,7 @@ a free port on 127.0.0.1; a watch on the workers while msrun runs, which ends th
 as soon as one rank has failed and names that rank with its error (msrun alone kills the
 other workers but then waits about 30 s for the scheduler's heartbeat timeout); a deadline
 after which every process of the job is killed (a worker blocked in a collective can outlive
-msrun's own timeout).
+msrun's own timeout); and, on request, one rank's log echoed to a stream as it grows.
 
 Pure Python: it starts MindSpore in other processes but never imports it here.
 """
@@ -21,10 +21,11 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import BinaryIO
+from typing import BinaryIO, TextIO
 
 import attrs
 
@@ -75,21 +76,29 @@ def msrun_command(script: str | Path, nproc: int, *, log_dir: Path, port: int,
 
 
 def run_ranks(script: str | Path, nproc: int, *, log_dir: str | Path, timeout: float,
-              args: Sequence[str] = (), env: dict[str, str] | None = None) -> LaunchResult:
+              args: Sequence[str] = (), env: dict[str, str] | None = None,
+              echo_rank: int | None = None, echo_to: TextIO | None = None) -> LaunchResult:
     """Run `script` on `nproc` ranks and wait for them.
 
     `LaunchError` as soon as one rank has failed (the message names it, with its error or the
     signal that killed it, and its log; every process of the job is killed), or once
     `timeout` seconds have passed.
+
+    With `echo_rank`, that rank's log lines are copied to `echo_to` (default: sys.stdout) while
+    the job runs, each prefixed `[rank N] `, and the ranks run with PYTHONUNBUFFERED=1 (unless
+    the environment sets it) so that their prints reach the log when they happen.
     """
     log_dir = Path(log_dir)
+    if echo_rank is not None and not 0 <= echo_rank < nproc:
+        raise ValueError(f"echo_rank must be a rank of the job (0 to {nproc - 1}), "
+                         f"got {echo_rank}")
     msrun_log = _open_log_dir(log_dir, nproc)
-    with msrun_log:
+    with msrun_log, _echoing(log_dir, echo_rank, echo_to):
         command = msrun_command(script, nproc, log_dir=log_dir, port=free_port(), args=args,
                                 cluster_timeout=max(30, int(timeout)))
         start = time.monotonic()
         process = subprocess.Popen(command, stdout=msrun_log, stderr=subprocess.STDOUT,
-                                   env=_child_env(env),
+                                   env=_child_env(env, echo=echo_rank is not None),
                                    start_new_session=True)
         try:
             failure = _watch(process, log_dir, nproc, deadline=start + timeout)
@@ -163,10 +172,11 @@ def _why_unwritable(path: Path, exc: OSError) -> str:
     return exc.strerror or str(exc)
 
 
-def _child_env(env: dict[str, str] | None) -> dict[str, str]:
+def _child_env(env: dict[str, str] | None, *, echo: bool) -> dict[str, str]:
     """The ranks' environment: msrun starts a bare `python`, so this interpreter's directory
-    comes first on PATH."""
-    return {**os.environ, **(env or {}), "PATH": _path_with_interpreter()}
+    comes first on PATH; when echoing, unbuffered output unless the caller says otherwise."""
+    base = {"PYTHONUNBUFFERED": "1"} if echo else {}
+    return {**base, **os.environ, **(env or {}), "PATH": _path_with_interpreter()}
 
 
 # --- watching the ranks -----------------------------------------------------------------------
@@ -340,6 +350,66 @@ def _signal_name(number: int) -> str:
         return signal.Signals(number).name
     except ValueError:
         return f"signal {number}"
+
+
+# --- echoing a rank's log -------------------------------------------------------------------
+
+@contextlib.contextmanager
+def _echoing(log_dir: Path, rank: int | None, stream: TextIO | None) -> Iterator[None]:
+    """Follow `rank`'s log while the block runs; on leaving, copy what remains and stop."""
+    if rank is None:
+        yield
+        return
+    follower = _Follower(log_dir / f"worker_{rank}.log", stream or sys.stdout,
+                         prefix=f"[rank {rank}] ")
+    follower.start()
+    try:
+        yield
+    finally:
+        follower.stop()
+
+
+class _Follower(threading.Thread):
+    """Copies each line a growing file gains to a stream (`tail -f`, polling)."""
+
+    def __init__(self, path: Path, stream: TextIO, *, prefix: str) -> None:
+        super().__init__(name=f"follow {path.name}", daemon=True)
+        self.path, self.stream, self.prefix = path, stream, prefix
+        self.done = threading.Event()
+        self.file: BinaryIO | None = None
+        self.partial = b""
+
+    def run(self) -> None:
+        try:
+            while not self.done.wait(POLL_SECONDS):
+                self._copy(final=False)
+            self._copy(final=True)
+        except (OSError, ValueError):  # the stream was closed: stop echoing, not the job
+            pass
+        finally:
+            if self.file is not None:
+                self.file.close()
+
+    def stop(self) -> None:
+        """Copy what is left (a last line without a newline too) and end the thread."""
+        self.done.set()
+        self.join(timeout=10)
+
+    def _copy(self, *, final: bool) -> None:
+        if self.file is None:
+            try:
+                self.file = open(self.path, "rb")  # noqa: SIM115 (closed in run)
+            except FileNotFoundError:
+                return
+        *lines, self.partial = (self.partial + self.file.read()).split(b"\n")
+        if final and self.partial:
+            lines.append(self.partial)
+            self.partial = b""
+        for line in lines:
+            text = line.rstrip(b"\r").decode("utf-8", errors="replace")
+            self.stream.write(f"{self.prefix}{text}\n")
+        if lines:
+            self.stream.flush()
 
 
 # --- processes --------------------------------------------------------------------------------
