@@ -45,16 +45,17 @@ def test_free_port_is_bindable() -> None:
         probe.bind(("127.0.0.1", port))
 
 
-def _workers_alive(script: str) -> list[int]:
-    """PIDs of processes still running a worker script."""
+def _job_processes(tmp_path: Path) -> list[int]:
+    """PIDs of processes still running with this test's directory on their command line: the
+    test's own job and nothing else (another checkout may run the same worker scripts)."""
     out = subprocess.run(["ps", "-eo", "pid,args"], capture_output=True, text=True).stdout
     return [int(line.split()[0]) for line in out.splitlines()
-            if script in line and "ps -eo" not in line]
+            if str(tmp_path) in line and "ps -eo" not in line]
 
 
-def _assert_none_left(script: str) -> None:
+def _assert_none_left(tmp_path: Path) -> None:
     """No process of the job is left; any that is gets killed, even when the assertion fails."""
-    leftovers = _workers_alive(script)
+    leftovers = _job_processes(tmp_path)
     for pid in leftovers:
         os.kill(pid, signal.SIGKILL)
     assert leftovers == []
@@ -73,9 +74,9 @@ def test_a_failed_rank_ends_the_job_at_once_with_its_error(tmp_path, mode, messa
     try:
         with pytest.raises(LaunchError) as exc:
             run_ranks(WORKERS / "failing_worker.py", 2, log_dir=tmp_path, timeout=300,
-                      args=[mode])
+                      args=[mode, str(tmp_path)])
     finally:
-        _assert_none_left("failing_worker.py")
+        _assert_none_left(tmp_path)
     assert str(exc.value) == f"{message}{tmp_path / 'worker_1.log'})"
     # the scheduler never got to declare rank 1 dead: the launcher stopped the job first
     assert "is timed out" not in (tmp_path / "scheduler.log").read_text(errors="replace")
@@ -88,9 +89,9 @@ def test_a_hung_job_is_killed_at_the_deadline(tmp_path) -> None:
     try:
         with pytest.raises(LaunchError, match="did not finish in 40 s and was killed"):
             run_ranks(WORKERS / "failing_worker.py", 2, log_dir=tmp_path, timeout=40,
-                      args=["hang"])
+                      args=["hang", str(tmp_path)])
     finally:
-        _assert_none_left("failing_worker.py")
+        _assert_none_left(tmp_path)
     assert time.monotonic() - start < 40 + 15
 
 
@@ -119,7 +120,7 @@ def test_rank_0_is_echoed_while_the_job_runs(tmp_path) -> None:
         run_ranks(WORKERS / "echo_worker.py", 2, log_dir=tmp_path / "logs", timeout=180,
                   args=[str(tmp_path / "go")], echo_rank=0, echo_to=console)
     finally:
-        _assert_none_left("echo_worker.py")
+        _assert_none_left(tmp_path)
     lines = console.getvalue().splitlines()
     assert [line for line in lines if "echo" in line] == [
         "[rank 0] echo 1", "[rank 0] echo 2", "[rank 0] echo 3", "[rank 0] echo 4",

@@ -1,8 +1,11 @@
 """Under msrun: rank 1 fails after init while rank 0 waits for it in a collective.
 
+Usage: failing_worker.py MODE [TAG]
+
 Modes: `raise` (a Python exception), `kill` (rank 1 sends itself SIGKILL), `exit` (status 3
-without a traceback), `hang` (rank 1 sleeps for an hour). Rank 1 prints the wall-clock time
-just before it fails, so the launcher's reaction time can be measured from the logs.
+without a traceback), `hang` (rank 1 sleeps for an hour). TAG is not used: a test passes its
+directory so that it can find the job's processes by command line. Rank 1 prints the
+wall-clock time just before it fails, so the launcher's reaction time can be measured.
 """
 
 import os
