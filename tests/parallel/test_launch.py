@@ -8,7 +8,6 @@ import io
 import os
 import signal
 import subprocess
-import time
 from pathlib import Path
 
 import pytest
@@ -84,15 +83,15 @@ def test_a_failed_rank_ends_the_job_at_once_with_its_error(tmp_path, mode, messa
 
 @pytest.mark.ranks
 def test_a_hung_job_is_killed_at_the_deadline(tmp_path) -> None:
+    """Rank 1 sleeps, rank 0 waits for it: nothing fails, so only the deadline ends the job,
+    and it leaves no process behind."""
     pytest.importorskip("mindspore")
-    start = time.monotonic()
     try:
         with pytest.raises(LaunchError, match="did not finish in 40 s and was killed"):
             run_ranks(WORKERS / "failing_worker.py", 2, log_dir=tmp_path, timeout=40,
                       args=["hang", str(tmp_path)])
     finally:
         _assert_none_left(tmp_path)
-    assert time.monotonic() - start < 40 + 15
 
 
 class _Console(io.StringIO):
