@@ -1,17 +1,27 @@
-"""The msrun launcher: a failing rank is named with its error; a hung job is killed in time."""
+"""The msrun launcher: a failed or killed rank ends the job at once and is named with its error;
+a hung job is killed at the deadline; an unwritable log directory is one clear error; rank 0's
+lines can be followed while the job runs."""
 
 from __future__ import annotations
 
+import io
 import os
 import signal
 import subprocess
-import time
 from pathlib import Path
 
 import pytest
 
 from mf_parallel.errors import PlanError
-from mf_parallel.launch import LaunchError, free_port, msrun_command, run_ranks
+from mf_parallel.launch import (
+    LaunchError,
+    _LogScan,
+    _RankWatch,
+    free_port,
+    msrun_command,
+    rank_failure_message,
+    run_ranks,
+)
 
 WORKERS = Path(__file__).resolve().parent / "workers"
 
@@ -34,35 +44,196 @@ def test_free_port_is_bindable() -> None:
         probe.bind(("127.0.0.1", port))
 
 
-def _workers_alive(log_dir: Path) -> list[int]:
-    """PIDs of processes still running our worker script."""
+def _job_processes(tmp_path: Path) -> list[int]:
+    """PIDs of processes still running with this test's directory on their command line: the
+    test's own job and nothing else (another checkout may run the same worker scripts)."""
     out = subprocess.run(["ps", "-eo", "pid,args"], capture_output=True, text=True).stdout
     return [int(line.split()[0]) for line in out.splitlines()
-            if "failing_worker.py" in line and str(log_dir) not in line and "ps -eo" not in line]
+            if str(tmp_path) in line and "ps -eo" not in line]
+
+
+def _assert_none_left(tmp_path: Path) -> None:
+    """No process of the job is left; any that is gets killed, even when the assertion fails."""
+    leftovers = _job_processes(tmp_path)
+    for pid in leftovers:
+        os.kill(pid, signal.SIGKILL)
+    assert leftovers == []
 
 
 @pytest.mark.ranks
-def test_a_failing_rank_ends_the_job_with_its_error(tmp_path) -> None:
+@pytest.mark.parametrize(("mode", "message"), [
+    ("raise", "rank 1 failed: ValueError: rank 1 stops here on purpose (log: "),
+    ("kill", "rank 1 was killed by SIGKILL (log: "),
+    ("exit", "rank 1 exited with status 3 and logged no Python error (log: "),
+])
+def test_a_failed_rank_ends_the_job_at_once_with_its_error(tmp_path, mode, message) -> None:
+    """Rank 0 waits in an all-reduce for rank 1, which fails: the launcher ends the job itself
+    and names rank 1, long before the deadline or MindSpore's heartbeat timeout would."""
     pytest.importorskip("mindspore")
-    start = time.monotonic()
-    with pytest.raises(LaunchError) as exc:
-        run_ranks(WORKERS / "failing_worker.py", 2, log_dir=tmp_path, timeout=180,
-                  args=["raise"])
-    assert str(exc.value).startswith(
-        "rank 1 failed: ValueError: rank 1 stops here on purpose (log: ")
-    assert time.monotonic() - start < 180
-    assert _workers_alive(tmp_path) == []
+    try:
+        with pytest.raises(LaunchError) as exc:
+            run_ranks(WORKERS / "failing_worker.py", 2, log_dir=tmp_path, timeout=300,
+                      args=[mode, str(tmp_path)])
+    finally:
+        _assert_none_left(tmp_path)
+    assert str(exc.value) == f"{message}{tmp_path / 'worker_1.log'})"
+    # the scheduler never got to declare rank 1 dead: the launcher stopped the job first
+    assert "is timed out" not in (tmp_path / "scheduler.log").read_text(errors="replace")
 
 
 @pytest.mark.ranks
 def test_a_hung_job_is_killed_at_the_deadline(tmp_path) -> None:
+    """Rank 1 sleeps, rank 0 waits for it: nothing fails, so only the deadline ends the job,
+    and it leaves no process behind."""
     pytest.importorskip("mindspore")
-    start = time.monotonic()
-    with pytest.raises(LaunchError, match="did not finish in 40 s and was killed"):
-        run_ranks(WORKERS / "failing_worker.py", 2, log_dir=tmp_path, timeout=40,
-                  args=["hang"])
-    assert time.monotonic() - start < 40 + 15
-    leftovers = _workers_alive(tmp_path)
-    for pid in leftovers:  # never leave processes behind, even when the assertion fails
-        os.kill(pid, signal.SIGKILL)
-    assert leftovers == []
+    try:
+        with pytest.raises(LaunchError, match="did not finish in 40 s and was killed"):
+            run_ranks(WORKERS / "failing_worker.py", 2, log_dir=tmp_path, timeout=40,
+                      args=["hang", str(tmp_path)])
+    finally:
+        _assert_none_left(tmp_path)
+
+
+class _Console(io.StringIO):
+    """A console that creates `go` once it has shown rank 0's third line."""
+
+    def __init__(self, go: Path) -> None:
+        super().__init__()
+        self.go = go
+
+    def write(self, text: str) -> int:
+        written = super().write(text)
+        if "[rank 0] echo 3\n" in self.getvalue():
+            self.go.touch()
+        return written
+
+
+@pytest.mark.ranks
+def test_rank_0_is_echoed_while_the_job_runs(tmp_path) -> None:
+    """Rank 0 waits for a file the console creates when it sees rank 0's third line: the job
+    can only finish if the lines were echoed while it ran. The last line, cut short without a
+    newline, is still shown when the job ends; rank 1's lines are not."""
+    pytest.importorskip("mindspore")  # msrun comes with it
+    console = _Console(tmp_path / "go")
+    try:
+        run_ranks(WORKERS / "echo_worker.py", 2, log_dir=tmp_path / "logs", timeout=180,
+                  args=[str(tmp_path / "go")], echo_rank=0, echo_to=console)
+    finally:
+        _assert_none_left(tmp_path)
+    lines = console.getvalue().splitlines()
+    assert [line for line in lines if "echo" in line] == [
+        "[rank 0] echo 1", "[rank 0] echo 2", "[rank 0] echo 3", "[rank 0] echo 4",
+        "[rank 0] echo 5 without a newline"]
+    assert all(line.startswith("[rank 0] ") for line in lines)
+    assert console.getvalue().endswith("\n")
+    assert "rank 1 has nothing to say" in (tmp_path / "logs" / "worker_1.log").read_text()
+
+
+def test_echo_rank_must_be_a_rank_of_the_job(tmp_path) -> None:
+    with pytest.raises(ValueError, match=r"echo_rank must be a rank of the job \(0 to 1\), got 2"):
+        run_ranks("train.py", 2, log_dir=tmp_path, timeout=10, echo_rank=2)
+
+
+def test_a_log_directory_under_a_file_is_one_clear_error(tmp_path) -> None:
+    (tmp_path / "some_file").write_text("not a directory")
+    with pytest.raises(LaunchError) as exc:
+        run_ranks("train.py", 2, log_dir=tmp_path / "some_file" / "logs", timeout=10)
+    assert str(exc.value) == (
+        f"cannot create the log directory {tmp_path}/some_file/logs: {tmp_path}/some_file is "
+        "a file, not a directory; choose a log directory in a place you can write to")
+
+
+def test_a_log_directory_that_cannot_be_created_is_one_clear_error() -> None:
+    with pytest.raises(LaunchError) as exc:
+        run_ranks("train.py", 2, log_dir="/proc/x/logs", timeout=10)
+    assert str(exc.value) == (
+        "cannot create the log directory /proc/x/logs: No such file or directory; choose a "
+        "log directory in a place you can write to")
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root writes to a read-only directory")
+def test_a_read_only_log_directory_is_one_clear_error(tmp_path) -> None:
+    logs = tmp_path / "logs"
+    logs.mkdir(mode=0o500)
+    try:
+        with pytest.raises(LaunchError) as exc:
+            run_ranks("train.py", 2, log_dir=logs, timeout=10)
+    finally:
+        logs.chmod(0o700)
+    assert str(exc.value) == (
+        f"cannot write to the log directory {logs}: Permission denied; choose a log "
+        "directory you can write to")
+
+
+UNCAUGHT = """[WARNING] ME(1): starting
+Traceback (most recent call last):
+  File "/work/train.py", line 16, in <module>
+    main()
+  File "/work/train.py", line 9, in main
+    raise ValueError("bad batch")
+ValueError: bad batch
+"""
+
+
+@pytest.mark.parametrize(("text", "fatal"), [
+    (UNCAUGHT, True),
+    (UNCAUGHT[:UNCAUGHT.index("ValueError: bad")], False),  # still being written
+    (UNCAUGHT.replace("ValueError: bad batch\n", "ValueError: bad"), False),  # line cut short
+    ("Exception in thread Thread-1 (load):\nTraceback (most recent call last):\n"
+     '  File "/usr/lib/python3.11/threading.py", line 1045, in _bootstrap_inner\n'
+     "    self.run()\nOSError: disk full\n", False),  # a thread died, the rank goes on
+    ("ERROR:root:retrying\nTraceback (most recent call last):\n"
+     '  File "/work/train.py", line 5, in fetch\n    get()\nTimeoutError: slow\n',
+     False),  # logging.exception in a function
+    ("no traceback at all\n", False),
+])
+def test_which_tracebacks_mean_a_rank_is_dying(tmp_path, text, fatal) -> None:
+    """Only an exception that reached the script's top level ends a rank; others are logged
+    by ranks that go on, and must not stop the job."""
+    log = tmp_path / "worker_0.log"
+    log.write_text(text)
+    assert _LogScan(log).uncaught_traceback() is fatal
+
+
+def test_a_traceback_is_found_when_it_arrives_in_pieces(tmp_path) -> None:
+    log = tmp_path / "worker_0.log"
+    scan = _LogScan(log)
+    log.write_text("x" * 100 + UNCAUGHT[:30])
+    assert not scan.uncaught_traceback()
+    with open(log, "a") as more:
+        more.write(UNCAUGHT[30:])
+    assert scan.uncaught_traceback()
+
+
+def test_how_a_rank_ended_in_one_line(tmp_path) -> None:
+    log = tmp_path / "worker_2.log"
+    log.write_text(UNCAUGHT)
+    assert rank_failure_message(2, 1, log) == f"rank 2 failed: ValueError: bad batch (log: {log})"
+    assert rank_failure_message(2, -9, log) == f"rank 2 was killed by SIGKILL (log: {log})"
+    assert rank_failure_message(2, -15, log) == f"rank 2 was killed by SIGTERM (log: {log})"
+    log.write_text("Segmentation fault\n")
+    assert rank_failure_message(2, 139, log) == (
+        f"rank 2 exited with status 139 and logged no Python error (log: {log})")
+
+
+MSRUN_LOG = (
+    "Start worker process with rank id:1, log file:/x/worker_1.log. Execute command: python t\n"
+    "[ERROR] ME(777:1234,MainProcess):2026-12-03-09:00:00.000.000 [x] Worker process 4896 "
+    "exit with exception. Error code: 1.\n"
+    "[ERROR] ME(4865:140419189255040,MainProcess):2026-12-03-09:00:08.290.000 [mindspore/"
+    "parallel/cluster/process_entity/_api.py:365] Worker process 4897 exit with exception. "
+    "Error code: -9.\n")
+
+
+def test_msrun_reports_a_worker_the_watch_never_saw(tmp_path) -> None:
+    """A worker can end and be reaped by msrun between two looks at /proc: then msrun's own
+    line (recorded from msrun 2.10; a line in a copied worker log, with another PID, does not
+    count) says how it ended, and the logs say which rank it was."""
+    (tmp_path / "msrun.log").write_text(MSRUN_LOG)
+    watch = _RankWatch(4865, tmp_path, 2)
+    assert watch.failure() == (
+        f"a worker (pid 4897) was killed by SIGKILL and no rank logged a Python error; "
+        f"see {tmp_path}")
+    (tmp_path / "worker_1.log").write_text(UNCAUGHT)
+    assert watch.failure() == (
+        f"rank 1 failed: ValueError: bad batch (log: {tmp_path / 'worker_1.log'})")
