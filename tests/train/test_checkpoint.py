@@ -19,6 +19,8 @@ from pathlib import Path
 import mindspore as ms
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from mindspore import Parameter, Tensor
 
 from mf_config import CheckpointConfig, ConfigError, ModelConfig, OptimizerConfig
@@ -783,3 +785,27 @@ def test_a_failed_async_save_is_reported_by_the_next_poll(tmp_path, monkeypatch)
         f"the asynchronous save of checkpoint step 2 to {tmp_path} failed: [Errno 28] No space "
         f"left on device; the newest complete checkpoint is {tmp_path / 'iteration_00000001'}")
     assert manager.poll() == []  # reported once; nothing was saved
+
+
+@pytest.fixture(scope="module")
+def saved_once(tmp_path_factory) -> Path:
+    root = tmp_path_factory.mktemp("corrupt")
+    save(CheckpointManager(config(root)), 1)
+    return root / "iteration_00000001"
+
+
+@settings(max_examples=25, deadline=None)
+@given(kind=st.sampled_from(["model", "opt", "rng"]), where=st.floats(0, 1), bit=st.integers(0, 7))
+def test_any_flipped_bit_of_a_file_is_found(saved_once, kind, where, bit) -> None:
+    """Whichever file and bit: the load fails with the file named, never a silent load."""
+    suffix = "json" if kind == "rng" else "safetensors"
+    path = saved_once / f"checkpoint-{kind}-0000000-0000001.{suffix}"
+    original = path.read_bytes()
+    damaged = bytearray(original)
+    damaged[min(int(where * len(damaged)), len(damaged) - 1)] ^= 1 << bit
+    path.write_bytes(bytes(damaged))
+    try:
+        with pytest.raises(CorruptCheckpointError, match=f"{kind}-0000000-0000001"):
+            load_checkpoint(saved_once)
+    finally:
+        path.write_bytes(original)

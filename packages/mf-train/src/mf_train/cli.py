@@ -6,8 +6,9 @@ and every problem with its path and line; a failure while training exits with st
 
 With `--nproc N` the launcher starts N ranks on this host through msrun (mf_parallel.launch:
 127.0.0.1, a free port, the whole process group killed on failure or timeout); each rank runs
-`rank_worker.py` and writes its log to `DIR/logs/worker_<rank>.log`. When a rank fails, the job
-stops and the launcher prints that rank's error and the path of its log.
+`rank_worker.py` and writes its log to `DIR/logs/worker_<rank>.log`, and rank 0's lines are
+shown on the console as they come (`[rank 0] ...`). When a rank fails or is killed, the job
+stops within a second or so and the launcher prints that rank's error and the path of its log.
 """
 
 from __future__ import annotations
@@ -70,9 +71,11 @@ def launch(args: argparse.Namespace, argv: list[str]) -> int:
     print(f"mf-train: starting {args.nproc} ranks; logs in {logs}/worker_<rank>.log",
           file=sys.stderr)
     start = time.monotonic()
+    # MindSpore's C++ warnings would crowd rank 0's lines on the console (GLOG_v 3: errors)
+    quiet = {} if "GLOG_v" in os.environ else {"GLOG_v": "3"}
     try:
         run_ranks(worker, args.nproc, log_dir=logs, timeout=timeout, args=rank_args,
-                  env={LAUNCHED: "1"})
+                  env={LAUNCHED: "1", **quiet}, echo_rank=0, echo_to=sys.stdout)
     except LaunchError as exc:
         print(f"mf-train: {exc}", file=sys.stderr)
         return 1

@@ -1,0 +1,142 @@
+"""Faults on real ranks: a rank killed with SIGKILL at a random point of a 2-rank run ends the
+job with that rank named, and running the same command again resumes from the newest complete
+checkpoint and ends with the losses of an uninterrupted run, bit for bit."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("mindspore")
+
+ROOT = Path(__file__).resolve().parents[2]
+EXAMPLE = ROOT / "examples" / "qwen3_tiny.yaml"
+STEPS = 6
+pytestmark = pytest.mark.ranks
+
+
+def command(prefix: str, output: Path) -> list[str]:
+    sets = [f"train_dataset.dataloader.config.data_path=['1','{prefix}']",
+            f"training.steps={STEPS}", "model.hidden_size=32", "model.intermediate_size=64",
+            "model.head_dim=8", "train_dataset.dataloader.config.seq_length=32",
+            "model.max_position_embeddings=32", "recompute.mode=None",
+            "recompute.select_module=null", "lr_scheduler.warmup_steps=1",
+            "checkpoint.save_interleaved_steps=2", "parallelism.data_parallel_shard=1"]
+    return [sys.executable, "-m", "mf_train.cli", "--config", str(EXAMPLE), "--output-dir",
+            str(output), "--nproc", "2", "--timeout", "600",
+            *[arg for value in sets for arg in ("--set", value)]]
+
+
+def losses(output: Path) -> dict[int, float]:
+    """Each step's loss; for a step logged twice (before a kill and after the resume), the
+    last line counts, as metrics.jsonl documents."""
+    found = {}
+    for line in (output / "metrics.jsonl").read_text().splitlines():
+        entry = json.loads(line)
+        if "event" not in entry:
+            found[entry["step"]] = entry["loss"]
+    return found
+
+
+def logged(output: Path) -> tuple[int, int]:
+    """(steps logged, newest checkpoint saved) so far."""
+    path = output / "metrics.jsonl"
+    if not path.is_file():
+        return 0, 0
+    entries = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    saves = [entry["step"] for entry in entries if entry.get("event") == "save"]
+    return sum("event" not in entry for entry in entries), max(saves, default=0)
+
+
+def rank_pid(output: Path, rank: int) -> int | None:
+    """The PID of the rank worker of this job (found in /proc by its arguments and RANK_ID)."""
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            cmdline = (entry / "cmdline").read_bytes().split(b"\0")
+            environ = (entry / "environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if (any(part.endswith(b"rank_worker.py") for part in cmdline)
+                and str(output).encode() in cmdline
+                and f"RANK_ID={rank}".encode() in environ):
+            return int(entry.name)
+    return None
+
+
+def kill_at(output: Path, after_step: int, delay: float, job: subprocess.Popen) -> int:
+    """SIGKILL rank 1 `delay` seconds after step `after_step` is logged and a checkpoint is
+    complete (before it, a rerun has nothing to resume and is refused); its PID."""
+    deadline = time.monotonic() + 600
+    while (steps := logged(output))[0] < after_step or steps[1] == 0:
+        assert job.poll() is None, "the job ended before the kill"
+        assert time.monotonic() < deadline
+        time.sleep(0.2)
+    time.sleep(delay)
+    pid = rank_pid(output, 1)
+    assert pid is not None, "rank 1 not found"
+    os.kill(pid, signal.SIGKILL)
+    return pid
+
+
+@pytest.fixture(scope="module")
+def whole_run(data_prefix, tmp_path_factory) -> tuple[Path, subprocess.CompletedProcess]:
+    output = tmp_path_factory.mktemp("whole") / "out"
+    result = subprocess.run(command(data_prefix, output), capture_output=True, text=True,
+                            timeout=900)
+    assert result.returncode == 0, result.stderr
+    return output, result
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(whole_run) -> dict[int, float]:
+    found = losses(whole_run[0])
+    assert sorted(found) == list(range(1, STEPS + 1))
+    return found
+
+
+def test_the_console_shows_rank_0_live_and_a_summary(whole_run) -> None:
+    output, result = whole_run
+    steps = [line for line in result.stdout.splitlines()
+             if line.startswith("[rank 0] ") and " step [" in line]
+    assert [line.split(" step [")[1].split("]")[0] for line in steps] == [
+        f"{step}/{STEPS}" for step in range(1, STEPS + 1)]
+    summary = result.stderr.strip().splitlines()[-3:]
+    assert summary[0].startswith(f"mf-train: finished steps 1-{STEPS} of {STEPS} ({STEPS} in "
+                                 "this run) in ")
+    assert summary[1] == (f"mf-train: checkpoints: {output / 'checkpoint'} (newest: "
+                          f"iteration_{STEPS:08d})")
+
+
+@pytest.mark.parametrize("seed", [pytest.param(0),
+                                  pytest.param(1, marks=pytest.mark.slow),
+                                  pytest.param(2, marks=pytest.mark.slow)])
+def test_sigkill_of_a_rank_then_the_same_command_again(uninterrupted, data_prefix,
+                                                       tmp_path: Path, seed: int) -> None:
+    chance = random.Random(seed)
+    after_step, delay = chance.randint(2, STEPS - 2), chance.uniform(0.0, 2.0)
+    output = tmp_path / "out"
+    job = subprocess.Popen(command(data_prefix, output), stdout=subprocess.PIPE,
+                           stderr=subprocess.PIPE, text=True)
+    try:
+        killed = kill_at(output, after_step, delay, job)
+        _, err = job.communicate(timeout=600)
+    finally:
+        if job.poll() is None:
+            job.kill()
+    assert job.returncode == 1, err
+    assert "rank 1" in err.splitlines()[-1], (killed, err)
+    again = subprocess.run(command(data_prefix, output), capture_output=True, text=True,
+                           timeout=900)
+    assert again.returncode == 0, again.stderr
+    assert "holds an earlier run: resuming from its checkpoint" in again.stderr
+    assert losses(output) == uninterrupted
