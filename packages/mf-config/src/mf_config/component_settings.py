@@ -19,7 +19,7 @@ import attrs
 from .converter import converter, problems, unknown_keys_message
 from .errors import ConfigError, ConfigIssue, Path, format_path
 from .rules import bound_problems
-from .sections import declared_fields
+from .section_base import declared_fields
 from .yaml_source import Source
 
 T = TypeVar("T")

@@ -31,7 +31,8 @@ from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
 from .component_settings import structure_settings
 from .entry_points import EntryPoint, entry_points
 from .errors import ConfigError, ConfigIssue, Path
-from .sections import ModelConfig, OpenSection, TrainConfig, declared_fields
+from .section_base import OpenSection, declared_fields
+from .sections import ModelConfig, TrainConfig
 from .yaml_source import Source
 
 if TYPE_CHECKING:  # imported by the models' settings modules, when a model has them

@@ -29,7 +29,7 @@ from cattrs.gen import make_dict_unstructure_fn
 
 from .errors import MappingKey, Path
 from .layer_spec import LayerSpec
-from .sections import OpenSection, declared_fields
+from .section_base import OpenSection, declared_fields
 
 
 class ValueProblem(ValueError):

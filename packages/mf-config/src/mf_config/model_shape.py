@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 import attrs
 
 from .errors import Path
-from .sections import Section
+from .section_base import Section
 
 if TYPE_CHECKING:
     from .sections import TrainConfig

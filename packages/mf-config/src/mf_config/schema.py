@@ -13,7 +13,8 @@ from typing import Any, Literal, Union
 import attrs
 
 from .layer_spec import LayerSpec
-from .sections import OpenSection, TrainConfig, declared_fields
+from .section_base import OpenSection, declared_fields
+from .sections import TrainConfig
 
 _SCALARS = {int: {"type": "integer"}, float: {"type": "number"}, bool: {"type": "boolean"},
             str: {"type": "string"}, type(None): {"type": "null"}}
