@@ -16,9 +16,9 @@ from typing import Any, TypeVar
 
 import attrs
 
+from .bounds import bound_problems
 from .converter import converter, problems, unknown_keys_message
 from .errors import ConfigError, ConfigIssue, Path, format_path
-from .rules import bound_problems
 from .section_base import declared_fields
 from .yaml_source import Source
 

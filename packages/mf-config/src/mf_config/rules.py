@@ -3,7 +3,8 @@
 Types are the converter's job; this module checks values and how fields fit together, all
 before any model or device is touched. Each rule names the sections it reads and is skipped
 when one of them failed to structure (its errors are already reported). Bounds declared on the
-fields (`gt`, `ge`, `le` metadata) are checked generically; the rest are written out below.
+fields (`gt`, `ge`, `le` metadata) are checked generically (`bounds`); the rest are written
+out below.
 """
 
 from __future__ import annotations
@@ -11,10 +12,11 @@ from __future__ import annotations
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import attrs
 
+from .bounds import bound_problems, raw_bound_problems
 from .errors import ConfigIssue, MappingKey, Path
 from .layer_spec import LayerSpec, order_problems
 from .sections import REQUIRED_SECTIONS, TrainConfig
@@ -81,63 +83,15 @@ def run_rules(config: TrainConfig, source: Source, failed: set[str],
     check = Check(config, source, failed, shape=shape)
     for name, a in attrs.fields_dict(TrainConfig).items():
         if name in failed:
-            _check_raw_bounds(check, a.type, source.data.get(name), (name,))
+            found = raw_bound_problems(a.type, source.data.get(name), (name,))
         else:
-            _check_bounds(check, getattr(config, name), (name,))
+            found = bound_problems(getattr(config, name), (name,))
+        for where, message in found:
+            check.error(where, message)
     for sections, fn in _RULES:
         if not failed.intersection(sections):
             fn(check)
     return check.issues
-
-
-def _check_bounds(check: Check, value: Any, path: Path) -> None:
-    for where, message in bound_problems(value, path):
-        check.error(where, message)
-
-
-def bound_problems(value: Any, path: Path) -> list[tuple[Path, str]]:
-    """(path, message) for every number in a structured section (or list of sections) that
-    breaks the `gt` / `ge` / `le` bounds its field declares."""
-    if isinstance(value, list):
-        return [found for index, item in enumerate(value)
-                for found in bound_problems(item, (*path, index))]
-    if not attrs.has(type(value)) or isinstance(value, LayerSpec):
-        return []
-    found = []
-    for a in attrs.fields(type(value)):
-        item = getattr(value, a.name)
-        if type(item) in (int, float):
-            message = _bound_problem(item, a.metadata)
-            if message:
-                found.append(((*path, a.name), message))
-        else:
-            found += bound_problems(item, (*path, a.name))
-    return found
-
-
-def _check_raw_bounds(check: Check, cls: Any, raw: Any, path: Path) -> None:
-    """Bounds of the well-typed numbers in a section that failed to structure as a whole."""
-    if not attrs.has(cls) or not isinstance(raw, dict):
-        return
-    for a in attrs.fields(cls):
-        item = raw.get(a.name)
-        if type(item) is int or (type(item) is float and abs(item) < float("inf")):
-            message = _bound_problem(item, a.metadata)
-            if message:
-                check.error((*path, a.name), message)
-        else:
-            _check_raw_bounds(check, a.type, item, (*path, a.name))
-
-
-def _bound_problem(value: float, bounds: Any) -> str | None:
-    if "gt" in bounds and not value > bounds["gt"]:
-        return f"must be positive, got {value}" if bounds["gt"] == 0 else (
-            f"must be > {bounds['gt']}, got {value}")
-    if "ge" in bounds and not value >= bounds["ge"]:
-        return f"must be >= {bounds['ge']}, got {value}"
-    if "le" in bounds and not value <= bounds["le"]:
-        return f"must be <= {bounds['le']}, got {value}"
-    return None
 
 
 @rule()
