@@ -64,3 +64,10 @@ def test_architectures_as_hugging_face_writes_it() -> None:
         == "X"
     with pytest.raises(ConfigError, match=r"model.architectures: must name one model class"):
         TrainConfig.from_dict({**base, "model": {"architectures": ["A", "B"]}})
+
+
+def test_installed_entry_points_keeps_its_old_private_name() -> None:
+    from mf_config import components
+
+    assert components._group is components.installed_entry_points  # mf-train imports _group
+    assert components.installed_entry_points("models") == ()  # conftest hides the installed ones

@@ -140,7 +140,8 @@ def _keys_without_type(selection: Selection, source: Source) -> list[ConfigIssue
     (`lr_scheduler.type: null` is a constant learning rate; the other kinds need a type.)"""
     if selection.kind != "lr_schedulers":
         return []
-    names = ", ".join(entry.name for entry in _group("lr_schedulers")) or "a scheduler type"
+    schedulers = installed_entry_points("lr_schedulers")
+    names = ", ".join(entry.name for entry in schedulers) or "a scheduler type"
     return [source.issue((*selection.path, key),
                          f"is a scheduler key, but lr_scheduler.type is null (a constant "
                          f"learning_rate); set type ({names}), or remove the key")
@@ -150,7 +151,7 @@ def _keys_without_type(selection: Selection, source: Source) -> list[ConfigIssue
 def settings_class(kind: str, type_name: str) -> type | None:
     """The settings class an installed package declares for `type_name` of `kind` (a key of
     `KINDS`), or None. The entry point's module is imported on first use."""
-    for entry in _group(kind):
+    for entry in installed_entry_points(kind):
         if entry.name == type_name:
             return entry.load()
     return None
@@ -158,7 +159,7 @@ def settings_class(kind: str, type_name: str) -> type | None:
 
 def declared_types(kind: str) -> list[str]:
     """The type names installed packages declare settings for, for messages and tests."""
-    return sorted({entry.name for entry in _group(kind)})
+    return sorted({entry.name for entry in installed_entry_points(kind)})
 
 
 def model_settings(model: ModelConfig, source: Source | None = None) -> ModelSettings | None:
@@ -187,13 +188,25 @@ def model_shape(model: ModelConfig, source: Source | None = None) -> ModelShape 
 _ENTRY_POINTS: dict[str, tuple[EntryPoint, ...]] = {}
 
 
-def _group(kind: str) -> tuple[EntryPoint, ...]:
-    """The entry points of one kind, read once per process for all kinds."""
+def installed_entry_points(kind: str) -> tuple[EntryPoint, ...]:
+    """The entry points installed packages declare in one kind's group (`mf_config.models`...).
+
+    The groups of all kinds are read once per process, on first use.
+
+    Args:
+        kind: a key of `KINDS`, such as "models".
+
+    Returns:
+        The group's entry points; each names a type and the settings class declared for it.
+    """
     if not _ENTRY_POINTS:
         found = entry_points(GROUP_PREFIX + name for name in KINDS)
         for name in KINDS:
             _ENTRY_POINTS[name] = tuple(found[GROUP_PREFIX + name])
     return _ENTRY_POINTS[kind]
+
+
+_group = installed_entry_points  # the old name, still imported by mf-train's support.py
 
 
 def decoder_layers(config: TrainConfig) -> int | None:
