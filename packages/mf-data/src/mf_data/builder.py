@@ -27,10 +27,11 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import replace
+from dataclasses import fields, replace
 from typing import Any
 
 from mf_config import DataloaderConfig
+from mf_config.sections import declared_fields
 
 from .blended_dataset import BlendedDataset
 from .blending import blend_sizes, normalise_weights, parse_blend
@@ -64,21 +65,26 @@ def build_datasets(dataloader: DataloaderConfig) -> tuple[Dataset | None, ...]:
     return builder.build(config.data_path, config.split, settings.sizes)
 
 
+MEGATRON_NAMES = {"seq_length": "sequence_length", "seed": "random_seed"}
+"""The loader settings (MindFormers' names) whose Megatron `GPTDatasetConfig` name differs;
+every other setting `GPTDatasetConfig` has goes over under its own name."""
+
+
 def gpt_config(settings: MegatronDatasetSettings) -> GPTDatasetConfig:
-    """mf-data's sample settings from the loader's config block."""
-    return GPTDatasetConfig(
-        sequence_length=settings.seq_length, eod=settings.eod, pad=settings.pad,
-        random_seed=settings.seed, split=settings.split,
-        add_extra_token_to_sequence=settings.add_extra_token_to_sequence,
-        reset_position_ids=settings.reset_position_ids,
-        reset_attention_mask=settings.reset_attention_mask,
-        eod_mask_loss=settings.eod_mask_loss,
-        create_attention_mask=settings.create_attention_mask,
-        create_compressed_eod_mask=settings.create_compressed_eod_mask,
-        eod_pad_length=settings.pad_length(),
-        allow_ambiguous_pad_tokens=settings.allow_ambiguous_pad_tokens,
-        drop_last_partial_validation_sequence=settings.drop_last_partial_validation_sequence,
-        path_to_cache=settings.path_to_cache)
+    """mf-data's sample settings from the loader's config block.
+
+    Args:
+        settings: the checked `train_dataset.dataloader.config`.
+
+    Returns:
+        The `GPTDatasetConfig` of the same values, under Megatron's names; `eod_pad_length` is
+        resolved from either of its names.
+    """
+    wanted = {field.name for field in fields(GPTDatasetConfig)}
+    values = {MEGATRON_NAMES.get(name, name): getattr(settings, name)
+              for name in declared_fields(MegatronDatasetSettings)}
+    values["eod_pad_length"] = settings.pad_length()
+    return GPTDatasetConfig(**{name: value for name, value in values.items() if name in wanted})
 
 
 class SplitBuilder:
