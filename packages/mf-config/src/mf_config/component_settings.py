@@ -28,24 +28,30 @@ T = TypeVar("T")
 def structure_settings(cls: type[T], raw: Mapping[str, Any], path: Path,
                        source: Source | None = None, *, owner: str | None = None,
                        also_allowed: tuple[str, ...] = ()) -> T:
-    """`raw` as an instance of the settings class `cls`, or `ConfigError` listing every
-    problem at `path` (a tuple such as `("model",)`), located in `source` when given.
+    """A component's keys as its typed settings, checked as the rest of the configuration is.
 
-    An unknown key is named with the nearest known one: `owner` says whose keys they are in
-    the message (default: the class name) and `also_allowed` adds the open section's own
-    fields to the suggestions (`optimizer.weight_decy` -> 'weight_decay'); a class may map
-    keys users write from other tools to a hint (`key_hints`, a class attribute: `min_lr` ->
-    "the floor is lr_end"). When the class defines `problems(self, path)`, its findings are
-    problems too; it runs unless a key is unknown (a misspelt `hidden_size` would also be
-    reported missing), even when a value is out of bounds, so it must not divide by one."""
+    A class may map keys from other tools to a hint (`key_hints`: `min_lr` -> "the floor is
+    lr_end"). Its `problems(self, path)` hook, when defined, runs unless a key is unknown (a
+    misspelt `hidden_size` would read as missing), even past a bound: it must not divide by one.
+
+    Args:
+        cls: the settings class, a `Section` whose fields are made with `setting`.
+        raw: the keys as written (an open section's `extras`).
+        path: where they sit, such as `("model",)`.
+        source: locates each problem (file and line) when given.
+        owner: whose keys they are, in the unknown-key message (default: the class name).
+        also_allowed: the open section's own fields, suggested for a near miss too
+            (`optimizer.weight_decy` -> 'weight_decay').
+
+    Returns:
+        An instance of `cls`.
+
+    Raises:
+        ConfigError: listing every problem (unknown keys, types, bounds, `problems`).
+    """
     attrs.resolve_types(cls)  # a module with `from __future__ import annotations` has strings
-    allowed = declared_fields(cls)
-    hints = getattr(cls, "key_hints", {})
-    found = [((*path, key), _with_hint(unknown_keys_message(owner or cls.__name__, key,
-                                                            allowed + also_allowed),
-                                       hints.get(key)))
-             for key in raw if key not in allowed]
-    known = {key: value for key, value in raw.items() if key in allowed}
+    found = _unknown_keys(cls, raw, path, owner or cls.__name__, also_allowed)
+    known = {key: value for key, value in raw.items() if key in declared_fields(cls)}
     try:
         settings = converter.structure(known, cls)
     except Exception as exc:  # cattrs' validation group: flattened into paths
@@ -60,12 +66,30 @@ def structure_settings(cls: type[T], raw: Mapping[str, Any], path: Path,
     return settings
 
 
+def _unknown_keys(cls: type, raw: Mapping[str, Any], path: Path, owner: str,
+                  also_allowed: tuple[str, ...]) -> list[tuple[Path, str]]:
+    """Each key `cls` does not declare, named with the nearest known one or the class's hint."""
+    allowed = declared_fields(cls)
+    hints = getattr(cls, "key_hints", {})
+    return [((*path, key), _with_hint(unknown_keys_message(owner, key, allowed + also_allowed),
+                                      hints.get(key)))
+            for key in raw if key not in allowed]
+
+
 def _with_hint(message: str, hint: str | None) -> str:
     return message if hint is None else f"{message}; {hint}"
 
 
 def settings_error(found: list[tuple[Path, str]], source: Source | None = None) -> ConfigError:
-    """A `ConfigError` of (path, message) pairs, with file and line when `source` has them."""
+    """A `ConfigError` from (path, message) pairs, for checks a component runs itself.
+
+    Args:
+        found: (path, message) pairs, as `structure_settings` and the `problems` hooks give.
+        source: locates each problem (file and line) when given.
+
+    Returns:
+        The error (to raise), one `ConfigIssue` per pair.
+    """
     if source is not None:
         return ConfigError([source.issue(where, message) for where, message in found])
     return ConfigError([ConfigIssue(format_path(where), message) for where, message in found])

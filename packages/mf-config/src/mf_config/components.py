@@ -94,8 +94,17 @@ def model_type_name(model: ModelConfig) -> str | None:
 
 def check_components(config: TrainConfig, source: Source,
                      failed: set[str] = frozenset()) -> ComponentCheck:
-    """Every problem in the open sections' keys (errors), and a note per section whose type no
-    installed package declares settings for."""
+    """The open sections' keys checked against the settings their components declare.
+
+    Args:
+        config: the structured configuration.
+        source: locates each issue.
+        failed: sections that failed to structure (they are skipped).
+
+    Returns:
+        Every problem in those keys (errors), a note per section whose type no installed
+        package declares settings for, and the model's shape when its settings are declared.
+    """
     issues: list[ConfigIssue] = []
     shape = None
     for selection in selections(config, failed):
@@ -149,8 +158,17 @@ def _keys_without_type(selection: Selection, source: Source) -> list[ConfigIssue
 
 
 def settings_class(kind: str, type_name: str) -> type | None:
-    """The settings class an installed package declares for `type_name` of `kind` (a key of
-    `KINDS`), or None. The entry point's module is imported on first use."""
+    """The settings class an installed package declares for a component type.
+
+    The entry point's module is imported now, on first use: only this type's.
+
+    Args:
+        kind: a key of `KINDS`, such as "models".
+        type_name: the type as written, such as "qwen3".
+
+    Returns:
+        The class, or None when no installed package declares one.
+    """
     for entry in installed_entry_points(kind):
         if entry.name == type_name:
             return entry.load()
@@ -172,15 +190,38 @@ def model_settings(model: ModelConfig, source: Source | None = None) -> ModelSet
 
 def structure_model_settings(cls: type[M], model: ModelConfig,
                              source: Source | None = None) -> M:
-    """The keys of a model section as the settings class `cls` (what a model class calls in
-    `from_config`, and what validation does through the entry point: the same parse)."""
+    """The keys of a model section as its typed settings: one parse for validation (through
+    the entry point) and for the model class (in its `from_config`).
+
+    Args:
+        cls: the model's settings class (a `ModelSettings`).
+        model: the model section.
+        source: locates each problem when given.
+
+    Returns:
+        An instance of `cls`.
+
+    Raises:
+        ConfigError: listing every problem in the model's keys.
+    """
     return structure_settings(cls, model.extras, ("model",), source,
                               owner=f"model type {model_type_name(model)!r}",
                               also_allowed=declared_fields(ModelConfig))
 
 
 def model_shape(model: ModelConfig, source: Source | None = None) -> ModelShape | None:
-    """`model_settings(model).shape()`, or None when no settings are declared for its type."""
+    """The model's structure numbers (layers, widths, experts), for the other packages' plans.
+
+    Args:
+        model: the model section.
+        source: locates a problem in the model's keys when given.
+
+    Returns:
+        `model_settings(model).shape()`, or None when no settings are declared for its type.
+
+    Raises:
+        ConfigError: the model's keys are wrong.
+    """
     settings = model_settings(model, source)
     return None if settings is None else settings.shape()
 

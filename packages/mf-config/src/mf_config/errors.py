@@ -22,7 +22,14 @@ class MappingKey(str):
 
 
 def format_path(path: Path) -> str:
-    """Dotted form of a path: `recompute.select_module["mlp"][1]`, `callbacks[2].type`."""
+    """A path as messages show it, so every package names a value the same way.
+
+    Args:
+        path: mapping keys and list indices, outermost first.
+
+    Returns:
+        The dotted form, such as `recompute.select_module["mlp"][1]` or `callbacks[2].type`.
+    """
     text = ""
     for part in path:
         if isinstance(part, int) and not isinstance(part, bool):
@@ -71,6 +78,11 @@ class ConfigError(ValueError):
     """The configuration is not valid; `.errors` lists every problem found."""
 
     def __init__(self, errors: Sequence[ConfigIssue]):
+        """One error for all the problems: the message lists them, one per line.
+
+        Args:
+            errors: every problem found.
+        """
         self.errors: list[ConfigIssue] = list(errors)
         count = len(self.errors)
         head = f"{count} problem{'s' if count != 1 else ''} in the configuration"

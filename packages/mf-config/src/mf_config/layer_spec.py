@@ -24,7 +24,17 @@ class LayerSpec:
 
     @classmethod
     def parse(cls, text: str | int) -> LayerSpec:
-        """Parse `'5'`, `' 0-3 '` or `5`; raise `ValueError` saying what is allowed."""
+        """A spec as written in a configuration.
+
+        Args:
+            text: `'5'`, `' 0-3 '`, or a plain integer `5`.
+
+        Returns:
+            The spec.
+
+        Raises:
+            ValueError: saying what is allowed.
+        """
         if isinstance(text, bool) or not isinstance(text, (str, int)):
             raise ValueError(f"a layer spec is a string such as '5' or '0-3', got {text!r}")
         if isinstance(text, int):
@@ -56,7 +66,15 @@ def layer_ids(specs: Sequence[LayerSpec]) -> list[int]:
 
 
 def order_problems(specs: Sequence[LayerSpec], num_layers: int | None) -> Iterator[tuple[int, str]]:
-    """(list position, message) for specs out of order, overlapping, or past the last layer."""
+    """What is wrong with the order of a list of specs, for the rules that read one.
+
+    Args:
+        specs: the list as written.
+        num_layers: the model's layers, or None when unknown (then no spec is past the end).
+
+    Yields:
+        (list position, message) for each spec out of order, overlapping, or past the last layer.
+    """
     for index, spec in enumerate(specs):
         if index and spec.start <= specs[index - 1].end:
             previous = specs[index - 1]

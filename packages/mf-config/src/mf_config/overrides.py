@@ -21,7 +21,17 @@ _NEXT = re.compile(r"\.([A-Za-z_][\w-]*)" + _BRACKETS)
 
 
 def parse_key_path(text: str) -> Path:
-    """`callbacks[0].type` -> `("callbacks", 0, "type")`; `a["b.c"]` keeps the dot in one key."""
+    """A written key path as a data path, the form overrides and messages share.
+
+    Args:
+        text: such as `callbacks[0].type`, or `a["b.c"]` to keep a dot inside one key.
+
+    Returns:
+        The path, such as `("callbacks", 0, "type")`.
+
+    Raises:
+        ValueError: saying where the text cannot be read.
+    """
     path: list[str | int] = []
     position = 0
     while position < len(text):
@@ -39,7 +49,18 @@ def parse_key_path(text: str) -> Path:
 
 
 def apply_overrides(source: Source, overrides: Iterable[str]) -> None:
-    """Write each `key.path=value` into `source.data`; malformed ones raise one `ConfigError`."""
+    """Write each `key.path=value` into the data, and remember which override wrote it.
+
+    The lines of what an override replaced are dropped, so a later problem there names the
+    override (`--set training.steps=0`), not the file's line.
+
+    Args:
+        source: the data to change, in place.
+        overrides: `key.path=value` strings, applied in order; the value is YAML.
+
+    Raises:
+        ConfigError: one, listing every malformed override.
+    """
     problems = []
     for text in overrides:
         try:

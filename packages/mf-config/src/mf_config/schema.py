@@ -26,7 +26,12 @@ _LAYER_SPEC = {
 
 
 def json_schema() -> dict[str, Any]:
-    """The JSON Schema (draft 2020-12) of a training configuration file."""
+    """The JSON Schema of a configuration file, for editors, from the same declarations.
+
+    Returns:
+        A draft 2020-12 schema: every section and field with its type, default, help text,
+        bounds and enumeration.
+    """
     definitions: dict[str, Any] = {"LayerSpec": _LAYER_SPEC}
     root = _class_schema(TrainConfig, definitions)
     root.pop("default", None)

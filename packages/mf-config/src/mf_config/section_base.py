@@ -22,10 +22,20 @@ MAX_SEED = 2**32 - 1
 
 
 def setting(default: Any, help: str, *, no_effect: str | None = None, **bounds: float) -> Any:
-    """A field with a default, a help text and optional bounds (`gt`, `ge`, `le`).
+    """A section field: the one place its default, help text and bounds are declared.
 
-    `no_effect`: for a component's setting that is accepted (a Hugging Face config.json key,
-    say) but changes nothing, the reason; the trainer says so once when the key is written."""
+    Args:
+        default: the value when the key is not written; a list, dict or section is copied
+            for each instance.
+        help: one line, for `mf-config show` and the JSON Schema.
+        no_effect: for a component's setting that is accepted (a Hugging Face config.json
+            key, say) but changes nothing, the reason; the trainer says so once when the key
+            is written.
+        **bounds: `gt`, `ge`, `le`, checked on the structured value (`bounds`).
+
+    Returns:
+        An attrs field, for a class made with `section`.
+    """
     metadata = {"help": help, **bounds}
     if no_effect is not None:
         metadata["no_effect"] = no_effect
@@ -96,5 +106,12 @@ class OpenSection(Section):
 
 
 def declared_fields(cls: type) -> tuple[str, ...]:
-    """Names of the fields a section declares (without the `extras` store)."""
+    """The keys a section (or a component's settings class) accepts as its own.
+
+    Args:
+        cls: a section class.
+
+    Returns:
+        The names of its fields, without an open section's `extras` store.
+    """
     return tuple(a.name for a in attrs.fields(cls) if not a.metadata.get("extras"))

@@ -355,7 +355,17 @@ class TrainConfig(Section):
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "TrainConfig":
-        """Validate plain data (as parsed from YAML); raise `ConfigError` listing every problem."""
+        """Validate plain data (as parsed from YAML, or built in code) without a file.
+
+        Args:
+            data: a mapping of sections.
+
+        Returns:
+            The validated configuration.
+
+        Raises:
+            ConfigError: listing every problem, each with its path.
+        """
         from .validate import config_from_source
         from .yaml_source import Source
 

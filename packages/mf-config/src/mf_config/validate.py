@@ -19,24 +19,25 @@ _SECTIONS = {a.name: a.type for a in attrs.fields(TrainConfig)}
 
 
 def check_source(source: Source) -> tuple[TrainConfig, list[ConfigIssue]]:
-    """Structure every section, check the keys of the open sections against the settings
-    their components declare (`components`), and run every rule; return the config and all
-    issues found (errors, warnings, and notes on what could not be checked).
+    """Every issue of a configuration, found in one pass, so the user gets the whole list.
 
     Sections are structured one by one, so a type error in one section does not hide the
-    value-rule problems of the others. A section that failed is left at its defaults in the
-    returned config, and rules that read it are skipped.
+    value-rule problems of the others; then the open sections' keys are checked against the
+    settings their components declare (`components`), and every rule runs.
+
+    Args:
+        source: the configuration data and where each value came from.
+
+    Returns:
+        (config, issues): the config, where a section that failed is left at its defaults (and
+        the rules that read it are skipped), and every error, warning and note, in line order.
     """
     if not isinstance(source.data, dict):
         kind = "a list" if isinstance(source.data, list) else type(source.data).__name__
         return TrainConfig(), [source.issue((), f"the configuration must be a mapping of "
                                                  f"sections, got {kind}")]
-    issues: list[ConfigIssue] = []
+    issues = _unknown_sections(source)
     sections, failed = {}, set()
-    for key in source.data:
-        if key not in _SECTIONS:
-            message = unknown_keys_message("TrainConfig", key, tuple(_SECTIONS))
-            issues.append(source.issue((key,), message))
     for name, section_type in _SECTIONS.items():
         if name not in source.data:
             continue
@@ -53,8 +54,25 @@ def check_source(source: Source) -> tuple[TrainConfig, list[ConfigIssue]]:
     return config, issues
 
 
+def _unknown_sections(source: Source) -> list[ConfigIssue]:
+    return [source.issue((key,), unknown_keys_message("TrainConfig", key, tuple(_SECTIONS)))
+            for key in source.data if key not in _SECTIONS]
+
+
 def config_from_source(source: Source) -> TrainConfig:
-    """The validated config; `ConfigError` listing every error otherwise. Warnings are emitted."""
+    """The validated config of data already read (a file, overrides applied; or a dict).
+
+    Warnings are emitted through the `warnings` module (`ConfigWarning`).
+
+    Args:
+        source: the configuration data and where each value came from.
+
+    Returns:
+        The typed, validated configuration.
+
+    Raises:
+        ConfigError: listing every error, each with its path and line.
+    """
     config, issues = check_source(source)
     errors = [issue for issue in issues if issue.severity == "error"]
     if errors:
@@ -64,16 +82,36 @@ def config_from_source(source: Source) -> TrainConfig:
 
 
 def load_source(path: str | FilePath, overrides: Iterable[str] = ()) -> Source:
-    """Read a file and apply `key.path=value` overrides to it."""
+    """Read a file and apply overrides to it, keeping where each value came from.
+
+    Args:
+        path: the YAML configuration file.
+        overrides: `key.path=value` strings, applied in order.
+
+    Returns:
+        The data with the line of every value and the override that wrote each path.
+
+    Raises:
+        ConfigError: the file cannot be read or parsed (`UnreadableFile` when it cannot be
+            read at all), or an override is malformed.
+    """
     source = load_file(path)
     apply_overrides(source, overrides)
     return source
 
 
 def load_config(path: str | FilePath, overrides: Iterable[str] = ()) -> TrainConfig:
-    """Load, override and validate a YAML configuration file.
+    """Load, override and validate a YAML configuration file: mf-config's entry point.
 
-    Raises `ConfigError` (a `ValueError`) whose `.errors` lists every problem, each with its
-    dotted path and source line.
+    Args:
+        path: the YAML configuration file.
+        overrides: `key.path=value` strings (as `--set` takes them), applied in order.
+
+    Returns:
+        The typed, validated configuration.
+
+    Raises:
+        ConfigError: a `ValueError` whose `.errors` lists every problem, each with its dotted
+            path and source line (`UnreadableFile` when the file cannot be read at all).
     """
     return config_from_source(load_source(path, overrides))

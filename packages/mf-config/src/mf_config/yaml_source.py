@@ -118,7 +118,18 @@ class Source:
 
 
 def load_file(path: str | FilePath) -> Source:
-    """Read and parse a configuration file; every failure is a `ConfigError` naming the file."""
+    """Read and parse a configuration file, keeping the line of every value.
+
+    Args:
+        path: the YAML file.
+
+    Returns:
+        The data, with `file` and `lines` set.
+
+    Raises:
+        ConfigError: naming the file, for every failure: not UTF-8, YAML syntax, a duplicate
+            key, a limit passed (`UnreadableFile` when it cannot be read at all).
+    """
     name = str(path)
     try:
         raw = FilePath(path).read_bytes()
@@ -132,7 +143,18 @@ def load_file(path: str | FilePath) -> Source:
 
 
 def load_text(text: str, file: str | None = None) -> Source:
-    """Parse configuration YAML from a string (`file` only names it in messages)."""
+    """Parse configuration YAML from a string, by the same strict rules as a file.
+
+    Args:
+        text: the YAML document.
+        file: names the text in messages only.
+
+    Returns:
+        The data and the line of every value.
+
+    Raises:
+        ConfigError: listing what is wrong with the text.
+    """
     loader = _ConfigLoader(text)
     root = _compose(loader, file)
     if root is None:
