@@ -69,6 +69,17 @@ class BlendedDataset:
 
     With ``size`` None the blend is exhaustive: ``weights`` must be whole numbers (normally each
     constituent's length) and every constituent sample is drawn exactly once.
+
+    Args:
+        datasets: the constituents (each a `GPTDataset`, or anything with a length, samples
+            and a ``unique_description``).
+        weights: their shares (normalised here), or their lengths for an exhaustive blend.
+        size: samples of the blend; None: exhaustive.
+        split_name: one of "train", "valid", "test".
+        cache_dir: where Megatron's blend caches are kept; None: not cached.
+
+    Raises:
+        DataError: the arguments do not describe a blend.
     """
 
     def __init__(self, datasets: Sequence[Any], weights: Sequence[float | int], size: int | None,

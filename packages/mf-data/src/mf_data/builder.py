@@ -47,7 +47,20 @@ WHOLE = (0.0, 1.0)
 
 
 def build_datasets(dataloader: DataloaderConfig) -> tuple[Dataset | None, ...]:
-    """`(train, valid, test)` for the `train_dataset.dataloader` section."""
+    """The three split datasets of a configuration, built as Megatron's builder builds them.
+
+    Args:
+        dataloader: the `train_dataset.dataloader` section (type
+            `BlendedMegatronDatasetDataLoader`).
+
+    Returns:
+        `(train, valid, test)`: each a `GPTDataset` or `BlendedDataset`, or None for a split
+        that gets no data.
+
+    Raises:
+        DataError: the settings are wrong (every problem, with its path), or a file is
+            missing or damaged.
+    """
     settings = megatron_settings(dataloader)
     config = settings.config
     builder = SplitBuilder(gpt_config(config), mmap=config.mmap_bin_files,

@@ -112,9 +112,18 @@ def resolve_pad(config: GPTDatasetConfig) -> int:
 class GPTDataset:
     """Samples of ``sequence_length`` tokens (plus labels and masks) from ``indexed``.
 
-    ``dataset_path`` is the prefix as configured (it goes into the cache description),
-    ``indices`` the sequence ids this split exposes, ``num_samples`` how many samples to provide
-    (None: one epoch), ``index_split`` one of "train", "valid", "test".
+    The indices are loaded from the cache when its description matches, else built (and saved).
+
+    Args:
+        indexed: the tokens.
+        dataset_path: the prefix as configured (it goes into the cache description).
+        indices: the sequence ids this split exposes.
+        num_samples: how many samples to provide; None: one epoch.
+        index_split: one of "train", "valid", "test".
+        config: what shapes the samples.
+
+    Raises:
+        DataError: ``index_split`` is not a split name.
     """
 
     def __init__(self, indexed: IndexedDataset, dataset_path: str, indices: np.ndarray,

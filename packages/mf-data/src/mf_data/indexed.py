@@ -94,7 +94,16 @@ def _open_bytes(path: str, mmap: bool) -> np.ndarray:
 
 class IndexedDataset:
     """A Megatron ``.idx``/``.bin`` pair. Validates the index against the data on open so a
-    damaged corpus fails here, naming the file, rather than later inside a training step."""
+    damaged corpus fails here, naming the file, rather than later inside a training step.
+
+    Args:
+        prefix: the path of both files without ``.idx``/``.bin``.
+        mmap: memory-map the files (else read them into memory).
+
+    Raises:
+        DataError: naming the file, when one is missing, not a Megatron index, truncated, or
+            does not match the other.
+    """
 
     def __init__(self, prefix: str | os.PathLike, mmap: bool = True) -> None:
         self.prefix = os.fspath(prefix)
@@ -176,8 +185,19 @@ class IndexedDataset:
         return len(self.document_indices) - 1
 
     def get(self, index: int, offset: int = 0, length: int | None = None) -> np.ndarray:
-        """Tokens ``[offset, offset + length)`` of sequence ``index`` in the file's dtype (a
-        read-only view); ``length=None`` reads to the end of the sequence."""
+        """Part or all of one sequence, without copying it.
+
+        Args:
+            index: the sequence (negative counts from the end).
+            offset: the first token.
+            length: tokens to read; None reads to the end of the sequence.
+
+        Returns:
+            Tokens ``[offset, offset + length)`` in the file's dtype, a read-only view.
+
+        Raises:
+            DataError: the index or the token range is out of bounds.
+        """
         count = len(self)
         if not -count <= index < count:
             raise DataError(f"{self.prefix}: sequence index {index} out of range; the dataset "
@@ -217,7 +237,12 @@ def write_index_file(idx_path: str | os.PathLike, dtype: Any, sequence_lengths: 
 
 class IndexedDatasetBuilder:
     """Streams sequences into a `.bin` (under a temporary name until ``finalize``) and records
-    lengths and document boundaries for the `.idx`."""
+    lengths and document boundaries for the `.idx`.
+
+    Args:
+        bin_path: where the `.bin` goes.
+        dtype: the token dtype, one Megatron has a code for (`DType`).
+    """
 
     def __init__(self, bin_path: str | os.PathLike, dtype: Any = np.int32) -> None:
         self.bin_path = os.fspath(bin_path)
@@ -303,7 +328,13 @@ class IndexedDatasetBuilder:
 
 def write_indexed(prefix: str | os.PathLike, documents: Iterable[Sequence[int]],
                   dtype: Any = np.int32) -> None:
-    """Write ``prefix.bin``/``prefix.idx`` with each document as one sequence; atomic."""
+    """Write a Megatron indexed dataset with each document as one sequence, atomically.
+
+    Args:
+        prefix: the path of ``prefix.bin``/``prefix.idx``.
+        documents: token ids, one sequence per document.
+        dtype: the token dtype.
+    """
     with IndexedDatasetBuilder(data_path(prefix), dtype) as builder:
         for document in documents:
             builder.add_item(document)

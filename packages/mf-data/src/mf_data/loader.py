@@ -52,8 +52,25 @@ def micro_batch_indices(num_samples: int, consumed_samples: int, micro_batch_siz
                         data_parallel: int, rank: int, *, drop_remainder: bool = True,
                         shuffle: bool = False, seed: int = 0,
                         epoch: int = 0) -> Iterator[list[int | None]]:
-    """Sample indices of each micro-batch of `rank` in pass `epoch`, from `consumed_samples`
-    (within that pass) on."""
+    """The order `BatchLoader` reads in, apart from the samples (Megatron's sampler).
+
+    Args:
+        num_samples: samples in the dataset.
+        consumed_samples: where to resume in the pass, counted over all ranks.
+        micro_batch_size: samples per micro-batch of one rank.
+        data_parallel: data-parallel ranks.
+        rank: this rank's data-parallel index.
+        drop_remainder: drop the last incomplete global micro-batch (else pad it with None).
+        shuffle: permute the pass with a generator seeded with `seed + epoch`.
+        seed: the shuffle's seed.
+        epoch: the pass, counted from 0.
+
+    Yields:
+        The sample indices of each of `rank`'s micro-batches (None: a padding sample).
+
+    Raises:
+        DataError: `consumed_samples` is not a multiple of the global micro-batch, or too big.
+    """
     step = micro_batch_size * data_parallel
     if consumed_samples % step:
         raise DataError(f"consumed_samples {consumed_samples} is not a multiple of the global "
@@ -80,7 +97,27 @@ def _pass_order(num_samples: int, shuffle: bool, seed: int) -> np.ndarray:
 
 
 class BatchLoader:
-    """Micro-batches of `dataset` for one data-parallel rank, as dicts of int32 arrays."""
+    """Micro-batches of `dataset` for one data-parallel rank, as dicts of int32 arrays.
+
+    Iterating resumes from `consumed_samples` and advances it (what a checkpoint records).
+
+    Args:
+        dataset: the samples (a `GPTDataset`, `BlendedDataset`, or any `SampleSource`).
+        micro_batch_size: samples per micro-batch of this rank.
+        data_parallel: data-parallel ranks.
+        rank: this rank's data-parallel index.
+        column_names: the batch's keys, naming the sample's fields by position.
+        consumed_samples: where to start, counted over all ranks.
+        drop_remainder: drop the last incomplete global micro-batch (else pad it).
+        shuffle: permute each pass, seeded with `seed + epoch`.
+        seed: the shuffle's seed.
+        epoch: the pass over the dataset, counted from 0.
+        num_parallel_workers: threads building the samples of a batch.
+        prefetch_size: batches built ahead in a background thread.
+
+    Raises:
+        DataError: `rank` is outside `data_parallel`, or `micro_batch_size` is below 1.
+    """
 
     def __init__(self, dataset: SampleSource, *, micro_batch_size: int, data_parallel: int = 1,
                  rank: int = 0, column_names: Sequence[str] = ("input_ids", "labels"),
@@ -111,11 +148,24 @@ class BatchLoader:
     def for_rank(cls, dataset: SampleSource, train_dataset: TrainDatasetConfig, plan: Plan,
                  rank: int, *, consumed_samples: int = 0, seed: int = 0, epoch: int = 0,
                  column_names: Sequence[str] | None = None) -> BatchLoader:
-        """The loader of global rank `rank` in `plan`, configured by `train_dataset`: micro-
-        batches of the plan's `local_batch_size`, split over its data-parallel ranks (ranks
-        that differ only in tensor, context or pipeline position get the same batches).
-        `column_names` replaces `train_dataset.dataloader.column_names` (a trainer that takes
-        particular fields asks for them)."""
+        """The loader of one global rank, as the configuration and the parallel plan say.
+
+        Ranks that differ only in tensor, context or pipeline position get the same batches.
+
+        Args:
+            dataset: the samples.
+            train_dataset: the `train_dataset` section (columns, remainder, shuffle, workers).
+            plan: the parallel plan; its micro-batch size and data-parallel groups are used.
+            rank: the global rank.
+            consumed_samples: where to resume, counted over all ranks.
+            seed: the shuffle's seed.
+            epoch: the pass over the dataset, counted from 0.
+            column_names: replaces `train_dataset.dataloader.column_names` (a trainer that
+                takes particular fields asks for them).
+
+        Returns:
+            The loader of `rank`'s micro-batches.
+        """
         data_group = plan.mesh.groups_of(rank)["data"]
         return cls(dataset, micro_batch_size=plan.batch.micro_batch_size,
                    data_parallel=len(data_group), rank=data_group.index(rank),

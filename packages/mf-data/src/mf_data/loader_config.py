@@ -90,8 +90,18 @@ class MegatronLoaderSettings(Section):
 
 
 def megatron_settings(dataloader: DataloaderConfig) -> MegatronLoaderSettings:
-    """The Megatron loader settings of `dataloader`, checked; `DataError` lists every problem
-    with its path."""
+    """The Megatron loader's typed settings, checked as `mf-config validate` checks them.
+
+    Args:
+        dataloader: the `train_dataset.dataloader` section.
+
+    Returns:
+        Its keys as `MegatronLoaderSettings`.
+
+    Raises:
+        DataError: the type is not `BlendedMegatronDatasetDataLoader`, or listing every
+            problem in the keys, each with its path.
+    """
     if dataloader.type != LOADER_TYPE:
         raise DataError(f"{format_path((*PATH, 'type'))}: mf-data loads {LOADER_TYPE!r}, "
                         f"got {dataloader.type!r}")

@@ -30,7 +30,14 @@ class _Batches:
 
 
 def to_mindspore_dataset(loader: BatchLoader) -> msds.GeneratorDataset:
-    """The loader's micro-batches as a `mindspore.dataset.GeneratorDataset` (one row per
-    micro-batch, columns named by `column_names`; not shuffled again)."""
+    """The loader's micro-batches for MindSpore's data pipeline.
+
+    Args:
+        loader: the rank's loader; its order is kept (not shuffled again).
+
+    Returns:
+        A `mindspore.dataset.GeneratorDataset`, one row per micro-batch, columns named by
+        the loader's `column_names`.
+    """
     return msds.GeneratorDataset(_Batches(loader), column_names=list(loader.column_names),
                                  shuffle=False, num_parallel_workers=1)

@@ -104,6 +104,14 @@ def _encode_all(tokenizer: TextTokenizer, texts: list[str]) -> list[list[int]]:
     return [tokenizer.encode(text) for text in texts]
 
 
+def _token_dtype(dtype: Any, tokenizer: TextTokenizer) -> np.dtype:
+    """The dtype asked for, or Megatron's optimal one; either must hold every id."""
+    chosen = DType.optimal(tokenizer.vocab_size) if dtype is None else \
+        DType.dtype_of(DType.code_of(dtype))
+    _check_dtype(chosen, tokenizer)
+    return chosen
+
+
 def _check_dtype(dtype: np.dtype, tokenizer: TextTokenizer) -> None:
     if dtype.kind in "iu" and tokenizer.vocab_size - 1 > np.iinfo(dtype).max:
         raise DataError(f"--dtype {dtype.name}: holds ids up to {np.iinfo(dtype).max} but the "
@@ -132,23 +140,41 @@ class _DocumentWriter:
         self.sequences += len(lengths)
         self.tokens += len(tokens)
 
+    def summary(self, path: str, prefix: str, dtype: np.dtype,
+                seconds: float) -> PreprocessSummary:
+        return PreprocessSummary(input=path, prefix=prefix, documents=self.documents,
+                                 empty_documents=self.empty, sequences=self.sequences,
+                                 tokens=self.tokens, dtype=dtype, seconds=seconds)
+
 
 def preprocess_jsonl(input_path: str | os.PathLike, output_prefix: str | os.PathLike,
                      tokenizer: TextTokenizer, json_key: str = "text", dtype: Any = None,
                      progress: TextIO | None = sys.stderr,
                      progress_seconds: float = 5.0) -> PreprocessSummary:
-    """Tokenize every record's ``json_key`` into ``output_prefix.bin``/``.idx``.
+    """Tokenize a JSON-lines corpus into a Megatron indexed dataset, a document per record.
 
-    The dtype defaults to Megatron's optimal one (uint16 below a 65500-token vocabulary, else
-    int32). Output appears only when complete; on any error nothing is left behind, not even
-    the directories made for it.
+    Output appears only when complete; on any error nothing is left behind, not even the
+    directories made for it.
+
+    Args:
+        input_path: the ``.jsonl`` file.
+        output_prefix: where ``.bin``/``.idx`` go.
+        tokenizer: encodes the text; its EOD id ends each document.
+        json_key: the record's field holding the text (a string or a list of strings).
+        dtype: the token dtype; None: Megatron's optimal one (uint16 below a 65500-token
+            vocabulary, else int32).
+        progress: where a status line goes, at most every ``progress_seconds``; None: nowhere.
+
+    Returns:
+        What was written: documents (empty ones too), sequences, tokens, dtype and time.
+
+    Raises:
+        DataError: the input is missing, a record cannot be read, or the dtype is too narrow.
     """
     path, prefix = os.fspath(input_path), os.fspath(output_prefix)
     if not os.path.isfile(path):
         raise DataError(f"{path}: input file not found")
-    token_dtype = DType.optimal(tokenizer.vocab_size) if dtype is None else \
-        DType.dtype_of(DType.code_of(dtype))
-    _check_dtype(token_dtype, tokenizer)
+    token_dtype = _token_dtype(dtype, tokenizer)
     made = _make_parent_directories(prefix)
     printer = ProgressPrinter(progress, os.path.getsize(path), progress_seconds)
     started = time.monotonic()
@@ -159,10 +185,7 @@ def preprocess_jsonl(input_path: str | os.PathLike, output_prefix: str | os.Path
         _remove_empty_directories(made)
         raise
     printer.update(writer.documents, writer.tokens, bytes_read, final=True)
-    return PreprocessSummary(input=path, prefix=prefix, documents=writer.documents,
-                             empty_documents=writer.empty, sequences=writer.sequences,
-                             tokens=writer.tokens, dtype=token_dtype,
-                             seconds=time.monotonic() - started)
+    return writer.summary(path, prefix, token_dtype, time.monotonic() - started)
 
 
 def _write_dataset(path: str, prefix: str, tokenizer: TextTokenizer, json_key: str,

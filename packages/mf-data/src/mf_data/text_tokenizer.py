@@ -116,7 +116,19 @@ class HuggingFaceTokenizer:
 
 def load_tokenizer(path: str | os.PathLike | None = None,
                    eod: int | None = None) -> ByteTokenizer | HuggingFaceTokenizer:
-    """The byte tokenizer when ``path`` is None, else the Hugging Face tokenizer.json at it."""
+    """The tokenizer preprocessing uses, by what the command line gives.
+
+    Args:
+        path: a Hugging Face ``tokenizer.json``; None: the byte tokenizer (needs no files).
+        eod: the end-of-document id; None: the tokenizer's own.
+
+    Returns:
+        The byte tokenizer when ``path`` is None, else the Hugging Face tokenizer at it.
+
+    Raises:
+        DataError: the tokenizer cannot be loaded (no file, not a tokenizer.json, no EOD
+            token found, the `tokenizers` package missing).
+    """
     if path is None:
         return ByteTokenizer() if eod is None else ByteTokenizer(eod)
     return HuggingFaceTokenizer(path, eod)
