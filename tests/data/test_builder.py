@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 
 from mf_config.converter import converter
-from mf_config.sections import DataloaderConfig
+from mf_config.sections import DataloaderConfig, declared_fields
 from mf_data.blended_dataset import BlendedDataset
-from mf_data.builder import MEGATRON_NAMES, build_datasets, gpt_config
+from mf_data.builder import SAMPLE_SETTINGS, build_datasets, gpt_config
 from mf_data.errors import DataError
 from mf_data.gpt_dataset import GPTDataset, GPTDatasetConfig
 from mf_data.indexed import IndexedDataset, write_indexed
@@ -57,7 +57,7 @@ def test_one_prefix_gives_a_gpt_dataset_per_split(corpora) -> None:
             np.testing.assert_array_equal(train[i][key], value)
 
 
-def test_gpt_config_carries_every_setting_under_megatrons_name() -> None:
+def test_gpt_config_feeds_every_sample_field_from_the_settings() -> None:
     settings = MegatronDatasetSettings(
         seq_length=32, seed=7, split="9, 1, 0", path_to_cache="/cache", eod=3, pad=2,
         reset_position_ids=True, reset_attention_mask=True, eod_mask_loss=True,
@@ -66,12 +66,11 @@ def test_gpt_config_carries_every_setting_under_megatrons_name() -> None:
         add_extra_token_to_sequence=False, drop_last_partial_validation_sequence=False)
     config = gpt_config(settings)
     assert (config.sequence_length, config.random_seed, config.eod_pad_length) == (32, 7, 64)
-    for name in ("split", "path_to_cache", "eod", "pad", "reset_position_ids",
-                 "reset_attention_mask", "eod_mask_loss", "create_attention_mask",
-                 "create_compressed_eod_mask", "allow_ambiguous_pad_tokens",
-                 "add_extra_token_to_sequence", "drop_last_partial_validation_sequence"):
-        assert getattr(config, name) == getattr(settings, name), name
-    assert set(MEGATRON_NAMES.values()) <= set(GPTDatasetConfig.__dataclass_fields__)
+    for name, field in SAMPLE_SETTINGS.items():
+        assert getattr(config, field) == getattr(settings, name), name
+    assert set(SAMPLE_SETTINGS) <= set(declared_fields(MegatronDatasetSettings))
+    fed = {*SAMPLE_SETTINGS.values(), "eod_pad_length", "tokenizer_identifiers"}
+    assert fed == set(GPTDatasetConfig.__dataclass_fields__)
     assert config.tokenizer_identifiers is None
 
 

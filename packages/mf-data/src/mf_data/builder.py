@@ -27,11 +27,10 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import fields, replace
+from dataclasses import replace
 from typing import Any
 
 from mf_config import DataloaderConfig
-from mf_config.sections import declared_fields
 
 from .blended_dataset import BlendedDataset
 from .blending import blend_sizes, normalise_weights, parse_blend
@@ -78,9 +77,19 @@ def build_datasets(dataloader: DataloaderConfig) -> tuple[Dataset | None, ...]:
     return builder.build(config.data_path, config.split, settings.sizes)
 
 
-MEGATRON_NAMES = {"seq_length": "sequence_length", "seed": "random_seed"}
-"""The loader settings (MindFormers' names) whose Megatron `GPTDatasetConfig` name differs;
-every other setting `GPTDatasetConfig` has goes over under its own name."""
+SAMPLE_SETTINGS = {
+    "seq_length": "sequence_length", "seed": "random_seed", "split": "split", "eod": "eod",
+    "pad": "pad", "add_extra_token_to_sequence": "add_extra_token_to_sequence",
+    "reset_position_ids": "reset_position_ids", "reset_attention_mask": "reset_attention_mask",
+    "eod_mask_loss": "eod_mask_loss", "create_attention_mask": "create_attention_mask",
+    "create_compressed_eod_mask": "create_compressed_eod_mask",
+    "allow_ambiguous_pad_tokens": "allow_ambiguous_pad_tokens",
+    "drop_last_partial_validation_sequence": "drop_last_partial_validation_sequence",
+    "path_to_cache": "path_to_cache",
+}
+"""The loader settings that shape the samples (MindFormers' names) -> their `GPTDatasetConfig`
+fields (Megatron's names). Written out, not matched by name, so that a setting nobody reads
+stays visible (mf-train's test_support looks for every key by name)."""
 
 
 def gpt_config(settings: MegatronDatasetSettings) -> GPTDatasetConfig:
@@ -93,11 +102,9 @@ def gpt_config(settings: MegatronDatasetSettings) -> GPTDatasetConfig:
         The `GPTDatasetConfig` of the same values, under Megatron's names; `eod_pad_length` is
         resolved from either of its names.
     """
-    wanted = {field.name for field in fields(GPTDatasetConfig)}
-    values = {MEGATRON_NAMES.get(name, name): getattr(settings, name)
-              for name in declared_fields(MegatronDatasetSettings)}
-    values["eod_pad_length"] = settings.pad_length()
-    return GPTDatasetConfig(**{name: value for name, value in values.items() if name in wanted})
+    return GPTDatasetConfig(eod_pad_length=settings.pad_length(),
+                            **{field: getattr(settings, name)
+                               for name, field in SAMPLE_SETTINGS.items()})
 
 
 class SplitBuilder:
