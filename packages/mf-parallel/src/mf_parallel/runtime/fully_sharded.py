@@ -38,7 +38,7 @@ import mindspore as ms
 from mindspore import Parameter, nn, ops
 from mindspore.experimental.optim import AdamW
 
-from mf_parallel.sharding import reshard_plan
+from mf_parallel.reshard_policy import reshard_plan
 
 from .collectives import Collectives
 from .flat_shard import FlatShard
