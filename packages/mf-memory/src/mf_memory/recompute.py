@@ -41,7 +41,20 @@ def is_recomputed(cell: nn.Cell) -> bool:
 
 
 def apply_recompute(model: nn.Cell, config: RecomputeConfig) -> list[str]:
-    """Mark the layers or modules the config names; return their paths (`layers[0].mlp`)."""
+    """Mark the layers or modules the config names with `Cell.recompute()`, trading their
+    saved activations for a second forward in backward.
+
+    Args:
+        model: a model with the layer contract (`decoder_layers`, optional `layer_offset`).
+        config: the config's `recompute` section (`full` layers or `select` modules).
+
+    Returns:
+        The marked cells' paths (`layers[0]`, `layers[0].mlp`); empty for mode `None`.
+
+    Raises:
+        RecomputeError: a missing or unknown entry, or a cell marked already (itself, inside
+            or around a marked one).
+    """
     targets = _recompute_targets(model, config)
     chosen = {id(cell) for _, cell in targets}
     for path, cell in targets:
@@ -145,7 +158,19 @@ def _key(tensor: ms.Tensor) -> tuple[int, tuple[int, ...]]:
 
 
 def apply_recompute_comm(model: nn.Cell, config: RecomputeCommConfig) -> list[str]:
-    """Wrap the gather/copy cells under each named path; return the wrapped cells' paths."""
+    """Wrap the tensor-parallel gather/copy cells under each named module in a
+    `RecomputedComm`, so that backward gathers their output again instead of keeping it.
+
+    Args:
+        model: a model with the layer contract, built with mf-parallel's tensor-parallel cells.
+        config: the config's `recompute_comm` section.
+
+    Returns:
+        The wrapped cells' paths (`layers[0].attention.qkv.enter`); empty when not enabled.
+
+    Raises:
+        RecomputeError: no gather/copy cell under a named module, or one wrapped already.
+    """
     if not config.enable:
         return []
     if not config.select_module:
