@@ -77,9 +77,9 @@ class TensorGroup:
         return np.split(full, self.size, axis=axis)[self.rank]
 
 
-class CopyToTensorRegion(nn.Cell):
-    """Identity forward; all-reduce of the gradient backward: enters a tensor-parallel region
-    without sequence parallelism.
+class _TensorRegion(nn.Cell):
+    """A cell at the edge of a tensor-parallel region: its forward and its `bprop` are a
+    conjugate pair of collectives over the tensor group.
 
     Args:
         group: this rank's tensor group.
@@ -88,6 +88,11 @@ class CopyToTensorRegion(nn.Cell):
     def __init__(self, group: TensorGroup):
         super().__init__()
         self.group = group
+
+
+class CopyToTensorRegion(_TensorRegion):
+    """Identity forward; all-reduce of the gradient backward: enters a tensor-parallel region
+    without sequence parallelism. Built with this rank's `TensorGroup`."""
 
     def construct(self, x: Tensor) -> Tensor:
         return x
@@ -96,12 +101,8 @@ class CopyToTensorRegion(nn.Cell):
         return (self.group.all_reduce(dout),)
 
 
-class ReduceFromTensorRegion(nn.Cell):
+class ReduceFromTensorRegion(_TensorRegion):
     """All-reduce forward; identity backward (the gradient is already the same everywhere)."""
-
-    def __init__(self, group: TensorGroup):
-        super().__init__()
-        self.group = group
 
     def construct(self, x: Tensor) -> Tensor:
         return self.group.all_reduce(x)
@@ -110,17 +111,9 @@ class ReduceFromTensorRegion(nn.Cell):
         return (dout,)
 
 
-class GatherFromSequenceRegion(nn.Cell):
+class GatherFromSequenceRegion(_TensorRegion):
     """All-gather along dim 0 forward; reduce-scatter along dim 0 backward: enters a
-    tensor-parallel region from sequence slices.
-
-    Args:
-        group: this rank's tensor group.
-    """
-
-    def __init__(self, group: TensorGroup):
-        super().__init__()
-        self.group = group
+    tensor-parallel region from sequence slices. Built with this rank's `TensorGroup`."""
 
     def construct(self, x: Tensor) -> Tensor:
         return self.group.all_gather(x)
@@ -129,12 +122,8 @@ class GatherFromSequenceRegion(nn.Cell):
         return (self.group.reduce_scatter(dout),)
 
 
-class ReduceScatterToSequenceRegion(nn.Cell):
+class ReduceScatterToSequenceRegion(_TensorRegion):
     """Reduce-scatter along dim 0 forward; all-gather along dim 0 backward."""
-
-    def __init__(self, group: TensorGroup):
-        super().__init__()
-        self.group = group
 
     def construct(self, x: Tensor) -> Tensor:
         return self.group.reduce_scatter(x)
