@@ -14,8 +14,9 @@ import json
 import sys
 from collections.abc import Sequence
 
+from mf_config import TrainConfig
 from mf_parallel import PlanError, make_plan
-from mf_parallel.job_cli import EXIT_INVALID, EXIT_OK, job_parser, parse_job
+from mf_parallel.job_cli import EXIT_INVALID, EXIT_OK, job_parser, run_job
 
 from .estimate import (
     MIB,
@@ -29,10 +30,11 @@ from .estimate import (
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the CLI; returns the exit status."""
-    parsed = parse_job(_parser(), argv)
-    if isinstance(parsed, int):
-        return parsed
-    args, config = parsed
+    return run_job(_parser(), argv, _estimate)
+
+
+def _estimate(args: argparse.Namespace, config: TrainConfig) -> int:
+    """`mf-memory estimate` once the config is loaded."""
     try:
         stage = args.stage
         if args.rank is not None:

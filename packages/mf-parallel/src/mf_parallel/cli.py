@@ -14,20 +14,22 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
+from mf_config import TrainConfig
 from mf_config.components import decoder_layers, sequence_length
 
 from .batch import BatchPlan, Rampup
 from .errors import PlanError
-from .job_cli import EXIT_INVALID, EXIT_OK, job_parser, parse_job
+from .job_cli import EXIT_INVALID, EXIT_OK, job_parser, run_job
 from .plan import Plan, make_plan, plan_summary
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the CLI; returns the exit status."""
-    parsed = parse_job(_parser(), argv)
-    if isinstance(parsed, int):
-        return parsed
-    args, config = parsed
+    return run_job(_parser(), argv, _plan)
+
+
+def _plan(args: argparse.Namespace, config: TrainConfig) -> int:
+    """`mf-parallel plan` once the config is loaded."""
     try:
         plan = make_plan(config.parallelism, config.training, args.world_size,
                          num_layers=decoder_layers(config), seq_length=sequence_length(config))

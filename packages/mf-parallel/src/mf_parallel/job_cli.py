@@ -5,18 +5,18 @@ own) takes the same `--config FILE --world-size N [--json] [--set key.path=value
 reports a bad config the same way. mf-parallel owns it because it owns the job's layout: the
 config and the world size.
 
+    def check(args: argparse.Namespace, config: TrainConfig) -> int:
+        ...  # the command's work; returns EXIT_OK or EXIT_INVALID
+
     parser, command = job_parser("my-tool", "What my tool does.", "check", "check a job")
-    parsed = parse_job(parser, argv)
-    if isinstance(parsed, int):
-        return parsed  # the exit status; the reason is printed
-    args, config = parsed
+    sys.exit(run_job(parser, None, check))  # None: sys.argv[1:]
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from mf_config import ConfigError, TrainConfig, UnreadableFile, load_config
 
@@ -82,6 +82,23 @@ def parse_job(parser: argparse.ArgumentParser,
     if isinstance(config, int):
         return config
     return args, config
+
+
+def run_job(parser: argparse.ArgumentParser, argv: Sequence[str] | None,
+            command: Callable[[argparse.Namespace, TrainConfig], int]) -> int:
+    """Parse, load the job's config and run the command: the part every job CLI's `main`
+    shares.
+
+    Args:
+        parser: a parser from `job_parser`.
+        argv: the arguments (None: sys.argv[1:]).
+        command: the command's work, given the parsed arguments and the config.
+
+    Returns:
+        The command's exit status, or `parse_job`'s when there is nothing to run.
+    """
+    parsed = parse_job(parser, argv)
+    return parsed if isinstance(parsed, int) else command(*parsed)
 
 
 def load_job_config(args: argparse.Namespace) -> TrainConfig | int:
