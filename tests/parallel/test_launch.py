@@ -13,15 +13,9 @@ from pathlib import Path
 import pytest
 
 from mf_parallel.errors import PlanError
-from mf_parallel.launch import (
-    LaunchError,
-    _LogScan,
-    _RankWatch,
-    free_port,
-    msrun_command,
-    rank_failure_message,
-    run_ranks,
-)
+from mf_parallel.launch import LaunchError, run_ranks
+from mf_parallel.msrun import free_port, msrun_command
+from mf_parallel.rank_watch import LogScan, RankWatch, rank_failure_message
 
 WORKERS = Path(__file__).resolve().parent / "workers"
 
@@ -192,12 +186,12 @@ def test_which_tracebacks_mean_a_rank_is_dying(tmp_path, text, fatal) -> None:
     by ranks that go on, and must not stop the job."""
     log = tmp_path / "worker_0.log"
     log.write_text(text)
-    assert _LogScan(log).uncaught_traceback() is fatal
+    assert LogScan(log).uncaught_traceback() is fatal
 
 
 def test_a_traceback_is_found_when_it_arrives_in_pieces(tmp_path) -> None:
     log = tmp_path / "worker_0.log"
-    scan = _LogScan(log)
+    scan = LogScan(log)
     log.write_text("x" * 100 + UNCAUGHT[:30])
     assert not scan.uncaught_traceback()
     with open(log, "a") as more:
@@ -230,7 +224,7 @@ def test_msrun_reports_a_worker_the_watch_never_saw(tmp_path) -> None:
     line (recorded from msrun 2.10; a line in a copied worker log, with another PID, does not
     count) says how it ended, and the logs say which rank it was."""
     (tmp_path / "msrun.log").write_text(MSRUN_LOG)
-    watch = _RankWatch(4865, tmp_path, 2)
+    watch = RankWatch(4865, tmp_path, 2)
     assert watch.failure() == (
         f"a worker (pid 4897) was killed by SIGKILL and no rank logged a Python error; "
         f"see {tmp_path}")

@@ -14,8 +14,9 @@ import json
 import sys
 from collections.abc import Sequence
 
+from mf_config import TrainConfig
 from mf_parallel import PlanError, make_plan
-from mf_parallel.cli import EXIT_INVALID, EXIT_OK, EXIT_USAGE, add_job_arguments, load_job_config
+from mf_parallel.job_cli import EXIT_INVALID, EXIT_OK, job_parser, run_job
 
 from .estimate import (
     MIB,
@@ -29,14 +30,11 @@ from .estimate import (
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the CLI; returns the exit status."""
-    parser = _parser()
-    args = parser.parse_args(argv)
-    if args.command != "estimate":
-        parser.print_usage(sys.stderr)
-        return EXIT_USAGE
-    config = load_job_config(args)
-    if isinstance(config, int):
-        return config
+    return run_job(_parser(), argv, _estimate)
+
+
+def _estimate(args: argparse.Namespace, config: TrainConfig) -> int:
+    """`mf-memory estimate` once the config is loaded."""
     try:
         stage = args.stage
         if args.rank is not None:
@@ -57,17 +55,12 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="mf-memory",
-                                     description="Memory estimates of mf training jobs.")
-    parser.set_defaults(command=None)
-    commands = parser.add_subparsers(title="commands", metavar="COMMAND")
-    est = commands.add_parser("estimate", help="per-device memory of a configuration")
-    add_job_arguments(est)
+    parser, est = job_parser("mf-memory", "Memory estimates of mf training jobs.", "estimate",
+                             "per-device memory of a configuration")
     where = est.add_mutually_exclusive_group()
     where.add_argument("--rank", type=int, metavar="R", help="estimate the stage of rank R")
     where.add_argument("--stage", type=int, metavar="S",
                        help="estimate pipeline stage S (default: the largest stage)")
-    est.set_defaults(command="estimate")
     return parser
 
 

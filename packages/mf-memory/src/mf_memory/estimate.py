@@ -189,8 +189,17 @@ _UNITS = {"gb": GIB, "gib": GIB, "mb": MIB, "mib": MIB, "kb": 1024, "kib": 1024,
 
 
 def parse_memory(text: str | None) -> int | None:
-    """`"58GB"` -> 58·2^30 bytes (MindSpore's GB are binary), `"1024MB"` -> 2^30; None stays
-    None. `EstimateError` naming context.max_device_memory otherwise."""
+    """Read `context.max_device_memory` as MindSpore does (its GB are binary).
+
+    Args:
+        text: `"58GB"`, `"1024MB"`, ... or None.
+
+    Returns:
+        Bytes (`"58GB"` -> 58·2^30, `"1024MB"` -> 2^30), or None for None.
+
+    Raises:
+        EstimateError: not a size; names context.max_device_memory.
+    """
     if text is None:
         return None
     match = _MEMORY.fullmatch(str(text))
@@ -225,10 +234,20 @@ def in_flight(plan: Plan, stage: int) -> int:
 
 
 def estimate(config: TrainConfig, world_size: int, stage: int | None = None) -> MemoryEstimate:
-    """The memory of pipeline stage `stage`, or of the stage with the largest total.
+    """Estimate one device's memory before launching, so that a job that cannot fit is caught
+    on a laptop. Pure Python.
 
-    `EstimateError` for what the config lacks; `mf_parallel.PlanError` for a layout that does
-    not fit the world size, batch or sequence.
+    Args:
+        config: the whole training config.
+        world_size: the number of ranks.
+        stage: the pipeline stage to estimate (None: the stage with the largest total).
+
+    Returns:
+        The stage's bytes by component, per-layer activations and the verdict.
+
+    Raises:
+        EstimateError: what the config lacks, or a stage that does not exist.
+        mf_parallel.PlanError: a layout that does not fit the world size, batch or sequence.
     """
     shape = shape_of(config.model)
     seq = sequence_length(config)
@@ -304,10 +323,17 @@ def with_changes(config: TrainConfig, **sections: Any) -> TrainConfig:
 
 def suggestions(config: TrainConfig, world_size: int, current: MemoryEstimate
                 ) -> list[tuple[str, int]]:
-    """(change, bytes saved on the estimated stage) for the usual memory knobs, largest first.
+    """What to turn when an estimate does not fit: the usual memory knobs, each a full
+    re-estimate with that one change (full recompute, select attention, flash attention,
+    FSDP sharding of parameters too).
 
-    Each figure is a full re-estimate with that one change: recompute of every layer (full),
-    flash attention, FSDP sharding of parameters too.
+    Args:
+        config: the config that was estimated.
+        world_size: the number of ranks.
+        current: its estimate (its stage is re-estimated).
+
+    Returns:
+        (change, bytes saved) for each change that saves anything, largest first.
     """
     shape = shape_of(config.model)
     all_layers = [LayerSpec(0, shape.num_layers - 1)]

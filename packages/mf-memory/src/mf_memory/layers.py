@@ -22,7 +22,18 @@ class ContractError(ValueError):
 
 
 def decoder_layers(model: Any) -> list[Any]:
-    """The model's decoder layers in forward order."""
+    """The model's decoder layers in forward order: the layer contract recompute and swap
+    rely on.
+
+    Args:
+        model: a model with a sequence attribute `decoder_layers`.
+
+    Returns:
+        The layers, as a list.
+
+    Raises:
+        ContractError: no `decoder_layers`, or not a sequence.
+    """
     layers = getattr(model, "decoder_layers", None)
     if layers is None:
         raise ContractError(
@@ -37,7 +48,18 @@ def decoder_layers(model: Any) -> list[Any]:
 
 
 def layer_offset(model: Any) -> int:
-    """The global index of the model's first decoder layer (0 unless it is a pipeline stage)."""
+    """The global index of the model's first decoder layer, so that layer specs name global
+    layers on a pipeline stage.
+
+    Args:
+        model: a model with the layer contract.
+
+    Returns:
+        `model.layer_offset`, 0 when absent.
+
+    Raises:
+        ContractError: not an int >= 0.
+    """
     offset = getattr(model, "layer_offset", 0)
     if isinstance(offset, bool) or not isinstance(offset, int) or offset < 0:
         raise ContractError(f"{type(model).__name__}.layer_offset must be an int >= 0, "
@@ -46,7 +68,20 @@ def layer_offset(model: Any) -> int:
 
 
 def resolve_module(layer: Any, path: str, where: str, index: int | None = None) -> Any:
-    """The sub-module at dotted `path` of `layer`; `where` is the config path, for errors."""
+    """The sub-module a config entry names inside one layer.
+
+    Args:
+        layer: a decoder layer.
+        path: a dotted attribute path (`attention`, `attention.qkv`).
+        where: the config path of the entry, for errors.
+        index: the layer's global index, for errors.
+
+    Returns:
+        The cell at `path`.
+
+    Raises:
+        ContractError: a malformed path, or no cell there (lists the child cells).
+    """
     if not path or any(not part for part in path.split(".")):
         raise ContractError(f"{where}: {path!r} is not a module path; write attribute names "
                             "joined by dots, such as 'attention' or 'attention.qkv'")

@@ -20,12 +20,13 @@ recomputed, an enclosing swap does not see the tensors that parent saves.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
 import mindspore as ms
 from mindspore import nn, ops
 
-from mf_config import RecomputeCommConfig, RecomputeConfig
+from mf_config import LayerSpec, RecomputeCommConfig, RecomputeConfig
 
 from .layers import ContractError, layer_path, resolve_module, select
 
@@ -40,7 +41,20 @@ def is_recomputed(cell: nn.Cell) -> bool:
 
 
 def apply_recompute(model: nn.Cell, config: RecomputeConfig) -> list[str]:
-    """Mark the layers or modules the config names; return their paths (`layers[0].mlp`)."""
+    """Mark the layers or modules the config names with `Cell.recompute()`, trading their
+    saved activations for a second forward in backward.
+
+    Args:
+        model: a model with the layer contract (`decoder_layers`, optional `layer_offset`).
+        config: the config's `recompute` section (`full` layers or `select` modules).
+
+    Returns:
+        The marked cells' paths (`layers[0]`, `layers[0].mlp`); empty for mode `None`.
+
+    Raises:
+        RecomputeError: a missing or unknown entry, or a cell marked already (itself, inside
+            or around a marked one).
+    """
     targets = _recompute_targets(model, config)
     chosen = {id(cell) for _, cell in targets}
     for path, cell in targets:
@@ -63,15 +77,21 @@ def _recompute_targets(model: nn.Cell, config: RecomputeConfig) -> list[tuple[st
         if not config.select_module:
             raise RecomputeError("recompute.select_module: mode 'select' needs a mapping from "
                                  "module path to layer specs, such as {'attention': ['0-1']}")
-        targets = []
-        for module, specs in config.select_module.items():
-            where = f"recompute.select_module[{module!r}]"
-            for index, layer in select(model, specs, where):
-                targets.append((layer_path(index, module),
-                                resolve_module(layer, module, where, index)))
-        return targets
+        return [(layer_path(index, module), target) for index, module, _, _, target
+                in _selected_modules(model, config.select_module, "recompute.select_module")]
     raise RecomputeError(f"recompute.mode: {config.mode!r} is not a mode; use 'None', 'full' "
                          "or 'select'")
+
+
+def _selected_modules(model: nn.Cell, select_module: dict[str, list[LayerSpec]],
+                      key: str) -> Iterator[tuple[int, str, str, nn.Cell, nn.Cell]]:
+    """(layer index, module path, config key of the entry, layer, module) for each layer the
+    `select_module` mapping names, in mapping then layer order; `key` is the mapping's config
+    key (`recompute.select_module`), for the errors."""
+    for module, specs in select_module.items():
+        where = f"{key}[{module!r}]"
+        for index, layer in select(model, specs, where):
+            yield index, module, where, layer, resolve_module(layer, module, where, index)
 
 
 def _check_free(path: str, cell: nn.Cell, chosen: set[int]) -> None:
@@ -138,26 +158,36 @@ def _key(tensor: ms.Tensor) -> tuple[int, tuple[int, ...]]:
 
 
 def apply_recompute_comm(model: nn.Cell, config: RecomputeCommConfig) -> list[str]:
-    """Wrap the gather/copy cells under each named path; return the wrapped cells' paths."""
+    """Wrap the tensor-parallel gather/copy cells under each named module in a
+    `RecomputedComm`, so that backward gathers their output again instead of keeping it.
+
+    Args:
+        model: a model with the layer contract, built with mf-parallel's tensor-parallel cells.
+        config: the config's `recompute_comm` section.
+
+    Returns:
+        The wrapped cells' paths (`layers[0].attention.qkv.enter`); empty when not enabled.
+
+    Raises:
+        RecomputeError: no gather/copy cell under a named module, or one wrapped already.
+    """
     if not config.enable:
         return []
     if not config.select_module:
         raise RecomputeError("recompute_comm.select_module: enable needs a mapping from module "
                              "path to layer specs, such as {'attention.qkv': ['0-3']}")
     plan = []
-    for module, specs in config.select_module.items():
-        where = f"recompute_comm.select_module[{module!r}]"
-        for index, layer in select(model, specs, where):
-            target = resolve_module(layer, module, where, index)
-            found = _comm_cells(layer, module)
-            if not found:
-                raise RecomputeError(
-                    f"{where}: {layer_path(index, module)} ({type(target).__name__}) has no "
-                    "gather/copy communication cell (GatherFromSequenceRegion or "
-                    "CopyToTensorRegion of mf_parallel.runtime.tensor_parallel); name a "
-                    "column-parallel layer or such a cell")
-            plan.extend((f"{layer_path(index)}.{path}", parent, name, cell)
-                        for path, parent, name, cell in found)
+    for index, module, where, layer, target in _selected_modules(
+            model, config.select_module, "recompute_comm.select_module"):
+        found = _comm_cells(layer, module)
+        if not found:
+            raise RecomputeError(
+                f"{where}: {layer_path(index, module)} ({type(target).__name__}) has no "
+                "gather/copy communication cell (GatherFromSequenceRegion or "
+                "CopyToTensorRegion of mf_parallel.runtime.tensor_parallel); name a "
+                "column-parallel layer or such a cell")
+        plan.extend((f"{layer_path(index)}.{path}", parent, name, cell)
+                    for path, parent, name, cell in found)
     for path, parent, name, cell in plan:
         if isinstance(cell, RecomputedComm) or isinstance(getattr(parent, name), RecomputedComm):
             raise RecomputeError(f"recompute_comm: {path} is already recomputed (was "

@@ -59,10 +59,19 @@ class _Swapped:
 
 
 class ActivationSwap:
-    """Offload the activations of the config's layers and modules of `model`.
+    """Offload the activations of the config's layers and modules of `model` to host memory
+    during forward, and bring them back (with prefetch) before backward needs them.
 
     `paths` lists what is swapped (`layers[0]`, `layers[1].attention`); `stats` counts bytes.
     `remove()` takes every hook off again.
+
+    Args:
+        model: a model with the layer contract (`decoder_layers`, optional `layer_offset`).
+        config: the config's `swap` section (`layer_swap`, `op_swap`, `default_prefetch`);
+            nothing is hooked unless `enable`.
+
+    Raises:
+        ContractError: an entry names a layer or module the model does not have.
     """
 
     def __init__(self, model: nn.Cell, config: SwapConfig):

@@ -16,8 +16,8 @@ from .pipeline_layout import PipelineError, StageLayout, stage_layout
 from .pipeline_schedules import SCHEDULES, Action, Kind, build_schedule
 from .pipeline_simulator import ScheduleError, SimulationResult, simulate
 from .plan import Plan, make_plan, plan_summary
+from .reshard_policy import RESHARD_POLICIES, reshard_after_forward, reshard_plan
 from .sequence import check_sequence_length, sequence_divisor
-from .sharding import RESHARD_POLICIES, reshard_after_forward, reshard_plan
 
 __all__ = [
     "DIMENSIONS",

@@ -81,7 +81,18 @@ class BatchPlan:
 
     @classmethod
     def from_config(cls, training: TrainingConfig, data_parallel: int) -> BatchPlan:
-        """Check the batch sizes against the data-parallel degree; `PlanError` says why not."""
+        """Check the batch sizes against the data-parallel degree.
+
+        Args:
+            training: the config's `training` section.
+            data_parallel: the data-parallel degree.
+
+        Returns:
+            The batch plan.
+
+        Raises:
+            PlanError: not even one micro-batch per data-parallel rank fits; says why.
+        """
         plan = cls(micro_batch_size=training.local_batch_size, data_parallel=data_parallel,
                    global_batch_size=training.global_batch_size,
                    rampup=_rampup(training, data_parallel))
@@ -94,7 +105,14 @@ class BatchPlan:
         return self.micro_batch_size * self.data_parallel
 
     def accumulation_steps(self, consumed_samples: int | None = None) -> int:
-        """Micro-batches per optimizer step (at `consumed_samples`, when ramping up)."""
+        """Micro-batches per optimizer step, what the trainer asks every step.
+
+        Args:
+            consumed_samples: samples consumed so far, when ramping up (None: the final value).
+
+        Returns:
+            global batch // (data parallel x micro-batch), rounded down.
+        """
         gbs = self.global_batch_size_at(consumed_samples)
         if self.samples_per_micro_step > gbs:
             raise PlanError(

@@ -14,25 +14,22 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from mf_config import ConfigError, TrainConfig, UnreadableFile, load_config
+from mf_config import TrainConfig
 from mf_config.components import decoder_layers, sequence_length
 
 from .batch import BatchPlan, Rampup
 from .errors import PlanError
+from .job_cli import EXIT_INVALID, EXIT_OK, job_parser, run_job
 from .plan import Plan, make_plan, plan_summary
-
-EXIT_OK, EXIT_INVALID, EXIT_USAGE = 0, 1, 2
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the CLI; returns the exit status."""
-    args = _parser().parse_args(argv)
-    if args.command != "plan":
-        _parser().print_usage(sys.stderr)
-        return EXIT_USAGE
-    config = load_job_config(args)
-    if isinstance(config, int):
-        return config
+    return run_job(_parser(), argv, _plan)
+
+
+def _plan(args: argparse.Namespace, config: TrainConfig) -> int:
+    """`mf-parallel plan` once the config is loaded."""
     try:
         plan = make_plan(config.parallelism, config.training, args.world_size,
                          num_layers=decoder_layers(config), seq_length=sequence_length(config))
@@ -48,37 +45,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     return EXIT_OK
 
 
-def load_job_config(args: argparse.Namespace) -> TrainConfig | int:
-    """The config of `--config` with the `--set` overrides, or, after printing its problems,
-    the exit status: 1 for an invalid config, 2 for an unreadable file."""
-    try:
-        return load_config(args.config, args.overrides)
-    except ConfigError as exc:
-        for issue in exc.errors:
-            print(issue, file=sys.stderr)
-        return EXIT_USAGE if isinstance(exc, UnreadableFile) else EXIT_INVALID
-
-
-def add_job_arguments(parser: argparse.ArgumentParser) -> None:
-    """`--config`, `--world-size`, `--json` and `--set`: what every command about one training
-    job on N ranks takes (`mf-parallel plan`, `mf-memory estimate`)."""
-    parser.add_argument("--config", required=True, metavar="FILE", help="train.yaml")
-    parser.add_argument("--world-size", required=True, type=int, metavar="N",
-                        help="number of ranks")
-    parser.add_argument("--json", action="store_true", help="print JSON instead of text")
-    parser.add_argument("--set", dest="overrides", action="append", default=[],
-                        metavar="KEY.PATH=VALUE", help="override a config value (repeatable)")
-
-
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="mf-parallel",
-                                     description="Parallel layouts of mf training jobs.")
-    parser.set_defaults(command=None)
-    commands = parser.add_subparsers(title="commands", metavar="COMMAND")
-    plan = commands.add_parser("plan", help="show the degrees, batches, stages and groups")
-    add_job_arguments(plan)
+    parser, plan = job_parser("mf-parallel", "Parallel layouts of mf training jobs.", "plan",
+                              "show the degrees, batches, stages and groups")
     plan.add_argument("--rank", type=int, metavar="R", help="also show the groups of rank R")
-    plan.set_defaults(command="plan")
     return parser
 
 

@@ -50,7 +50,18 @@ class ParallelDims:
 
     @classmethod
     def from_config(cls, parallelism: ParallelismConfig, world_size: int) -> ParallelDims:
-        """Derive every degree; `PlanError` names the degrees when they cannot fit."""
+        """Derive every degree; data parallel is what tensor x context x pipeline leave.
+
+        Args:
+            parallelism: the config's `parallelism` section.
+            world_size: the number of ranks.
+
+        Returns:
+            The degrees.
+
+        Raises:
+            PlanError: the degrees cannot fit the world size; names them.
+        """
         if world_size < 1:
             raise PlanError(f"the world size must be >= 1, got {world_size}")
         tp, cp, pp = (parallelism.tensor_parallel, parallelism.context_parallel,

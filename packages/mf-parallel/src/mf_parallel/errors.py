@@ -1,5 +1,12 @@
-"""The one error type of the plan: a layout or batch setting that cannot work."""
+"""The errors of mf-parallel: a layout that cannot work, and a multi-rank job that failed."""
 
 
 class PlanError(ValueError):
     """The parallel layout does not fit the world size, the batch or the model; says why."""
+
+
+class LaunchError(RuntimeError):
+    """A multi-rank job failed or ran out of time; the message names the rank and its error.
+
+    Raised by `mf_parallel.launch.run_ranks` (and importable from there).
+    """

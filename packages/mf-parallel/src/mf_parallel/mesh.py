@@ -40,7 +40,17 @@ class RankMesh:
         return (d.pipeline, d.data_replicate, d.data_shard, d.context, d.tensor)
 
     def coordinates(self, rank: int) -> dict[str, int]:
-        """`{"pipeline": 0, "replicate": 0, "shard": 1, "context": 0, "tensor": 1}`."""
+        """Where `rank` sits on each dimension.
+
+        Args:
+            rank: a rank of the world.
+
+        Returns:
+            `{"pipeline": 0, "replicate": 0, "shard": 1, "context": 0, "tensor": 1}`.
+
+        Raises:
+            PlanError: the rank is not in the world.
+        """
         self._check_rank(rank)
         coords = {}
         for name, size in reversed(list(zip(DIMENSIONS, self.shape, strict=True))):
@@ -58,7 +68,17 @@ class RankMesh:
         return rank
 
     def groups(self, kind: str) -> list[list[int]]:
-        """Every group of one kind, each a sorted list of ranks; together they cover the world."""
+        """Every group of one kind; together they cover the world.
+
+        Args:
+            kind: a group kind, one of `GROUP_KINDS`.
+
+        Returns:
+            Each group as a sorted list of ranks.
+
+        Raises:
+            PlanError: an unknown kind.
+        """
         if kind in ("expert", "expert_data"):
             return self._expert_groups(kind == "expert")
         varying = COMPOSITE.get(kind, (kind,))
@@ -67,7 +87,14 @@ class RankMesh:
         return self._groups_over(varying)
 
     def groups_of(self, rank: int) -> dict[str, list[int]]:
-        """The group of every kind that `rank` belongs to."""
+        """The group of every kind that `rank` belongs to.
+
+        Args:
+            rank: a rank of the world.
+
+        Returns:
+            `{kind: sorted ranks}` for every kind of `GROUP_KINDS`.
+        """
         self._check_rank(rank)
         return {kind: _group_index(self, kind)[rank] for kind in GROUP_KINDS}
 

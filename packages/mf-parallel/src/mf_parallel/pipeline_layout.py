@@ -109,11 +109,20 @@ class StageLayout:
 
 def stage_layout(num_layers: int, num_stages: int, num_chunks: int = 1,
                  layers_per_stage: Sequence[int] | None = None) -> StageLayout:
-    """The layout of `num_layers` layers; balanced unless `layers_per_stage` is given.
+    """Which decoder layers each pipeline stage (and chunk) holds; balanced unless told.
 
-    `layers_per_stage` is the config's `pipeline_parallel_layers_per_stage` as a list: one
-    count per virtual stage (num_stages * num_chunks of them), in virtual-stage order.
-    Raise `PipelineError` naming the numbers that do not fit.
+    Args:
+        num_layers: decoder layers of the model.
+        num_stages: the pipeline degree.
+        num_chunks: model chunks per stage (interleaving).
+        layers_per_stage: the config's `pipeline_parallel_layers_per_stage` as a list: one
+            count per virtual stage (num_stages * num_chunks of them), in virtual-stage order.
+
+    Returns:
+        The layout.
+
+    Raises:
+        PipelineError: names the numbers that do not fit.
     """
     _check(num_layers, num_stages, num_chunks, layers_per_stage)
     if layers_per_stage is None:

@@ -138,9 +138,19 @@ SCHEDULES: dict[str, ComputeOrder] = {
 
 def build_schedule(name: str, num_stages: int, num_microbatches: int,
                    num_chunks: int = 1) -> Schedule:
-    """The actions of every stage under schedule `name` (the config's names).
+    """The actions of every stage under one pipeline schedule, sends and receives included.
 
-    Raise `PipelineError` for an unknown name or numbers the schedule cannot run.
+    Args:
+        name: the config's schedule name, one of `SCHEDULES`.
+        num_stages: the pipeline degree.
+        num_microbatches: micro-batches per optimizer step.
+        num_chunks: model chunks per stage (interleaved schedules).
+
+    Returns:
+        One action list per stage.
+
+    Raises:
+        PipelineError: an unknown name or numbers the schedule cannot run.
     """
     order = SCHEDULES.get(name)
     if order is None:

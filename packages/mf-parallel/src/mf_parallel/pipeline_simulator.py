@@ -59,10 +59,21 @@ class SimulationResult:
 def simulate(schedule: Sequence[Sequence[Action]], num_microbatches: int | None = None,
              num_chunks: int = 1, *, forward_time: Number = 1,
              backward_time: Number = 1) -> SimulationResult:
-    """Execute `schedule` (one action list per stage); raise `ScheduleError` on any violation.
+    """Execute a schedule on a unit-time model, to check it and measure its bubble.
 
-    `num_microbatches` defaults to one more than the largest micro-batch the actions name;
-    give it to also catch a schedule that leaves out the last micro-batches altogether.
+    Args:
+        schedule: one action list per stage (from `build_schedule`).
+        num_microbatches: defaults to one more than the largest micro-batch the actions
+            name; give it to also catch a schedule that leaves out the last ones altogether.
+        num_chunks: model chunks per stage.
+        forward_time: the duration of one forward.
+        backward_time: the duration of one backward.
+
+    Returns:
+        Busy time per stage, makespan and peak micro-batches in flight.
+
+    Raises:
+        ScheduleError: wrong order, a lost message, or a hang.
     """
     if not forward_time > 0 or not backward_time > 0:
         raise ValueError(

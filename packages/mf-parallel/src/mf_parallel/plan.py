@@ -44,7 +44,21 @@ class Plan:
 
 def make_plan(parallelism: ParallelismConfig, training: TrainingConfig, world_size: int, *,
               num_layers: int | None = None, seq_length: int | None = None) -> Plan:
-    """Work out the whole layout; `PlanError` says what does not fit and why."""
+    """Work out the whole layout before any rank starts, so that a bad one fails early.
+
+    Args:
+        parallelism: the config's `parallelism` section.
+        training: the config's `training` section (the batch sizes).
+        world_size: the number of ranks.
+        num_layers: decoder layers, to lay out the pipeline stages (None: no layout).
+        seq_length: the sequence length, to check it splits over context and tensor ranks.
+
+    Returns:
+        The plan: degrees, rank mesh, batch math, stage layout and simulated schedule.
+
+    Raises:
+        PlanError: what does not fit and why.
+    """
     dims = ParallelDims.from_config(parallelism, world_size)
     batch = BatchPlan.from_config(training, dims.data)
     if seq_length is not None:
@@ -70,9 +84,13 @@ def make_plan(parallelism: ParallelismConfig, training: TrainingConfig, world_si
 def plan_summary(plan: Plan, rank: int | None = None) -> dict[str, Any]:
     """The plan as plain data (what `mf-parallel plan --json` prints).
 
-    `num_accumulation_steps`, `global_batch_size` and `effective_global_batch_size` are the
-    values at step 0, as MindFormers reports them; the `final_` keys are those once any ramp-up
-    is over (the same values without one). `rampup` is there only with `rampup_batch_size`.
+    Args:
+        plan: a plan from `make_plan`.
+        rank: also give this rank's coordinates and groups (under `rank`).
+
+    Returns:
+        A JSON-ready dict. The batch keys are at step 0, as MindFormers reports them; the
+        `final_` keys once any ramp-up is over; `rampup` only with `rampup_batch_size`.
     """
     d = plan.dims
     summary: dict[str, Any] = {

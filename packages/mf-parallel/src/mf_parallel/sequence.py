@@ -13,14 +13,33 @@ from .errors import PlanError
 
 
 def sequence_divisor(tensor: int, context: int, causal: bool = True) -> int:
-    """The number the sequence length must be a multiple of."""
+    """The number the sequence length must be a multiple of, so both splits are exact.
+
+    Args:
+        tensor: the tensor-parallel degree (sequence parallelism splits over it).
+        context: the context-parallel degree.
+        causal: whether the mask is causal (then 2 x context chunks, for load balancing).
+
+    Returns:
+        2 x context x tensor with a causal mask and context parallelism, else context x tensor.
+    """
     chunks = 2 * context if context > 1 and causal else context
     return chunks * tensor
 
 
 def check_sequence_length(seq_length: int, tensor: int, context: int,
                           causal: bool = True) -> None:
-    """`PlanError` naming the degrees when `seq_length` does not split evenly."""
+    """Refuse a sequence length the context and tensor ranks cannot split evenly.
+
+    Args:
+        seq_length: the model's sequence length.
+        tensor: the tensor-parallel degree.
+        context: the context-parallel degree.
+        causal: whether the mask is causal.
+
+    Raises:
+        PlanError: the length is not a multiple of `sequence_divisor`; names the degrees.
+    """
     divisor = sequence_divisor(tensor, context, causal)
     if seq_length % divisor == 0:
         return

@@ -27,14 +27,30 @@ FULL_BACKENDS = {"Ascend", "GPU"}
 
 
 class Collectives:
-    """Collectives over this rank's groups, addressed by kind (`"data"`, `"tensor"`, ...)."""
+    """Collectives over this rank's groups, addressed by kind (`"data"`, `"tensor"`, ...).
+
+    Every method is a no-op on a one-rank group and returns a new tensor. All ranks of the
+    group must call it.
+
+    Args:
+        comm: this rank's communication, from `init_communication`.
+    """
 
     def __init__(self, comm: Communication):
         self.comm = comm
         self._pairs: set[str] = set()
 
     def all_reduce(self, tensor: ms.Tensor, kind: str, op: str = "sum") -> ms.Tensor:
-        """Sum (or max, min, prod) over the group."""
+        """Reduce over the group.
+
+        Args:
+            tensor: this rank's tensor.
+            kind: the group kind (`"data"`, `"tensor"`, ...).
+            op: `"sum"`, `"max"`, `"min"` or `"prod"`.
+
+        Returns:
+            The reduction, the same on every rank.
+        """
         group = self.comm.group(kind)
         if group is None:
             return tensor

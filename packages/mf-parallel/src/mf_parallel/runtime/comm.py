@@ -44,7 +44,20 @@ class Communication:
 
 
 def init_communication(plan: Plan, device_target: str = "CPU") -> Communication:
-    """Initialise MindSpore communication (if the job has several ranks) and the plan's groups."""
+    """Initialise MindSpore communication (if the job has several ranks) and the plan's groups.
+
+    Sets PyNative mode and the device first; call it once per process, before any collective.
+
+    Args:
+        plan: the job's plan (its world size must be the number of ranks msrun started).
+        device_target: `"CPU"`, `"Ascend"` or `"GPU"`.
+
+    Returns:
+        This rank's place: rank, world size, backend and its group of every kind.
+
+    Raises:
+        RuntimeError: several ranks planned but not started by msrun, or a different count.
+    """
     ms.set_context(mode=ms.PYNATIVE_MODE)
     ms.set_device(device_target)
     world = plan.dims.world_size

@@ -38,7 +38,7 @@ import mindspore as ms
 from mindspore import Parameter, nn, ops
 from mindspore.experimental.optim import AdamW
 
-from mf_parallel.sharding import reshard_plan
+from mf_parallel.reshard_policy import reshard_plan
 
 from .collectives import Collectives
 from .flat_shard import FlatShard
@@ -134,6 +134,18 @@ class FullyShardedDataParallel:
     `units` are cells of `model` in forward order (its decoder layers, say); the parameters no
     unit owns form a root unit. Take gradients over `self.params` (the model's trainable
     parameters), then call `step`.
+
+    Args:
+        model: the whole model; its parameters are replaced by empty placeholders.
+        units: cells of `model` in forward order, each sharded and gathered on its own.
+        collectives: this rank's collectives; slices are over the `shard` group (and
+            summed over `replicate` with HSDP).
+        lr: with a learning rate, `step` runs AdamW on the slices; without, the caller
+            updates them (`reduce_grads`, then `publish`).
+        reshard_after_forward_policy: `always`, `never` or `default` (see `reshard_plan`).
+        pipeline_parallel: the pipeline degree (for the `default` policy).
+        betas, eps, weight_decay: the built-in AdamW's settings.
+        average: average the gradients over the data-parallel ranks instead of summing.
     """
 
     def __init__(self, model: nn.Cell, units: Sequence[nn.Cell], collectives: Collectives, *,
@@ -173,9 +185,16 @@ class FullyShardedDataParallel:
         self.optimizer(tuple(self.reduce_grads(grads)))
 
     def reduce_grads(self, grads: Sequence[ms.Tensor]) -> list[ms.Tensor]:
-        """This rank's slice of each unit's gradients (`grads` aligned with `self.params`),
-        summed over the data-parallel ranks, averaged when `average`; in `buffers` order.
-        Frees every gathered parameter first: the step's forward and backward are over."""
+        """Reduce-scatter each unit's gradients (a collective: all ranks call it). Frees
+        every gathered parameter first: the step's forward and backward are over.
+
+        Args:
+            grads: the gradients, aligned with `self.params`.
+
+        Returns:
+            This rank's slice of each unit's gradients, in `buffers` order: summed over the
+            data-parallel ranks, averaged when `average`.
+        """
         if len(grads) != len(self.params):
             raise ValueError(f"expected {len(self.params)} gradients, got {len(grads)}")
         self.reshard()
@@ -189,8 +208,12 @@ class FullyShardedDataParallel:
         return slices
 
     def publish(self, slices: Sequence[ms.Tensor]) -> None:
-        """Make `slices` (this rank's new slice of each unit, in `buffers` order) the units'
-        masters; the next forward pass gathers them. Local: no communication."""
+        """Take this rank's updated slices; the next forward pass gathers them. Local: no
+        communication.
+
+        Args:
+            slices: this rank's new slice of each unit, in `buffers` order.
+        """
         units = self._all_units()
         lengths = [unit.flat.length for unit in units]
         if [tuple(s.shape) for s in slices] != [(n,) for n in lengths]:

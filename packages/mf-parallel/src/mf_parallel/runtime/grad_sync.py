@@ -27,7 +27,17 @@ DEFAULT_BUCKET_BYTES = 25 * 2**20
 
 
 class GradientSync:
-    """Reduce a step's gradients over a group kind (`"data"` for plain data parallelism)."""
+    """Reduce a step's gradients over a group kind (`"data"` for plain data parallelism), in
+    buckets of about `bucket_bytes`: one all-reduce per bucket.
+
+    Args:
+        collectives: this rank's collectives.
+        shapes: the gradients' shapes, in the order they will be given.
+        kind: the group kind to reduce over.
+        average: divide by the group size (the config's `disable_gradient_division` False).
+        bucket_bytes: the bucket size.
+        itemsize: bytes per gradient element, to size the buckets.
+    """
 
     def __init__(self, collectives: Collectives, shapes: Sequence[tuple[int, ...]], *,
                  kind: str = "data", average: bool = False,
@@ -44,7 +54,14 @@ class GradientSync:
         return self.collectives.comm.group_size(self.kind)
 
     def __call__(self, grads: Sequence[ms.Tensor]) -> tuple[ms.Tensor, ...]:
-        """The reduced gradients, in the order given."""
+        """Reduce one step's gradients (a collective: all ranks call it).
+
+        Args:
+            grads: the gradients, with the shapes given at construction.
+
+        Returns:
+            The reduced gradients, in the order given.
+        """
         if len(grads) != len(self.shapes):
             raise ValueError(f"expected {len(self.shapes)} gradients, got {len(grads)}")
         if self.size == 1:
@@ -66,7 +83,15 @@ class GradientSync:
         return summed * (1.0 / self.size) if self.average else summed
 
     def average_loss(self, loss: ms.Tensor, kind: str = "loss") -> ms.Tensor:
-        """The mean of a per-rank loss over the ranks that saw different samples."""
+        """The mean of a per-rank loss over the ranks that saw different samples.
+
+        Args:
+            loss: this rank's loss.
+            kind: the group kind to average over (`"loss"`: data x context).
+
+        Returns:
+            The mean loss, the same on every rank of the group.
+        """
         size = self.collectives.comm.group_size(kind)
         return self.collectives.all_reduce(loss, kind) / size if size > 1 else loss
 

@@ -37,6 +37,20 @@ class ShardedDataParallel:
     `buffers` is `[self]`: one flat buffer with `.params`, `.flat` (its `FlatShard`) and
     `.master` (this rank's slice, in the parameters' dtype), the shape `FullyShardedDataParallel`
     gives per unit, so an injected optimizer treats both alike.
+
+    Args:
+        params: the model's trainable parameters (gradients come in this order).
+        collectives: this rank's collectives; slices are over the `shard` group (and
+            summed over `replicate` with HSDP).
+        strategy: `"optim"` (ZeRO-1: shard optimizer state) or `"optim_grads"` (ZeRO-2: and
+            gradients).
+        lr: with a learning rate, `step` runs AdamW on the slice; without, the caller updates
+            the slices (`reduce_grads`, then `publish`).
+        betas, eps, weight_decay: the built-in AdamW's settings.
+        average: average the gradients over the data-parallel ranks instead of summing.
+
+    Raises:
+        ValueError: an unknown strategy (`optim_grads_params` is `FullyShardedDataParallel`).
     """
 
     def __init__(self, params: Sequence[Parameter], collectives: Collectives, strategy: str, *,
@@ -72,8 +86,15 @@ class ShardedDataParallel:
         self._gather()
 
     def reduce_grads(self, grads: Sequence[ms.Tensor]) -> list[ms.Tensor]:
-        """This rank's slice of the gradients (aligned with `params`), summed over the
-        data-parallel ranks, averaged when `average`; a list of one slice (one buffer)."""
+        """Reduce the gradients to this rank's slice (a collective: all ranks call it).
+
+        Args:
+            grads: the gradients, aligned with `params`.
+
+        Returns:
+            A list of one slice (one buffer): summed over the data-parallel ranks, averaged
+            when `average`.
+        """
         if len(grads) != len(self.params):
             raise ValueError(f"expected {len(self.params)} gradients, got {len(grads)}")
         mine = self._reduced_slice(self.flat.flatten(grads))
@@ -82,8 +103,12 @@ class ShardedDataParallel:
         return [mine]
 
     def publish(self, slices: Sequence[ms.Tensor]) -> None:
-        """Make `slices[0]` (this rank's new slice) the master slice and gather every rank's
-        slice into the model's parameters (a collective: all ranks call it)."""
+        """Take this rank's updated slice and gather every rank's slice into the model's
+        parameters (a collective: all ranks call it).
+
+        Args:
+            slices: one slice, as `reduce_grads` gives it.
+        """
         if len(slices) != 1 or tuple(slices[0].shape) != (self.flat.length,):
             raise ValueError(f"publish expects one slice of {self.flat.length} elements, got "
                              f"{[tuple(s.shape) for s in slices]}")

@@ -34,7 +34,14 @@ KIND = "tensor"
 
 
 class TensorGroup:
-    """The tensor-parallel group of this rank, with its collectives."""
+    """The tensor-parallel group of this rank, with its collectives: what every layer here
+    takes, so that the layers never look up the group themselves.
+
+    Args:
+        collectives: this rank's collectives (the `tensor` group is used).
+        sequence_parallel: split activations along the sequence outside the tensor-parallel
+            regions (None: whenever the group has more than one rank, as the spec keeps it).
+    """
 
     def __init__(self, collectives: Collectives, sequence_parallel: bool | None = None):
         self.collectives = collectives
@@ -52,19 +59,40 @@ class TensorGroup:
         return self.collectives.reduce_scatter(x, KIND)
 
     def shard(self, full: np.ndarray, axis: int) -> np.ndarray:
-        """This rank's equal slice of `full` along `axis`."""
+        """This rank's equal slice of a full array, to build a layer's sharded weights.
+
+        Args:
+            full: the unsharded array (the same on every rank).
+            axis: the axis to split.
+
+        Returns:
+            This rank's slice.
+
+        Raises:
+            ValueError: the axis does not divide by the group size.
+        """
         if full.shape[axis] % self.size:
             raise ValueError(f"dimension {axis} of shape {full.shape} is not divisible by "
                              f"tensor_parallel ({self.size})")
         return np.split(full, self.size, axis=axis)[self.rank]
 
 
-class CopyToTensorRegion(nn.Cell):
-    """Identity forward; all-reduce of the gradient backward."""
+class _TensorRegion(nn.Cell):
+    """A cell at the edge of a tensor-parallel region: its forward and its `bprop` are a
+    conjugate pair of collectives over the tensor group.
+
+    Args:
+        group: this rank's tensor group.
+    """
 
     def __init__(self, group: TensorGroup):
         super().__init__()
         self.group = group
+
+
+class CopyToTensorRegion(_TensorRegion):
+    """Identity forward; all-reduce of the gradient backward: enters a tensor-parallel region
+    without sequence parallelism. Built with this rank's `TensorGroup`."""
 
     def construct(self, x: Tensor) -> Tensor:
         return x
@@ -73,12 +101,8 @@ class CopyToTensorRegion(nn.Cell):
         return (self.group.all_reduce(dout),)
 
 
-class ReduceFromTensorRegion(nn.Cell):
+class ReduceFromTensorRegion(_TensorRegion):
     """All-reduce forward; identity backward (the gradient is already the same everywhere)."""
-
-    def __init__(self, group: TensorGroup):
-        super().__init__()
-        self.group = group
 
     def construct(self, x: Tensor) -> Tensor:
         return self.group.all_reduce(x)
@@ -87,12 +111,9 @@ class ReduceFromTensorRegion(nn.Cell):
         return (dout,)
 
 
-class GatherFromSequenceRegion(nn.Cell):
-    """All-gather along dim 0 forward; reduce-scatter along dim 0 backward."""
-
-    def __init__(self, group: TensorGroup):
-        super().__init__()
-        self.group = group
+class GatherFromSequenceRegion(_TensorRegion):
+    """All-gather along dim 0 forward; reduce-scatter along dim 0 backward: enters a
+    tensor-parallel region from sequence slices. Built with this rank's `TensorGroup`."""
 
     def construct(self, x: Tensor) -> Tensor:
         return self.group.all_gather(x)
@@ -101,12 +122,8 @@ class GatherFromSequenceRegion(nn.Cell):
         return (self.group.reduce_scatter(dout),)
 
 
-class ReduceScatterToSequenceRegion(nn.Cell):
+class ReduceScatterToSequenceRegion(_TensorRegion):
     """Reduce-scatter along dim 0 forward; all-gather along dim 0 backward."""
-
-    def __init__(self, group: TensorGroup):
-        super().__init__()
-        self.group = group
 
     def construct(self, x: Tensor) -> Tensor:
         return self.group.reduce_scatter(x)
@@ -121,6 +138,11 @@ class ColumnParallelLinear(nn.Cell):
     Input: the full activation (or, with sequence parallelism, this rank's sequence slice,
     gathered here). Output: this rank's slice of the output features, ready for a
     `RowParallelLinear`.
+
+    Args:
+        weight: the full `[out, in]` weight (the same on every rank); rows are split.
+        bias: the full `[out]` bias, or None.
+        group: this rank's tensor group.
     """
 
     def __init__(self, weight: np.ndarray, bias: np.ndarray | None, group: TensorGroup):
@@ -143,6 +165,11 @@ class RowParallelLinear(nn.Cell):
     Input: this rank's slice of the features (a `ColumnParallelLinear`'s output). Output: the
     full result, summed over the group (or, with sequence parallelism, this rank's sequence
     slice of it). The bias is added once, after the sum.
+
+    Args:
+        weight: the full `[out, in]` weight (the same on every rank); columns are split.
+        bias: the full `[out]` bias (replicated), or None.
+        group: this rank's tensor group.
     """
 
     def __init__(self, weight: np.ndarray, bias: np.ndarray | None, group: TensorGroup):
@@ -166,6 +193,10 @@ class VocabParallelEmbedding(nn.Cell):
     Each rank looks up the ids in its vocabulary range (others give zeros); the partial
     results are summed over the group (or reduce-scattered along the sequence with sequence
     parallelism). Ids are `[sequence, ...]`, so dim 0 is the sequence.
+
+    Args:
+        table: the full `[vocab, hidden]` table (the same on every rank); rows are split.
+        group: this rank's tensor group (its size must divide the vocabulary).
     """
 
     def __init__(self, table: np.ndarray, group: TensorGroup):
@@ -194,6 +225,14 @@ def vocab_parallel_cross_entropy(logits: Tensor, targets: Tensor,
     The full logits never exist on one rank: the max, the sum of exponentials and the target's
     logit are each reduced over the group. The gradient of each rank's logits is its slice of
     `softmax - one_hot`, as for the unsplit loss.
+
+    Args:
+        logits: this rank's slice of the vocabulary, `[..., vocab / tensor]`.
+        targets: the full target ids, `[...]`.
+        group: this rank's tensor group.
+
+    Returns:
+        The loss of each token, `[...]`, the same on every rank.
     """
     per_rank = logits.shape[-1]
     start = group.rank * per_rank
@@ -225,20 +264,45 @@ def mark_tensor_sharded(param: Parameter) -> Parameter:
 
 
 def is_tensor_sharded(param: Parameter) -> bool:
-    """Whether `param` is split over the tensor group (see `mark_tensor_sharded`)."""
+    """Whether a parameter is split over the tensor group, so that a norm over it (gradient
+    clipping) sums over the group instead of counting replicas.
+
+    Args:
+        param: a model parameter.
+
+    Returns:
+        True if `mark_tensor_sharded` marked it.
+    """
     return bool(getattr(param, TENSOR_SHARDED_ATTRIBUTE, False))
 
 
 def mark_sequence_parallel(param: Parameter) -> Parameter:
-    """Mark a tensor-replicated parameter used on sequence slices (its gradient needs a sum
-    over the tensor group)."""
+    """Mark a tensor-replicated parameter used on sequence slices (a norm's weight), whose
+    gradient `reduce_sequence_parallel_grads` then sums over the tensor group.
+
+    Args:
+        param: the parameter.
+
+    Returns:
+        The same parameter, marked.
+    """
     setattr(param, SEQUENCE_PARALLEL_ATTRIBUTE, True)
     return param
 
 
 def reduce_sequence_parallel_grads(params: list[Parameter], grads: tuple[Tensor, ...],
                                    group: TensorGroup) -> tuple[Tensor, ...]:
-    """Sum the gradients of marked parameters over the tensor group; others pass through."""
+    """Sum the gradients of marked parameters over the tensor group, since each rank's is
+    only its sequence slice's share; others pass through.
+
+    Args:
+        params: the parameters, aligned with `grads`.
+        grads: their gradients.
+        group: this rank's tensor group.
+
+    Returns:
+        The gradients, in the order given.
+    """
     return tuple(group.all_reduce(grad) if getattr(param, SEQUENCE_PARALLEL_ATTRIBUTE, False)
                  else grad for param, grad in zip(params, grads, strict=True))
 

@@ -22,7 +22,20 @@ RESHARD_POLICIES = ("always", "never", "default")
 
 def reshard_after_forward(policy: str, unit: int, num_units: int,
                           pipeline_parallel: int = 1) -> bool:
-    """Whether unit `unit` (0-based, in forward order) of `num_units` reshards after forward."""
+    """Whether one sharded unit frees its gathered parameters right after its forward pass.
+
+    Args:
+        policy: the config's `reshard_after_forward_policy`, one of `RESHARD_POLICIES`.
+        unit: the unit's index, 0-based, in forward order.
+        num_units: the number of units.
+        pipeline_parallel: the pipeline degree (`default` never reshards with pipelining).
+
+    Returns:
+        True to free the parameters after forward and gather them again for backward.
+
+    Raises:
+        ValueError: an unknown policy, or a unit outside 0..num_units - 1.
+    """
     if policy not in RESHARD_POLICIES:
         raise ValueError(f"reshard_after_forward_policy must be one of "
                          f"{', '.join(RESHARD_POLICIES)}, got {policy!r}")
@@ -34,6 +47,15 @@ def reshard_after_forward(policy: str, unit: int, num_units: int,
 
 
 def reshard_plan(policy: str, num_units: int, pipeline_parallel: int = 1) -> list[bool]:
-    """`reshard_after_forward` for each of `num_units` units, in forward order."""
+    """`reshard_after_forward` of every unit, so a model can set up its units at once.
+
+    Args:
+        policy: the config's `reshard_after_forward_policy`, one of `RESHARD_POLICIES`.
+        num_units: the number of units.
+        pipeline_parallel: the pipeline degree.
+
+    Returns:
+        One flag per unit, in forward order.
+    """
     return [reshard_after_forward(policy, unit, num_units, pipeline_parallel)
             for unit in range(num_units)]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from mf_parallel.sharding import RESHARD_POLICIES, reshard_after_forward, reshard_plan
+from mf_parallel.reshard_policy import RESHARD_POLICIES, reshard_after_forward, reshard_plan
 
 
 def test_policies_match_the_config_enumeration() -> None:

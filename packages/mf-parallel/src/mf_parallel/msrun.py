@@ -1,0 +1,126 @@
+"""The msrun command for N ranks on this host, and ending every process it started.
+
+msrun (installed with MindSpore) starts one scheduler and N workers and sets the environment
+`mindspore.communication.init()` reads. It puts its workers in sessions of their own, so
+ending a job means finding every process below msrun (from /proc, Linux) and signalling each.
+
+Pure Python: it starts MindSpore in other processes but never imports it here.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+from .errors import LaunchError, PlanError
+
+#: Seconds a process has to exit after SIGTERM before it gets SIGKILL.
+KILL_GRACE_SECONDS = 3.0
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on right now."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def msrun_command(script: str | Path, nproc: int, *, log_dir: Path, port: int,
+                  args: Sequence[str] = (), cluster_timeout: int = 120) -> list[str]:
+    """The msrun command line for `nproc` ranks on this host."""
+    if nproc < 1:
+        raise PlanError(f"the number of processes must be >= 1, got {nproc}")
+    msrun = shutil.which("msrun", path=path_with_interpreter())
+    if msrun is None:
+        raise LaunchError("msrun is not installed beside this Python (it comes with mindspore)")
+    return [msrun, f"--worker_num={nproc}", f"--local_worker_num={nproc}",
+            "--master_addr=127.0.0.1", f"--master_port={port}",
+            f"--cluster_time_out={cluster_timeout}", f"--log_dir={log_dir}", "--join=True",
+            str(script), *args]
+
+
+def child_env(env: dict[str, str] | None, *, echo: bool) -> dict[str, str]:
+    """The ranks' environment: msrun starts a bare `python`, so this interpreter's directory
+    comes first on PATH; when echoing, unbuffered output unless the caller says otherwise."""
+    base = {"PYTHONUNBUFFERED": "1"} if echo else {}
+    return {**base, **os.environ, **(env or {}), "PATH": path_with_interpreter()}
+
+
+def path_with_interpreter() -> str:
+    """PATH with this interpreter's directory first (where msrun and `python` are)."""
+    here = str(Path(sys.executable).parent)
+    return os.pathsep.join([here, os.environ.get("PATH", "")])
+
+
+def kill_group(process: subprocess.Popen[bytes]) -> None:
+    """SIGTERM, then SIGKILL, to msrun and every process below it.
+
+    msrun puts its workers in sessions of their own, so killing msrun's process group is not
+    enough: the descendants are found by parent PID (from /proc) before anything is killed.
+    """
+    victims = [process.pid, *_descendants(process.pid)]
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        alive = [pid for pid in victims if _signal(pid, sig)]
+        if not alive:
+            break
+        deadline = time.monotonic() + KILL_GRACE_SECONDS
+        while time.monotonic() < deadline and any(_signal(pid, 0) for pid in alive):
+            process.poll()  # reap msrun itself
+            time.sleep(0.1)
+    process.poll()
+
+
+def children(pid: int) -> list[int]:
+    """The direct children of `pid`: from the kernel's list when it keeps one, else /proc."""
+    try:
+        listed = Path(f"/proc/{pid}/task/{pid}/children").read_text(encoding="ascii")
+    except OSError:
+        return _parents().get(pid, [])
+    return [int(child) for child in listed.split()]
+
+
+def _signal(pid: int, sig: int) -> bool:
+    """Send `sig`; False when the process no longer exists (or is a zombie)."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii") as stat:
+            if stat.read().rsplit(")", 1)[1].split()[0] == "Z":
+                return False
+    except OSError:
+        pass
+    try:
+        os.kill(pid, sig)
+    except (ProcessLookupError, PermissionError):
+        return False
+    return True
+
+
+def _parents() -> dict[int, list[int]]:
+    """Every process's children, by parent PID, read from /proc (Linux)."""
+    found: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text(encoding="ascii").rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        found.setdefault(int(fields[1]), []).append(int(entry.name))
+    return found
+
+
+def _descendants(root: int) -> list[int]:
+    """PIDs of every process below `root`."""
+    below = _parents()
+    found, stack = [], [root]
+    while stack:
+        for child in below.get(stack.pop(), []):
+            found.append(child)
+            stack.append(child)
+    return found

@@ -1,0 +1,219 @@
+"""Watching msrun's ranks while they run, and saying in one line which rank failed and how.
+
+msrun alone, when a worker fails, kills the other workers but then waits about 30 s for its
+scheduler's heartbeat timeout. The watch looks at the workers (their logs, msrun's log and
+/proc) every `POLL_SECONDS`, so that the job can be ended as soon as one rank has failed, with
+that rank named.
+
+Pure Python (and Linux's /proc): it never imports MindSpore.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+from .msrun import children
+
+#: Seconds between two looks at the workers (their logs and /proc) while the job runs.
+POLL_SECONDS = 0.2
+#: What `watch` returns when the deadline has passed.
+TIMED_OUT = "timed out"
+# what msrun logs (with its own PID) when it finds a worker exited with a non-zero code
+_MSRUN_WORKER_EXIT = (r"^\[ERROR\] ME\({pid}:.*Worker process (\d+) exit with exception\. "
+                      r"Error code: (-?\d+)")
+_EXCEPTION_LINE = re.compile(r"^(\w+(?:\.\w+)*(?:Error|Exception|Interrupt)\b.*)$", re.M)
+
+
+def watch(process: subprocess.Popen[bytes], log_dir: Path, nproc: int, *,
+          deadline: float) -> str | None:
+    """Wait for msrun; stop early with the first failed rank's message, or `TIMED_OUT`.
+
+    None means msrun exited by itself (its status says whether the job succeeded).
+    """
+    ranks = RankWatch(process.pid, log_dir, nproc)
+    while process.poll() is None:
+        failure = ranks.failure()
+        if failure is not None:
+            return failure
+        if time.monotonic() >= deadline:
+            return TIMED_OUT
+        time.sleep(POLL_SECONDS)
+    return None
+
+
+def rank_failure_message(rank: int, returncode: int | None, log: Path) -> str:
+    """One line on how `rank` ended: the signal that killed it, else its Python error, else
+    its exit status (`returncode` as subprocess gives it: -N for signal N; None if unknown)."""
+    if returncode is not None and returncode < 0:
+        return f"rank {rank} was killed by {_signal_name(-returncode)} (log: {log})"
+    error = traceback_tail(log)
+    if error:
+        return f"rank {rank} failed: {error} (log: {log})"
+    status = "an unknown status" if returncode is None else f"status {returncode}"
+    return f"rank {rank} exited with {status} and logged no Python error (log: {log})"
+
+
+def traceback_tail(log: Path) -> str | None:
+    """The exception line of the last traceback in `log` (`ValueError: bad batch`), if any."""
+    if not log.exists():
+        return None
+    text = log.read_text(encoding="utf-8", errors="replace")
+    if "Traceback (most recent call last)" not in text:
+        return None
+    after = text[text.rindex("Traceback (most recent call last)"):]
+    found = _EXCEPTION_LINE.findall(after)
+    return found[0].strip() if found else after.splitlines()[-1].strip()
+
+
+class RankWatch:
+    """What can be seen of msrun's workers while they run: who they are, how they ended.
+
+    A rank has failed when (first found wins, in this order):
+    - msrun logged that its worker process exited with a non-zero code;
+    - its process is a zombie (exited, not yet reaped by msrun) with a non-zero status or a
+      signal: this is how a rank killed by SIGKILL is seen;
+    - its log ends with the traceback of an exception that reached the script's top level
+      (the traceback's outermost frame is `in <module>`): the rank is dying, and MindSpore
+      may take several seconds to let its process exit. A traceback printed by a thread or by
+      `logging.exception` inside a function does not count.
+    """
+
+    def __init__(self, msrun_pid: int, log_dir: Path, nproc: int) -> None:
+        self.msrun_pid = msrun_pid
+        self.log_dir = log_dir
+        self.nproc = nproc
+        self.pid_rank: dict[int, int] = {}
+        self.logs = [LogScan(log_dir / f"worker_{rank}.log") for rank in range(nproc)]
+        self.log_rank = {str(log.path.resolve()): rank for rank, log in enumerate(self.logs)}
+        # msrun's own log lines carry its PID; its copies of the worker logs do not
+        self.msrun_log = _Lines(log_dir / "msrun.log")
+        self.msrun_exit = re.compile(_MSRUN_WORKER_EXIT.format(pid=msrun_pid))
+        self.reported: list[tuple[int, int]] = []
+
+    def failure(self) -> str | None:
+        """The message of the first failed rank found now, or None while all is well."""
+        if len(self.pid_rank) < self.nproc:
+            self._find_workers()
+        reported = self._msrun_reported_exits()
+        if reported:
+            pid, returncode = reported[0]
+            return self._message(self.pid_rank.get(pid), returncode, pid)
+        for pid, rank in sorted(self.pid_rank.items(), key=lambda item: item[1]):
+            returncode = _zombie_returncode(pid)
+            if returncode:
+                return self._message(rank, returncode, pid)
+        for rank, log in enumerate(self.logs):
+            if log.uncaught_traceback():
+                return rank_failure_message(rank, None, log.path)
+        return None
+
+    def _find_workers(self) -> None:
+        """msrun's children whose output goes to a worker log are the ranks (msrun's other
+        children, the scheduler and `tail -f` of each log, write elsewhere)."""
+        for pid in children(self.msrun_pid):
+            with contextlib.suppress(OSError):
+                rank = self.log_rank.get(os.readlink(f"/proc/{pid}/fd/1"))
+                if rank is not None:
+                    self.pid_rank[pid] = rank
+
+    def _msrun_reported_exits(self) -> list[tuple[int, int]]:
+        for line in self.msrun_log.new_lines():
+            found = self.msrun_exit.match(line)
+            if found:
+                self.reported.append((int(found[1]), int(found[2])))
+        return self.reported
+
+    def _message(self, rank: int | None, returncode: int, pid: int) -> str:
+        if rank is not None:
+            return rank_failure_message(rank, returncode, self.logs[rank].path)
+        for rank, log in enumerate(self.logs):  # a worker that ended before it was seen
+            if traceback_tail(log.path):
+                return rank_failure_message(rank, None, log.path)
+        how = (f"was killed by {_signal_name(-returncode)}" if returncode < 0
+               else f"exited with status {returncode}")
+        return f"a worker (pid {pid}) {how} and no rank logged a Python error; see {self.log_dir}"
+
+
+class _Lines:
+    """The whole lines a growing file has gained since the last call."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.offset = 0
+
+    def new_lines(self) -> list[str]:
+        try:
+            with open(self.path, "rb") as log:
+                log.seek(self.offset)
+                data = log.read()
+        except OSError:
+            return []
+        whole = data[:data.rfind(b"\n") + 1]
+        self.offset += len(whole)
+        return whole.decode("utf-8", errors="replace").splitlines()
+
+
+class LogScan:
+    """Reads a growing log in pieces, remembering where the last traceback starts."""
+
+    MARKER = b"Traceback (most recent call last):"
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.size = 0
+        self.traceback_at: int | None = None
+
+    def uncaught_traceback(self) -> bool:
+        """Whether the log's last traceback is complete and went through `<module>`."""
+        self._scan()
+        if self.traceback_at is None:
+            return False
+        try:
+            with open(self.path, "rb") as log:
+                log.seek(self.traceback_at)
+                text = log.read(64 * 1024).decode("utf-8", errors="replace")
+        except OSError:
+            return False
+        lines = text.split("\n")[1:-1]  # whole lines after the marker's
+        frames = [line for line in lines if line.lstrip().startswith("File ")]
+        complete = any(line and not line[0].isspace() for line in lines)  # the exception line
+        return complete and bool(frames) and frames[0].rstrip().endswith(", in <module>")
+
+    def _scan(self) -> None:
+        try:
+            with open(self.path, "rb") as log:
+                start = max(0, self.size - len(self.MARKER))  # a marker cut by the last read
+                log.seek(start)
+                data = log.read()
+        except OSError:
+            return
+        found = data.rfind(self.MARKER)
+        if found >= 0:
+            self.traceback_at = start + found
+        self.size = start + len(data)
+
+
+def _zombie_returncode(pid: int) -> int | None:
+    """A process that has exited but is not yet reaped: its status as subprocess gives it
+    (-N for signal N). None while it runs or once it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii") as stat:
+            fields = stat.read().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    if fields[0] != "Z" or len(fields) < 50:
+        return None
+    return os.waitstatus_to_exitcode(int(fields[49]))  # field 52 of stat: the exit code
+
+
+def _signal_name(number: int) -> str:
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"signal {number}"
