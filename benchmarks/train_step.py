@@ -146,7 +146,7 @@ class TrainerVariant:
         self.trainer = Trainer(config, output_dir=output_dir, source=source)
         self.stream = Replay(batches, self.trainer.plan.batch.samples_per_micro_step)
         self.ctx = self.trainer.context()
-        self.grad = self.trainer.step._grad_fn = Timed(self.trainer.step._grad_fn)
+        self.grad = self.trainer.layout._grad_fn = Timed(self.trainer.layout._grad_fn)
         self.optimizer = self.trainer.optimizer.step = Timed(self.trainer.optimizer.step)
         self.trainer.callbacks.on_train_begin(self.ctx)
         self.inner: list[float] = []
@@ -180,7 +180,7 @@ class HandLoop:
         import mindspore as ms
 
         from mf_memory.recompute import apply_recompute
-        from mf_train.lr_schedules import build_lr_schedule
+        from mf_train.lr_scheduler import build_lr_schedule
         from mf_train.models import build_model
 
         self.name = "hand loop, MindSpore AdamW" if mindspore_adamw else "hand loop"

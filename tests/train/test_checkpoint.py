@@ -28,7 +28,7 @@ from mf_train.checkpoint import (
     CheckpointError,
     CheckpointManager,
     CorruptCheckpointError,
-    TrainState,
+    RunProgress,
     apply_model_params,
     capture_rng_state,
     check_complete,
@@ -68,8 +68,8 @@ def optimizer_state(seed: int) -> dict[str, np.ndarray]:
     return state
 
 
-def train_state(step: int, rng: dict | None = None) -> TrainState:
-    return TrainState(global_step=step, consumed_samples=8 * step, global_batch_size=8,
+def train_state(step: int, rng: dict | None = None) -> RunProgress:
+    return RunProgress(global_step=step, consumed_samples=8 * step, global_batch_size=8,
                       step_num=100, rng=rng if rng is not None else {"python": step},
                       extra={"skipped_steps": 1})
 
@@ -199,17 +199,17 @@ def test_rng_state_restores_python_numpy_and_mindspore(tmp_path):
 def test_save_captures_rng_when_state_has_none(tmp_path):
     np.random.seed(11)
     expected = np.random.get_state()[1].tolist()
-    state = TrainState(global_step=1, consumed_samples=4, global_batch_size=4)
+    state = RunProgress(global_step=1, consumed_samples=4, global_batch_size=4)
     CheckpointManager(config(tmp_path)).save(1, arrays(1), optimizer_state(1), state)
     assert load_checkpoint(tmp_path).state.rng["numpy"]["keys"] == expected
 
 
 def test_train_state_rescaled_follows_mindformers_rule():
-    state = TrainState(global_step=10, consumed_samples=80, global_batch_size=8)
-    assert state.rescaled(16) == TrainState(global_step=5, consumed_samples=80,
+    state = RunProgress(global_step=10, consumed_samples=80, global_batch_size=8)
+    assert state.rescaled(16) == RunProgress(global_step=5, consumed_samples=80,
                                             global_batch_size=16)
     assert state.rescaled(3).global_step == int(10 * 8 / 3)
-    assert TrainState.from_common({"global_step": 4, "global_batch_size": 8}, None,
+    assert RunProgress.from_common({"global_step": 4, "global_batch_size": 8}, None,
                                   "x").consumed_samples == 32  # MindFormers' fallback
 
 
@@ -424,7 +424,7 @@ KILL_WORKER = textwrap.dedent("""
     import os, shutil, sys, time
     import numpy as np
     from mf_config import CheckpointConfig
-    from mf_train.checkpoint import CheckpointManager, TrainState, atomic, writer
+    from mf_train.checkpoint import CheckpointManager, RunProgress, atomic, writer
 
     root, stop_at = sys.argv[1], sys.argv[2]
 
@@ -437,7 +437,7 @@ KILL_WORKER = textwrap.dedent("""
         return {"w": rng.standard_normal((64, 64)).astype(np.float32)}
 
     manager = CheckpointManager(CheckpointConfig(save_path=root, save_max=1))
-    state = lambda step: TrainState(global_step=step, consumed_samples=step,
+    state = lambda step: RunProgress(global_step=step, consumed_samples=step,
                                     global_batch_size=1, rng={})
     manager.save(1, arrays(1), {"global_step": np.array([1])}, state(1))
     if stop_at == "mid_file":

@@ -13,8 +13,8 @@ pytest.importorskip("mindspore")
 
 from mf_config.validate import config_from_source, load_source
 from mf_data import build_datasets
-from mf_train.data import build_stream
-from mf_train.trainer import make_job_plan
+from mf_train.job import make_job_plan
+from mf_train.micro_batches import build_stream
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "qwen3_tiny.yaml"

@@ -27,11 +27,11 @@ from mf_config import (
 from mf_memory.recompute import apply_recompute
 from mf_parallel import make_plan
 from mf_parallel.runtime import Collectives, init_communication
-from mf_train.data_sharding import build_sharded_optimizer
+from mf_train.layouts import FSDP, LayoutParts, SingleRank, ZeRO
+from mf_train.layouts.sharded import reduce_to_slice
 from mf_train.models import build_model
-from mf_train.optim import OptimizerStateError, build_optimizer
-from mf_train.sharded_optimizer import ShardedAdamW
-from mf_train.train_step import TrainStep
+from mf_train.optim import OptimizerStateError, ShardedAdamW, build_optimizer
+from mf_train.trainer import TrainStep
 
 ms.set_context(mode=ms.PYNATIVE_MODE)
 ms.set_device("CPU")
@@ -100,7 +100,8 @@ def test_slice_update_equals_whole_tensor_adamw_with_per_parameter_decay() -> No
     moments = [(np.zeros_like(w), np.zeros_like(w)) for w in whole]
     flat_grads = [g.asnumpy().reshape(-1) for g in grads]
     for step in (1, 2, 3):
-        optimizer.step(grads, LR)
+        grad, _ = reduce_to_slice(sharded, stub_collectives(), grads)
+        optimizer.step([grad], LR)
         for i, rate in enumerate((WD, 0.0, WD)):
             whole[i], m, v = numpy_adamw(whole[i], flat_grads[i], *moments[i], step, LR, rate)
             moments[i] = (m, v)
@@ -117,22 +118,23 @@ def test_norm_sums_the_squares_of_every_ranks_slice() -> None:
     optimizer = ShardedAdamW([(p.name, p) for p in sharded.params], sharded,
                              stub_collectives(squares_elsewhere=4.0), betas=BETAS, eps=EPS)
     mine = StubShard._flat(grads)[5:10]
-    norm = optimizer.reduce_gradients(grads)
+    grad, norm = reduce_to_slice(sharded, optimizer.collectives, grads)
+    np.testing.assert_array_equal(grad.asnumpy(), mine)
     assert norm == pytest.approx(math.sqrt(float((mine ** 2).sum()) + 4.0), rel=1e-6)
 
 
 def test_clip_scales_the_slice_like_the_whole_gradient() -> None:
     (s1, clipped_opt, grads), (s2, scaled_opt, _) = stub_problem(), stub_problem()
-    clipped_opt.reduce_gradients(grads)
-    clipped_opt.step_reduced(LR, clip=0.25)
-    scaled_opt.reduce_gradients([g * 0.25 for g in grads])
-    scaled_opt.step_reduced(LR)
+    grad, _ = reduce_to_slice(s1, stub_collectives(), grads)
+    clipped_opt.step([grad], LR, clip=0.25)
+    scaled, _ = reduce_to_slice(s2, stub_collectives(), [g * 0.25 for g in grads])
+    scaled_opt.step([scaled], LR)
     np.testing.assert_array_equal(s1.published[-1], s2.published[-1])
 
 
 def test_state_dict_round_trip_and_layout_check() -> None:
-    _, optimizer, grads = stub_problem()
-    optimizer.step(grads, LR)
+    sharded, optimizer, grads = stub_problem()
+    optimizer.step([reduce_to_slice(sharded, stub_collectives(), grads)[0]], LR)
     state = optimizer.state_dict()
     assert sorted(state) == ["adam_m.flat", "adam_v.flat", "global_step", "main_param.flat",
                              "shard_layout"]
@@ -165,10 +167,12 @@ SIZES = {"vocab_size": 64, "hidden_size": 16, "intermediate_size": 32,
 OPTIMIZER = OptimizerConfig(weight_decay=WD, weight_decay_exclude=["norm"])
 
 
+TRAINING = TrainingConfig(global_batch_size=2, local_batch_size=2)
+
+
 @pytest.fixture(scope="module")
 def collectives() -> Collectives:
-    plan = make_plan(ParallelismConfig(), TrainingConfig(global_batch_size=2,
-                                                         local_batch_size=2), 1)
+    plan = make_plan(ParallelismConfig(), TRAINING, 1)
     return Collectives(init_communication(plan, "CPU"))
 
 
@@ -183,12 +187,16 @@ def train(strategy: str | None, collectives, recompute: RecomputeConfig | None):
         apply_recompute(model, recompute)
     if strategy is None:
         optimizer = build_optimizer(OPTIMIZER, [(p.name, p) for p in model.trainable_params()])
+        layout = SingleRank(model, optimizer)
     else:
-        optimizer = build_sharded_optimizer(strategy, OPTIMIZER, model, collectives,
-                                            reshard_policy="always")
-    step = TrainStep(model, optimizer, max_norm=0.5)
+        parallelism = ParallelismConfig(data_parallel_shard_strategy=strategy,
+                                        reshard_after_forward_policy="always")
+        dims = make_plan(parallelism, TRAINING, 1).dims
+        parts = LayoutParts(model, OPTIMIZER, parallelism, dims, collectives, None)
+        layout = (FSDP if strategy == "optim_grads_params" else ZeRO).build(parts)
+    step = TrainStep(layout, max_norm=0.5)
     outcomes = [step(micro_batches(i), lr=1e-2) for i in range(2)]
-    return model, optimizer, outcomes
+    return model, layout, outcomes
 
 
 RECOMPUTE = {
@@ -203,8 +211,8 @@ RECOMPUTE = {
 @pytest.fixture(scope="module")
 def plain(collectives):
     """The reference: mf_train's AdamW on whole tensors (recompute changes no bit)."""
-    _, optimizer, outcomes = train(None, collectives, None)
-    return optimizer, outcomes
+    _, layout, outcomes = train(None, collectives, None)
+    return layout, outcomes
 
 
 @pytest.mark.parametrize("recompute", list(RECOMPUTE))
@@ -240,13 +248,15 @@ def test_zero_step_equals_plain_adamw(collectives, plain) -> None:
 
 def test_fsdp_weights_load_inside_whole_model(collectives) -> None:
     """Weights loaded into the gathered model become the slices (the resume path)."""
-    _, optimizer, _ = train("optim_grads_params", collectives, None)
-    with optimizer.whole_model():
+    _, layout, _ = train("optim_grads_params", collectives, None)
+    optimizer = layout.optimizer
+    with layout.whole_model():
         for param in optimizer.params:
             param.set_data(ops.ones(param.shape, param.dtype))
         optimizer.reload_main_params_from_model()
     assert optimizer.master.asnumpy().min() == optimizer.master.asnumpy().max() == 1.0
-    with optimizer.whole_model():
+    with layout.whole_model():
         assert all(np.all(p.asnumpy() == 1.0) for p in optimizer.params)
-    with pytest.raises(RuntimeError, match=r"load the weights inside whole_model\(\)"):
+    with pytest.raises(RuntimeError, match=r"load the weights inside the step layout's "
+                                           r"whole_model\(\)"):
         optimizer.reload_main_params_from_model()

@@ -17,12 +17,13 @@ pytest.importorskip("mindspore")
 
 from mf_config import TrainConfig
 from mf_config.components import KINDS, settings_class
-from mf_config.components import _group as entry_points
+from mf_config.components import installed_entry_points as entry_points
 from mf_config.sections import Section, declared_fields
 from mf_config.validate import config_from_source, load_source
 from mf_train.cli import run
-from mf_train.support import FIELDS, Rule, Target, support_issues, support_table
-from mf_train.trainer import make_job_plan
+from mf_train.job import make_job_plan
+from mf_train.support import FIELDS, support_issues, support_table
+from mf_train.support_rules import Rule, Target
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "qwen3_tiny.yaml"
@@ -202,12 +203,12 @@ def test_refusals_come_before_any_rank_starts(tmp_path: Path, capsys) -> None:
 def test_the_launcher_says_what_has_no_effect_once(tmp_path: Path, capsys,
                                                    monkeypatch: pytest.MonkeyPatch) -> None:
     """The warnings reach the user from the launcher, before msrun is started."""
-    import mf_parallel.launch
+    import mf_train.cli
 
     def no_ranks(*args: Any, **kwargs: Any) -> None:
         print("msrun would start here", flush=True)
 
-    monkeypatch.setattr(mf_parallel.launch, "run_ranks", no_ranks)
+    monkeypatch.setattr(mf_train.cli, "run_ranks", no_ranks)
     status = run(["--config", str(EXAMPLE), "--output-dir", str(tmp_path / "out"),
                   "--set", "parallelism.cpu_offload=true", "--nproc", "2"])
     captured = capsys.readouterr()

@@ -14,8 +14,10 @@ import mindspore as ms
 from mindspore import Parameter, Tensor, nn, ops
 
 from mf_config import OptimizerConfig
+from mf_train.gradient_norm import clip_coefficient, global_norm
+from mf_train.layouts import SingleRank
 from mf_train.optim import build_optimizer
-from mf_train.train_step import TrainStep, clipped, global_norm
+from mf_train.trainer import TrainStep
 
 ms.set_context(mode=ms.PYNATIVE_MODE)
 ms.set_device("CPU")
@@ -45,7 +47,7 @@ def batch(seed: int, rows: int = 2):
 def make(max_norm: float = 1e9, skip: float | None = None) -> TrainStep:
     model = Regression()
     optimizer = build_optimizer(OptimizerConfig(weight_decay=0.0), [("w", model.w)])
-    return TrainStep(model, optimizer, max_norm=max_norm, skip_threshold=skip)
+    return TrainStep(SingleRank(model, optimizer), max_norm=max_norm, skip_threshold=skip)
 
 
 def test_two_micro_batches_equal_one_batch_of_both() -> None:
@@ -56,7 +58,8 @@ def test_two_micro_batches_equal_one_batch_of_both() -> None:
     out_whole = whole([both], lr=0.1)
     assert out_split.loss == pytest.approx(out_whole.loss, rel=1e-6)
     assert out_split.grad_norm == pytest.approx(out_whole.grad_norm, rel=1e-6)
-    np.testing.assert_allclose(split.model.w.asnumpy(), whole.model.w.asnumpy(), rtol=1e-6)
+    np.testing.assert_allclose(split.layout.model.w.asnumpy(), whole.layout.model.w.asnumpy(),
+                               rtol=1e-6)
     assert out_split.tokens == 16 and not out_split.skipped
 
 
@@ -64,36 +67,34 @@ def test_clipping_formula() -> None:
     grads = [Tensor(np.array([3.0, 4.0], np.float32)), Tensor(np.array([12.0], np.float32))]
     norm = global_norm(grads)
     assert norm == pytest.approx(13.0)
-    got = [g.asnumpy() for g in clipped(grads, norm, max_norm=1.0)]
-    coef = 1.0 / (13.0 + 1e-6)
-    np.testing.assert_allclose(got[0], [3 * coef, 4 * coef], rtol=1e-6)
-    unchanged = clipped(grads, norm, max_norm=20.0)
-    assert unchanged[0] is grads[0]
+    assert clip_coefficient(norm, max_norm=1.0) == 1.0 / (13.0 + 1e-6)
+    assert clip_coefficient(norm, max_norm=20.0) == 1.0
+    assert math.isnan(clip_coefficient(math.nan, max_norm=1.0))
 
 
 def test_clipped_step_moves_less() -> None:
     free, clip = make(), make(max_norm=1e-3)
-    before = free.model.w.asnumpy().copy()
+    before = free.layout.model.w.asnumpy().copy()
     free([batch(3)], lr=0.1)
     clip([batch(3)], lr=0.1)
     # AdamW normalises the step size, so compare the first moments instead: clipped ones are
     # max_norm / norm times smaller
-    m_free = free.optimizer.state_dict()["adam_m.w"]
-    m_clip = clip.optimizer.state_dict()["adam_m.w"]
+    m_free = free.layout.optimizer.state_dict()["adam_m.w"]
+    m_clip = clip.layout.optimizer.state_dict()["adam_m.w"]
     ratio = np.abs(m_clip).sum() / np.abs(m_free).sum()
     outcome_norm = global_norm([Tensor(m_free / 0.1)])  # (1 - beta1) = 0.1 scales the grads
     assert ratio == pytest.approx(1e-3 / outcome_norm, rel=1e-3)
-    assert not np.array_equal(before, clip.model.w.asnumpy())
+    assert not np.array_equal(before, clip.layout.model.w.asnumpy())
 
 
 def test_spike_and_nan_skip_the_update() -> None:
     step = make(skip=1e-3)
-    before = step.model.w.asnumpy().copy()
+    before = step.layout.model.w.asnumpy().copy()
     outcome = step([batch(4)], lr=0.1)
     assert outcome.skipped and outcome.grad_norm > 1e-3
-    np.testing.assert_array_equal(step.model.w.asnumpy(), before)
-    assert step.optimizer.global_step == 0
+    np.testing.assert_array_equal(step.layout.model.w.asnumpy(), before)
+    assert step.layout.optimizer.global_step == 0
     nan = make(skip=1e9)
-    nan.model.w.set_data(Tensor(np.full((4, 3), np.nan, np.float32)))
+    nan.layout.model.w.set_data(Tensor(np.full((4, 3), np.nan, np.float32)))
     outcome = nan([batch(4)], lr=0.1)
     assert outcome.skipped and math.isnan(outcome.grad_norm)

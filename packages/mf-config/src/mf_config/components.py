@@ -247,7 +247,6 @@ def installed_entry_points(kind: str) -> tuple[EntryPoint, ...]:
     return _ENTRY_POINTS[kind]
 
 
-_group = installed_entry_points  # the old name, still imported by mf-train's support.py
 
 
 def decoder_layers(config: TrainConfig) -> int | None:

@@ -1,4 +1,2 @@
-"""mf-train: the trainer, models, checkpoints and the mf-train launcher.
-
-Not built yet: its contents arrive with issue 6. See README.md beside this package.
-"""
+"""mf-train: the trainer, models, optimizers, step layouts, checkpoints and the `mf-train`
+launcher. Start at `trainer.Trainer` (the recipe) and README.md beside this package."""

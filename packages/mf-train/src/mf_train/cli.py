@@ -21,9 +21,22 @@ import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 import attrs
+
+from mf_config import ConfigError, TrainConfig
+from mf_config.validate import config_from_source, load_source
+from mf_config.yaml_source import Source, UnreadableFile
+from mf_data.errors import DataError
+from mf_parallel import PlanError
+from mf_parallel.launch import LaunchError, run_ranks
+
+from .monitor.tensorboard import event_dir
+from .run_directory import Claim, RunDirectoryError, claim
+from .summary import summary_lines
+
+# `.job` and `.trainer` import MindSpore (about 2.7 s here), so they are imported where a run
+# needs them: `mf-train --help` and usage errors answer at once.
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -56,8 +69,6 @@ def run(argv: Sequence[str] | None = None) -> int:
 def launch(args: argparse.Namespace, argv: list[str]) -> int:
     """Validate for `--nproc` ranks here, claim the output directory for the whole job, then
     run the ranks through msrun and print the run's summary."""
-    from mf_parallel.launch import LaunchError, run_ranks
-
     validated = _validated(args, args.nproc, say_warnings=True)
     if validated is None:
         return 2
@@ -89,11 +100,9 @@ LAUNCHED = "MF_TRAIN_LAUNCHED"
 """Set for the ranks the launcher starts: it holds the output directory's lock for them."""
 
 
-def _claimed(output_dir: str, config: Any, *, lock: bool = True) -> Any:
+def _claimed(output_dir: str, config: TrainConfig, *, lock: bool = True) -> Claim | None:
     """The run's claim on `output_dir` (see `run_directory`), or None after printing why not;
     says what the run does with an earlier run it found."""
-    from .run_directory import RunDirectoryError, claim
-
     try:
         owned = claim(output_dir, config.checkpoint, lock=lock)
     except RunDirectoryError as exc:
@@ -104,7 +113,7 @@ def _claimed(output_dir: str, config: Any, *, lock: bool = True) -> Any:
     return owned
 
 
-def _decided(owned: Any) -> list[str]:
+def _decided(owned: Claim) -> list[str]:
     """The launcher's decisions, as overrides for the ranks (so they need not re-decide)."""
     checkpoint = owned.checkpoint
     sets = [f"checkpoint.save_path={json.dumps(checkpoint.save_path)}"]
@@ -113,10 +122,7 @@ def _decided(owned: Any) -> list[str]:
     return [arg for value in sets for arg in ("--set", value)]
 
 
-def _summarise(config: Any, owned: Any, seconds: float) -> None:
-    from .monitor.tensorboard import event_dir
-    from .summary import summary_lines
-
+def _summarise(config: TrainConfig, owned: Claim, seconds: float) -> None:
     checkpoints = Path(owned.checkpoint.save_path)
     tensorboard = event_dir(config.monitor.tensorboard, owned.output_dir)
     for line in summary_lines(owned.output_dir, checkpoints, tensorboard, seconds):
@@ -140,17 +146,12 @@ def _without_launcher_options(argv: list[str]) -> list[str]:
 
 
 def _validated(args: argparse.Namespace, world_size: int, *,
-               say_warnings: bool = False) -> tuple[object, object] | None:
+               say_warnings: bool = False) -> tuple[TrainConfig, Source] | None:
     """(config, source) when the file, overrides, plan and what the trainer supports
     (`support`) are valid; else print the problems and return None. With `say_warnings`,
     the settings that have no effect here are printed too (the launcher says them once for
     all ranks; a single process logs them when the trainer starts)."""
-    from mf_config import ConfigError
-    from mf_config.validate import config_from_source, load_source
-    from mf_config.yaml_source import UnreadableFile
-    from mf_parallel import PlanError
-
-    from .trainer import check_support, make_job_plan, resolve_device
+    from .job import check_support, make_job_plan, resolve_device  # MindSpore
 
     try:
         source = load_source(args.config, args.overrides)
@@ -181,9 +182,6 @@ def run_training(argv: Sequence[str], *, world_size: int) -> int:
     """Validate, build and train in this process (one rank of `world_size`)."""
     args = _parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
-    from mf_config import ConfigError
-    from mf_data.errors import DataError
-
     validated = _validated(args, world_size)
     if validated is None:
         return 2
@@ -195,30 +193,36 @@ def run_training(argv: Sequence[str], *, world_size: int) -> int:
     if owned is None:
         return 2
     config = attrs.evolve(config, checkpoint=owned.checkpoint)
-    from .trainer import Trainer, TrainingStopped
-
     output_dir = Path(args.output_dir)
     # ranks started by msrun log to <output-dir>/logs/worker_<rank>.log already
     handler = _log_to_file(output_dir / "logs" / "train.log") if world_size == 1 else None
     start = time.monotonic()
     try:
-        trainer = Trainer(config, output_dir=output_dir, source=source,
-                          world_size=world_size)
-        trainer.train()
-    except (ConfigError, DataError, ValueError, OSError, TrainingStopped) as exc:
-        if world_size > 1:  # a rank: the traceback's last line is what the launcher reports
-            raise
-        print(f"mf-train: {exc}", file=sys.stderr)  # bad input found while building
-        return 2 if isinstance(exc, ConfigError) else 1
+        status = _train(config, source, output_dir, world_size)
     finally:
         if handler is not None:
             logging.getLogger().removeHandler(handler)
             handler.close()
         owned.release()
-    if world_size == 1:
+    if status == 0 and world_size == 1:
         _summarise(config, owned, time.monotonic() - start)
-    return 0
+    return status
 
+
+def _train(config: TrainConfig, source: Source, output_dir: Path, world_size: int) -> int:
+    """Build the trainer and train. On one process, bad input found while building is one
+    line and status 2 (a failure while training, 1); a rank raises, and the traceback's last
+    line is what the launcher reports."""
+    from .trainer import Trainer, TrainingStopped  # MindSpore
+
+    try:
+        Trainer(config, output_dir=output_dir, source=source, world_size=world_size).train()
+    except (ConfigError, DataError, ValueError, OSError, TrainingStopped) as exc:
+        if world_size > 1:
+            raise
+        print(f"mf-train: {exc}", file=sys.stderr)
+        return 2 if isinstance(exc, ConfigError) else 1
+    return 0
 
 if __name__ == "__main__":
     raise SystemExit(run())

@@ -1,11 +1,11 @@
 """Learning-rate schedules: `lr_scheduler` -> a pure function of the optimizer step.
 
-`build_lr_schedule(config, total_steps)` returns an `LrSchedule`; `schedule(step)` is the rate
-for the update after `step` updates (0 for the first: MindFormers evaluates
-`lr(global_step)` before incrementing it). The trainer passes the float to the optimizer each
-step, so a schedule is plain Python: exact (float64, where MindFormers computes in float32 and
-differs by ~1e-7 relative), cheap, and testable without MindSpore. Its state is the step count
-alone, which the optimizer checkpoint already holds.
+`mf_train.lr_scheduler.build_lr_schedule(config, total_steps)` returns an `LrSchedule`;
+`schedule(step)` is the rate for the update after `step` updates (0 for the first:
+MindFormers evaluates `lr(global_step)` before incrementing it). The trainer passes the float
+to the optimizer each step, so a schedule is plain Python: exact (float64, where MindFormers
+computes in float32 and differs by ~1e-7 relative), cheap, and testable without MindSpore.
+Its state is the step count alone, which the optimizer checkpoint already holds.
 
 The seven schedules are MindFormers' (`mindformers/core/lr/lr_schedule.py`), registered in
 `LR_SCHEDULERS` under their class names, with the same parameters, defaults and formulas.
@@ -50,14 +50,9 @@ module).
 
 import math
 import operator
-import warnings
 from typing import Any, ClassVar
 
-from mf_config import LrSchedulerConfig
-from mf_config.component_settings import settings_error, structure_settings
-from mf_config.errors import ConfigIssue, ConfigWarning, format_path
-from mf_config.sections import Section, declared_fields
-from mf_config.yaml_source import Source
+from mf_config.sections import Section
 
 from .registry import LR_SCHEDULERS
 from .settings.lr_schedules import (
@@ -99,11 +94,27 @@ class LrSchedule:
 
     Settings: ClassVar[type[Section]]
     name: ClassVar[str] = "LrSchedule"
+    """The name in the log: the class name unless a class sets its own."""
 
     learning_rate: float
     total_steps: int
     warmup_steps: int = 0
     warmup_lr_init: float = 0.0
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        cls.name = cls.__dict__.get("name", cls.__name__)
+
+    def __init__(self, learning_rate: float, settings: WarmupSettings, total_steps: int):
+        """Check that the settings fit (`SettingProblems` otherwise) and set the fields every
+        warm-up schedule has."""
+        found = settings.fit_problems(learning_rate, total_steps)
+        if found:
+            raise SettingProblems(found)
+        self.learning_rate = learning_rate
+        self.total_steps = total_steps
+        self.warmup_lr_init = settings.warmup_lr_init
+        self.warmup_steps = settings.steps(*WARMUP, total_steps) or 0
 
     def __call__(self, step: int) -> float:
         """The rate for the update after `step` updates (`step >= 0`)."""
@@ -153,29 +164,11 @@ class ConstantLR(LrSchedule):
         return f"constant learning rate {number(self.learning_rate)}"
 
 
-def _start(schedule: LrSchedule, learning_rate: float, settings: WarmupSettings,
-           total_steps: int) -> None:
-    """Check that the settings fit (`SettingProblems` otherwise) and set the fields every
-    schedule has."""
-    found = settings.fit_problems(learning_rate, total_steps)
-    if found:
-        raise SettingProblems(found)
-    schedule.learning_rate = learning_rate
-    schedule.total_steps = total_steps
-    schedule.warmup_lr_init = settings.warmup_lr_init
-    schedule.warmup_steps = settings.steps(*WARMUP, total_steps) or 0
-
-
 @LR_SCHEDULERS.register("ConstantWarmUpLR")
 class ConstantWarmUpLR(LrSchedule):
     """Warm-up, then `learning_rate`."""
 
     Settings = ConstantWarmUpLRSettings
-    name = "ConstantWarmUpLR"
-
-    def __init__(self, learning_rate: float, settings: ConstantWarmUpLRSettings,
-                 total_steps: int):
-        _start(self, learning_rate, settings, total_steps)
 
     def rate(self, step: int) -> float:
         if self.in_warmup(step):
@@ -191,11 +184,10 @@ class LinearWithWarmUpLR(LrSchedule):
     """Warm-up, then `learning_rate * max(0, (total - t) / max(1, total - warmup))`."""
 
     Settings = LinearWithWarmUpLRSettings
-    name = "LinearWithWarmUpLR"
 
     def __init__(self, learning_rate: float, settings: LinearWithWarmUpLRSettings,
                  total_steps: int):
-        _start(self, learning_rate, settings, total_steps)
+        super().__init__(learning_rate, settings, total_steps)
         self.linear_steps = max(1, total_steps - self.warmup_steps)
 
     def rate(self, step: int) -> float:
@@ -214,11 +206,10 @@ class CosineWithWarmUpLR(LrSchedule):
     total_steps) on, and from total_steps on."""
 
     Settings = CosineWithWarmUpLRSettings
-    name = "CosineWithWarmUpLR"
     decay_ratio_key: ClassVar[str | None] = "decay_ratio"
 
     def __init__(self, learning_rate: float, settings: Any, total_steps: int):
-        _start(self, learning_rate, settings, total_steps)
+        super().__init__(learning_rate, settings, total_steps)
         decay_steps = settings.steps("decay_steps", self.decay_ratio_key, total_steps)
         self.decay_steps = max(1, total_steps if decay_steps is None else decay_steps)
         self.cosine_steps = max(1, total_steps - self.warmup_steps)
@@ -254,7 +245,6 @@ class CosineWithRestartsAndWarmUpLR(CosineWithWarmUpLR):
     mod 1))))`: each of the num_cycles half-waves restarts at learning_rate."""
 
     Settings = CosineWithRestartsAndWarmUpLRSettings
-    name = "CosineWithRestartsAndWarmUpLR"
     decay_ratio_key = None
 
     def fraction(self, progress: float) -> float:
@@ -270,11 +260,10 @@ class PolynomialWithWarmUpLR(LrSchedule):
     lr_end`, `decay_steps` defaulting to `max(1, total - warmup)`; `lr_end` past total_steps."""
 
     Settings = PolynomialWithWarmUpLRSettings
-    name = "PolynomialWithWarmUpLR"
 
     def __init__(self, learning_rate: float, settings: PolynomialWithWarmUpLRSettings,
                  total_steps: int):
-        _start(self, learning_rate, settings, total_steps)
+        super().__init__(learning_rate, settings, total_steps)
         self.lr_end = settings.lr_end
         default_decay = total_steps - self.warmup_steps
         decay_steps = settings.decay_steps
@@ -300,11 +289,10 @@ class WarmUpStableDecayLR(LrSchedule):
     (t - decay_start) / (total - decay_start)`; `lr_end` from total_steps on."""
 
     Settings = WarmUpStableDecayLRSettings
-    name = "WarmUpStableDecayLR"
 
     def __init__(self, learning_rate: float, settings: WarmUpStableDecayLRSettings,
                  total_steps: int):
-        _start(self, learning_rate, settings, total_steps)
+        super().__init__(learning_rate, settings, total_steps)
         self.lr_end = settings.lr_end
         self.decay_start = settings.steps("decay_start_steps", "decay_start_ratio", total_steps)
         self.decay_steps = max(1, total_steps - self.decay_start)
@@ -331,11 +319,10 @@ class ConstantWithCoolDownLR(LrSchedule):
     then lr_end2 (default lr_end1)."""
 
     Settings = ConstantWithCoolDownLRSettings
-    name = "ConstantWithCoolDownLR"
 
     def __init__(self, learning_rate: float, settings: ConstantWithCoolDownLRSettings,
                  total_steps: int):
-        _start(self, learning_rate, settings, total_steps)
+        super().__init__(learning_rate, settings, total_steps)
         decay_steps = settings.steps("decay_steps", "decay_ratio", total_steps)
         self.decay_start = self.warmup_steps + settings.keep_steps
         self.decay_steps = decay_steps
@@ -362,62 +349,3 @@ class ConstantWithCoolDownLR(LrSchedule):
         return (f"{self.head()}, keep until step {self.decay_start}, cosine to "
                 f"{number(self.lr_end1)} over {self.decay_steps} steps, hold until step "
                 f"{self.final_end}, then {number(self.lr_end2)}")
-
-
-# ----------------------------------------------------------------------------- building
-
-
-def build_lr_schedule(config: LrSchedulerConfig, total_steps: int,
-                      source: Source | None = None) -> LrSchedule:
-    """The schedule `config` describes over `total_steps` (`training.steps`) optimizer updates.
-
-    `type: null` is the constant `learning_rate`. Problems are a `ConfigError` naming
-    `lr_scheduler.<key>`, located in `source` when given.
-    """
-    if type(total_steps) is not int or total_steps < 1:
-        raise ValueError(f"total_steps (training.steps) must be a positive integer, got "
-                         f"{total_steps!r}")
-    if config.type is None:
-        _reject_keys_without_type(config, source)
-        return ConstantLR(config.learning_rate)
-    cls = LR_SCHEDULERS.get(config.type, (*PATH, "type"), source)
-    settings_class = getattr(cls, "Settings", None)
-    if settings_class is None:
-        raise settings_error([((*PATH, "type"), f"{config.type!r} is not an mf learning-rate "
-                                                "schedule: it declares no Settings class")],
-                             source)
-    settings = structure_settings(settings_class, config.extras, PATH, source,
-                                  owner=f"learning-rate scheduler type {config.type!r}",
-                                  also_allowed=declared_fields(LrSchedulerConfig))
-    length = _schedule_length(settings, total_steps, source)
-    try:
-        return cls(config.learning_rate, settings, length)
-    except SettingProblems as exc:
-        raise settings_error([((*PATH, key), message) for key, message in exc.found],
-                             source) from None
-
-
-def _reject_keys_without_type(config: LrSchedulerConfig, source: Source | None) -> None:
-    """Keys for a schedule while `type` is null would be ignored silently: refuse them."""
-    if not config.extras:
-        return
-    message = (f"is a scheduler key, but lr_scheduler.type is null (a constant "
-               f"learning_rate); set type to one of {', '.join(LR_SCHEDULERS.names())}, or "
-               "remove the key")
-    raise settings_error([((*PATH, key), message) for key in config.extras], source)
-
-
-def _schedule_length(settings: Any, total_steps: int, source: Source | None) -> int:
-    """`lr_scheduler.total_steps` when written, else the trainer's `training.steps`; a
-    schedule shorter than the run warns."""
-    written = getattr(settings, "total_steps", None)
-    if written is None:
-        return total_steps
-    if written < total_steps:
-        where = (*PATH, "total_steps")
-        message = (f"the schedule ({written} steps) is shorter than training.steps "
-                   f"({total_steps}): the rate holds its final value from step {written} on")
-        issue = (source.issue(where, message, "warning") if source is not None
-                 else ConfigIssue(format_path(where), message, severity="warning"))
-        warnings.warn(str(issue), ConfigWarning, stacklevel=3)
-    return written

@@ -69,8 +69,21 @@ def checkpoint_root(checkpoint: CheckpointConfig, output_dir: Path) -> Path:
 
 def claim(output_dir: str | os.PathLike[str], checkpoint: CheckpointConfig, *,
           lock: bool = True) -> Claim:
-    """Lock `output_dir` for this run (unless `lock` is False: the launcher holds it) and
-    decide how the run starts; `RunDirectoryError` when it cannot."""
+    """Claim `output_dir` for this run and decide how the run starts.
+
+    Args:
+        output_dir: the run's output directory (created when missing).
+        checkpoint: the `checkpoint` section (where checkpoints go, what to load).
+        lock: take the directory's lock (False: the launcher holds it for its ranks).
+
+    Returns:
+        The claim: the checkpoint section to run with (resuming the directory's own
+        checkpoints when it has some) and a note saying what was decided.
+
+    Raises:
+        RunDirectoryError: another run holds the directory, or it holds a finished run's
+            outputs that this run would overwrite, or it cannot be written.
+    """
     directory = Path(output_dir)
     handle = _lock(directory) if lock else None
     try:

@@ -1,4 +1,4 @@
-"""The monitors' view of a training step: `TrainStep`'s observer, feeding mf_train.monitor's
+"""The monitors' view of a training step: the step layout's observer, feeding mf_train.monitor's
 `TrainStateMonitor` (local/device losses and norms), `MoeMonitor` (tokens per expert summed
 over the step's micro-batches) and `EmbeddingHealthMonitor` (the embedding's local norm)."""
 
@@ -8,6 +8,7 @@ from collections.abc import Sequence
 
 from mindspore import Tensor
 
+from .callbacks import CallbackList
 from .monitor.health import EmbeddingHealthMonitor
 from .monitor.moe import MoeMonitor
 from .monitor.train_state import TrainStateMonitor
@@ -21,7 +22,15 @@ class MonitorObserver:
         self.names = list(names)
         self.train_state, self.moe, self.health = train_state, moe, health
 
+    @classmethod
+    def of(cls, names: Sequence[str], callbacks: CallbackList) -> MonitorObserver:
+        """The observer feeding the collectors among `callbacks` (parameter `names` in
+        gradient order)."""
+        return cls(names, callbacks.find(TrainStateMonitor), callbacks.find(MoeMonitor),
+                   callbacks.find(EmbeddingHealthMonitor))
+
     def micro_batch(self, index: int, loss: Tensor, grads: Sequence[Tensor]) -> None:
+        """One micro-batch's own loss and gradients."""
         if self.moe is not None:
             self.moe.record_forward()
         if self.train_state is not None:

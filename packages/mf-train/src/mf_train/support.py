@@ -21,92 +21,28 @@ from typing import Any
 
 import attrs
 
-from mf_config import ConfigIssue, TrainConfig
-from mf_config.components import selections, settings_class
-from mf_config.sections import declared_fields
-from mf_config.yaml_source import Source
+from mf_config import ConfigIssue
+from mf_config.components import KINDS, installed_entry_points, selections, settings_class
 
-from .data import TRAINER_COLUMNS
-from .data_sharding import FSDP
-
-
-@attrs.frozen
-class Target:
-    """What a decision depends on: the configuration, the ranks, the backend."""
-
-    config: TrainConfig
-    world_size: int = 1
-    device: str = "CPU"
-    source: Source | None = None
-    data_shard: int = 1
-    """The plan's data-parallel shard degree (a sharded strategy runs when above 1)."""
-
-    def written(self, path: tuple[str, ...]) -> bool:
-        """Whether the user wrote `path` (in the file or a `--set`); without a source,
-        whether the value differs from its default."""
-        if self.source is not None:
-            return self.source.written(path)
-        return value_at(self.config, path) != value_at(TrainConfig(), path)
-
-
-@attrs.frozen
-class Rule:
-    """A value that is refused, or that has no effect here."""
-
-    refuse: bool
-    applies: Callable[[Any, Target], bool]
-    """(the field's value, the target) -> whether the rule applies."""
-    message: str
-    """Said after the path; `{value}` is replaced by the field's value."""
-    example: dict[str, Any]
-    """`--set` overrides of the tiny Qwen3 example that make the rule apply (for the tests)."""
-    world_size: int = 1
-
-
-@attrs.frozen
-class Field:
-    """Who reads a field, and when it is refused or has no effect."""
-
-    reads: tuple[str, ...] = ()
-    """Modules that read it (`mf_train.trainer`); the tests check the name appears there."""
-    rules: tuple[Rule, ...] = ()
-
-
-def reads(*modules: str, rules: tuple[Rule, ...] = ()) -> Field:
-    return Field(reads=modules, rules=rules)
-
-
-def no_effect(when: Callable[[Any, Target], bool], message: str, example: dict[str, Any],
-              world_size: int = 1) -> Rule:
-    return Rule(False, when, message, example, world_size)
-
-
-def refused(when: Callable[[Any, Target], bool], message: str, example: dict[str, Any],
-            world_size: int = 1) -> Rule:
-    return Rule(True, when, message, example, world_size)
-
-
-def written(path: str) -> Callable[[Any, Target], bool]:
-    """The rule applies when the user wrote `path`."""
-    keys = tuple(path.split("."))
-    return lambda _value, target: target.written(keys)
-
-
-def differs(default: Any) -> Callable[[Any, Target], bool]:
-    return lambda value, _target: value != default
-
-
-def on_cpu(value: Any, target: Target) -> bool:
-    return value is not None and target.device == "CPU"
-
-
-def above_one(value: Any, _target: Target) -> bool:
-    return value > 1
+from .micro_batches import TRAINER_COLUMNS
+from .support_rules import (
+    Field,
+    Rule,
+    Target,
+    above_one,
+    differs,
+    no_effect,
+    on_cpu,
+    reads,
+    refused,
+    value_at,
+    written,
+)
 
 
 def _fsdp_off(_value: Any, target: Target) -> bool:
     strategy = target.config.parallelism.data_parallel_shard_strategy
-    running = target.data_shard > 1 and strategy == FSDP
+    running = target.data_shard > 1 and strategy == "optim_grads_params"  # the spec's FSDP
     return target.written(("parallelism", "reshard_after_forward_policy")) and not running
 
 
@@ -184,15 +120,16 @@ FIELDS: dict[str, Field] = {
     "training.max_consecutive_skipped_steps": reads(TRAINER),
     # parallelism
     "parallelism.data_parallel_shard": reads("mf_parallel.dims"),
-    "parallelism.data_parallel_shard_strategy": reads("mf_train.data_sharding"),
-    "parallelism.reshard_after_forward_policy": reads(TRAINER, rules=(
+    "parallelism.data_parallel_shard_strategy": reads("mf_train.layouts.sharded"),
+    "parallelism.reshard_after_forward_policy": reads("mf_train.layouts.sharded", rules=(
         no_effect(_fsdp_off, "has no effect: only FSDP (data_parallel_shard_strategy "
                              "optim_grads_params over more than one rank) reshards parameters",
                   {"parallelism.reshard_after_forward_policy": "always"}),)),
     "parallelism.cpu_offload": Field(rules=(
         no_effect(differs(False), "has no effect: the trainer keeps parameters and optimizer "
                                   "state on the device", {"parallelism.cpu_offload": True}),)),
-    "parallelism.disable_gradient_division": reads(TRAINER),
+    "parallelism.disable_gradient_division": reads("mf_train.layouts.replicated",
+                                                   "mf_train.layouts.sharded"),
     "parallelism.tensor_parallel": reads("mf_parallel.dims", TRAINER),
     "parallelism.context_parallel": reads("mf_parallel.dims", rules=(
         refused(above_one, f"is {{value}}, but {NO_CONTEXT}; set it to 1",
@@ -247,10 +184,10 @@ FIELDS: dict[str, Field] = {
     "optimizer.weight_decay": reads("mf_train.optim.adamw"),
     "optimizer.weight_decay_include": reads("mf_train.optim.base"),
     "optimizer.weight_decay_exclude": reads("mf_train.optim.base"),
-    "lr_scheduler.type": reads("mf_train.lr_schedules"),
-    "lr_scheduler.learning_rate": reads("mf_train.lr_schedules"),
+    "lr_scheduler.type": reads("mf_train.lr_scheduler"),
+    "lr_scheduler.learning_rate": reads("mf_train.lr_scheduler"),
     # data
-    "train_dataset.dataloader.type": reads("mf_train.data"),
+    "train_dataset.dataloader.type": reads("mf_train.micro_batches"),
     "train_dataset.dataloader.shuffle": reads(LOADER),
     "train_dataset.dataloader.column_names": reads(LOADER, rules=(
         no_effect(_extra_columns, f"the columns after {', '.join(TRAINER_COLUMNS)} do not "
@@ -398,22 +335,6 @@ def _inert_keys(target: Target) -> list[ConfigIssue]:
     return issues
 
 
-def value_at(config: Any, path: tuple[str, ...]) -> Any:
-    """The value at a dotted path of a config: declared fields, then open sections' keys and
-    mappings inside them; `KeyError` when an open key is not there."""
-    node = config
-    for key in path:
-        if attrs.has(type(node)) and key in declared_fields(type(node)):
-            node = getattr(node, key)
-        elif attrs.has(type(node)) and hasattr(node, "extras"):
-            node = node.extras[key]
-        elif isinstance(node, dict):
-            node = node[key]
-        else:
-            raise KeyError(key)
-    return node
-
-
 def support_table() -> str:
     """The refused and no-effect settings as a Markdown table (mf-train's README shows it;
     a test keeps the two equal). Each message is shown with its example's value."""
@@ -436,11 +357,9 @@ def support_table() -> str:
 def _no_effect_keys() -> list[tuple[str, str, str, str]]:
     """(kind, type, key, reason) of every component key marked `no_effect`, one type name
     per settings class."""
-    from mf_config.components import KINDS, _group
-
     found, classes = [], set()
     for kind in KINDS:
-        for entry in _group(kind):
+        for entry in installed_entry_points(kind):
             cls = entry.load()
             if cls in classes:
                 continue

@@ -6,7 +6,7 @@ Saving (one `CheckpointManager` per rank)::
     manager = CheckpointManager(config.checkpoint, rank, world_size, barrier=barrier)
     if manager.should_save(step, last=step == total_steps):
         manager.save(step, model_arrays(model.parameters_and_names()),
-                     optimizer.state_dict(), TrainState(global_step=step, ...))
+                     optimizer.state_dict(), RunProgress(global_step=step, ...))
     ...
     manager.wait()                      # after the last step (async_save)
 
@@ -36,9 +36,9 @@ from .layout import (
     read_tracker,
 )
 from .params import apply_model_params, model_arrays
+from .progress import RunProgress
 from .reader import LoadedCheckpoint, Resumed, load_checkpoint, resume
 from .rng import capture_rng_state, restore_rng_state
-from .state import TrainState
 from .writer import CheckpointManager
 
 __all__ = [
@@ -47,7 +47,7 @@ __all__ = [
     "CorruptCheckpointError",
     "LoadedCheckpoint",
     "Resumed",
-    "TrainState",
+    "RunProgress",
     "apply_model_params",
     "candidates",
     "capture_rng_state",

@@ -20,8 +20,8 @@ from . import layout
 from .atomic import bytes_digest
 from .errors import CheckpointError, CorruptCheckpointError
 from .hf import is_hf_checkpoint, load_hf_weights
+from .progress import RunProgress
 from .reading import read_files
-from .state import TrainState
 
 
 class LoadedCheckpoint(NamedTuple):
@@ -29,7 +29,7 @@ class LoadedCheckpoint(NamedTuple):
 
     model_params: dict[str, np.ndarray]
     optimizer_state: dict[str, np.ndarray] | None
-    state: TrainState
+    state: RunProgress
 
 
 class Resumed(NamedTuple):
@@ -42,7 +42,7 @@ class Resumed(NamedTuple):
     kind: str
     model_params: dict[str, np.ndarray]
     optimizer_state: dict[str, np.ndarray] | None
-    state: TrainState | None
+    state: RunProgress | None
 
 
 def load_checkpoint(path: str | os.PathLike[str], rank: int = 0, *,
@@ -81,7 +81,7 @@ def load_checkpoint(path: str | os.PathLike[str], rank: int = 0, *,
         arrays.append(file("opt"))
     model, *optimizer = read_files(lambda item: _read_arrays(*item), arrays, workers)
     rng = _read_json(*file("rng"))
-    state = TrainState.from_common(common, rng, str(directory / layout.COMMON))
+    state = RunProgress.from_common(common, rng, str(directory / layout.COMMON))
     return LoadedCheckpoint(model, optimizer[0] if optimizer else None, state)
 
 
@@ -103,13 +103,7 @@ def resume(config: CheckpointConfig, rank: int = 0, world_size: int = 1,
         raise settings_error([(("checkpoint", "load_path"),
                                f"{path} does not exist")], source)
     if is_hf_checkpoint(path):
-        if not config.no_load_optim:
-            raise settings_error([(("checkpoint", "no_load_optim"),
-                                   "Resume training (no_load_optim=False) is not supported for "
-                                   f"HuggingFace checkpoints ({path}); set no_load_optim: True "
-                                   "to load its weights only")], source)
-        return Resumed(path, "hf", load_hf_weights(path, config.load_worker_number), None,
-                       None)
+        return _hf_weights(path, config, source)
     directory = layout.find_checkpoint(path)
     if directory is None:
         warnings.warn(f"checkpoint.load_path {path} holds no complete checkpoint yet; "
@@ -126,6 +120,17 @@ def resume(config: CheckpointConfig, rank: int = 0, world_size: int = 1,
                       "next newest complete checkpoint", RuntimeWarning, stacklevel=2)
     raise CheckpointError(f"{path}: every complete checkpoint is corrupt; nothing to resume "
                           "from")
+
+
+def _hf_weights(path: Path, config: CheckpointConfig, source: Source | None) -> Resumed:
+    """Hugging Face weights to start from; resuming from them (`no_load_optim: False`) is
+    refused: they carry no optimizer state or run progress."""
+    if not config.no_load_optim:
+        raise settings_error([(("checkpoint", "no_load_optim"),
+                               "Resume training (no_load_optim=False) is not supported for "
+                               f"HuggingFace checkpoints ({path}); set no_load_optim: True "
+                               "to load its weights only")], source)
+    return Resumed(path, "hf", load_hf_weights(path, config.load_worker_number), None, None)
 
 
 def _load_agreed(directory: Path, config: CheckpointConfig, rank: int, world_size: int,

@@ -51,8 +51,8 @@ from .atomic import (
 )
 from .errors import CheckpointError
 from .params import storable
+from .progress import RunProgress
 from .rng import capture_rng_state
-from .state import TrainState
 
 Barrier = Callable[[], None]
 
@@ -77,8 +77,15 @@ class _Job:
 class CheckpointManager:
     """Writes `checkpoint.save_path/iteration_XXXXXXXX/` checkpoints for one rank.
 
-    `barrier` synchronises all ranks (required when `world_size > 1`; the caller's collective,
-    e.g. `mindspore.mint.distributed.barrier`). Every rank calls `save` at the same steps.
+    Every rank calls `save` at the same steps.
+
+    Args:
+        config: the `checkpoint` section (with `save_path` set).
+        rank: this rank.
+        world_size: the number of ranks.
+        barrier: waits for all ranks (required when `world_size > 1`; e.g.
+            `mf_train.world_group.barrier`).
+        source: the YAML source, for error lines.
     """
 
     def __init__(self, config: CheckpointConfig, rank: int = 0, world_size: int = 1,
@@ -109,7 +116,7 @@ class CheckpointManager:
         return last or step % self.config.save_interleaved_steps == 0
 
     def save(self, step: int, model_params: Mapping[str, np.ndarray],
-             optimizer_state: Mapping[str, np.ndarray] | None, state: TrainState, *,
+             optimizer_state: Mapping[str, np.ndarray] | None, state: RunProgress, *,
              owned: bool = False) -> None:
         """Write the checkpoint of step `step`. `state.rng` None: this rank's generator
         states are captured now. Returns once written, or, with `async_save`, once the
@@ -179,7 +186,7 @@ class CheckpointManager:
     # ----- steps of one save -----
 
     def _job(self, step: int, model_params: Mapping[str, np.ndarray],
-             optimizer_state: Mapping[str, np.ndarray] | None, state: TrainState,
+             optimizer_state: Mapping[str, np.ndarray] | None, state: RunProgress,
              owned: bool) -> _Job:
         copy = self.config.async_save and not owned
         optimizer = None

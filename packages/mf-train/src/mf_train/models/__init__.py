@@ -35,9 +35,20 @@ __all__ = [
 
 def build_model(config: ModelConfig, *, tensor_group: TensorGroup | None = None,
                 source: Source | None = None, seed: int | None = None) -> nn.Cell:
-    """The model `config` describes, on this rank's tensor group (None: one process, no
-    communication). `seed` draws the initial weights (default: MindSpore's global seed, else
-    0); a `ConfigError` names the `model.<key>` of every problem."""
+    """The model the `model` section describes (its class from the `MODELS` registry).
+
+    Args:
+        config: the `model` section.
+        tensor_group: this rank's tensor-parallel group (None: no tensor parallelism).
+        source: the YAML source, for error lines.
+        seed: draws the initial weights (default: MindSpore's global seed, else 0).
+
+    Returns:
+        The model: a cell taking (tokens, labels, loss mask) and returning the mean loss.
+
+    Raises:
+        ConfigError: naming the `model.<key>` of every problem.
+    """
     name, key = ((config.architecture(), "architectures") if config.architectures
                  else (config.model_type, "model_type"))
     cls: Any = MODELS.get(name, ("model", key), source)

@@ -1,10 +1,11 @@
-"""mf's optimizers: AdamW and Muon, built from the `optimizer` section.
+"""mf's optimizers: AdamW and Muon built from the `optimizer` section, and sharded AdamW.
 
 `build_optimizer(config, named_params)` resolves `optimizer.type` in `mf_train.registry.
 OPTIMIZERS` ("AdamW", "Muon", lower-case aliases, entry points or a `module:Class` path) and
-calls the class's `from_config(config, named_params, source)`. Every optimizer offers
-`.params`, `.step(grads, lr)`, `.state_dict()`, `.load_state_dict(state)`,
-`.reload_main_params_from_model()` and `.groups_summary()` (see `base.Optimizer`).
+calls the class's `from_config(config, named_params, source)`. The sharded step layouts build
+`ShardedAdamW` instead. Both kinds implement `protocol.Optimizer`: `.names`, `.params`,
+`.global_step`, `.step(grads, lr, clip)`, `.state_dict()`, `.load_state_dict(state)`,
+`.reload_main_params_from_model()` and `.groups_summary()`.
 """
 
 from __future__ import annotations
@@ -18,19 +19,32 @@ from mf_config.yaml_source import Source
 
 from ..registry import OPTIMIZERS
 from .adamw import AdamW, adamw_update
-from .base import Optimizer, OptimizerStateError
+from .base import ParameterOptimizer
 from .muon import Muon, MuonSettings, muon_update, newton_schulz
 from .param_groups import gets_weight_decay, rule_matches
+from .protocol import Optimizer, OptimizerStateError
+from .sharded_adamw import ShardedAdamW
 
-__all__ = ["AdamW", "Muon", "MuonSettings", "Optimizer", "OptimizerStateError", "adamw_update",
-           "build_optimizer", "gets_weight_decay", "muon_update", "newton_schulz",
-           "rule_matches"]
+__all__ = ["AdamW", "Muon", "MuonSettings", "Optimizer", "OptimizerStateError",
+           "ParameterOptimizer", "ShardedAdamW", "adamw_update", "build_optimizer",
+           "gets_weight_decay", "muon_update", "newton_schulz", "rule_matches"]
 
 
 def build_optimizer(config: OptimizerConfig, named_params: Sequence[tuple[str, Parameter]],
                     source: Source | None = None) -> Optimizer:
-    """The optimizer `config.type` names, over `named_params` (a model's trainable
-    `(name, Parameter)` pairs, in the order its gradients come); `ConfigError` for an unknown
-    type or bad settings, with the YAML line when `source` is given."""
+    """The optimizer `optimizer.type` names, over a model's parameters.
+
+    Args:
+        config: the `optimizer` section.
+        named_params: the model's trainable `(name, Parameter)` pairs, in gradient order.
+        source: the YAML source, for error lines.
+
+    Returns:
+        The optimizer (a `ParameterOptimizer` for the built-in types).
+
+    Raises:
+        ConfigError: an unknown type or bad settings, with the YAML line when `source` is
+            given.
+    """
     cls = OPTIMIZERS.get(config.type, ("optimizer", "type"), source)
     return cls.from_config(config, list(named_params), source)

@@ -30,7 +30,7 @@ from mf_config.yaml_source import Source
 
 from ..registry import OPTIMIZERS
 from ..settings.adamw import AdamWSettings
-from .base import Optimizer, adam_hyperparameters, decay_flags
+from .base import ParameterOptimizer, adam_hyperparameters, decay_flags
 
 
 def adamw_update(param: Tensor, grad: Tensor, exp_avg: Tensor, exp_avg_sq: Tensor, step: int,
@@ -55,7 +55,7 @@ def adamw_update(param: Tensor, grad: Tensor, exp_avg: Tensor, exp_avg_sq: Tenso
 class AdamMoments:
     """The `adam_m.<name>` / `adam_v.<name>` moments of a set of parameters of an optimizer."""
 
-    def __init__(self, optimizer: Optimizer, indices: Sequence[int],
+    def __init__(self, optimizer: ParameterOptimizer, indices: Sequence[int],
                  betas: tuple[float, float], eps: float):
         self.optimizer = optimizer
         self.betas = betas
@@ -75,7 +75,7 @@ class AdamMoments:
 
 
 @OPTIMIZERS.register("AdamW", "adamw")
-class AdamW(Optimizer):
+class AdamW(ParameterOptimizer):
     """AdamW over named parameters, with MindFormers' weight-decay groups."""
 
     def __init__(self, named_params: Sequence[tuple[str, Parameter]], *,

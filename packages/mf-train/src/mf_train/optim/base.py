@@ -1,5 +1,6 @@
-"""What every mf optimizer shares: its parameters, their float32 masters, its named state and
-its update count, with a state dict of numpy arrays for checkpoints.
+"""What the optimizers that update each parameter whole (AdamW, Muon) share: the parameters,
+their float32 masters, the named state and the update count, with a state dict of numpy arrays
+for checkpoints (`protocol.Optimizer` is the interface; `ShardedAdamW` is its other kind).
 
 Updates are computed in float32. A float32 parameter is updated in place; a float16 or
 bfloat16 parameter gets a float32 master copy (`main_param.<name>`, MindFormers' name), which
@@ -14,7 +15,6 @@ checkpoint.
 
 from __future__ import annotations
 
-import math
 import warnings
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -28,20 +28,15 @@ from mf_config.component_settings import settings_error
 from mf_config.yaml_source import Source
 
 from .param_groups import check_rules, unmatched_rules, weight_decay_flags
+from .protocol import FLOAT32, STEP_KEY, OptimizerStateError, checked_lr
 
-FLOAT32 = ms.float32
 LOW_PRECISION = (ms.float16, ms.bfloat16)
-STEP_KEY = "global_step"
 MASTER_PREFIX = "main_param"
 _MAX_LISTED = 8
 
 
-class OptimizerStateError(ValueError):
-    """A state dict that does not fit this optimizer (missing, extra or mis-shaped keys)."""
-
-
-class Optimizer:
-    """Base of mf's optimizers.
+class ParameterOptimizer:
+    """Base of the optimizers that update each parameter whole (`protocol.Optimizer`).
 
     Subclasses create their state with `add_state` and implement `_update`, which returns the
     new float32 value of one parameter. `step(grads, lr)` checks the gradients, counts the
@@ -66,13 +61,16 @@ class Optimizer:
 
     # ----- the training loop's interface -----
 
-    def step(self, grads: Sequence[Tensor], lr: float) -> None:
-        """One update of every parameter from `grads` (same order as `params`) at rate `lr`."""
-        lr = _checked_lr(lr)
+    def step(self, grads: Sequence[Tensor], lr: float, clip: float = 1.0) -> None:
+        """One update of every parameter from `grads` (same order as `params`) at rate `lr`,
+        the gradients scaled by `clip` first (1: unclipped)."""
+        lr = checked_lr(lr)
         self._check_grads(grads)
         self.global_step += 1
         for index, (param, grad) in enumerate(zip(self.params, grads, strict=True)):
             value = self._masters.get(index, param)
+            if clip != 1.0:
+                grad = grad * clip
             if grad.dtype != FLOAT32:
                 grad = ops.cast(grad, FLOAT32)
             new_value = self._update(index, value, grad, lr, self.weight_decays[index])
@@ -209,13 +207,6 @@ def _checked_params(named_params: Sequence[tuple[str, Parameter]],
             raise ValueError(f"parameter {name!r} is {param.dtype}; the optimizer updates "
                              "float32, float16 and bfloat16 parameters")
     return names, params
-
-
-def _checked_lr(lr: float) -> float:
-    value = float(lr)
-    if not math.isfinite(value) or value < 0:
-        raise ValueError(f"learning rate must be a finite number >= 0, got {lr!r}")
-    return value
 
 
 def _warn_if_bf16_on_cpu(names: Sequence[str], params: Sequence[Parameter]) -> None:

@@ -51,7 +51,7 @@ from mf_config.yaml_source import Source
 from ..registry import OPTIMIZERS
 from ..settings.muon import MuonSettings
 from .adamw import AdamMoments
-from .base import Optimizer, adam_hyperparameters, decay_flags
+from .base import ParameterOptimizer, adam_hyperparameters, decay_flags
 from .param_groups import check_rules, matching_rule
 
 Coefficients = tuple[tuple[float, float, float], ...]
@@ -99,7 +99,7 @@ def uses_muon(name: str, ndim: int, adamw_include: Sequence[str]) -> bool:
 
 
 @OPTIMIZERS.register("Muon", "muon")
-class Muon(Optimizer):
+class Muon(ParameterOptimizer):
     """Muon for hidden weight matrices, AdamW for every other parameter."""
 
     def __init__(self, named_params: Sequence[tuple[str, Parameter]], *,

@@ -1,4 +1,4 @@
-"""The run state a checkpoint carries besides the arrays: steps, samples, batch size, RNG.
+"""Where the run is, as a checkpoint carries it besides the arrays: steps, samples, batch, RNG.
 
 `common.json` holds MindFormers' fields (`epoch_num`, `step_num`, `global_step`, `loss_scale`,
 `global_batch_size`, `consumed_samples`) plus mf's `extra` mapping. The random generator
@@ -18,7 +18,7 @@ _COMMON_FIELDS = ("epoch_num", "step_num", "global_step", "loss_scale", "global_
 
 
 @dataclass(frozen=True)
-class TrainState:
+class RunProgress:
     """Where the run is: what a resumed run needs besides weights and optimizer state.
 
     `global_step` counts optimizer updates done (the LR schedule's next input);
@@ -42,10 +42,10 @@ class TrainState:
         values = {name: getattr(self, name) for name in _COMMON_FIELDS}
         return {**values, "extra": dict(self.extra)}
 
-    def with_rng(self, rng: dict[str, Any] | None) -> TrainState:
+    def with_rng(self, rng: dict[str, Any] | None) -> RunProgress:
         return dataclasses.replace(self, rng=rng)
 
-    def rescaled(self, global_batch_size: int) -> TrainState:
+    def rescaled(self, global_batch_size: int) -> RunProgress:
         """This state for a run with another global batch size: MindFormers' resume rule
         `global_step = int(global_step * saved_gbs / new_gbs)`, samples unchanged."""
         if global_batch_size == self.global_batch_size:
@@ -55,7 +55,7 @@ class TrainState:
 
     @classmethod
     def from_common(cls, common: dict[str, Any], rng: dict[str, Any] | None,
-                    where: str) -> TrainState:
+                    where: str) -> RunProgress:
         """The state `common.json` (at `where`) describes; `consumed_samples` falls back to
         `global_step * global_batch_size` as in MindFormers when a checkpoint lacks it."""
         missing = [name for name in ("global_step", "global_batch_size") if name not in common]

@@ -3,22 +3,18 @@
 mf-parallel's `ShardedDataParallel` (`optim`, `optim_grads`) and `FullyShardedDataParallel`
 (`optim_grads_params`) lay the parameters end to end in flat buffers (one for ZeRO, one per
 unit for FSDP) and give each rank one equal slice of each. `ShardedAdamW` keeps the optimizer
-state of this rank's slices only, concatenated into one float32 vector per state:
+state of this rank's slices only, concatenated into one float32 vector per state, and
+implements `protocol.Optimizer` on them: the sharded step layouts (`mf_train.layouts.sharded`)
+reduce the local gradients to this rank's slice and take their global norm; `step([slice],
+lr, clip)` clips the slice, runs AdamW on it and publishes the new slices.
 
-    reduce_gradients(local grads) -> global norm    mf-parallel reduces (all-reduce then own
-                                                    slice, or reduce-scatter) and averages
-    step_reduced(lr, clip)                          clip, AdamW on the slice, publish
-
-The global norm is sqrt(sum over the shard group of this rank's sum of squares): the slices of
-the shard group partition every gradient (padding is zero), and with HSDP the replicas hold
-equal slices, so summing over the shard group alone counts each element once. Clipping scales
-the slice by `clip`; AdamW (`mf_train.optim.adamw_update`) is element-wise, so updating slices
-gives the parameters whole-tensor AdamW gives. Weight decay is per parameter (the optimizer
-section's groups, `mf_train.optim.param_groups`), so each slice element carries the index of
-its rate in a small table; the decay factor `1 - lr * rate` is computed in Python as
-`adamw_update` computes it, then gathered per element, and applied before the Adam step
-exactly as `adamw_update` applies it. `publish` hands the new slices back to mf-parallel, which
-gathers them into the model (ZeRO) or keeps them as the units' masters (FSDP).
+AdamW (`mf_train.optim.adamw_update`) is element-wise, so updating slices gives the
+parameters whole-tensor AdamW gives. Weight decay is per parameter (the optimizer section's
+groups, `mf_train.optim.param_groups`), so each slice element carries the index of its rate in
+a small table; the decay factor `1 - lr * rate` is computed in Python as `adamw_update`
+computes it, then gathered per element, and applied before the Adam step exactly as
+`adamw_update` applies it. `publish` hands the new slices back to mf-parallel, which gathers
+them into the model (ZeRO) or keeps them as the units' masters (FSDP).
 
 State dict (per rank): `global_step`, `main_param.flat`, `adam_m.flat`, `adam_v.flat` (this
 rank's float32 slices) and `shard_layout` (shard degree, shard rank, elements in all buffers,
@@ -27,19 +23,15 @@ slice length, number of buffers): a checkpoint loads only onto the same layout.
 
 from __future__ import annotations
 
-import contextlib
-import math
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
-import mindspore as ms
 import numpy as np
 from mindspore import Parameter, Tensor, mint, ops
 
-from .optim import OptimizerStateError, adamw_update
+from .adamw import adamw_update
+from .protocol import FLOAT32, STEP_KEY, OptimizerStateError, checked_lr
 
-FLOAT32 = ms.float32
-STEP_KEY = "global_step"
 LAYOUT_KEY = "shard_layout"
 LAYOUT_FIELDS = ("shard degree", "shard rank", "elements", "slice length", "buffers")
 SLICE_KEYS = ("main_param.flat", "adam_m.flat", "adam_v.flat")
@@ -47,7 +39,7 @@ SLICE_KEYS = ("main_param.flat", "adam_m.flat", "adam_v.flat")
 
 class ShardedAdamW:
     """AdamW on this rank's slices of `sharded` (a `ShardedDataParallel` or
-    `FullyShardedDataParallel` built without `lr`), with `mf_train.optim`'s interface.
+    `FullyShardedDataParallel`), with `protocol.Optimizer`'s interface.
 
     `named_params` are the model's trainable parameters in the order of the gradients (the
     same parameters `sharded` was built over); `weight_decays` their decay rates.
@@ -67,35 +59,29 @@ class ShardedAdamW:
         self.global_step = 0
         buffers = sharded.buffers
         self.lengths = [buffer.flat.length for buffer in buffers]
-        self.layout = _layout(buffers, collectives)
+        self.shard_layout = _shard_layout(buffers, collectives)
         self.rates, self.rate_ids = self._decay_table(buffers)
         self.master = ops.cat([ops.cast(buffer.master.value(), FLOAT32) for buffer in buffers])
         self.exp_avg = ops.zeros(self.master.shape, FLOAT32)
         self.exp_avg_sq = ops.zeros(self.master.shape, FLOAT32)
-        self._grad: Tensor | None = None
 
     # ----- the training step's interface -----
 
-    def reduce_gradients(self, grads: Sequence[Tensor]) -> float:
-        """Reduce this rank's local `grads` (aligned with `params`) to its averaged slice,
-        kept for `step_reduced`; return the global L2 norm of the reduced gradients."""
-        slices = self.sharded.reduce_grads(list(grads))
-        grad = slices[0] if len(slices) == 1 else ops.cat(slices)
-        self._grad = ops.cast(grad, FLOAT32)
-        squares = ops.sum(ops.square(self._grad)).reshape(1)
-        total = self.collectives.all_reduce(squares, "shard")
-        return math.sqrt(float(total.asnumpy()[0]))
+    def step(self, grads: Sequence[Tensor], lr: float, clip: float = 1.0) -> None:
+        """AdamW update number `global_step + 1` of this rank's slice, then publish it.
 
-    def step_reduced(self, lr: float, clip: float = 1.0) -> None:
-        """AdamW update number `global_step + 1` of the slice from the reduced gradient slice
-        scaled by `clip` (`train_step.clip_coefficient`: 1 means unclipped), then publish the
-        new parameters."""
-        if self._grad is None:
-            raise RuntimeError("step_reduced needs reduce_gradients first")
-        lr = _checked_lr(lr)
-        grad, self._grad = self._grad, None
-        if clip != 1.0:
-            grad = grad * clip
+        Args:
+            grads: one float32 tensor, this rank's slice of the reduced gradients (all
+                buffers end to end, as `mf_train.layouts.sharded.reduce_to_slice` gives it).
+            lr: the learning rate of this update.
+            clip: the clip coefficient the slice is scaled by (1: unclipped).
+        """
+        lr = checked_lr(lr)
+        if len(grads) != 1 or tuple(grads[0].shape) != tuple(self.master.shape):
+            raise ValueError(f"ShardedAdamW.step: expected one gradient slice of "
+                             f"{self.master.shape[0]} elements, got shapes "
+                             f"{[tuple(g.shape) for g in grads]}")
+        grad = grads[0] * clip if clip != 1.0 else grads[0]
         self.global_step += 1
         value = self._decayed(self.master, lr)
         self.master, self.exp_avg, self.exp_avg_sq = adamw_update(
@@ -103,39 +89,17 @@ class ShardedAdamW:
             self.eps)
         self._publish()
 
-    def discard_reduced(self) -> None:
-        """Drop the reduced slice of a skipped step."""
-        self._grad = None
-
-    def step(self, grads: Sequence[Tensor], lr: float) -> None:
-        """One update from this rank's local, unreduced `grads` (no clipping): the reduction
-        is part of the sharded step."""
-        self.reduce_gradients(grads)
-        self.step_reduced(lr)
-
     # ----- checkpoints and loading -----
-
-    @contextlib.contextmanager
-    def whole_model(self) -> Iterator[None]:
-        """The model's parameters whole inside the block (FSDP gathers them, a collective;
-        ZeRO's are whole anyway), freed again after it: to save or load weights."""
-        unshard = getattr(self.sharded, "unshard", None)
-        if unshard is None:
-            yield
-            return
-        unshard()
-        try:
-            yield
-        finally:
-            self.sharded.reshard()
 
     def reload_main_params_from_model(self) -> None:
         """Take this rank's slices from the model's (whole) parameters, after weights were
-        loaded into the model without optimizer state; with FSDP inside `whole_model()`."""
+        loaded into the model without optimizer state; with FSDP inside the layout's
+        `whole_model()`."""
         buffers = self.sharded.buffers
         if not all(getattr(buffer, "gathered", True) for buffer in buffers):
             raise RuntimeError("reload_main_params_from_model: the model holds sharded "
-                               "placeholders; load the weights inside whole_model()")
+                               "placeholders; load the weights inside the step layout's "
+                               "whole_model()")
         self.master = ops.cat([ops.cast(buffer.flat.own(buffer.flat.flatten(buffer.params)),
                                         FLOAT32) for buffer in buffers])
         self._publish()
@@ -143,7 +107,7 @@ class ShardedAdamW:
     def state_dict(self) -> dict[str, np.ndarray]:
         """This rank's slices (float32), the update count and the shard layout."""
         return {STEP_KEY: np.array([self.global_step], dtype=np.int64),
-                LAYOUT_KEY: self.layout.copy(),
+                LAYOUT_KEY: self.shard_layout.copy(),
                 "main_param.flat": self.master.asnumpy().copy(),
                 "adam_m.flat": self.exp_avg.asnumpy().copy(),
                 "adam_v.flat": self.exp_avg_sq.asnumpy().copy()}
@@ -216,28 +180,21 @@ class ShardedAdamW:
         self.sharded.publish(pieces)
 
     def _layout_problems(self, saved: np.ndarray) -> list[str]:
-        if saved.shape != self.layout.shape or not np.array_equal(saved, self.layout):
+        if saved.shape != self.shard_layout.shape or not np.array_equal(saved, self.shard_layout):
             mine = ", ".join(f"{name} {value}" for name, value in
-                             zip(LAYOUT_FIELDS, self.layout.tolist(), strict=True))
+                             zip(LAYOUT_FIELDS, self.shard_layout.tolist(), strict=True))
             theirs = (", ".join(f"{name} {value}" for name, value in
                                 zip(LAYOUT_FIELDS, saved.tolist(), strict=True))
-                      if saved.shape == self.layout.shape else f"{saved.tolist()}")
+                      if saved.shape == self.shard_layout.shape else f"{saved.tolist()}")
             return [f"{LAYOUT_KEY}: the checkpoint's slices were saved with {theirs}; this "
                     f"run has {mine} (loading sharded optimizer state onto another layout is "
                     "not supported: use the same parallelism, strategy and model)"]
         return []
 
 
-def _layout(buffers: Sequence[Any], collectives: Any) -> np.ndarray:
+def _shard_layout(buffers: Sequence[Any], collectives: Any) -> np.ndarray:
     comm = collectives.comm
     return np.array([comm.group_size("shard"), comm.group_rank("shard"),
                      sum(buffer.flat.total for buffer in buffers),
                      sum(buffer.flat.length for buffer in buffers), len(buffers)],
                     dtype=np.int64)
-
-
-def _checked_lr(lr: float) -> float:
-    value = float(lr)
-    if not math.isfinite(value) or value < 0:
-        raise ValueError(f"learning rate must be a finite number >= 0, got {lr!r}")
-    return value

@@ -89,7 +89,19 @@ def megatron_stream(train_dataset: TrainDatasetConfig, plan: Plan, rank: int, *,
 
 def build_stream(train_dataset: TrainDatasetConfig, plan: Plan, rank: int, *,
                  consumed_samples: int, seed: int, source: Source | None = None) -> Any:
-    """The stream of the loader `train_dataset.dataloader.type` names."""
+    """This rank's micro-batch stream, from the loader `train_dataset.dataloader.type` names.
+
+    Args:
+        train_dataset: the `train_dataset` section.
+        plan: the parallel plan (batch sizes, this rank's data-parallel place).
+        rank: this rank.
+        consumed_samples: samples already consumed over all ranks (where a resumed run is).
+        seed: the loader's seed when `shuffle` (plus the pass number).
+        source: the YAML source, for error lines.
+
+    Returns:
+        An iterator of (tokens, labels, loss mask) with a `consumed_samples` count.
+    """
     make = DATALOADERS.get(train_dataset.dataloader.type,
                            ("train_dataset", "dataloader", "type"), source)
     return make(train_dataset, plan, rank, consumed_samples=consumed_samples, seed=seed,

@@ -1,0 +1,92 @@
+"""Step layouts: how each parallel layout reduces gradients and updates, chosen in one place.
+
+`LAYOUTS` lists every layout; exactly one `selects` a plan's degrees. `check_layout` runs the
+chosen layout's pre-launch refusals (`mf-train` calls it before any rank starts);
+`build_layout` builds it, with its optimizer, on every rank. A new layout (a pipeline
+schedule, an expert-parallel dispatch) is one `StepLayout` subclass added with
+`register_layout`; the others' `selects` must leave its plans alone (the built-ins take only
+plans without pipeline or context parallelism).
+"""
+
+from __future__ import annotations
+
+from mf_config import ParallelismConfig
+from mf_config.component_settings import settings_error
+from mf_parallel.dims import ParallelDims
+
+from .contract import (
+    LayoutParts,
+    LayoutSections,
+    LocalGradients,
+    MicroBatch,
+    ReducedGradients,
+    StepLayout,
+    StepObserver,
+    Unobserved,
+)
+from .replicated import DataParallel, SingleRank, TensorParallel
+from .sharded import FSDP, ZeRO
+
+__all__ = [
+    "FSDP",
+    "LAYOUTS",
+    "DataParallel",
+    "LayoutParts",
+    "LayoutSections",
+    "LocalGradients",
+    "MicroBatch",
+    "ReducedGradients",
+    "SingleRank",
+    "StepLayout",
+    "StepObserver",
+    "TensorParallel",
+    "Unobserved",
+    "ZeRO",
+    "build_layout",
+    "check_layout",
+    "layout_for",
+    "register_layout",
+]
+
+LAYOUTS: list[type[StepLayout]] = [SingleRank, DataParallel, TensorParallel, ZeRO, FSDP]
+
+
+def register_layout(cls: type[StepLayout]) -> type[StepLayout]:
+    """Add a layout to `LAYOUTS` (usable as a class decorator)."""
+    LAYOUTS.append(cls)
+    return cls
+
+
+def layout_for(dims: ParallelDims, parallelism: ParallelismConfig) -> type[StepLayout] | None:
+    """The one layout that runs these degrees, or None when none does (what no layout runs,
+    pipeline or context parallelism today, `mf_train.support` refuses before launch).
+
+    Raises:
+        RuntimeError: more than one layout selects the degrees (a registration mistake).
+    """
+    chosen = [cls for cls in LAYOUTS if cls.selects(dims, parallelism)]
+    if len(chosen) > 1:
+        raise RuntimeError(f"step layouts {[cls.__name__ for cls in chosen]} all select "
+                           f"{dims.describe()}; exactly one may")
+    return chosen[0] if chosen else None
+
+
+def check_layout(dims: ParallelDims, sections: LayoutSections) -> None:
+    """Refuse, before any rank starts, what the chosen layout cannot run.
+
+    Raises:
+        ConfigError: every setting the layout refuses, with its path and line.
+    """
+    cls = layout_for(dims, sections.parallelism)
+    problems = [] if cls is None else cls.problems(dims, sections)
+    if problems:
+        raise settings_error(problems, sections.source)
+
+
+def build_layout(parts: LayoutParts) -> StepLayout:
+    """The layout of `parts.dims`, built with its optimizer over `parts.model`."""
+    cls = layout_for(parts.dims, parts.parallelism)
+    if cls is None:
+        raise RuntimeError(f"no step layout runs {parts.dims.describe()} (the pre-launch "
+                           "checks should have refused it)")
+    return cls.build(parts)

@@ -1,0 +1,187 @@
+"""The step contract: what every parallel layout does in a training step.
+
+A step is: the micro-batches' forward and backward passes (`forward_backward`), the
+reduction of this rank's gradients to what its optimizer updates, with the step's loss and
+global gradient norm (`reduce`), then the update the trainer asks of the optimizer. Plain,
+data-parallel, tensor-parallel, ZeRO and FSDP training are implementations of `StepLayout`
+(`replicated`, `sharded`), chosen from the parallel plan in one place (`mf_train.layouts`);
+a pipeline schedule overrides `forward_backward`, an expert-parallel dispatch `reduce`.
+
+The loss of each micro-batch is divided by the number of micro-batches, so the accumulated
+gradient is that of the step's mean loss (Megatron's and MindFormers' convention). When the
+gradients are summed over the data-parallel ranks (`parallelism.disable_gradient_division`,
+MindFormers' default) each rank's loss is also divided by `loss_divisor`, the data-parallel
+size, before the backward pass.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from contextlib import AbstractContextManager
+from dataclasses import dataclass
+from typing import ClassVar, Protocol
+
+import mindspore as ms
+import numpy as np
+from mindspore import Tensor, nn
+
+from mf_config import OptimizerConfig, ParallelismConfig, RecomputeCommConfig, SwapConfig
+from mf_config.errors import Path
+from mf_config.yaml_source import Source
+from mf_parallel.dims import ParallelDims
+from mf_parallel.runtime import Collectives
+from mf_parallel.runtime.tensor_parallel import TensorGroup
+
+from ..optim import Optimizer
+
+MicroBatch = tuple[np.ndarray, np.ndarray, "np.ndarray | None"]
+"""(tokens, labels, loss mask) of one micro-batch, as the data stream gives it."""
+Problem = tuple[Path, str]
+"""A configuration path and what is wrong there (`settings_error` makes the `ConfigError`)."""
+
+
+class StepObserver(Protocol):
+    """What the monitors see inside a step (`mf_train.step_monitors.MonitorObserver`)."""
+
+    def micro_batch(self, index: int, loss: Tensor, grads: Sequence[Tensor]) -> None: ...
+
+    def reduced(self, loss: Tensor, grads: Sequence[Tensor]) -> None: ...
+
+
+@dataclass
+class LocalGradients:
+    """This rank's accumulated result of a step's micro-batches, before any reduction."""
+
+    loss: Tensor
+    """The step's loss on this rank (each micro-batch's loss scaled as the module says)."""
+    grads: list[Tensor]
+    """Gradients aligned with the layout's `params`."""
+    tokens: int
+    """Tokens of the step on this rank."""
+
+
+@dataclass
+class ReducedGradients:
+    """What the optimizer updates from, with the numbers the step reports."""
+
+    loss: Tensor
+    """The step's loss over the data-parallel ranks."""
+    grads: list[Tensor]
+    """Whole reduced gradients, or this rank's slice of them (sharded layouts)."""
+    norm: float
+    """The global L2 norm of the reduced gradients (every element counted once)."""
+
+
+@dataclass(frozen=True)
+class LayoutParts:
+    """What a layout is built from: the model, the typed sections it may read, its groups."""
+
+    model: nn.Cell
+    optimizer: OptimizerConfig
+    parallelism: ParallelismConfig
+    dims: ParallelDims
+    collectives: Collectives
+    tensor_group: TensorGroup | None
+    source: Source | None = None
+
+
+@dataclass(frozen=True)
+class LayoutSections:
+    """The typed sections a layout's pre-launch check may read (and the YAML source)."""
+
+    parallelism: ParallelismConfig
+    optimizer: OptimizerConfig
+    swap: SwapConfig
+    recompute_comm: RecomputeCommConfig
+    source: Source | None = None
+
+
+class StepLayout(ABC):
+    """One parallel layout's part of a training step; see the module docstring.
+
+    Subclasses say which plans they run (`selects`), what they refuse before launch
+    (`problems`), how they are built (`build`) and how gradients are reduced (`reduce`).
+    """
+
+    name: ClassVar[str]
+    """A short name for the log (`data parallel`, `FSDP`, ...)."""
+
+    def __init__(self, model: nn.Cell, optimizer: Optimizer, *, loss_divisor: int = 1):
+        self.model = model
+        self.optimizer = optimizer
+        self.params = list(optimizer.params)
+        self.loss_divisor = loss_divisor
+        self._scale = 1.0
+        self._grad_fn = ms.value_and_grad(self._forward, None, self.params)
+
+    @classmethod
+    @abstractmethod
+    def selects(cls, dims: ParallelDims, parallelism: ParallelismConfig) -> bool:
+        """Whether this layout runs a plan of these degrees (exactly one layout may)."""
+
+    @classmethod
+    def problems(cls, dims: ParallelDims, sections: LayoutSections) -> list[Problem]:
+        """The settings this layout cannot run with, found before any rank starts."""
+        return []
+
+    @classmethod
+    @abstractmethod
+    def build(cls, parts: LayoutParts) -> StepLayout:
+        """The layout, with its optimizer, over `parts.model`."""
+
+    def describe(self) -> str:
+        """One line for the log."""
+        return self.name
+
+    def forward_backward(self, micro_batches: Sequence[MicroBatch],
+                         observer: StepObserver) -> LocalGradients:
+        """Forward and backward passes of every micro-batch, gradients accumulated.
+
+        Args:
+            micro_batches: the step's micro-batches on this rank.
+            observer: told each micro-batch's own loss and gradients.
+
+        Returns:
+            The step's loss and gradients on this rank, and its token count.
+        """
+        self._scale = 1.0 / (len(micro_batches) * self.loss_divisor)
+        loss: Tensor | None = None
+        grads: list[Tensor] = []
+        tokens = 0
+        for index, (tokens_np, labels_np, mask_np) in enumerate(micro_batches, 1):
+            mask = None if mask_np is None else Tensor(mask_np.astype(np.float32))
+            micro_loss, micro_grads = self._grad_fn(Tensor(tokens_np), Tensor(labels_np), mask)
+            observer.micro_batch(index, micro_loss / self._scale, micro_grads)
+            loss = micro_loss if loss is None else loss + micro_loss
+            grads = list(micro_grads) if not grads else [
+                g + m for g, m in zip(grads, micro_grads, strict=True)]
+            tokens += int(tokens_np.size)
+        if loss is None:
+            raise ValueError("a training step needs at least one micro-batch")
+        return LocalGradients(loss, grads, tokens)
+
+    @abstractmethod
+    def reduce(self, local: LocalGradients) -> ReducedGradients:
+        """This rank's gradients reduced to what the optimizer updates, with the step's
+        loss over the data-parallel ranks and the global norm (collectives: every rank of
+        the job calls it at the same step)."""
+
+    def whole_model(self) -> AbstractContextManager[None]:
+        """A context in which the model's parameters are whole (to save or load weights);
+        a layout that shards them (FSDP) gathers them on entry and frees them on exit."""
+        return contextlib.nullcontext()
+
+    def _forward(self, tokens: Tensor, labels: Tensor, loss_mask: Tensor | None) -> Tensor:
+        return self.model(tokens, labels, loss_mask) * self._scale
+
+
+class Unobserved:
+    """The observer of a step nobody monitors."""
+
+    def micro_batch(self, index: int, loss: Tensor, grads: Sequence[Tensor]) -> None:
+        """Nothing to record."""
+
+    def reduced(self, loss: Tensor, grads: Sequence[Tensor]) -> None:
+        """Nothing to record."""

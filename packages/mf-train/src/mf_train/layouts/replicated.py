@@ -1,0 +1,165 @@
+"""Layouts whose every rank holds the whole optimizer state: one rank, data parallelism with
+replicas (gradients all-reduced), and tensor parallelism (with or without replicas).
+
+Replicated data parallelism reduces the gradients with mf-parallel's bucketed `GradientSync`:
+summed over the data-parallel group (`parallelism.disable_gradient_division`, the default, with
+each rank's loss divided by the group's size before the backward pass) or averaged. Both give
+the same update (bit for bit when the data-parallel size is a power of two). The reported loss
+is the mean over the data-parallel ranks either way.
+
+Under tensor parallelism (sequence parallelism on, as the spec keeps it) the gradients of
+parameters used on sequence slices are partial sums, added up over the tensor group first;
+the norm sums the squares of split parameters over the tensor group and counts replicated
+ones once.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+
+from mindspore import Tensor
+
+from mf_config import ParallelismConfig
+from mf_parallel.dims import ParallelDims
+from mf_parallel.runtime import Collectives
+from mf_parallel.runtime.grad_sync import GradientSync
+from mf_parallel.runtime.tensor_parallel import (
+    TensorGroup,
+    is_tensor_sharded,
+    reduce_sequence_parallel_grads,
+)
+
+from ..gradient_norm import global_norm, square_sum
+from ..optim import Optimizer, build_optimizer
+from .contract import LayoutParts, LocalGradients, ReducedGradients, StepLayout
+
+
+def one_stage(dims: ParallelDims) -> bool:
+    """No pipeline or context split: each rank runs the whole model on whole sequences."""
+    return dims.pipeline == 1 and dims.context == 1
+
+
+class DataParallelLoss:
+    """The step's loss over the data-parallel ranks, and what each rank divides it by first.
+
+    With averaged gradients each rank's loss is its mean and the reported loss is the mean of
+    the ranks'; with summed gradients each rank's loss is divided by the group's size before
+    the backward pass (`divisor`), so the ranks' losses are summed.
+    """
+
+    def __init__(self, collectives: Collectives, parallelism: ParallelismConfig):
+        self.collectives = collectives
+        self.average = not parallelism.disable_gradient_division
+        self.size = collectives.comm.group_size("data")
+        self.divisor = 1 if self.average or self.size == 1 else self.size
+
+    def __call__(self, loss: Tensor) -> Tensor:
+        if self.size == 1:
+            return loss
+        if self.average:
+            return self.collectives.all_reduce(loss, "data") / self.size
+        return self.collectives.all_reduce(loss, "data")
+
+
+def replicated_optimizer(parts: LayoutParts) -> Optimizer:
+    """The optimizer `optimizer.type` names, over every trainable parameter of the model."""
+    named = [(p.name, p) for p in parts.model.trainable_params()]
+    return build_optimizer(parts.optimizer, named, parts.source)
+
+
+class SingleRank(StepLayout):
+    """One process: no reduction, the norm of the local gradients."""
+
+    name = "no data parallelism"
+
+    @classmethod
+    def selects(cls, dims: ParallelDims, parallelism: ParallelismConfig) -> bool:
+        return one_stage(dims) and dims.data == 1 and dims.tensor == 1
+
+    @classmethod
+    def build(cls, parts: LayoutParts) -> SingleRank:
+        return cls(parts.model, replicated_optimizer(parts))
+
+    def reduce(self, local: LocalGradients) -> ReducedGradients:
+        return ReducedGradients(local.loss, local.grads, global_norm(local.grads))
+
+
+class DataParallel(StepLayout):
+    """Replicas: the gradients all-reduced in buckets over the data-parallel group."""
+
+    def __init__(self, model, optimizer: Optimizer, collectives: Collectives,
+                 parallelism: ParallelismConfig):
+        self.loss = DataParallelLoss(collectives, parallelism)
+        super().__init__(model, optimizer, loss_divisor=self.loss.divisor)
+        self.sync = GradientSync(collectives, [tuple(p.shape) for p in self.params],
+                                 average=self.loss.average)
+
+    @classmethod
+    def selects(cls, dims: ParallelDims, parallelism: ParallelismConfig) -> bool:
+        return one_stage(dims) and dims.data > 1 and dims.data_shard == 1 and dims.tensor == 1
+
+    @classmethod
+    def build(cls, parts: LayoutParts) -> DataParallel:
+        return cls(parts.model, replicated_optimizer(parts), parts.collectives,
+                   parts.parallelism)
+
+    def describe(self) -> str:
+        return f"data parallel {self.loss.size} (replicated)"
+
+    def reduce(self, local: LocalGradients) -> ReducedGradients:
+        grads = list(self.sync(local.grads))
+        return ReducedGradients(self.loss(local.loss), grads, global_norm(grads))
+
+
+class TensorParallel(DataParallel):
+    """Tensor (and sequence) parallelism, with replicated data parallelism or without."""
+
+    def __init__(self, model, optimizer: Optimizer, collectives: Collectives,
+                 parallelism: ParallelismConfig, group: TensorGroup):
+        super().__init__(model, optimizer, collectives, parallelism)
+        self.group = group
+        self.norm = tensor_parallel_norm([is_tensor_sharded(p) for p in self.params],
+                                         group.all_reduce)
+
+    @classmethod
+    def selects(cls, dims: ParallelDims, parallelism: ParallelismConfig) -> bool:
+        return one_stage(dims) and dims.tensor > 1 and dims.data_shard == 1
+
+    @classmethod
+    def build(cls, parts: LayoutParts) -> TensorParallel:
+        if parts.tensor_group is None:
+            raise ValueError("TensorParallel needs the tensor-parallel group")
+        return cls(parts.model, replicated_optimizer(parts), parts.collectives,
+                   parts.parallelism, parts.tensor_group)
+
+    def describe(self) -> str:
+        data = f", {super().describe()}" if self.loss.size > 1 else ""
+        return f"tensor parallel {self.group.size} (sequence parallel){data}"
+
+    def reduce(self, local: LocalGradients) -> ReducedGradients:
+        grads = reduce_sequence_parallel_grads(self.params, tuple(local.grads), self.group)
+        grads = list(self.sync(grads))
+        return ReducedGradients(self.loss(local.loss), grads, self.norm(grads))
+
+
+def tensor_parallel_norm(sharded: Sequence[bool], sum_over_group: Callable[[Tensor], Tensor],
+                         ) -> Callable[[Sequence[Tensor]], float]:
+    """The global norm under tensor parallelism.
+
+    Args:
+        sharded: for each gradient, whether its parameter is split over the tensor group.
+        sum_over_group: the all-reduce (sum) over the tensor group.
+
+    Returns:
+        A function of the reduced gradients: the squares of split parameters' gradients
+        summed over the group plus those of replicated ones (equal on every rank) once.
+    """
+
+    def norm(grads: Sequence[Tensor]) -> float:
+        split = [g for g, s in zip(grads, sharded, strict=True) if s]
+        whole = [g for g, s in zip(grads, sharded, strict=True) if not s]
+        total = sum_over_group(square_sum(split).reshape(1)) + square_sum(whole)
+        return math.sqrt(float(total.asnumpy().sum()))
+
+    return norm

@@ -1,0 +1,216 @@
+"""Sharded data parallelism: ZeRO-1, ZeRO-2 and FSDP, each rank updating its slice.
+
+With a data-parallel shard degree (`parallelism.data_parallel_shard`, -1 = every data-parallel
+rank) above one, `parallelism.data_parallel_shard_strategy` decides:
+
+- `optim` (ZeRO-1): gradients all-reduced whole, optimizer state and update for this rank's
+  slice, slices all-gathered back into the model;
+- `optim_grads` (ZeRO-2): gradients reduce-scattered, so only the slice is kept after
+  the reduction;
+- `optim_grads_params` (FSDP): parameters sharded too, unit by unit (the decoder layers; the
+  embedding, final norm and head form the root unit), gathered around each unit's forward and
+  backward (`reshard_after_forward_policy`).
+
+mf-parallel's `ShardedDataParallel` / `FullyShardedDataParallel` reduce the gradients to this
+rank's slice; `optim.ShardedAdamW` updates it. The global norm is sqrt(sum over the shard
+group of this rank's sum of squares): the slices of the shard group partition every gradient
+(padding is zero), and with HSDP the replicas hold equal slices, so summing over the shard
+group alone counts each element once.
+
+What the sharded strategies cannot run yet is refused before any rank starts (`problems`):
+Muon (its Newton-Schulz step needs whole matrices, the slices cut them), optimizers other than
+AdamW, tensor parallelism together with sharding, and under FSDP mf-memory's swap and
+communication recompute (their saved-tensor hooks and FSDP's do not stack).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any
+
+from mindspore import Parameter, Tensor, nn, ops
+
+from mf_config import OptimizerConfig, ParallelismConfig
+from mf_config.component_settings import settings_error
+from mf_config.yaml_source import Source
+from mf_parallel import runtime
+from mf_parallel.dims import ParallelDims
+from mf_parallel.runtime import Collectives
+
+from ..optim import AdamW, Muon, ShardedAdamW
+from ..optim.adamw import adamw_settings
+from ..optim.base import adam_hyperparameters, decay_flags
+from ..optim.protocol import FLOAT32
+from ..registry import OPTIMIZERS
+from .contract import (
+    LayoutParts,
+    LayoutSections,
+    LocalGradients,
+    Problem,
+    ReducedGradients,
+    StepLayout,
+)
+from .replicated import DataParallelLoss, one_stage
+
+NAMES = {"optim": "ZeRO-1", "optim_grads": "ZeRO-2", "optim_grads_params": "FSDP"}
+FSDP_STRATEGY = "optim_grads_params"
+STRATEGY_PATH = ("parallelism", "data_parallel_shard_strategy")
+
+
+def reduce_to_slice(sharded: Any, collectives: Collectives,
+                    grads: Sequence[Tensor]) -> tuple[Tensor, float]:
+    """This rank's slice of the reduced gradients, and their global norm.
+
+    Args:
+        sharded: mf-parallel's `ShardedDataParallel` or `FullyShardedDataParallel`.
+        collectives: this rank's collectives (the norm sums over the `shard` group).
+        grads: this rank's local gradients, aligned with the sharded parameters.
+
+    Returns:
+        The float32 slice (all buffers end to end) and the L2 norm of the whole gradient.
+    """
+    slices = sharded.reduce_grads(list(grads))
+    grad = ops.cast(slices[0] if len(slices) == 1 else ops.cat(slices), FLOAT32)
+    squares = ops.sum(ops.square(grad)).reshape(1)
+    total = collectives.all_reduce(squares, "shard")
+    return grad, math.sqrt(float(total.asnumpy()[0]))
+
+
+class ZeRO(StepLayout):
+    """ZeRO-1 / ZeRO-2: optimizer state (and, ZeRO-2, reduced gradients) sharded."""
+
+    def __init__(self, model: nn.Cell, optimizer: ShardedAdamW, collectives: Collectives,
+                 parallelism: ParallelismConfig, dims: ParallelDims):
+        self.loss = DataParallelLoss(collectives, parallelism)
+        super().__init__(model, optimizer, loss_divisor=self.loss.divisor)
+        self.sharded, self.collectives = optimizer.sharded, collectives
+        self.strategy, self.dims = parallelism.data_parallel_shard_strategy, dims
+        self.reshard_policy = parallelism.reshard_after_forward_policy
+
+    @classmethod
+    def selects(cls, dims: ParallelDims, parallelism: ParallelismConfig) -> bool:
+        return (one_stage(dims) and dims.data_shard > 1
+                and parallelism.data_parallel_shard_strategy != FSDP_STRATEGY)
+
+    @classmethod
+    def problems(cls, dims: ParallelDims, sections: LayoutSections) -> list[Problem]:
+        name = (f"{sections.parallelism.data_parallel_shard_strategy} "
+                f"({NAMES[sections.parallelism.data_parallel_shard_strategy]}) with "
+                f"data_parallel_shard {dims.data_shard}")
+        found = _optimizer_problems(sections.optimizer, name, sections.source)
+        if dims.tensor > 1:
+            found.append((("parallelism", "tensor_parallel"),
+                          f"{name} together with tensor parallelism is not run by mf-train yet; "
+                          "set parallelism.data_parallel_shard: 1 (replicated data "
+                          "parallelism) or tensor_parallel: 1"))
+        return found
+
+    @classmethod
+    def build(cls, parts: LayoutParts) -> ZeRO:
+        named = [(p.name, p) for p in parts.model.trainable_params()]
+        settings = adamw_settings_of(parts.optimizer, named, parts.source)
+        sharded = cls.shard(parts, [p for _, p in named])
+        optimizer = ShardedAdamW(named, sharded, parts.collectives, **settings)
+        return cls(parts.model, optimizer, parts.collectives, parts.parallelism, parts.dims)
+
+    @classmethod
+    def shard(cls, parts: LayoutParts, params: list[Parameter]) -> Any:
+        """mf-parallel's wrapper that lays `params` out in flat buffers and slices them."""
+        return runtime.ShardedDataParallel(
+            params, parts.collectives, parts.parallelism.data_parallel_shard_strategy,
+            average=not parts.parallelism.disable_gradient_division)
+
+    def describe(self) -> str:
+        text = f"{NAMES[self.strategy]} over {self.dims.data_shard} ranks"
+        if self.dims.data_replicate > 1:
+            text += f" x {self.dims.data_replicate} replicas"
+        return text
+
+    def reduce(self, local: LocalGradients) -> ReducedGradients:
+        grad, norm = reduce_to_slice(self.sharded, self.collectives, local.grads)
+        return ReducedGradients(self.loss(local.loss), [grad], norm)
+
+
+class FSDP(ZeRO):
+    """FSDP: parameters sharded too, unit by unit, gathered around each unit's passes."""
+
+    @classmethod
+    def selects(cls, dims: ParallelDims, parallelism: ParallelismConfig) -> bool:
+        return (one_stage(dims) and dims.data_shard > 1
+                and parallelism.data_parallel_shard_strategy == FSDP_STRATEGY)
+
+    @classmethod
+    def problems(cls, dims: ParallelDims, sections: LayoutSections) -> list[Problem]:
+        found = super().problems(dims, sections)
+        name = f"{FSDP_STRATEGY} (FSDP) with data_parallel_shard {dims.data_shard}"
+        for path, what in ((("swap", "enable"), "swap"),
+                           (("recompute_comm", "enable"), "communication recompute")):
+            section = getattr(sections, path[0])
+            if section.enable:
+                found.append((path, f"{what} cannot run under {name}: both use MindSpore's "
+                                    "saved-tensor hooks, which do not stack; set "
+                                    f"{'.'.join(path)}: false or choose "
+                                    "data_parallel_shard_strategy 'optim_grads' (ZeRO-2)"))
+        return found
+
+    @classmethod
+    def shard(cls, parts: LayoutParts, params: list[Parameter]) -> Any:
+        """mf-parallel's FSDP wrapper: the decoder layers are the units, the rest the root."""
+        return runtime.FullyShardedDataParallel(
+            parts.model, list(_decoder_layers(parts.model)), parts.collectives,
+            reshard_after_forward_policy=parts.parallelism.reshard_after_forward_policy,
+            pipeline_parallel=parts.dims.pipeline,
+            average=not parts.parallelism.disable_gradient_division)
+
+    def describe(self) -> str:
+        return f"{super().describe()}, reshard policy {self.reshard_policy}"
+
+    @contextmanager
+    def whole_model(self) -> Iterator[None]:
+        """The parameters gathered (a collective: every rank enters together), freed after."""
+        self.sharded.unshard()
+        try:
+            yield
+        finally:
+            self.sharded.reshard()
+
+
+def adamw_settings_of(config: OptimizerConfig, named: list[tuple[str, Any]],
+                      source: Source | None) -> dict[str, Any]:
+    """`ShardedAdamW`'s keyword settings from the `optimizer` section: betas, eps and each
+    parameter's decay rate. Read before mf-parallel shards the parameters: the decay groups
+    depend on their shapes, which FSDP's placeholders lose."""
+    adamw_settings(config, source)
+    betas, eps = adam_hyperparameters(config, source)
+    rates = [config.weight_decay if decays else 0.0
+             for decays in decay_flags(config, named, source)]
+    return {"betas": betas, "eps": eps, "weight_decays": rates}
+
+
+def _optimizer_problems(optimizer: OptimizerConfig, name: str,
+                        source: Source | None) -> list[Problem]:
+    cls = OPTIMIZERS.get(optimizer.type, ("optimizer", "type"), source)
+    if cls is AdamW:
+        return []
+    if isinstance(cls, type) and issubclass(cls, Muon):
+        return [(("optimizer", "type"),
+                 f"Muon cannot run under {name}: its Newton-Schulz step needs each weight "
+                 "matrix whole, and the sharded strategies give each rank a flat slice that "
+                 "cuts matrices; use AdamW, or parallelism.data_parallel_shard: 1 "
+                 "(replicated data parallelism)")]
+    return [(("optimizer", "type"),
+             f"{optimizer.type!r} cannot run under {name}: the sharded strategies update "
+             "slices with AdamW's element-wise step only; use AdamW, or "
+             "parallelism.data_parallel_shard: 1 (replicated data parallelism)")]
+
+
+def _decoder_layers(model: nn.Cell) -> nn.CellList:
+    layers = getattr(model, "decoder_layers", None)
+    if layers is None or len(layers) == 0:
+        raise settings_error([(STRATEGY_PATH,
+                               f"FSDP shards the model's decoder layers, and "
+                               f"{type(model).__name__} has none (no `decoder_layers`); "
+                               "choose 'optim_grads' (ZeRO-2)")])
+    return layers

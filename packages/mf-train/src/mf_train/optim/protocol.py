@@ -1,0 +1,78 @@
+"""The one interface the training step, the checkpoints and the logs use of an optimizer.
+
+Two kinds implement it: `base.ParameterOptimizer` (AdamW, Muon) updates each parameter whole
+from its whole gradient, and `sharded_adamw.ShardedAdamW` updates this rank's slice of the
+parameters from its slice of the gradient (ZeRO and FSDP). Which gradients an optimizer takes
+is the step layout's business (`mf_train.layouts`): the layout reduces the local gradients to
+what its optimizer updates, takes their global norm and calls `step` with the live learning
+rate and the clip coefficient. The norm lives with the layout because it depends on how the
+gradients are spread over ranks (whole, split over the tensor group, sliced over the shard
+group), not on the update rule.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any, Protocol
+
+import mindspore as ms
+import numpy as np
+from mindspore import Parameter, Tensor
+
+FLOAT32 = ms.float32
+STEP_KEY = "global_step"
+"""The state-dict key of the update count (MindFormers' name)."""
+
+
+class Optimizer(Protocol):
+    """What every mf optimizer offers; see the module docstring."""
+
+    names: list[str]
+    """The names of the model's trainable parameters, in the order of their gradients."""
+    params: list[Parameter]
+    """Those parameters."""
+    global_step: int
+    """Updates done so far."""
+
+    def step(self, grads: Sequence[Tensor], lr: float, clip: float = 1.0) -> None:
+        """One update from the reduced gradients of what this optimizer updates.
+
+        Args:
+            grads: whole gradients aligned with `params`, or this rank's gradient slices.
+            lr: the learning rate of this update (the schedule's, read every step).
+            clip: the clip coefficient the gradients are scaled by (1: unclipped).
+        """
+        ...
+
+    def state_dict(self) -> dict[str, np.ndarray]:
+        """Copies of the update count, float32 masters and moments, for a checkpoint."""
+        ...
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Restore `state_dict()`'s arrays.
+
+        Raises:
+            OptimizerStateError: before anything changes, when the state does not fit.
+        """
+        ...
+
+    def reload_main_params_from_model(self) -> None:
+        """Take the float32 masters from the model after weights were loaded into it."""
+        ...
+
+    def groups_summary(self) -> dict[str, list[str]]:
+        """Parameter names by group (weight decay, and Muon/AdamW for Muon), for the log."""
+        ...
+
+
+class OptimizerStateError(ValueError):
+    """A state dict that does not fit this optimizer (missing, extra or mis-shaped keys)."""
+
+
+def checked_lr(lr: float) -> float:
+    """`lr` as a float; `ValueError` unless it is finite and >= 0."""
+    value = float(lr)
+    if not math.isfinite(value) or value < 0:
+        raise ValueError(f"learning rate must be a finite number >= 0, got {lr!r}")
+    return value

@@ -1,0 +1,23 @@
+"""Agreement among all ranks of the job: a barrier and an all-ranks vote (checkpoints use
+them: every rank waits for a save's files, and all choose the same checkpoint to resume)."""
+
+from __future__ import annotations
+
+import mindspore as ms
+import numpy as np
+from mindspore import communication, ops
+
+
+def barrier() -> None:
+    """Every rank waits for all: an all-reduce over the world group, read back so that it
+    completes (`mindspore.mint.distributed.barrier` returns at once on the CPU backend,
+    logging "CPU device is not supported", so ranks ran past each other)."""
+    group = communication.GlobalComm.WORLD_COMM_GROUP
+    ops.AllReduce(group=group)(ms.Tensor(np.ones(1, np.float32))).asnumpy()
+
+
+def all_ranks(ok: bool) -> bool:
+    """Whether `ok` holds on every rank (an all-reduce of the failures)."""
+    group = communication.GlobalComm.WORLD_COMM_GROUP
+    failed = ms.Tensor(np.array([0.0 if ok else 1.0], np.float32))
+    return float(ops.AllReduce(group=group)(failed).asnumpy()[0]) == 0.0

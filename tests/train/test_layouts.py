@@ -1,0 +1,126 @@
+"""Step layouts: exactly one runs each plan, a registration mistake is caught, and the README's
+example of a new layout runs (the 2-rank equalities are test_train_ranks.py's and
+test_train_sharded.py's)."""
+
+from __future__ import annotations
+
+import itertools
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+pytest.importorskip("mindspore")
+
+import mindspore as ms
+from test_train_step import Regression, batch
+
+from mf_config import OptimizerConfig, ParallelismConfig, TrainingConfig
+from mf_parallel import PlanError, make_plan
+from mf_parallel.runtime import Collectives, init_communication
+from mf_train import layouts
+from mf_train.layouts import (
+    FSDP,
+    DataParallel,
+    SingleRank,
+    StepLayout,
+    TensorParallel,
+    ZeRO,
+    layout_for,
+)
+from mf_train.optim import build_optimizer
+from mf_train.trainer import TrainStep
+
+ms.set_context(mode=ms.PYNATIVE_MODE)
+ms.set_device("CPU")
+
+README = Path(__file__).resolve().parents[2] / "packages" / "mf-train" / "README.md"
+TRAINING = TrainingConfig(global_batch_size=8, local_batch_size=1)
+
+
+def dims(world: int, **parallelism):
+    config = ParallelismConfig(**parallelism)
+    return make_plan(config, TRAINING, world).dims, config
+
+
+@pytest.mark.parametrize(("world", "parallelism", "expected"), [
+    (1, {}, SingleRank),
+    (2, {"data_parallel_shard": 1}, DataParallel),
+    (2, {"tensor_parallel": 2}, TensorParallel),
+    (4, {"tensor_parallel": 2, "data_parallel_shard": 1}, TensorParallel),
+    (2, {"data_parallel_shard_strategy": "optim"}, ZeRO),
+    (2, {"data_parallel_shard_strategy": "optim_grads"}, ZeRO),
+    (4, {"data_parallel_shard": 2, "data_parallel_shard_strategy": "optim_grads"}, ZeRO),
+    (2, {"data_parallel_shard_strategy": "optim_grads_params"}, FSDP),
+    (4, {"data_parallel_shard": 2}, FSDP),
+    (2, {"pipeline_parallel": 2}, None),
+    (2, {"context_parallel": 2}, None),
+])
+def test_the_plan_selects_its_layout(world, parallelism, expected) -> None:
+    assert layout_for(*dims(world, **parallelism)) is expected
+
+
+def test_no_plan_is_claimed_by_two_layouts() -> None:
+    """Every plan of 1-8 ranks over the degrees and strategies: at most one layout, and
+    exactly one without pipeline or context parallelism."""
+    seen = 0
+    for world, tp, cp, pp, shard, strategy in itertools.product(
+            (1, 2, 4, 8), (1, 2), (1, 2), (1, 2), (-1, 1, 2),
+            ("optim", "optim_grads", "optim_grads_params")):
+        try:
+            plan_dims, config = dims(world, tensor_parallel=tp, context_parallel=cp,
+                                     pipeline_parallel=pp, data_parallel_shard=shard,
+                                     data_parallel_shard_strategy=strategy)
+        except PlanError:
+            continue
+        chosen = layout_for(plan_dims, config)
+        assert (chosen is not None) == (pp == 1 and cp == 1), plan_dims.describe()
+        seen += 1
+    assert seen > 100
+
+
+def test_two_layouts_selecting_one_plan_is_an_error(monkeypatch) -> None:
+    class Greedy(DataParallel):
+        @classmethod
+        def selects(cls, dims, parallelism) -> bool:
+            return True
+
+    monkeypatch.setattr(layouts, "LAYOUTS", [*layouts.LAYOUTS])
+    layouts.register_layout(Greedy)
+    with pytest.raises(RuntimeError, match=r"step layouts \['DataParallel', 'Greedy'\] all "
+                                           r"select world 2 = "):
+        layout_for(*dims(2, data_parallel_shard=1))
+
+
+def readme_example() -> str:
+    text = README.read_text(encoding="utf-8")
+    blocks = re.findall(r"```python\n(.*?)```", text, re.S)
+    example = [block for block in blocks if "LAYOUTS" in block]
+    assert len(example) == 1
+    assert len(example[0].strip().splitlines()) <= 10
+    return example[0]
+
+
+def test_the_readme_layout_replaces_data_parallel_and_steps_like_one_process(
+        monkeypatch) -> None:
+    monkeypatch.setattr(layouts, "LAYOUTS", [*layouts.LAYOUTS])
+    namespace: dict[str, object] = {}
+    exec(compile(readme_example(), str(README), "exec"), namespace)
+    new = namespace["OneBucketDataParallel"]
+    assert isinstance(new, type) and issubclass(new, StepLayout)
+    assert layout_for(*dims(2, data_parallel_shard=1)) is new
+    assert DataParallel not in layouts.LAYOUTS
+
+    collectives = Collectives(init_communication(make_plan(ParallelismConfig(), TRAINING, 1)))
+    steps = []
+    for make in (lambda m, o: SingleRank(m, o),
+                 lambda m, o: new(m, o, collectives, ParallelismConfig())):
+        model = Regression()
+        optimizer = build_optimizer(OptimizerConfig(weight_decay=0.0), [("w", model.w)])
+        steps.append(TrainStep(make(model, optimizer), max_norm=1.0))
+    for seed in (1, 2):
+        plain, example = (step([batch(seed)], lr=0.1) for step in steps)
+        assert (plain.loss, plain.grad_norm) == (example.loss, example.grad_norm)
+    np.testing.assert_array_equal(steps[0].layout.model.w.asnumpy(),
+                                  steps[1].layout.model.w.asnumpy())
