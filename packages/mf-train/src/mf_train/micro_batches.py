@@ -23,6 +23,8 @@ import numpy as np
 
 from mf_config import TrainDatasetConfig
 from mf_config.yaml_source import Source
+from mf_data.builder import build_datasets
+from mf_data.loader import BatchLoader
 from mf_parallel import Plan
 
 from .registry import DATALOADERS
@@ -37,8 +39,6 @@ class MicroBatchStream:
 
     def __init__(self, dataset: Any, train_dataset: TrainDatasetConfig, plan: Plan, rank: int,
                  *, consumed_samples: int, seed: int):
-        from mf_data.loader import BatchLoader
-
         self._make = lambda consumed, epoch: BatchLoader.for_rank(
             dataset, train_dataset, plan, rank, consumed_samples=consumed, seed=seed,
             epoch=epoch, column_names=TRAINER_COLUMNS)
@@ -78,8 +78,6 @@ def megatron_stream(train_dataset: TrainDatasetConfig, plan: Plan, rank: int, *,
                     consumed_samples: int, seed: int,
                     source: Source | None = None) -> MicroBatchStream:
     """mf-data's Megatron GPT datasets (the training split) as this rank's stream."""
-    from mf_data.builder import build_datasets
-
     train, _valid, _test = build_datasets(train_dataset.dataloader)
     if train is None:
         raise ValueError("train_dataset.dataloader.sizes[0]: the training split is empty")

@@ -21,16 +21,22 @@ from __future__ import annotations
 import logging
 import zlib
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
 
 import mindspore as ms
 import numpy as np
 from mindspore import Parameter, Tensor, mint, nn, ops
 
 from mf_config.component_settings import settings_error
-
-if TYPE_CHECKING:
-    from mf_parallel.runtime.tensor_parallel import TensorGroup
+from mf_parallel.runtime.tensor_parallel import (
+    ColumnParallelLinear,
+    CopyToTensorRegion,
+    GatherFromSequenceRegion,
+    RowParallelLinear,
+    TensorGroup,
+    VocabParallelEmbedding,
+    mark_sequence_parallel,
+    vocab_parallel_cross_entropy,
+)
 
 log = logging.getLogger("mf_train.models")
 
@@ -111,8 +117,6 @@ def mark_tensor_partial(param: Parameter) -> Parameter:
     """Mark a tensor-replicated parameter whose gradient on each rank is only part of the
     total (used on sequence slices, or on this rank's heads): the training loop sums it over
     the tensor group with mf-parallel's `reduce_sequence_parallel_grads`."""
-    from mf_parallel.runtime.tensor_parallel import mark_sequence_parallel
-
     return mark_sequence_parallel(param)
 
 
@@ -163,8 +167,6 @@ def column_linear(weight: np.ndarray, bias: np.ndarray | None,
     `weight` is the full `[out, in]` array; fused weights come from `fuse_rows(.., shards)`."""
     if not is_parallel(group):
         return Linear(weight, bias)
-    from mf_parallel.runtime.tensor_parallel import ColumnParallelLinear
-
     return ColumnParallelLinear(weight, bias, group)
 
 
@@ -173,8 +175,6 @@ def row_linear(weight: np.ndarray, bias: np.ndarray | None,
     """A linear whose input features are split over the tensor group (plain without one)."""
     if not is_parallel(group):
         return Linear(weight, bias)
-    from mf_parallel.runtime.tensor_parallel import RowParallelLinear
-
     return RowParallelLinear(weight, bias, group)
 
 
@@ -193,8 +193,6 @@ def embedding(table: np.ndarray, group: TensorGroup | None) -> nn.Cell:
     """The token embedding; vocabulary-parallel over a tensor group (ids `[seq, batch]`)."""
     if not is_parallel(group):
         return Embedding(table)
-    from mf_parallel.runtime.tensor_parallel import VocabParallelEmbedding
-
     return VocabParallelEmbedding(table, group)
 
 
@@ -203,8 +201,6 @@ def head_entry(group: TensorGroup | None) -> nn.Cell | None:
     sequence slices, or copy), as a `ColumnParallelLinear` has; None without a group."""
     if not is_parallel(group):
         return None
-    from mf_parallel.runtime.tensor_parallel import CopyToTensorRegion, GatherFromSequenceRegion
-
     return GatherFromSequenceRegion(group) if group.sequence_parallel else CopyToTensorRegion(group)
 
 
@@ -360,8 +356,6 @@ def token_cross_entropy(logits: Tensor, labels: Tensor,
     rank's vocabulary slice over a tensor group), `labels` `[...]` in [0, V)."""
     logits = logits.astype(ms.float32)
     if is_parallel(group):
-        from mf_parallel.runtime.tensor_parallel import vocab_parallel_cross_entropy
-
         return vocab_parallel_cross_entropy(logits, labels, group)
     shifted = logits - ops.stop_gradient(logits.max(axis=-1, keepdims=True))
     log_sum = ops.log(ops.exp(shifted).sum(axis=-1))
