@@ -152,19 +152,12 @@ class TrainerVariant:
         self.inner: list[float] = []
 
     def step(self) -> float:
-        from mf_train.callbacks import StepRecord
-
         trainer = self.trainer
         trainer.callbacks.on_step_begin(self.ctx, trainer.step_count + 1)
-        lr = trainer.schedule(trainer.step_count)
         outcome = trainer.run_step(self.stream)
-        record = StepRecord(step=trainer.step_count, total_steps=trainer.config.training.steps,
-                            loss=outcome.loss, lr=lr, grad_norm=outcome.grad_norm,
-                            step_time=outcome.seconds,
-                            tokens=outcome.tokens * trainer.plan.batch.data_parallel,
-                            consumed_samples=trainer.consumed_samples, skipped=outcome.skipped)
-        trainer.callbacks.on_step_end(self.ctx, record)
-        trainer.save_checkpoint(self.ctx)
+        trainer.callbacks.on_step_end(self.ctx, trainer._record(outcome))
+        trainer.save_checkpoint()
+        trainer._report_saves(self.ctx)
         self.inner.append(outcome.seconds)
         return outcome.loss
 
@@ -463,7 +456,6 @@ def save_costs(prefix: Path, tmp: Path, repeats: int) -> dict[str, Any]:
     for label, extra in (("qwen3_tiny", ()), ("qwen3 4.2M", BIG_MODEL)):
         config, source = load_config(OVERHEAD_EXAMPLE, [data_override(prefix), *extra])
         trainer = Trainer(config, output_dir=tmp / f"save-{len(extra)}", source=source)
-        ctx = trainer.context()
         section = attrs.evolve(config.checkpoint, save_interleaved_steps=1, save_max=2,
                                save_path=str(tmp / f"ckpt-{len(extra)}"))
         times: dict[str, Any] = {"blocked false": [], "blocked true": [], "written false": [],
@@ -475,7 +467,7 @@ def save_costs(prefix: Path, tmp: Path, repeats: int) -> dict[str, Any]:
                     attrs.evolve(section, async_save=mode), source=source)
                 trainer.step_count += 1
                 start = time.perf_counter()
-                trainer.save_checkpoint(ctx)
+                trainer.save_checkpoint()
                 blocked = time.perf_counter() - start
                 trainer.checkpoints.wait()
                 times[f"blocked {str(mode).lower()}"].append(blocked)
