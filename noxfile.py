@@ -51,7 +51,7 @@ CORPUS = "output/data/python_docs_text_document"
 @nox.session
 def train(session: nox.Session) -> None:
     """The main job: validate the examples, build the demo corpus (the Python docs' help topics,
-    no download) and train `examples/qwen3_tiny.yaml` on it (about two minutes on 2 CPU cores).
+    no download) and train `examples/qwen3_tiny.yaml` on it (about 25 s on 2 CPU cores).
     `nox -s train -- examples/deepseek_v3_tiny.yaml` trains another example."""
     install_packages(session)
     examples = sorted(str(path) for path in (ROOT / "examples").glob("*.yaml"))
