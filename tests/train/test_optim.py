@@ -17,6 +17,7 @@ from mf_train.optim import (
     MuonSettings,
     OptimizerStateError,
     adamw_update,
+    adamw_update_in_place,
     build_optimizer,
     newton_schulz,
 )
@@ -110,6 +111,28 @@ def test_adamw_matches_numpy_over_steps_with_changing_lr() -> None:
         np.testing.assert_allclose(values(named)[name], p, rtol=1e-6, atol=1e-7)
         np.testing.assert_allclose(state[f"adam_m.{name}"], m, rtol=1e-6, atol=1e-7)
         np.testing.assert_allclose(state[f"adam_v.{name}"], v, rtol=1e-6, atol=1e-8)
+
+
+def test_the_fused_update_equals_the_formula_over_20_steps_from_a_zero_lr() -> None:
+    """`adamw_update_in_place` folds the bias corrections into the kernel's arguments; a
+    warm-up's lr of 0 (no update, no division by it) and decay 0 are included."""
+    rng = np.random.default_rng(5)
+    start = rng.standard_normal((8, 6)).astype(np.float32)
+    formula = [Tensor(start.copy()), Tensor(np.zeros((8, 6), np.float32)),
+               Tensor(np.zeros((8, 6), np.float32))]
+    fused = [Tensor(start.copy()), Tensor(np.zeros((8, 6), np.float32)),
+             Tensor(np.zeros((8, 6), np.float32))]
+    for step in range(1, 21):
+        grad = Tensor(rng.standard_normal((8, 6)).astype(np.float32))
+        lr, decay = (0.0 if step == 1 else 1e-2 / step), (0.0 if step % 5 == 0 else 0.1)
+        param, m, v = formula
+        formula = list(adamw_update(param, grad, m, v, step, lr, decay, (0.9, 0.95), 1e-8))
+        adamw_update_in_place(*fused[:1], grad, *fused[1:], step, lr, decay, (0.9, 0.95), 1e-8)
+        if step == 1:
+            np.testing.assert_array_equal(fused[0].asnumpy(), start)
+    assert not np.allclose(fused[0].asnumpy(), start)
+    for ours, reference in zip(fused, formula, strict=True):
+        np.testing.assert_allclose(ours.asnumpy(), reference.asnumpy(), rtol=1e-5, atol=1e-7)
 
 
 def test_adamw_update_on_a_slice_equals_the_slice_of_the_whole_update() -> None:

@@ -157,8 +157,52 @@ class Linear(nn.Cell):
         self.bias = None if bias is None else Parameter(Tensor(bias), name="bias")
 
     def construct(self, x: Tensor) -> Tensor:
-        y = ops.matmul(x, self.weight.astype(x.dtype).T)
-        return y if self.bias is None else y + self.bias.astype(x.dtype)
+        return linear(x, self.weight, self.bias)
+
+
+def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
+    """`x W^T (+ b)` for `x` `[..., in]`, `weight` `[out, in]`, as one 2-D matmul.
+
+    Why 2-D: a `[s, b, in] @ [in, out]` matmul is expanded, in compiled graphs, into a
+    broadcast of the weight to `[s, in, out]` and a batched matmul; MindSpore's CPU broadcast
+    kernel made a compiled 28M-parameter decoder layer 100x slower than PyNative. The weight
+    is cast only when its dtype differs from the activation's.
+    """
+    rows = x.reshape(-1, x.shape[-1])
+    y = mint.nn.functional.linear(rows, same_dtype(weight, x.dtype),
+                                  None if bias is None else same_dtype(bias, x.dtype))
+    return y.reshape(*x.shape[:-1], weight.shape[0])
+
+
+def same_dtype(t: Tensor, dtype: ms.Type) -> Tensor:
+    """`t` in `dtype`, without a cast operation when it already is."""
+    return t if t.dtype == dtype else t.astype(dtype)
+
+
+def expand(t: Tensor, shape: Sequence[int], tile: bool) -> Tensor:
+    """`t` repeated to `shape` (numpy's broadcasting rules) when `tile` (`tiles_broadcasts()`,
+    decided when a cell is built, outside any compiled region).
+
+    Why: MindSpore 2.10's CPU kernels for element-wise operations between tensors of
+    different shapes (`x * rsqrt(mean)` with `mean` `[s, b, 1]`, `x * cos` with `cos`
+    `[s, d]`, and their gradients) run about 10x slower than on equal shapes, while
+    `ops.tile` costs about one equal-shape operation (benchmarks/README.md, "Speed of a
+    step"). Other backends broadcast natively: there `t` is returned unchanged.
+    """
+    if not tile:
+        return t
+    lead = len(shape) - t.ndim
+    multiples = tuple(shape[:lead])  # written for both PyNative and `mindspore.jit` graphs
+    for index in range(t.ndim):
+        multiples = (*multiples, shape[lead + index] // t.shape[index])
+    if multiples == (1,) * len(shape):
+        return t
+    return ops.tile(t, multiples)
+
+
+def tiles_broadcasts() -> bool:
+    """Whether `expand` repeats tensors (the CPU backend) rather than relying on broadcasts."""
+    return ms.get_context("device_target") == "CPU"
 
 
 def column_linear(weight: np.ndarray, bias: np.ndarray | None,
@@ -212,13 +256,14 @@ class RMSNorm(nn.Cell):
         super().__init__()
         self.weight = Parameter(Tensor(np.ones(size, np.float32)), name="weight")
         self.eps = eps
+        self.tile = tiles_broadcasts()
 
     def construct(self, x: Tensor) -> Tensor:
         dtype = x.dtype
-        x = x.astype(ms.float32)
-        variance = ops.mean(ops.square(x), -1, keep_dims=True)
-        x = x * ops.rsqrt(variance + self.eps)
-        return self.weight.astype(dtype) * x.astype(dtype)
+        x = same_dtype(x, ms.float32)
+        scale = mint.rsqrt(mint.mean(x * x, -1, True) + self.eps)
+        x = same_dtype(x * expand(scale, x.shape, self.tile), dtype)
+        return expand(same_dtype(self.weight, dtype), x.shape, self.tile) * x
 
 
 class RotaryEmbedding:
@@ -241,6 +286,7 @@ class RotaryEmbedding:
         self.inv_freq = (1.0 / theta ** (np.arange(0, dim, 2, dtype=np.float64) / dim)
                          if inv_freq is None else np.asarray(inv_freq, np.float64))
         self.attention_scaling = attention_scaling
+        self.tile = tiles_broadcasts()
         self._tables: dict[int, tuple[Tensor, Tensor]] = {}
 
     def tables(self, seq: int) -> tuple[Tensor, Tensor]:
@@ -259,13 +305,16 @@ class RotaryEmbedding:
 
 def rotate_half(x: Tensor) -> Tensor:
     """`[x1, x2] -> [-x2, x1]` over the last dimension."""
-    half = x.shape[-1] // 2
+    half = x.shape[-1] // 2  # slices: `mint.split` of a strided view got wrong gradients
     return ops.cat((-x[..., half:], x[..., :half]), -1)
 
 
-def apply_rotary(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
-    """Rotate `x` `[..., seq, dim]` by the tables `[seq, dim]` (cast to x's dtype)."""
-    return x * cos.astype(x.dtype) + rotate_half(x) * sin.astype(x.dtype)
+def apply_rotary(x: Tensor, cos: Tensor, sin: Tensor, tile: bool = False) -> Tensor:
+    """Rotate `x` `[..., seq, dim]` by the tables `[seq, dim]` (cast to x's dtype; repeated to
+    x's shape when `tile`, see `expand`)."""
+    cos = expand(same_dtype(cos, x.dtype), x.shape, tile)
+    sin = expand(same_dtype(sin, x.dtype), x.shape, tile)
+    return x * cos + rotate_half(x) * sin
 
 
 class AttentionCore:
@@ -282,7 +331,8 @@ class AttentionCore:
                  compute_dtype: ms.Type = ms.float32):
         self.scale = scale
         self.flash = use_flash_attention and flash_attention_available(compute_dtype)
-        self._masks: dict[int, Tensor] = {}
+        self.tile = tiles_broadcasts()
+        self._masks: dict[tuple[int, ...], Tensor] = {}
 
     def __call__(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
         if self.flash:
@@ -293,20 +343,25 @@ class AttentionCore:
         group = q.shape[1] // k.shape[1]
         if group > 1:
             k, v = ops.repeat_interleave(k, group, 1), ops.repeat_interleave(v, group, 1)
-        scores = mint.matmul(q, k.swapaxes(-1, -2)).astype(ms.float32) * self.scale
-        scores = ops.masked_fill(scores, self._future(q.shape[2]), float("-inf"))
-        probs = mint.nn.functional.softmax(scores, dim=-1).astype(v.dtype)
+        scores = same_dtype(mint.matmul(q * self.scale, k.swapaxes(-1, -2)), ms.float32)
+        scores = ops.masked_fill(scores, self._future(scores.shape), float("-inf"))
+        probs = same_dtype(mint.nn.functional.softmax(scores, dim=-1), v.dtype)
         return mint.matmul(probs, v)
 
-    def _future(self, seq: int) -> Tensor:
-        if seq not in self._masks:
-            self._masks[seq] = Tensor(np.triu(np.ones((seq, seq), np.bool_), k=1))
-        return self._masks[seq]
+    def _future(self, shape: tuple[int, ...]) -> Tensor:
+        """The causal mask (True above the diagonal), repeated to the scores' shape where
+        `expand` repeats (cached per shape)."""
+        key = tuple(shape) if self.tile else tuple(shape[-2:])
+        if key not in self._masks:
+            seq = shape[-1]
+            future = np.triu(np.ones((seq, seq), np.bool_), k=1)
+            self._masks[key] = Tensor(np.ascontiguousarray(np.broadcast_to(future, key)))
+        return self._masks[key]
 
     def _flash(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
-        if 0 not in self._masks:  # sparse_mode 2 takes the compressed 2048 x 2048 mask
-            self._masks[0] = Tensor(np.triu(np.ones((2048, 2048), np.uint8), k=1))
-        return ops.flash_attention_score(q, k, v, q.shape[1], attn_mask=self._masks[0],
+        if () not in self._masks:  # sparse_mode 2 takes the compressed 2048 x 2048 mask
+            self._masks[()] = Tensor(np.triu(np.ones((2048, 2048), np.uint8), k=1))
+        return ops.flash_attention_score(q, k, v, q.shape[1], attn_mask=self._masks[()],
                                          scalar_value=self.scale, input_layout="BNSD",
                                          sparse_mode=2)
 
@@ -343,8 +398,7 @@ class SwiGLU(nn.Cell):
         self.down = row_linear(down, None, group)
 
     def construct(self, x: Tensor) -> Tensor:
-        gate_up = self.gate_up(x)
-        gate, up = gate_up[..., :self.local], gate_up[..., self.local:]
+        gate, up = mint.split(self.gate_up(x), self.local, -1)
         return self.down(mint.nn.functional.silu(gate) * up)
 
 
@@ -357,10 +411,8 @@ def token_cross_entropy(logits: Tensor, labels: Tensor,
     logits = logits.astype(ms.float32)
     if is_parallel(group):
         return vocab_parallel_cross_entropy(logits, labels, group)
-    shifted = logits - ops.stop_gradient(logits.max(axis=-1, keepdims=True))
-    log_sum = ops.log(ops.exp(shifted).sum(axis=-1))
-    picked = ops.gather_elements(shifted, -1, labels.expand_dims(-1)).squeeze(-1)
-    return log_sum - picked
+    log_probs = ops.log_softmax(logits, -1)
+    return -ops.gather_elements(log_probs, -1, labels.expand_dims(-1)).squeeze(-1)
 
 
 def causal_lm_loss(logits: Tensor, labels: Tensor, loss_mask: Tensor | None = None,

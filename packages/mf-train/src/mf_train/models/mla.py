@@ -72,8 +72,8 @@ class MultiLatentAttention(ms.nn.Cell):
         k_nope, v = kv[..., :self.nope], kv[..., self.nope:]
         k_rope = self._heads(k_rope, 1)                              # [b, 1, s, rope]
         cos, sin = self.rotary.tables(seq)
-        q_rope = apply_rotary(self._rope_layout(q_rope), cos, sin)
-        k_rope = apply_rotary(self._rope_layout(k_rope), cos, sin)
+        q_rope = apply_rotary(self._rope_layout(q_rope), cos, sin, self.rotary.tile)
+        k_rope = apply_rotary(self._rope_layout(k_rope), cos, sin, self.rotary.tile)
         k_rope = ops.broadcast_to(k_rope, (batch, self.num_heads, seq, self.rope_dim))
         q = ops.cat((q_nope, q_rope), -1)
         k = ops.cat((k_nope, k_rope), -1)

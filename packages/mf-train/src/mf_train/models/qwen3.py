@@ -22,7 +22,7 @@ from typing import Any
 
 import mindspore as ms
 import numpy as np
-from mindspore import Tensor, nn, ops
+from mindspore import Tensor, mint, nn
 
 from mf_config import ModelConfig
 from mf_config.component_settings import settings_error, structure_settings
@@ -48,6 +48,7 @@ from .blocks import (
     head_entry,
     is_parallel,
     is_sequence_parallel,
+    linear,
     mark_tensor_partial,
     resolve_compute_dtype,
     row_linear,
@@ -165,11 +166,13 @@ class Qwen3Attention(nn.Cell):
         qkv = self.qkv(x)
         seq, batch = qkv.shape[0], qkv.shape[1]
         q_size, kv_size = self.heads * self.head_dim, self.kv_heads * self.head_dim
-        q = self._heads(qkv[..., :q_size], self.heads, self.q_norm)
-        k = self._heads(qkv[..., q_size:q_size + kv_size], self.kv_heads, self.k_norm)
-        v = self._heads(qkv[..., q_size + kv_size:], self.kv_heads)
+        q, k, v = mint.split(qkv, [q_size, kv_size, kv_size], -1)
+        q = self._heads(q, self.heads, self.q_norm)
+        k = self._heads(k, self.kv_heads, self.k_norm)
+        v = self._heads(v, self.kv_heads)
         cos, sin = self.rotary.tables(seq)
-        context = self.core(apply_rotary(q, cos, sin), apply_rotary(k, cos, sin), v)
+        context = self.core(apply_rotary(q, cos, sin, self.rotary.tile),
+                            apply_rotary(k, cos, sin, self.rotary.tile), v)
         return self.out(context.transpose(2, 0, 1, 3).reshape(seq, batch, q_size))
 
     def _heads(self, x: Tensor, count: int, norm: nn.Cell | None = None) -> Tensor:
@@ -284,7 +287,7 @@ class Qwen3ForCausalLM(nn.Cell):
             return self.head(x)
         if self.head_entry is not None:
             x = self.head_entry(x)
-        return ops.matmul(x, self.embedding.weight.astype(x.dtype).T)
+        return linear(x, self.embedding.weight)
 
     def _check_ids(self, input_ids: Tensor) -> None:
         seq = check_input_ids(input_ids, self.settings.seq_length,

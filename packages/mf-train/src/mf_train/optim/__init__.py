@@ -18,7 +18,7 @@ from mf_config import OptimizerConfig
 from mf_config.yaml_source import Source
 
 from ..registry import OPTIMIZERS
-from .adamw import AdamW, adamw_update
+from .adamw import AdamW, adamw_update, adamw_update_in_place
 from .base import ParameterOptimizer
 from .muon import Muon, MuonSettings, muon_update, newton_schulz
 from .param_groups import gets_weight_decay, rule_matches
@@ -26,8 +26,8 @@ from .protocol import Optimizer, OptimizerStateError
 from .sharded_adamw import ShardedAdamW
 
 __all__ = ["AdamW", "Muon", "MuonSettings", "Optimizer", "OptimizerStateError",
-           "ParameterOptimizer", "ShardedAdamW", "adamw_update", "build_optimizer",
-           "gets_weight_decay", "muon_update", "newton_schulz", "rule_matches"]
+           "ParameterOptimizer", "ShardedAdamW", "adamw_update", "adamw_update_in_place",
+           "build_optimizer", "gets_weight_decay", "muon_update", "newton_schulz", "rule_matches"]
 
 
 def build_optimizer(config: OptimizerConfig, named_params: Sequence[tuple[str, Parameter]],

@@ -119,7 +119,8 @@ class ParameterOptimizer:
 
     def _update(self, index: int, value: Tensor, grad: Tensor, lr: float,
                 weight_decay: float) -> Tensor:
-        """The new float32 value of parameter `index` (`value` is its current float32 value)."""
+        """The new float32 value of parameter `index` (`value` is its current float32 value:
+        the parameter itself or its master, which may be updated in place and returned)."""
         raise NotImplementedError
 
     def add_state(self, prefix: str, index: int) -> str:
@@ -132,6 +133,8 @@ class ParameterOptimizer:
 
     def _write(self, index: int, value: Tensor) -> None:
         param = self.params[index]
+        if value is param:  # updated in place
+            return
         if index in self._masters:
             self._masters[index] = value
             value = ops.cast(value, param.dtype)
