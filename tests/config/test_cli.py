@@ -117,7 +117,8 @@ def test_show_prints_effective_config_that_validates(good, tmp_path) -> None:
     shown = yaml.safe_load(result.stdout)
     assert shown["training"]["steps"] == 5
     assert shown["checkpoint"]["save_max"] == 5  # a default the file did not write
-    assert shown["context"] == {"device_target": "auto", "mode": 1, "max_device_memory": None}
+    assert shown["context"] == {"device_target": "auto", "mode": 1, "max_device_memory": None,
+                                "compile": False}
     assert list(shown) == ["context", "checkpoint", "training", "parallelism", "optimizer",
                            "lr_scheduler", "train_dataset", "model", "monitor", "profiler",
                            "recompute", "recompute_comm", "swap", "callbacks"]

@@ -130,6 +130,7 @@ ADDITIONS = {
     "context.device_target": "auto",
     "context.mode": 1,
     "context.max_device_memory": None,
+    "context.compile": False,
     "monitor.health_checkpoint.embedding_local_norm_threshold": 100.0,
     "monitor.health_checkpoint.global_norm_skip_threshold": 100.0,
     "monitor.health_checkpoint.global_norm_skip_time": 10,

@@ -41,6 +41,9 @@ class ContextConfig(Section):
     mode: int = setting(1, "1 = PyNative (dynamic graph); graph mode (0) is not supported.")
     max_device_memory: str | None = setting(
         None, "Device memory cap such as \"59GB\", passed to the backend where it applies.")
+    compile: bool = setting(
+        False, "Run each decoder layer as a compiled graph (mindspore.jit) where the layout "
+        "allows; false: pure PyNative. One log line says what was compiled and why not.")
 
 
 @section

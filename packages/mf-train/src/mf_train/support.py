@@ -86,6 +86,7 @@ FIELDS: dict[str, Field] = {
                           "ignores the cap (measured: a 1.6 GB tensor allocates under a 1GB "
                           "cap); it is applied on Ascend and GPU",
                   {"context.max_device_memory": "1GB"}),)),
+    "context.compile": reads(TRAINER, "mf_train.compiled_layers"),
     # checkpoint
     "checkpoint.enable_save": reads(TRAINER, WRITER),
     "checkpoint.save_path": reads(TRAINER, WRITER),

@@ -55,6 +55,7 @@ from .checkpoint import (
     restore_rng_state,
     resume,
 )
+from .compiled_layers import CompileReport, compile_layers
 from .gradient_norm import clip_coefficient
 from .job import check_support, make_job_plan, resolve_device
 from .layouts import LayoutParts, MicroBatch, StepLayout, StepObserver, Unobserved, build_layout
@@ -189,6 +190,8 @@ class Trainer:
     resumed_from: Path | None
     callbacks: CallbackList
     step: TrainStep
+    compiled: CompileReport
+    """What `context.compile` compiled; counts compilations as the steps run."""
 
     def __init__(self, config: TrainConfig, *, output_dir: str | Path,
                  source: Source | None = None, world_size: int = 1):
@@ -215,6 +218,11 @@ class Trainer:
         self.layout = build_layout(LayoutParts(
             self.model, config.optimizer, config.parallelism, self.plan.dims, self.collectives,
             self.tensor_group, source))
+        self.compiled = compile_layers(self.model, config.context.compile, [
+            (f"the {self.layout.name} layout", self.layout.compile_blocker),
+            ("swap", "its hooks see each saved tensor of a layer" if self.swap.paths else None)])
+        LOG.info("%s", self.compiled.describe())
+        self._compile_seen = (0, 0.0)
         self.schedule = build_lr_schedule(config.lr_scheduler, config.training.steps, source)
         LOG.info("%s; optimizer %s; %s", self.layout.describe(), config.optimizer.type,
                  self.schedule.describe())
@@ -365,12 +373,20 @@ class Trainer:
         return outcomes
 
     def _record(self, outcome: StepOutcome) -> StepRecord:
-        """The step as the callbacks see it (tokens over all data-parallel ranks)."""
-        return StepRecord(step=self.step_count, total_steps=self.config.training.steps,
-                          loss=outcome.loss, lr=outcome.lr, grad_norm=outcome.grad_norm,
-                          step_time=outcome.seconds,
-                          tokens=outcome.tokens * self.plan.batch.data_parallel,
-                          consumed_samples=self.consumed_samples, skipped=outcome.skipped)
+        """The step as the callbacks see it (tokens over all data-parallel ranks), with the
+        compilation it included, if any (`compile_time`, `compiled_graphs`)."""
+        record = StepRecord(step=self.step_count, total_steps=self.config.training.steps,
+                            loss=outcome.loss, lr=outcome.lr, grad_norm=outcome.grad_norm,
+                            step_time=outcome.seconds,
+                            tokens=outcome.tokens * self.plan.batch.data_parallel,
+                            consumed_samples=self.consumed_samples, skipped=outcome.skipped)
+        seen_graphs, seen_seconds = self._compile_seen
+        graphs, seconds = self.compiled.graphs - seen_graphs, self.compiled.seconds - seen_seconds
+        if graphs:
+            record.extra.update(compile_time=seconds, compiled_graphs=graphs)
+            LOG.info("step %d compiled %d graph(s) in %.1f s", self.step_count, graphs, seconds)
+            self._compile_seen = (self.compiled.graphs, self.compiled.seconds)
+        return record
 
     def _check_skips(self, in_a_row: int) -> None:
         """Stop after too many skipped steps in a row: `training.max_consecutive_skipped_steps`

@@ -107,6 +107,9 @@ class StepLayout(ABC):
 
     name: ClassVar[str]
     """A short name for the log (`data parallel`, `FSDP`, ...)."""
+    compile_blocker: ClassVar[str | None] = None
+    """Why the decoder layers cannot be compiled under this layout (`context.compile`), or
+    None when they can."""
 
     def __init__(self, model: nn.Cell, optimizer: Optimizer, *, loss_divisor: int = 1):
         self.model = model

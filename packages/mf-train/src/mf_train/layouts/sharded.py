@@ -136,6 +136,9 @@ class ZeRO(StepLayout):
 class FSDP(ZeRO):
     """FSDP: parameters sharded too, unit by unit, gathered around each unit's passes."""
 
+    compile_blocker = ("FSDP swaps each unit's parameters for placeholders between its passes "
+                       "(hooks a compiled graph would not see)")
+
     @classmethod
     def selects(cls, dims: ParallelDims, parallelism: ParallelismConfig) -> bool:
         return (one_stage(dims) and dims.data_shard > 1

@@ -153,6 +153,8 @@ class DeepseekV3ForCausalLM(nn.Cell):
     Single process: `from_config` rejects a tensor group of size > 1.
     """
 
+    compile_blocker = "its MoE layers route tokens to experts on the host (numpy)"
+
     def __init__(self, settings: DeepseekV3Settings, *, tensor_group: Any = None,
                  seed: int | None = None, source: Source | None = None):
         super().__init__()

@@ -1,0 +1,120 @@
+"""`context.compile`: each decoder layer's `construct` as a compiled graph (`mindspore.jit`).
+
+What is compiled: the decoder layers, one graph per layer and input shape, built on the first
+call and reused by every later step (forward and backward); the embedding, the final norm,
+the head and the loss stay in PyNative, and so do the optimizer (one fused kernel per
+parameter, faster than any compiled form measured) and the gradient reduction. Recompute
+(`Cell.recompute()` on a layer or its parts) works inside the graphs (gradients equal
+PyNative's within 1e-6, tests/train/test_compiled_layers.py).
+
+What falls back to PyNative, decided before the first step and said in one log line:
+- a model whose layers cannot be traced (`model.compile_blocker`: DeepSeek-V3 routes tokens
+  to experts on the host, with numpy);
+- a step layout that changes the layers between calls (`StepLayout.compile_blocker`:
+  FSDP swaps parameters for placeholders, tensor parallelism communicates inside
+  custom-gradient cells);
+- activation swap, whose hooks see each saved tensor of a layer.
+
+Why it is off by default (benchmarks/README.md, "Speed of a step"): on the CPU backend a
+compiled layer is about 1.3x faster on the tiny example and no faster at 28M parameters,
+and compiling costs 7-15 s at the first step, more than a short run wins back.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import mindspore as ms
+from mindspore import nn
+
+
+def graphs_compiled() -> int:
+    """Graphs MindSpore has compiled in this process (its compile cache's size)."""
+    from mindspore.graph import api  # the cache is private; its size is all that is read
+    return len(getattr(api, "ms_compile_cache", ()))
+
+
+@dataclasses.dataclass
+class CompileReport:
+    """What `compile_layers` compiled, what it left in PyNative and why, and what compiling
+    has cost so far (`graphs`, `seconds`: calls during which a graph was compiled)."""
+
+    enabled: bool
+    compiled: list[str] = dataclasses.field(default_factory=list)
+    fallbacks: list[tuple[str, str]] = dataclasses.field(default_factory=list)
+    graphs: int = 0
+    seconds: float = 0.0
+
+    def describe(self) -> str:
+        """The start-of-run log line."""
+        if not self.enabled:
+            return "context.compile is false: everything runs in PyNative"
+        done = (f"compiled (mindspore.jit): {', '.join(self.compiled)}" if self.compiled
+                else "nothing compiled")
+        why = "; ".join(f"{what} run in PyNative ({reason})" for what, reason in self.fallbacks)
+        return f"context.compile: {done}" + (f"; {why}" if why else "")
+
+
+class CompileTimer:
+    """Forward hooks around a compiled cell that time the calls during which MindSpore
+    compiled a graph (the compiled `construct` itself must stay the function `mindspore.jit`
+    returns: MindSpore parses it again and refuses any other callable)."""
+
+    def __init__(self, report: CompileReport):
+        self.report = report
+        self._start: tuple[int, float] = (0, 0.0)
+
+    def attach(self, cell: nn.Cell) -> None:
+        cell.register_forward_pre_hook(self._before)
+        cell.register_forward_hook(self._after)
+
+    def _before(self, cell: nn.Cell, inputs: Any) -> None:
+        self._start = (graphs_compiled(), time.perf_counter())
+
+    def _after(self, cell: nn.Cell, inputs: Any, output: Any) -> None:
+        graphs, start = self._start
+        new = graphs_compiled() - graphs
+        if new:
+            self.report.graphs += new
+            self.report.seconds += time.perf_counter() - start
+
+
+def compile_layers(model: nn.Cell, enabled: bool,
+                   blockers: Sequence[tuple[str, str | None]] = ()) -> CompileReport:
+    """Compile `model.decoder_layers` when `enabled` and nothing blocks it.
+
+    Args:
+        model: a model with the layer contract (`decoder_layers`).
+        enabled: `context.compile`.
+        blockers: `(what, reason or None)` pairs from the layout and the memory features;
+            the first with a reason keeps every layer in PyNative.
+
+    Returns:
+        The report, which keeps counting compilations as the layers run.
+    """
+    report = CompileReport(enabled)
+    if not enabled:
+        return report
+    reasons = [("the model", getattr(model, "compile_blocker", None)), *blockers]
+    for what, reason in reasons:
+        if reason:
+            report.fallbacks.append(("the decoder layers", f"{what}: {reason}"))
+            return report
+    timer = CompileTimer(report)
+    for index, layer in enumerate(model.decoder_layers):
+        layer.construct = ms.jit(layer.construct)
+        timer.attach(layer)
+        report.compiled.append(f"decoder layer {index + getattr(model, 'layer_offset', 0)}")
+    report.compiled = [_ranges(report.compiled)]
+    report.fallbacks.append(("embedding, final norm, head and loss", "small; compiled "
+                             "separately they add a graph boundary each"))
+    return report
+
+
+def _ranges(names: list[str]) -> str:
+    """`decoder layer 0`, ..., `decoder layer 3` -> `decoder layers 0-3`."""
+    first, last = names[0].rsplit(" ", 1)[1], names[-1].rsplit(" ", 1)[1]
+    return names[0] if len(names) == 1 else f"decoder layers {first}-{last}"

@@ -1,0 +1,100 @@
+"""`context.compile` and the faster step: the tiny example trains as it did before the speed
+work (losses recorded then, within 1e-5 relative over 20 steps), compiled or not; the layers
+compile once; what cannot be compiled stays in PyNative and says why."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+pytest.importorskip("mindspore")
+
+from mindspore import Tensor
+
+from mf_config import load_config
+from mf_train.compiled_layers import compile_layers, graphs_compiled
+from mf_train.layouts.sharded import FSDP
+from mf_train.models import build_model
+from mf_train.trainer import Trainer
+
+ROOT = Path(__file__).resolve().parents[2]
+EXAMPLE = ROOT / "examples" / "qwen3_tiny.yaml"
+GOLDEN = json.loads((Path(__file__).parent / "golden" / "qwen3_tiny_losses.json").read_text())
+
+
+def _train(prefix: str, tmp_path: Path, *more: str) -> tuple[Trainer, list[dict]]:
+    config = load_config(EXAMPLE, [f"train_dataset.dataloader.config.data_path=['1','{prefix}']",
+                                   "training.steps=20", "checkpoint.enable_save=false", *more])
+    trainer = Trainer(config, output_dir=tmp_path)
+    trainer.train()
+    lines = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    return trainer, [line for line in lines if "event" not in line]
+
+
+@pytest.mark.parametrize("compiled", [False, True], ids=["pynative", "compiled"])
+def test_losses_equal_the_path_before_the_speed_work(data_prefix, tmp_path, compiled) -> None:
+    """The example as written (recompute of attention 0-1 and mlp 3 included)."""
+    trainer, steps = _train(data_prefix, tmp_path, f"context.compile={str(compiled).lower()}")
+    losses = np.array([line["loss"] for line in steps])
+    np.testing.assert_allclose(losses, GOLDEN["losses"], rtol=1e-5, atol=0)
+    assert trainer.compiled.enabled is compiled
+    compiled_at = [line["step"] for line in steps if "compiled_graphs" in line]
+    if not compiled:
+        assert compiled_at == [] and trainer.compiled.graphs == 0
+        return
+    # one graph per layer (and its gradient) at step 1; nothing compiled in steps 2-20
+    assert compiled_at == [1]
+    assert steps[0]["compiled_graphs"] == trainer.compiled.graphs >= 4
+    assert 0 < steps[0]["compile_time"] <= steps[0]["step_time"]
+    assert trainer.compiled.compiled == ["decoder layers 0-3"]
+
+
+def _tiny_qwen3():
+    config = load_config(EXAMPLE)
+    return build_model(config.model, seed=1)
+
+
+def test_off_leaves_every_layer_in_pynative() -> None:
+    model = _tiny_qwen3()
+    before = [layer.construct for layer in model.decoder_layers]
+    report = compile_layers(model, False)
+    assert [layer.construct for layer in model.decoder_layers] == before
+    assert report.describe() == "context.compile is false: everything runs in PyNative"
+
+
+def test_a_blocking_layout_keeps_the_layers_in_pynative_and_says_why() -> None:
+    model = _tiny_qwen3()
+    before = [layer.construct for layer in model.decoder_layers]
+    report = compile_layers(model, True, [("swap", None), ("the FSDP layout",
+                                                           FSDP.compile_blocker)])
+    assert [layer.construct for layer in model.decoder_layers] == before
+    assert report.compiled == []
+    line = report.describe()
+    assert line.startswith("context.compile: nothing compiled; the decoder layers run in "
+                           "PyNative (the FSDP layout: FSDP swaps")
+
+
+def test_deepseek_v3_stays_in_pynative() -> None:
+    config = load_config(ROOT / "examples" / "deepseek_v3_tiny.yaml")
+    model = build_model(config.model, seed=1)
+    report = compile_layers(model, True)
+    assert report.compiled == []
+    assert "the model: its MoE layers route tokens to experts on the host" in report.describe()
+
+
+def test_a_compiled_layer_compiles_once_per_input_shape() -> None:
+    model = _tiny_qwen3()
+    report = compile_layers(model, True)
+    layer = model.decoder_layers[0]
+    x = Tensor(np.random.default_rng(0).standard_normal((16, 2, 64)).astype(np.float32))
+    start = graphs_compiled()
+    first = layer(x).asnumpy()
+    assert graphs_compiled() - start == report.graphs >= 1
+    for _ in range(3):
+        np.testing.assert_array_equal(layer(x).asnumpy(), first)
+    assert graphs_compiled() - start == report.graphs
+    layer(x[:8])  # another sequence length: one more graph
+    assert graphs_compiled() - start == report.graphs > 1
