@@ -1,5 +1,7 @@
 """Sessions: `tests` (the whole suite), `lint` (ruff + the layering contract), `train` (the main
 job: the demo, a short training run of the tiny example), `bench` (side-by-side measurements).
+`megatron_parity`, `bench_data` and `bench_speed` (mf against PyTorch + transformers) also
+install torch (CPU) and run only when named.
 
 Every session installs the packages from this checkout into a fresh virtual environment.
 """
@@ -79,17 +81,23 @@ def bench(session: nox.Session) -> None:
 TORCH_CPU_INDEX = "https://download.pytorch.org/whl/cpu"
 
 
-def install_megatron(session: nox.Session, *extra: str) -> None:
-    """torch 2.13.0 (CPU build), megatron-core 0.16.1 and mf-data with what it needs."""
+def install_torch_cpu(session: nox.Session, *extra: str) -> None:
+    """torch 2.13.0, the CPU build, then its dependencies and `extra` with torch still pinned
+    (an unpinned `torch` would pull the multi-GB CUDA build)."""
     try:  # the CPU build; pip also looks in the machine's find-links for the same file
         session.install("--no-deps", "--retries", "0", "--timeout", "30",
                         "--index-url", TORCH_CPU_INDEX, "torch==2.13.0")
     except nox.command.CommandFailed:
         session.log("the PyTorch CPU index is unreachable: torch==2.13.0 from the package index")
         session.install("--no-deps", "torch==2.13.0")
-    session.install("torch==2.13.0", "megatron-core==0.16.1", "numpy", *extra,
-                    *(f"-e{ROOT / 'packages' / name}"
-                      for name in ("mf-config", "mf-parallel", "mf-data")))
+    session.install("torch==2.13.0", *extra)
+
+
+def install_megatron(session: nox.Session, *extra: str) -> None:
+    """torch 2.13.0 (CPU build), megatron-core 0.16.1 and mf-data with what it needs."""
+    install_torch_cpu(session, "megatron-core==0.16.1", "numpy", *extra,
+                      *(f"-e{ROOT / 'packages' / name}"
+                        for name in ("mf-config", "mf-parallel", "mf-data")))
 
 
 @nox.session
@@ -113,3 +121,13 @@ def bench_data(session: nox.Session) -> None:
     the batch loader. `nox -s bench_data -- --scale 0.25` for a smaller corpus."""
     install_megatron(session)
     session.run("python", "benchmarks/data.py", *session.posargs)
+
+
+@nox.session
+def bench_speed(session: nox.Session) -> None:
+    """Training speed of mf (`mf-train`) against PyTorch eager + Hugging Face transformers'
+    Qwen3ForCausalLM (torch 2.13.0 CPU, transformers 4.57.6), side by side, on the tiny Qwen3
+    and a 28M one. `nox -s bench_speed -- --only tiny --rounds 3`."""
+    install_packages(session)
+    install_torch_cpu(session, "transformers==4.57.6")
+    session.run("python", "benchmarks/speed.py", *session.posargs)
