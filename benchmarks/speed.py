@@ -36,7 +36,7 @@ children it waited for would count too), the whole process's wall time (launch t
 imports, building, the data index, all steps, teardown), and the ratios of step time and
 of peak memory to the first PyTorch row (mf / PyTorch).
 
-Run: python benchmarks/speed.py [--rounds N] [--steps N] [--only tiny|28m]
+Run: python benchmarks/speed.py [--rounds N] [--steps N] [--only tiny|28m] [--previous DIR]
 (`nox -s bench_speed -- ...` installs mf, torch 2.13.0 CPU and transformers 4.57.6 first).
 """
 
@@ -63,10 +63,12 @@ ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "qwen3_tiny.yaml"
 
 MF_VARIANTS: tuple[tuple[str, tuple[str, ...]], ...] = (
-    ("mf (default)", ()),
-    ("mf, context.compile=false", ("context.compile=false",)),
+    ("mf (default: PyNative)", ()),
+    ("mf, context.compile=true", ("context.compile=true",)),
 )
-"""mf rows: (label, `--set` overrides of mf-train)."""
+"""mf rows: (label, `--set` overrides of mf-train). `--previous DIR` adds a row running the
+packages of another checkout (`DIR/packages/*/src` first on PYTHONPATH), e.g. a `git worktree`
+of an earlier commit, with no overrides."""
 
 TORCH_VARIANTS: tuple[tuple[str, dict[str, Any], dict[str, str]], ...] = (
     ("PyTorch eager + HF", {"attention": "sdpa", "threads": 2}, {}),
@@ -258,12 +260,13 @@ def mf_config(model: Model, steps: int, prefix: Path) -> dict[str, Any]:
     return config
 
 
-def run_mf(overrides: tuple[str, ...], config: Path, out: Path, timeout: float) -> Run:
+def run_mf(overrides: tuple[str, ...], config: Path, out: Path, timeout: float,
+           env: dict[str, str] | None = None) -> Run:
     """One mf-train run; step times and tokens from its metrics.jsonl."""
     command = [tool("mf-train"), "--config", str(config), "--output-dir", str(out)]
     for override in overrides:
         command += ["--set", override]
-    code, _, err, peak, wall = run_measured(command, timeout)
+    code, _, err, peak, wall = run_measured(command, timeout, env)
     if code == 2 and "Unknown configuration key" in err:
         raise NotAvailable(err.strip().splitlines()[-1])
     if code != 0:
@@ -304,14 +307,25 @@ def run_torch(spec: dict[str, Any], env: dict[str, str], timeout: float) -> Run:
 # ------------------------------------------------------------------ rounds
 
 
+def previous_env(checkout: Path) -> dict[str, str]:
+    """PYTHONPATH putting another checkout's packages before the installed ones."""
+    sources = sorted(str(path) for path in (checkout / "packages").glob("*/src"))
+    if not sources:
+        raise SystemExit(f"--previous {checkout}: no packages/*/src there")
+    return {"PYTHONPATH": os.pathsep.join([*sources, os.environ.get("PYTHONPATH", "")])}
+
+
 def measure(name: str, model: Model, steps: int, rounds: int, tmp: Path, prefix: Path,
-            timeout: float) -> dict[str, Row]:
+            timeout: float, previous: Path | None = None) -> dict[str, Row]:
     """`rounds` rounds of one run of each implementation, the order rotated each round."""
     config = tmp / f"{name}.yaml"
     config.write_text(yaml.safe_dump(mf_config(model, steps, prefix), sort_keys=False))
+    older = [] if previous is None else [
+        (f"mf at {previous.name} (previous)",
+         lambda out: run_mf((), config, out, timeout, previous_env(previous)))]
     runs: list[tuple[str, Any]] = [
         *((label, lambda out, o=overrides: run_mf(o, config, out, timeout))
-          for label, overrides in MF_VARIANTS),
+          for label, overrides in MF_VARIANTS), *older,
         *((label, lambda out, o=options, e=env: run_torch(torch_spec(model, steps, o), e,
                                                           timeout))
           for label, options, env in TORCH_VARIANTS)]
@@ -387,6 +401,8 @@ def main() -> None:
     parser.add_argument("--only", choices=sorted(MODELS), help="one model only")
     parser.add_argument("--timeout", type=float, default=1800,
                         help="seconds before a run is killed (default 1800)")
+    parser.add_argument("--previous", type=Path, default=None,
+                        help="a checkout of an earlier mf to measure beside (its packages/*/src)")
     args = parser.parse_args()
     began, load = time.perf_counter(), os.getloadavg()[0]
     print(f"{os.cpu_count()} cores, load average {load:.1f}; {versions()}", flush=True)
@@ -400,7 +416,8 @@ def main() -> None:
             if args.only and key != args.only:
                 continue
             steps = args.steps or model.steps
-            rows = measure(key, model, steps, args.rounds, tmp, prefix, args.timeout)
+            rows = measure(key, model, steps, args.rounds, tmp, prefix, args.timeout,
+                           args.previous)
             print_table(key, model, steps, rows)
     print(f"\nload average {load:.1f} at the start, {os.getloadavg()[0]:.1f} at the end; "
           f"{time.perf_counter() - began:.0f} s in all; step ratio and mem ratio: "

@@ -154,15 +154,19 @@ class TwoCopies:
 
 
 @pytest.mark.parametrize("group_kind", ["world of one", "two copies"])
-def test_recompute_comm_wraps_the_gather_and_is_bit_identical(group_kind, tensor_group) -> None:
+@pytest.mark.parametrize("shape", [(4, 4), (4, 1, 4)], ids=["[s, h]", "[s, b, h]"])
+def test_recompute_comm_wraps_the_gather_and_is_bit_identical(group_kind, tensor_group,
+                                                              shape) -> None:
+    """`[s, b, h]` as the models' activations: the linear saves the gather's output reshaped
+    to rows, which must still be recognised."""
     group = tensor_group if group_kind == "world of one" else TwoCopies()
-    reference = tp_grads(TPModel(group))
+    reference = tp_grads(TPModel(group), shape)
     model = TPModel(group)
     config = RecomputeCommConfig(enable=True, select_module={"up": specs("1")})
     assert apply_recompute_comm(model, config) == ["layers[1].up.enter"]
     wrapped = [name for name, cell in model.cells_and_names() if isinstance(cell, RecomputedComm)]
     assert wrapped == ["decoder_layers.1.up.enter"]
-    got = tp_grads(model)
+    got = tp_grads(model, shape)
     for a, b in zip(got, reference, strict=True):
         np.testing.assert_array_equal(a, b)
     if group_kind == "two copies":  # a one-rank gather is the identity: nothing to drop

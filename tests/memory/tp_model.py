@@ -36,8 +36,9 @@ class TPModel(nn.Cell):
         return x
 
 
-def tp_grads(model: nn.Cell) -> list[np.ndarray]:
-    x = Tensor(np.random.default_rng(3).standard_normal((4, 4)).astype(np.float32))
+def tp_grads(model: nn.Cell, shape: tuple[int, ...] = (4, 4)) -> list[np.ndarray]:
+    """Gradients of the model's parameters for one input of `shape` (`[seq, ..., 4]`)."""
+    x = Tensor(np.random.default_rng(3).standard_normal(shape).astype(np.float32))
     params = model.trainable_params()
     _, grads = ms.value_and_grad(lambda v: (model(v) ** 2).sum(), None, params)(x)
     return [g.asnumpy() for g in grads]

@@ -12,16 +12,27 @@ import math
 from collections.abc import Sequence
 
 import mindspore as ms
-from mindspore import Tensor, ops
+from mindspore import Tensor, mint, ops
 
 CLIP_EPS = 1e-6
 
 
 def square_sum(grads: Sequence[Tensor]) -> Tensor:
-    """Sum of the squares of every element of `grads`, in float32 (0 for no gradients)."""
+    """Sum of the squares of every element of `grads`, in float32 (0 for no gradients).
+
+    Each gradient's sum is one `[1, n] @ [n, 1]` matmul: a single pass without the squared
+    copy, 52 ms instead of 136 ms for the 28M-parameter model's gradients on CPU
+    (benchmarks/README.md, "Speed of a step").
+    """
     if not grads:
         return ms.Tensor(0.0, ms.float32)
-    return ops.stack([ops.sum(ops.square(g.astype(ms.float32))) for g in grads]).sum()
+    return ops.stack([_self_dot(g.astype(ms.float32) if g.dtype != ms.float32 else g)
+                      for g in grads]).sum()
+
+
+def _self_dot(grad: Tensor) -> Tensor:
+    flat = grad.reshape(1, -1)
+    return mint.matmul(flat, flat.reshape(-1, 1)).reshape(())
 
 
 def global_norm(grads: Sequence[Tensor]) -> float:

@@ -219,7 +219,7 @@ class Trainer:
             self.model, config.optimizer, config.parallelism, self.plan.dims, self.collectives,
             self.tensor_group, source))
         self.compiled = compile_layers(self.model, config.context.compile, [
-            (f"the {self.layout.name} layout", self.layout.compile_blocker),
+            (f"the layout ({self.layout.describe()})", self.layout.compile_blocker),
             ("swap", "its hooks see each saved tensor of a layer" if self.swap.paths else None)])
         LOG.info("%s", self.compiled.describe())
         self._compile_seen = (0, 0.0)

@@ -22,7 +22,7 @@ from typing import Any
 
 import mindspore as ms
 import numpy as np
-from mindspore import Tensor, mint, nn
+from mindspore import Tensor, nn
 
 from mf_config import ModelConfig
 from mf_config.component_settings import settings_error, structure_settings
@@ -166,7 +166,10 @@ class Qwen3Attention(nn.Cell):
         qkv = self.qkv(x)
         seq, batch = qkv.shape[0], qkv.shape[1]
         q_size, kv_size = self.heads * self.head_dim, self.kv_heads * self.head_dim
-        q, k, v = mint.split(qkv, [q_size, kv_size, kv_size], -1)
+        # slices, not `mint.split`: its views got wrong gradients here under tensor and
+        # sequence parallelism (MindSpore 2.10; tests/train/test_qwen3_tensor_parallel.py)
+        q = qkv[..., :q_size]
+        k, v = qkv[..., q_size:q_size + kv_size], qkv[..., q_size + kv_size:]
         q = self._heads(q, self.heads, self.q_norm)
         k = self._heads(k, self.kv_heads, self.k_norm)
         v = self._heads(v, self.kv_heads)
