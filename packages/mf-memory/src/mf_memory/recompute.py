@@ -133,14 +133,12 @@ class RecomputedComm(nn.Cell):
 
     def pack(self, tensor: ms.Tensor) -> Any:
         noted = self._noted.get(_key(tensor))
-        return (_Regather(self, noted[1], tuple(tensor.shape)) if noted is not None
-                else tensor)
+        return _Regather(self, noted[1]) if noted is not None else tensor
 
     def unpack(self, packed: Any) -> ms.Tensor:
         if isinstance(packed, _Regather):
             self.recomputes += 1
-            regathered = self.comm.construct(packed.input).reshape(packed.shape)
-            return ops.stop_gradient(regathered)
+            return ops.stop_gradient(self.comm.construct(packed.input))
         return packed
 
     def forget(self) -> None:
@@ -149,17 +147,14 @@ class RecomputedComm(nn.Cell):
 
 
 class _Regather:
-    __slots__ = ("input", "owner", "shape")
+    __slots__ = ("input", "owner")
 
-    def __init__(self, owner: RecomputedComm, input: ms.Tensor, shape: tuple[int, ...]):
-        self.owner, self.input, self.shape = owner, input, shape
+    def __init__(self, owner: RecomputedComm, input: ms.Tensor):
+        self.owner, self.input = owner, input
 
 
-def _key(tensor: ms.Tensor) -> tuple[int, int]:
-    """The memory a tensor views: its start and element count, so that a reshaped view of the
-    output (the linear layers save `[s * b, in]` rows of the `[s, b, in]` gather) is found;
-    it is reshaped back on unpack."""
-    return tensor.data_ptr(), int(tensor.size)
+def _key(tensor: ms.Tensor) -> tuple[int, tuple[int, ...]]:
+    return tensor.data_ptr(), tuple(tensor.shape)
 
 
 def apply_recompute_comm(model: nn.Cell, config: RecomputeCommConfig) -> list[str]:

@@ -47,6 +47,13 @@ class CompileReport:
     fallbacks: list[tuple[str, str]] = dataclasses.field(default_factory=list)
     graphs: int = 0
     seconds: float = 0.0
+    _reported: tuple[int, float] = dataclasses.field(default=(0, 0.0), init=False, repr=False)
+
+    def take_new(self) -> tuple[int, float]:
+        """Graphs compiled and seconds spent compiling since the last call."""
+        graphs, seconds = self.graphs - self._reported[0], self.seconds - self._reported[1]
+        self._reported = (self.graphs, self.seconds)
+        return graphs, seconds
 
     def describe(self) -> str:
         """The start-of-run log line."""
@@ -104,17 +111,14 @@ def compile_layers(model: nn.Cell, enabled: bool,
             report.fallbacks.append(("the decoder layers", f"{what}: {reason}"))
             return report
     timer = CompileTimer(report)
-    for index, layer in enumerate(model.decoder_layers):
+    for layer in model.decoder_layers:
         layer.construct = ms.jit(layer.construct)
         timer.attach(layer)
-        report.compiled.append(f"decoder layer {index + getattr(model, 'layer_offset', 0)}")
-    report.compiled = [_ranges(report.compiled)]
+    first = getattr(model, "layer_offset", 0)
+    last = first + len(model.decoder_layers) - 1
+    report.compiled.append(f"decoder layers {first}-{last}" if last > first
+                           else f"decoder layer {first}")
     report.fallbacks.append(("embedding, final norm, head and loss", "small; compiled "
                              "separately they add a graph boundary each"))
     return report
 
-
-def _ranges(names: list[str]) -> str:
-    """`decoder layer 0`, ..., `decoder layer 3` -> `decoder layers 0-3`."""
-    first, last = names[0].rsplit(" ", 1)[1], names[-1].rsplit(" ", 1)[1]
-    return names[0] if len(names) == 1 else f"decoder layers {first}-{last}"

@@ -222,7 +222,6 @@ class Trainer:
             (f"the layout ({self.layout.describe()})", self.layout.compile_blocker),
             ("swap", "its hooks see each saved tensor of a layer" if self.swap.paths else None)])
         LOG.info("%s", self.compiled.describe())
-        self._compile_seen = (0, 0.0)
         self.schedule = build_lr_schedule(config.lr_scheduler, config.training.steps, source)
         LOG.info("%s; optimizer %s; %s", self.layout.describe(), config.optimizer.type,
                  self.schedule.describe())
@@ -380,12 +379,10 @@ class Trainer:
                             step_time=outcome.seconds,
                             tokens=outcome.tokens * self.plan.batch.data_parallel,
                             consumed_samples=self.consumed_samples, skipped=outcome.skipped)
-        seen_graphs, seen_seconds = self._compile_seen
-        graphs, seconds = self.compiled.graphs - seen_graphs, self.compiled.seconds - seen_seconds
+        graphs, seconds = self.compiled.take_new()
         if graphs:
             record.extra.update(compile_time=seconds, compiled_graphs=graphs)
             LOG.info("step %d compiled %d graph(s) in %.1f s", self.step_count, graphs, seconds)
-            self._compile_seen = (self.compiled.graphs, self.compiled.seconds)
         return record
 
     def _check_skips(self, in_a_row: int) -> None:

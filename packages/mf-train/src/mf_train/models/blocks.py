@@ -300,8 +300,8 @@ class RotaryEmbedding:
 
 def rotate_half(x: Tensor) -> Tensor:
     """`[x1, x2] -> [-x2, x1]` over the last dimension."""
-    # slices: `mint.split` got wrong gradients in MindSpore 2.10 on a strided view (a
-    # transpose) and on the fused q/k/v output under tensor + sequence parallelism
+    # slices, here and for the fused q/k/v and gate/up outputs: `mint.split` got wrong
+    # gradients in MindSpore 2.10 on a transposed view and on q/k/v under sequence parallelism
     half = x.shape[-1] // 2
     return ops.cat((-x[..., half:], x[..., :half]), -1)
 
@@ -400,7 +400,7 @@ class SwiGLU(nn.Cell):
         self.down = row_linear(down, None, group)
 
     def construct(self, x: Tensor) -> Tensor:
-        gate_up = self.gate_up(x)  # slices: see `rotate_half` on `mint.split`
+        gate_up = self.gate_up(x)
         gate, up = gate_up[..., :self.local], gate_up[..., self.local:]
         return self.down(mint.nn.functional.silu(gate) * up)
 

@@ -166,13 +166,9 @@ class Qwen3Attention(nn.Cell):
         qkv = self.qkv(x)
         seq, batch = qkv.shape[0], qkv.shape[1]
         q_size, kv_size = self.heads * self.head_dim, self.kv_heads * self.head_dim
-        # slices, not `mint.split`: its views got wrong gradients here under tensor and
-        # sequence parallelism (MindSpore 2.10; tests/train/test_qwen3_tensor_parallel.py)
-        q = qkv[..., :q_size]
-        k, v = qkv[..., q_size:q_size + kv_size], qkv[..., q_size + kv_size:]
-        q = self._heads(q, self.heads, self.q_norm)
-        k = self._heads(k, self.kv_heads, self.k_norm)
-        v = self._heads(v, self.kv_heads)
+        q = self._heads(qkv[..., :q_size], self.heads, self.q_norm)
+        k = self._heads(qkv[..., q_size:q_size + kv_size], self.kv_heads, self.k_norm)
+        v = self._heads(qkv[..., q_size + kv_size:], self.kv_heads)
         cos, sin = self.rotary.tables(seq)
         context = self.core(apply_rotary(q, cos, sin, self.rotary.tile),
                             apply_rotary(k, cos, sin, self.rotary.tile), v)

@@ -54,6 +54,9 @@ def adamw_update(param: Tensor, grad: Tensor, exp_avg: Tensor, exp_avg_sq: Tenso
     return param, exp_avg, exp_avg_sq
 
 
+_ADAMW_KERNEL = ops.AdamWeightDecay()
+
+
 def adamw_update_in_place(param: Tensor, grad: Tensor, exp_avg: Tensor, exp_avg_sq: Tensor,
                           step: int, lr: float, weight_decay: float,
                           betas: tuple[float, float], eps: float) -> None:
@@ -74,9 +77,6 @@ def adamw_update_in_place(param: Tensor, grad: Tensor, exp_avg: Tensor, exp_avg_
     root_correction2 = math.sqrt(1.0 - beta2**step)
     _ADAMW_KERNEL(param, exp_avg, exp_avg_sq, lr * root_correction2 / correction1, beta1, beta2,
                   eps * root_correction2, weight_decay * correction1 / root_correction2, grad)
-
-
-_ADAMW_KERNEL = ops.AdamWeightDecay()
 
 
 class AdamMoments:
