@@ -56,6 +56,17 @@ def _swap_off(name: str) -> Callable[[Any, Target], bool]:
                                    and target.written(("swap", name)))
 
 
+def _compile_blocked(value: Any, target: Target) -> bool:
+    """`context.compile` asked where the decoder layers stay in PyNative (the reasons are
+    `compiled_layers`'; mf-train's start-up line names the one that applies)."""
+    config = target.config
+    model = config.model.architecture() if config.model.architectures else config.model.model_type
+    fsdp = (target.data_shard > 1
+            and config.parallelism.data_parallel_shard_strategy == "optim_grads_params")
+    return bool(value) and (model in ("DeepseekV3ForCausalLM", "deepseek_v3") or fsdp
+                            or config.parallelism.tensor_parallel > 1 or config.swap.enable)
+
+
 def _without_tensor_parallel(value: Any, target: Target) -> bool:
     return bool(value) and target.config.parallelism.tensor_parallel == 1
 
@@ -86,7 +97,12 @@ FIELDS: dict[str, Field] = {
                           "ignores the cap (measured: a 1.6 GB tensor allocates under a 1GB "
                           "cap); it is applied on Ascend and GPU",
                   {"context.max_device_memory": "1GB"}),)),
-    "context.compile": reads(TRAINER, "mf_train.compiled_layers"),
+    "context.compile": reads(TRAINER, "mf_train.compiled_layers", rules=(
+        no_effect(_compile_blocked, "has no effect here: the decoder layers stay in PyNative "
+                                    "under tensor parallelism, FSDP or activation swap and for "
+                                    "DeepSeek-V3 (the start-up log line says why)",
+                  {"context.compile": True, "swap.enable": True,
+                   "swap.layer_swap": [{"layers": ["0"]}]}),)),
     # checkpoint
     "checkpoint.enable_save": reads(TRAINER, WRITER),
     "checkpoint.save_path": reads(TRAINER, WRITER),
