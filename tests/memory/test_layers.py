@@ -73,3 +73,16 @@ def test_offset_stage_uses_global_ids() -> None:
     assert [i for i, _ in select(stage, [LayerSpec(4, 5)], "w")] == [4, 5]
     with pytest.raises(ContractError, match=r"global layer ids 4 to 5"):
         select(stage, [LayerSpec(0, 0)], "w")
+
+
+def test_interleaved_stage_names_its_layers_by_global_id() -> None:
+    """An interleaved pipeline stage holds runs of layers that are not contiguous (`layer_ids`)."""
+    stage = tiny_model(num_layers=2)
+    stage.layer_ids = [0, 2]
+    assert [i for i, _ in select(stage, [LayerSpec(2, 2), LayerSpec(0, 0)], "w")] == [2, 0]
+    with pytest.raises(ContractError, match=r"names layer 1, but this model has 2 decoder layers "
+                                            r"\(global layer ids 0, 2\)"):
+        select(stage, [LayerSpec(0, 1)], "recompute")
+    stage.layer_ids = [2, 0]
+    with pytest.raises(ContractError, match=r"layer_ids must give one increasing"):
+        select(stage, [LayerSpec(0, 0)], "w")

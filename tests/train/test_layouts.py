@@ -23,12 +23,14 @@ from mf_train import layouts
 from mf_train.layouts import (
     FSDP,
     DataParallel,
+    Pipelined,
     SingleRank,
     StepLayout,
     TensorParallel,
     ZeRO,
     layout_for,
 )
+from mf_train.layouts.pipelined import without_pipeline
 from mf_train.optim import build_optimizer
 from mf_train.trainer import TrainStep
 
@@ -54,7 +56,8 @@ def dims(world: int, **parallelism):
     (4, {"data_parallel_shard": 2, "data_parallel_shard_strategy": "optim_grads"}, ZeRO),
     (2, {"data_parallel_shard_strategy": "optim_grads_params"}, FSDP),
     (4, {"data_parallel_shard": 2}, FSDP),
-    (2, {"pipeline_parallel": 2}, None),
+    (2, {"pipeline_parallel": 2}, Pipelined),
+    (8, {"pipeline_parallel": 2, "tensor_parallel": 2}, Pipelined),
     (2, {"context_parallel": 2}, None),
 ])
 def test_the_plan_selects_its_layout(world, parallelism, expected) -> None:
@@ -63,7 +66,8 @@ def test_the_plan_selects_its_layout(world, parallelism, expected) -> None:
 
 def test_no_plan_is_claimed_by_two_layouts() -> None:
     """Every plan of 1-8 ranks over the degrees and strategies: at most one layout, and
-    exactly one without pipeline or context parallelism."""
+    exactly one without context parallelism; with pipeline parallelism the pipeline layout,
+    over the one layout that runs a stage's degrees."""
     seen = 0
     for world, tp, cp, pp, shard, strategy in itertools.product(
             (1, 2, 4, 8), (1, 2), (1, 2), (1, 2), (-1, 1, 2),
@@ -75,7 +79,10 @@ def test_no_plan_is_claimed_by_two_layouts() -> None:
         except PlanError:
             continue
         chosen = layout_for(plan_dims, config)
-        assert (chosen is not None) == (pp == 1 and cp == 1), plan_dims.describe()
+        assert (chosen is not None) == (cp == 1), plan_dims.describe()
+        if pp > 1 and cp == 1:
+            assert chosen is Pipelined
+            assert layout_for(without_pipeline(plan_dims), config) not in (None, Pipelined)
         seen += 1
     assert seen > 100
 

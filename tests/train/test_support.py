@@ -156,9 +156,10 @@ def rules() -> list[Any]:
             for index, rule in enumerate(field.rules)]
 
 
-def target_of(overrides: dict[str, Any], world_size: int = 1) -> Target:
+def target_of(overrides: dict[str, Any], world_size: int = 1,
+              example: Path = EXAMPLE) -> Target:
     sets = [f"{key}={json.dumps(value)}" for key, value in overrides.items()]
-    source = load_source(EXAMPLE, sets)
+    source = load_source(example, sets)
     config = config_from_source(source)
     plan = make_job_plan(config, world_size, source)
     return Target(config, world_size, "CPU", source, plan.dims.data_shard)
@@ -170,13 +171,14 @@ def test_the_example_triggers_no_rule() -> None:
 
 @pytest.mark.parametrize(("path", "rule"), rules())
 def test_each_rule_applies_to_its_example(path: str, rule: Rule) -> None:
-    target = target_of(rule.example, rule.world_size)
+    example = EXAMPLE.parent / rule.config
+    target = target_of(rule.example, rule.world_size, example)
     issues = [issue for issue in support_issues(target) if issue.path == path]
     assert len(issues) == 1, (path, support_issues(target))
     (issue,) = issues
     assert issue.severity == ("error" if rule.refuse else "warning")
     assert rule.message.split("{")[0] in issue.message
-    assert issue.file == str(EXAMPLE)
+    assert issue.file == str(example)
 
 
 def test_written_keys_that_change_nothing_are_named() -> None:
@@ -189,13 +191,13 @@ def test_written_keys_that_change_nothing_are_named() -> None:
 
 
 def test_refusals_come_before_any_rank_starts(tmp_path: Path, capsys) -> None:
-    """`pipeline_parallel: 2 --nproc 2`: refused by the launcher; no rank log is written."""
+    """`context_parallel: 2 --nproc 2`: refused by the launcher; no rank log is written."""
     status = run(["--config", str(EXAMPLE), "--output-dir", str(tmp_path / "out"),
-                  "--set", "parallelism.pipeline_parallel=2", "--nproc", "2"])
+                  "--set", "parallelism.context_parallel=2", "--nproc", "2"])
     err = capsys.readouterr().err
     assert status == 2
-    assert (f"{EXAMPLE} (--set parallelism.pipeline_parallel=2): parallelism.pipeline_parallel: "
-            "is 2, but pipeline parallelism is planned by mf-parallel") in err
+    assert (f"{EXAMPLE} (--set parallelism.context_parallel=2): parallelism.context_parallel: "
+            "is 2, but context parallelism is not run by mf-train yet") in err
     assert "starting 2 ranks" not in err
     assert not (tmp_path / "out" / "logs").exists()
 

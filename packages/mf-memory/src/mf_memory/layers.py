@@ -2,7 +2,9 @@
 
 A model honours the contract if it has `decoder_layers`, a sequence (e.g. `nn.CellList`) of its
 decoder layer cells in forward order, and optionally `layer_offset`, the global index of its first
-layer (a pipeline stage holds layers `layer_offset` to `layer_offset + len - 1`; default 0).
+layer (a pipeline stage holds layers `layer_offset` to `layer_offset + len - 1`; default 0), or
+`layer_ids`, the global index of each layer (an interleaved pipeline stage holds runs of layers
+that are not contiguous, such as 0 and 2).
 The config's layer specs use global indices. A sub-module is a dotted attribute path from a
 layer (`attention`, `mlp.down`, `attention.qkv`).
 
@@ -12,6 +14,7 @@ This module reads attributes only; it never imports MindSpore, so any object tre
 from __future__ import annotations
 
 from collections.abc import Sequence
+from itertools import pairwise
 from typing import Any
 
 from mf_config import LayerSpec
@@ -67,6 +70,25 @@ def layer_offset(model: Any) -> int:
     return offset
 
 
+def layer_ids(model: Any) -> list[int]:
+    """The global index of each of the model's decoder layers, in `decoder_layers` order:
+    `model.layer_ids` when the model has it, else `layer_offset` onwards.
+
+    Raises:
+        ContractError: `layer_ids` does not give one increasing index per layer.
+    """
+    count = len(decoder_layers(model))
+    ids = getattr(model, "layer_ids", None)
+    if ids is None:
+        offset = layer_offset(model)
+        return list(range(offset, offset + count))
+    ids = list(ids)
+    if len(ids) != count or any(b <= a for a, b in pairwise(ids)) or (ids and ids[0] < 0):
+        raise ContractError(f"{type(model).__name__}.layer_ids must give one increasing global "
+                            f"index >= 0 per decoder layer ({count}), got {ids}")
+    return ids
+
+
 def resolve_module(layer: Any, path: str, where: str, index: int | None = None) -> Any:
     """The sub-module a config entry names inside one layer.
 
@@ -103,16 +125,15 @@ def resolve_module(layer: Any, path: str, where: str, index: int | None = None) 
 
 def select(model: Any, specs: Sequence[LayerSpec], where: str) -> list[tuple[int, Any]]:
     """(global index, layer) for every layer the specs name, in spec order."""
-    layers = decoder_layers(model)
-    offset = layer_offset(model)
+    by_id = dict(zip(layer_ids(model), decoder_layers(model), strict=True))
     chosen = []
     for spec in specs:
         for index in spec.layers():
-            if not offset <= index < offset + len(layers):
+            if index not in by_id:
                 raise ContractError(
                     f"{where}: '{spec}' names layer {index}, but this model has "
-                    f"{len(layers)} decoder layers ({_range_text(offset, len(layers))})")
-            chosen.append((index, layers[index - offset]))
+                    f"{len(by_id)} decoder layers ({_ids_text(list(by_id))})")
+            chosen.append((index, by_id[index]))
     return chosen
 
 
@@ -121,10 +142,16 @@ def layer_path(index: int, module_path: str | None = None) -> str:
     return f"layers[{index}]" if not module_path else f"layers[{index}].{module_path}"
 
 
-def _range_text(offset: int, count: int) -> str:
-    if count == 0:
-        return "none"
-    return f"global layer ids {offset} to {offset + count - 1}"
+def ids_text(ids: Sequence[int]) -> str:
+    """Layer ids for a message: `0-3` for a run, `0, 2` otherwise."""
+    ids = list(ids)
+    if len(ids) > 1 and ids == list(range(ids[0], ids[-1] + 1)):
+        return f"{ids[0]}-{ids[-1]}"
+    return ", ".join(map(str, ids))
+
+
+def _ids_text(ids: list[int]) -> str:
+    return f"global layer ids {ids_text(ids).replace('-', ' to ')}" if ids else "none"
 
 
 def _is_cell(obj: Any) -> bool:

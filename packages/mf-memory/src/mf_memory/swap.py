@@ -184,10 +184,9 @@ def apply_swap(model: nn.Cell, config: SwapConfig) -> ActivationSwap:
 def _all_layers(model: nn.Cell) -> list[Any]:
     from mf_config import LayerSpec
 
-    from .layers import decoder_layers, layer_offset
+    from .layers import layer_ids
 
-    count, offset = len(decoder_layers(model)), layer_offset(model)
-    return [LayerSpec(offset, offset + count - 1)] if count else []
+    return [LayerSpec(index, index) for index in layer_ids(model)]
 
 
 def _warn_if_cpu(backend: str) -> None:

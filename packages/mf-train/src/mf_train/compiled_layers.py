@@ -30,6 +30,8 @@ from typing import Any
 import mindspore as ms
 from mindspore import nn
 
+from mf_memory.layers import ids_text, layer_ids
+
 
 def graphs_compiled() -> int:
     """Graphs MindSpore has compiled in this process (its compile cache's size)."""
@@ -114,10 +116,9 @@ def compile_layers(model: nn.Cell, enabled: bool,
     for layer in model.decoder_layers:
         layer.construct = ms.jit(layer.construct)
         timer.attach(layer)
-    first = getattr(model, "layer_offset", 0)
-    last = first + len(model.decoder_layers) - 1
-    report.compiled.append(f"decoder layers {first}-{last}" if last > first
-                           else f"decoder layer {first}")
+    ids = layer_ids(model)
+    report.compiled.append(f"decoder layers {ids_text(ids)}" if len(ids) > 1
+                           else f"decoder layer {ids[0]}")
     report.fallbacks.append(("embedding, final norm, head and loss", "small; compiled "
                              "separately they add a graph boundary each"))
     return report

@@ -56,11 +56,27 @@ def _swap_off(name: str) -> Callable[[Any, Target], bool]:
                                    and target.written(("swap", name)))
 
 
+def _model_name(target: Target) -> str:
+    model = target.config.model
+    return model.architecture() if model.architectures else model.model_type
+
+
+def _pipeline_of_unsplittable_model(value: Any, target: Target) -> bool:
+    """Pipeline stages asked of a model that cannot be cut into them (DeepSeek-V3's layers
+    return the router's balance loss beside the hidden states)."""
+    return value > 1 and _model_name(target) in ("DeepseekV3ForCausalLM", "deepseek_v3")
+
+
+def _pipeline_setting_unused(value: Any, target: Target, name: str) -> bool:
+    return target.written(("parallelism", name)) and \
+        target.config.parallelism.pipeline_parallel == 1
+
+
 def _compile_blocked(value: Any, target: Target) -> bool:
     """`context.compile` asked where the decoder layers stay in PyNative (the reasons are
     `compiled_layers`'; mf-train's start-up line names the one that applies)."""
     config = target.config
-    model = config.model.architecture() if config.model.architectures else config.model.model_type
+    model = _model_name(target)
     fsdp = (target.data_shard > 1
             and config.parallelism.data_parallel_shard_strategy == "optim_grads_params")
     return bool(value) and (model in ("DeepseekV3ForCausalLM", "deepseek_v3") or fsdp
@@ -75,8 +91,7 @@ def _extra_columns(value: list[str], _target: Target) -> bool:
     return len(value) > len(TRAINER_COLUMNS)
 
 
-NO_PIPELINE = ("pipeline parallelism is planned by mf-parallel (mf-parallel plan shows it) but "
-               "not run by mf-train yet")
+WITHOUT_PIPELINE = "has no effect without pipeline parallelism (pipeline_parallel is 1)"
 NO_CONTEXT = "context parallelism is not run by mf-train yet (context_parallel must be 1)"
 NO_EXPERT = "expert parallelism is not run by mf-train yet (expert_parallel must be 1)"
 UNUSED_MASKS = ("the models do not take position ids or attention masks yet: packed documents "
@@ -160,17 +175,36 @@ FIELDS: dict[str, Field] = {
                            ("ulysses_degree_in_cp", 1),
                            ("context_parallel_mask_type", "full"))},
     "parallelism.pipeline_parallel": reads("mf_parallel.dims", rules=(
-        refused(above_one, f"is {{value}}, but {NO_PIPELINE}; set it to 1",
-                {"parallelism.pipeline_parallel": 2}, world_size=2),)),
-    **{f"parallelism.{name}": Field(rules=(
-        no_effect(written(f"parallelism.{name}"), f"has no effect: {NO_PIPELINE}",
-                  {f"parallelism.{name}": value}),))
-       for name, value in (("pipeline_parallel_layers_per_stage", [4]),
-                           ("pipeline_parallel_schedule", "gpipe"),
-                           ("pipeline_parallel_interleave_num", 1),
-                           ("pipeline_parallel_overlap_p2p", True),
-                           ("pipeline_parallel_overlap_b_f", True),
-                           ("pipeline_parallel_enable_dxdw_split", True))},
+        refused(_pipeline_of_unsplittable_model,
+                "is {value}, but DeepSeek-V3 is not cut into pipeline stages by mf-train yet "
+                "(its layers return the router's balance loss beside the hidden states); set "
+                "it to 1", {"parallelism.pipeline_parallel": 2}, world_size=2,
+                config="deepseek_v3_tiny.yaml"),)),
+    **{f"parallelism.{name}": reads(module, rules=(
+        no_effect(lambda v, t, name=name: _pipeline_setting_unused(v, t, name),
+                  WITHOUT_PIPELINE, {f"parallelism.{name}": value}),))
+       for name, value, module in (
+           ("pipeline_parallel_layers_per_stage", [4], "mf_config.sections"),
+           ("pipeline_parallel_schedule", "gpipe", "mf_parallel.plan"),
+           ("pipeline_parallel_interleave_num", 1, "mf_parallel.plan"))},
+    "parallelism.pipeline_parallel_overlap_p2p": Field(rules=(
+        no_effect(differs(False), "has no effect: mf-train moves each pipeline message with a "
+                                  "blocking transfer between two computations, at a point both "
+                                  "stages reach in one global order (on CPU, where MindSpore "
+                                  "has no send/recv, as a two-rank broadcast); overlapping "
+                                  "messages with computation is not implemented",
+                  {"parallelism.pipeline_parallel_overlap_p2p": True}),)),
+    "parallelism.pipeline_parallel_overlap_b_f": Field(rules=(
+        no_effect(differs(False), "has no effect: each stage runs one computation at a time; "
+                                  "overlapping one micro-batch's backward with another's "
+                                  "forward is not implemented",
+                  {"parallelism.pipeline_parallel_overlap_b_f": True}),)),
+    "parallelism.pipeline_parallel_enable_dxdw_split": Field(rules=(
+        no_effect(differs(False), "has no effect: a backward computes the input and weight "
+                                  "gradients of its chunk in one pass (MindSpore's "
+                                  "value_and_grad); schedules that defer the weight gradients "
+                                  "are not implemented",
+                  {"parallelism.pipeline_parallel_enable_dxdw_split": True}),)),
     "parallelism.sequence_parallel": Field(rules=(
         no_effect(_without_tensor_parallel, "has no effect without tensor parallelism "
                                             "(tensor_parallel is 1); with it, sequence "
@@ -364,6 +398,8 @@ def support_table() -> str:
                                 for key, item in rule.example.items())
             if rule.world_size > 1:
                 example += f" ({rule.world_size} ranks)"
+            if rule.config != "qwen3_tiny.yaml":
+                example += f" in {rule.config}"
             rows.append(f"| `{path}` | `{example}` | {what} | "
                         f"{rule.message.format(value=value)} |")
     for kind, name, key, reason in _no_effect_keys():

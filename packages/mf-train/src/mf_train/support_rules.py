@@ -42,8 +42,11 @@ class Rule:
     message: str
     """Said after the path; `{value}` is replaced by the field's value."""
     example: dict[str, Any]
-    """`--set` overrides of the tiny Qwen3 example that make the rule apply (for the tests)."""
+    """`--set` overrides of an example configuration that make the rule apply (for the
+    tests)."""
     world_size: int = 1
+    config: str = "qwen3_tiny.yaml"
+    """The example configuration (in examples/) the overrides apply to."""
 
 
 @attrs.frozen
@@ -60,13 +63,13 @@ def reads(*modules: str, rules: tuple[Rule, ...] = ()) -> Field:
 
 
 def no_effect(when: Callable[[Any, Target], bool], message: str, example: dict[str, Any],
-              world_size: int = 1) -> Rule:
-    return Rule(False, when, message, example, world_size)
+              world_size: int = 1, config: str = "qwen3_tiny.yaml") -> Rule:
+    return Rule(False, when, message, example, world_size, config)
 
 
 def refused(when: Callable[[Any, Target], bool], message: str, example: dict[str, Any],
-            world_size: int = 1) -> Rule:
-    return Rule(True, when, message, example, world_size)
+            world_size: int = 1, config: str = "qwen3_tiny.yaml") -> Rule:
+    return Rule(True, when, message, example, world_size, config)
 
 
 def written(path: str) -> Callable[[Any, Target], bool]:

@@ -58,7 +58,15 @@ from .checkpoint import (
 from .compiled_layers import CompileReport, compile_layers
 from .gradient_norm import clip_coefficient
 from .job import check_support, make_job_plan, resolve_device
-from .layouts import LayoutParts, MicroBatch, StepLayout, StepObserver, Unobserved, build_layout
+from .layouts import (
+    LayoutParts,
+    MicroBatch,
+    StepLayout,
+    StepObserver,
+    Unobserved,
+    build_layout,
+    stage_part,
+)
 from .lr_scheduler import build_lr_schedule
 from .lr_schedules import LrSchedule
 from .micro_batches import MicroBatchStream, build_stream
@@ -213,11 +221,12 @@ class Trainer:
         self.tensor_group = (TensorGroup(self.collectives, sequence_parallel=True)
                              if self.plan.dims.tensor > 1 else None)
         self.model = build_model(config.model, tensor_group=self.tensor_group, source=source,
-                                 seed=config.training.seed)
+                                 seed=config.training.seed,
+                                 part=stage_part(self.plan, self.comm.rank))
         self.swap = self._apply_memory()
         self.layout = build_layout(LayoutParts(
             self.model, config.optimizer, config.parallelism, self.plan.dims, self.collectives,
-            self.tensor_group, source))
+            self.tensor_group, source, self.plan))
         self.compiled = compile_layers(self.model, config.context.compile, [
             (f"the layout ({self.layout.describe()})", self.layout.compile_blocker),
             ("swap", "its hooks see each saved tensor of a layer" if self.swap.paths else None)])

@@ -118,6 +118,13 @@ class Collectives:
         return ops.Receive(0, src, list(tensor.shape), tensor.dtype,
                            group=communication.GlobalComm.WORLD_COMM_GROUP)()
 
+    def all_reduce_pair(self, tensor: ms.Tensor, a: int, b: int) -> ms.Tensor:
+        """Sum over the two global ranks `a` and `b` (both call this; the tied embedding's
+        copies on the first and last pipeline stages)."""
+        if a == b:
+            return tensor
+        return ops.AllReduce(op="sum", group=self._pair_group(a, b))(tensor.contiguous())
+
     def _native_everywhere(self, group: str) -> bool:
         """Whether all-gather and broadcast run natively over `group` on this backend."""
         return (self.comm.device_target in FULL_BACKENDS

@@ -31,7 +31,8 @@ cell that owns them (no weight shared between units), and units must not nest.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from typing import NamedTuple
 
 import mindspore as ms
@@ -267,13 +268,24 @@ class FullyShardedDataParallel:
         cell.register_backward_pre_hook(lambda _cell, _grad_output: unit.unshard())
         cell.register_backward_hook(lambda _cell, _grad_input, _grad_output: unit.reshard())
 
-    def _hook_root(self, model: nn.Cell) -> None:
-        def before_forward(_cell, _inputs):
-            if self.root is not None:
-                self.root.unshard()
-            self.saved.enter()
+    @contextmanager
+    def forward_context(self) -> Iterator[None]:
+        """What the model's own forward hooks do around its forward pass, for callers that
+        run the model's pieces directly (a pipeline stage runs its chunks without the
+        model's `construct`): the root unit gathered, saved parameters kept as references."""
+        self._enter_forward()
+        try:
+            yield
+        finally:
+            self.saved.exit()
 
-        model.register_forward_pre_hook(before_forward)
+    def _enter_forward(self) -> None:
+        if self.root is not None:
+            self.root.unshard()
+        self.saved.enter()
+
+    def _hook_root(self, model: nn.Cell) -> None:
+        model.register_forward_pre_hook(lambda _cell, _inputs: self._enter_forward())
         model.register_forward_hook(lambda _cell, _inputs, _output: self.saved.exit())
 
 

@@ -4,8 +4,9 @@
 chosen layout's pre-launch refusals (`mf-train` calls it before any rank starts);
 `build_layout` builds it, with its optimizer, on every rank. A new layout (a pipeline
 schedule, an expert-parallel dispatch) is one `StepLayout` subclass added with
-`register_layout`; the others' `selects` must leave its plans alone (the built-ins take only
-plans without pipeline or context parallelism).
+`register_layout`; the others' `selects` must leave its plans alone. `Pipelined` takes the
+plans with pipeline parallelism and composes the layout that selects one stage's degrees
+(`without_pipeline`); the others take plans without pipeline or context parallelism.
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from .contract import (
     StepObserver,
     Unobserved,
 )
+from .pipelined import Pipelined, stage_part
 from .replicated import DataParallel, SingleRank, TensorParallel
 from .sharded import FSDP, ZeRO
 
@@ -35,6 +37,7 @@ __all__ = [
     "LayoutSections",
     "LocalGradients",
     "MicroBatch",
+    "Pipelined",
     "ReducedGradients",
     "SingleRank",
     "StepLayout",
@@ -46,9 +49,11 @@ __all__ = [
     "check_layout",
     "layout_for",
     "register_layout",
+    "stage_part",
 ]
 
-LAYOUTS: list[type[StepLayout]] = [SingleRank, DataParallel, TensorParallel, ZeRO, FSDP]
+LAYOUTS: list[type[StepLayout]] = [SingleRank, DataParallel, TensorParallel, ZeRO, FSDP,
+                                   Pipelined]
 
 
 def register_layout(cls: type[StepLayout]) -> type[StepLayout]:
@@ -59,7 +64,7 @@ def register_layout(cls: type[StepLayout]) -> type[StepLayout]:
 
 def layout_for(dims: ParallelDims, parallelism: ParallelismConfig) -> type[StepLayout] | None:
     """The one layout that runs these degrees, or None when none does (what no layout runs,
-    pipeline or context parallelism today, `mf_train.support` refuses before launch).
+    context parallelism today, `mf_train.support` refuses before launch).
 
     Raises:
         RuntimeError: more than one layout selects the degrees (a registration mistake).

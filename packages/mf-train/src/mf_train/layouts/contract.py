@@ -5,7 +5,8 @@ reduction of this rank's gradients to what its optimizer updates, with the step'
 global gradient norm (`reduce`), then the update the trainer asks of the optimizer. Plain,
 data-parallel, tensor-parallel, ZeRO and FSDP training are implementations of `StepLayout`
 (`replicated`, `sharded`), chosen from the parallel plan in one place (`mf_train.layouts`);
-a pipeline schedule overrides `forward_backward`, an expert-parallel dispatch `reduce`.
+the pipeline layout (`pipelined`) overrides `forward_backward` and wraps one of them for
+`reduce`; an expert-parallel dispatch would override `reduce`.
 
 The loss of each micro-batch is divided by the number of micro-batches, so the accumulated
 gradient is that of the step's mean loss (Megatron's and MindFormers' convention). When the
@@ -30,6 +31,7 @@ from mindspore import Tensor, nn
 from mf_config import OptimizerConfig, ParallelismConfig, RecomputeCommConfig, SwapConfig
 from mf_config.errors import Path
 from mf_config.yaml_source import Source
+from mf_parallel import Plan
 from mf_parallel.dims import ParallelDims
 from mf_parallel.runtime import Collectives
 from mf_parallel.runtime.tensor_parallel import TensorGroup
@@ -85,6 +87,8 @@ class LayoutParts:
     collectives: Collectives
     tensor_group: TensorGroup | None
     source: Source | None = None
+    plan: Plan | None = None
+    """The whole plan (the pipeline layout reads its stage layout and schedule)."""
 
 
 @dataclass(frozen=True)
@@ -174,6 +178,12 @@ class StepLayout(ABC):
     def whole_model(self) -> AbstractContextManager[None]:
         """A context in which the model's parameters are whole (to save or load weights);
         a layout that shards them (FSDP) gathers them on entry and frees them on exit."""
+        return contextlib.nullcontext()
+
+    def forward_context(self) -> AbstractContextManager[None]:
+        """A context around each direct call of the model's pieces: the pipeline runs
+        `embed` / `decoder` / `head_loss` itself, so hooks on the model's own forward do not
+        fire; a layout that relies on them (FSDP's root unit) does their work here."""
         return contextlib.nullcontext()
 
     def _forward(self, tokens: Tensor, labels: Tensor, loss_mask: Tensor | None) -> Tensor:

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from typing import Any
 
 from mindspore import Parameter, Tensor, nn, ops
@@ -169,6 +169,10 @@ class FSDP(ZeRO):
 
     def describe(self) -> str:
         return f"{super().describe()}, reshard policy {self.reshard_policy}"
+
+    def forward_context(self) -> AbstractContextManager[None]:
+        """The root unit gathered and the saved-tensor hooks on (see `StepLayout`)."""
+        return self.sharded.forward_context()
 
     @contextmanager
     def whole_model(self) -> Iterator[None]:

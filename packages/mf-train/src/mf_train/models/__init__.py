@@ -16,6 +16,7 @@ from mf_config.yaml_source import Source
 from ..registry import MODELS
 from . import deepseek_v3, qwen3
 from .hf_weights import HFWeightsError, hf_names, hf_state, load_hf_state
+from .parts import ModelPart, PipelineModel
 
 if TYPE_CHECKING:
     from mindspore import nn
@@ -24,6 +25,8 @@ if TYPE_CHECKING:
 
 __all__ = [
     "HFWeightsError",
+    "ModelPart",
+    "PipelineModel",
     "build_model",
     "deepseek_v3",
     "hf_names",
@@ -34,7 +37,8 @@ __all__ = [
 
 
 def build_model(config: ModelConfig, *, tensor_group: TensorGroup | None = None,
-                source: Source | None = None, seed: int | None = None) -> nn.Cell:
+                source: Source | None = None, seed: int | None = None,
+                part: ModelPart | None = None) -> nn.Cell:
     """The model the `model` section describes (its class from the `MODELS` registry).
 
     Args:
@@ -42,6 +46,8 @@ def build_model(config: ModelConfig, *, tensor_group: TensorGroup | None = None,
         tensor_group: this rank's tensor-parallel group (None: no tensor parallelism).
         source: the YAML source, for error lines.
         seed: draws the initial weights (default: MindSpore's global seed, else 0).
+        part: what a pipeline stage builds (None: the whole model); the model class must be a
+            `parts.PipelineModel`.
 
     Returns:
         The model: a cell taking (tokens, labels, loss mask) and returning the mean loss.
@@ -52,4 +58,7 @@ def build_model(config: ModelConfig, *, tensor_group: TensorGroup | None = None,
     name, key = ((config.architecture(), "architectures") if config.architectures
                  else (config.model_type, "model_type"))
     cls: Any = MODELS.get(name, ("model", key), source)
-    return cls.from_config(config, tensor_group=tensor_group, source=source, seed=seed)
+    if part is None:
+        return cls.from_config(config, tensor_group=tensor_group, source=source, seed=seed)
+    return cls.from_config(config, tensor_group=tensor_group, source=source, seed=seed,
+                           part=part)

@@ -18,6 +18,7 @@ Qwen3Settings`, MindSpore-free so that `mf-config validate` checks them), so a Q
 (sliding windows, rope scaling, attention dropout, other activations) are rejected.
 """
 
+from collections.abc import Sequence
 from typing import Any
 
 import mindspore as ms
@@ -55,6 +56,7 @@ from .blocks import (
     tensor_size,
 )
 from .hf_weights import WeightMap
+from .parts import LayerStack, ModelPart
 
 PATH: Path = ("model",)
 
@@ -211,7 +213,7 @@ class Qwen3ForCausalLM(nn.Cell):
     vocabulary slice under tensor parallelism). `input_ids`, `labels`: int32 `[b, s]`, labels
     already shifted.
 
-    Layer contract (mf-memory): `decoder_layers`, `layer_offset = 0`; each layer has
+    Layer contract (mf-memory): `decoder_layers` (a `LayerStack`), `layer_ids`; each layer has
     `input_norm`, `attention` (`qkv`, `q_norm`, `k_norm`, `out`), `post_norm`, `mlp`
     (`gate_up`, `down`). Parameter names: `weight_maps()`.
 
@@ -220,13 +222,16 @@ class Qwen3ForCausalLM(nn.Cell):
     """
 
     def __init__(self, settings: Qwen3Settings, *, tensor_group: TensorGroup | None = None,
-                 seed: int | None = None, source: Source | None = None):
+                 seed: int | None = None, source: Source | None = None,
+                 part: ModelPart | None = None):
         super().__init__()
         group = tensor_group if is_parallel(tensor_group) else None
         found = settings.problems(PATH) + settings.tensor_parallel_problems(tensor_size(group))
         if found:
             raise settings_error(found, source)
-        self.settings, self.tensor_group, self.layer_offset = settings, group, 0
+        self.part = part or ModelPart.whole(settings.num_hidden_layers)
+        self.settings, self.tensor_group = settings, group
+        self.layer_ids = self.part.layers
         self.hf_ignored = ("lm_head.weight",) if settings.tie_word_embeddings else ()
         self.compute_dtype, params_dtype = _dtypes(settings, group, source)
         init = ParamInit(_seed(seed), settings.initializer_range)
@@ -235,31 +240,37 @@ class Qwen3ForCausalLM(nn.Cell):
         core = AttentionCore(settings.head_size() ** -0.5, settings.use_flash_attention,
                              self.compute_dtype)
         vocab = (settings.vocab_size, settings.hidden_size)
-        self.embedding = embedding(init.normal("model.embed_tokens.weight", vocab), group)
-        self.decoder_layers = nn.CellList([
-            Qwen3DecoderLayer(settings, initial_weights(layer_weight_maps(settings, i), init),
-                              i, rotary, core, group)
-            for i in range(settings.num_hidden_layers)])
-        self.final_norm = RMSNorm(settings.hidden_size, settings.rms_norm_eps)
         self.tied = settings.tie_word_embeddings
-        if not self.tied:
-            self.head = column_linear(init.normal("lm_head.weight", vocab), None, group)
-        self.head_entry = head_entry(group) if self.tied else None
-        if is_sequence_parallel(group):
-            mark_tensor_partial(self.final_norm.weight)
+        if self.part.embedding or (self.part.head and self.tied):
+            self.embedding = embedding(init.normal("model.embed_tokens.weight", vocab), group)
+        self.decoder_layers = LayerStack({
+            i: Qwen3DecoderLayer(settings, initial_weights(layer_weight_maps(settings, i), init),
+                                 i, rotary, core, group)
+            for i in self.part.layers})
+        if self.part.head:
+            self.final_norm = RMSNorm(settings.hidden_size, settings.rms_norm_eps)
+            if not self.tied:
+                self.head = column_linear(init.normal("lm_head.weight", vocab), None, group)
+            self.head_entry = head_entry(group) if self.tied else None
+            if is_sequence_parallel(group):
+                mark_tensor_partial(self.final_norm.weight)
         if params_dtype != ms.float32:
             for param in self.get_parameters():
                 param.set_dtype(params_dtype)
 
     @classmethod
     def from_config(cls, config: ModelConfig, *, tensor_group: TensorGroup | None = None,
-                    source: Source | None = None, seed: int | None = None) -> "Qwen3ForCausalLM":
-        """The model the `model` section describes (keys checked, see `Qwen3Settings`)."""
+                    source: Source | None = None, seed: int | None = None,
+                    part: ModelPart | None = None) -> "Qwen3ForCausalLM":
+        """The model the `model` section describes (keys checked, see `Qwen3Settings`); only
+        `part` of it on a pipeline stage."""
         settings = qwen3_settings(config.extras, source, tensor_size(tensor_group))
-        return cls(settings, tensor_group=tensor_group, seed=seed, source=source)
+        return cls(settings, tensor_group=tensor_group, seed=seed, source=source, part=part)
 
     def weight_maps(self) -> list[WeightMap]:
-        return weight_maps(self.settings)
+        """The parameters this model (or pipeline part) holds, with their Hugging Face names."""
+        names = {name for name, _ in self.parameters_and_names()}
+        return [entry for entry in weight_maps(self.settings) if entry.ours in names]
 
     def hf_names(self) -> dict[str, tuple[str, ...]]:
         """Our parameter name -> its Hugging Face name(s) (fused parts in row order)."""
@@ -267,9 +278,8 @@ class Qwen3ForCausalLM(nn.Cell):
 
     def construct(self, input_ids: Tensor, labels: Tensor,
                   loss_mask: Tensor | None = None) -> Tensor:
-        logits = self._logits(input_ids)
-        mask = None if loss_mask is None else loss_mask.swapaxes(0, 1)
-        return causal_lm_loss(logits, labels.swapaxes(0, 1), mask, self.tensor_group)
+        hidden = self.decoder(self.embed(input_ids), self.part.layers)
+        return self.head_loss(hidden, labels, loss_mask)
 
     def logits(self, input_ids: Tensor) -> Tensor:
         """`[batch, seq, vocab]` logits in the compute dtype."""
@@ -277,10 +287,36 @@ class Qwen3ForCausalLM(nn.Cell):
 
     def _logits(self, input_ids: Tensor) -> Tensor:
         """`[seq, batch, vocab]`."""
+        return self._head_logits(self.decoder(self.embed(input_ids), self.part.layers))
+
+    # --- pipeline pieces (`parts.PipelineModel`) ----------------------------------------
+
+    def embed(self, input_ids: Tensor) -> Tensor:
+        """`[batch, seq]` ids -> `[seq, batch, hidden]` (this rank's sequence slice under
+        sequence parallelism)."""
         self._check_ids(input_ids)
-        x = self.embedding(input_ids.swapaxes(0, 1)).astype(self.compute_dtype)
-        for layer in self.decoder_layers:
-            x = layer(x)
+        return self.embedding(input_ids.swapaxes(0, 1)).astype(self.compute_dtype)
+
+    def decoder(self, hidden: Tensor, layers: Sequence[int]) -> Tensor:
+        """`hidden` through the decoder layers of these global ids."""
+        for index in layers:
+            hidden = self.decoder_layers.by_id(index)(hidden)
+        return hidden
+
+    def head_loss(self, hidden: Tensor, labels: Tensor, loss_mask: Tensor | None) -> Tensor:
+        """The last layer's output -> the masked mean loss."""
+        mask = None if loss_mask is None else loss_mask.swapaxes(0, 1)
+        return causal_lm_loss(self._head_logits(hidden), labels.swapaxes(0, 1), mask,
+                              self.tensor_group)
+
+    def hidden_spec(self, batch: int, seq: int) -> tuple[tuple[int, ...], ms.Type]:
+        """`[seq, batch, hidden]` in the compute dtype; `seq / tensor_parallel` under sequence
+        parallelism."""
+        if is_sequence_parallel(self.tensor_group):
+            seq //= tensor_size(self.tensor_group)
+        return (seq, batch, self.settings.hidden_size), self.compute_dtype
+
+    def _head_logits(self, x: Tensor) -> Tensor:
         x = self.final_norm(x)
         if not self.tied:
             return self.head(x)

@@ -1,0 +1,217 @@
+"""One pipeline stage running its part of a step: the plan's actions, in the plan's order.
+
+The program is mf-parallel's (`pipeline_program.stage_programs` over `build_schedule`, the same
+action lists the plan simulates): F and B computations of (micro-batch, chunk), SEND / RECV of
+activations and gradients, and the `Transfer` points at which a message moves between two
+stages (a blocking rendezvous, see that module for why and why it cannot deadlock).
+
+How F and B run in PyNative. MindSpore keeps the autograd record of one forward pass at a time
+for a later backward only in last-in, first-out order (measured: vjp functions called in the
+order of their forwards fail, "Can not find top cell for backward"), and 1F1B and GPipe run
+backwards first-in, first-out. So F runs the chunk's forward without recording and keeps only
+its input; B runs the chunk's forward again with `value_and_grad` and takes the gradients at
+once, the backward seeded with the received output gradient `dy` through `sum(out * dy)`
+(whose gradient with respect to `out` is exactly `dy`). This is Megatron's full recompute:
+one more forward per chunk, and a stage holds only the inputs of its micro-batches in flight.
+The last virtual stage runs nothing at F: its B computes the loss and the gradients together.
+
+Loss scaling is the step contract's: each micro-batch's loss times `scale`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager, nullcontext
+from dataclasses import dataclass
+from typing import Any
+
+import mindspore as ms
+import numpy as np
+from mindspore import Parameter, Tensor, ops
+
+from mf_parallel.pipeline_layout import StageLayout
+from mf_parallel.pipeline_program import Message, Step, Transfer, stage_programs
+from mf_parallel.pipeline_schedules import Kind, build_schedule
+from mf_parallel.runtime import Collectives
+
+from ..models.parts import PipelineModel
+from .contract import LocalGradients, MicroBatch, StepObserver
+
+
+@dataclass(frozen=True)
+class Chunk:
+    """One model chunk of this stage: a virtual stage's layers and parameters."""
+
+    virtual: int
+    layers: tuple[int, ...]
+    first: bool
+    last: bool
+    params: tuple[int, ...]
+    """Indices into the stage's parameter list."""
+
+
+class StageRunner:
+    """Runs one stage's program for a step and returns its local loss and gradients.
+
+    Args:
+        model: this stage's part of the model.
+        params: the parameters to differentiate (the layout's, in its order).
+        layout: which layers each (stage, chunk) holds (the plan's).
+        schedule: the plan's schedule name.
+        stage: this rank's pipeline stage.
+        stage_ranks: the global rank of each stage of this rank's pipeline group.
+        collectives: this rank's collectives (point to point between stages).
+        forward_context: entered around each computation (the layout's `forward_context`).
+    """
+
+    def __init__(self, model: PipelineModel, params: Sequence[Parameter], layout: StageLayout,
+                 schedule: str, stage: int, stage_ranks: Sequence[int], collectives: Collectives,
+                 forward_context: Callable[[], AbstractContextManager[None]] = nullcontext):
+        self.model, self.params = model, list(params)
+        self.forward_context = forward_context
+        self.layout, self.schedule, self.stage = layout, schedule, stage
+        self.stage_ranks, self.collectives = list(stage_ranks), collectives
+        self.num_stages, self.num_chunks = layout.num_stages, layout.num_chunks
+        self.chunks = [self._chunk(c) for c in range(self.num_chunks)]
+        self._grad_fns = [self._grad_fn(chunk) for chunk in self.chunks]
+        self._programs: dict[int, list[Step]] = {}
+        self.scale = 1.0
+
+    def program(self, num_microbatches: int) -> list[Step]:
+        """This stage's actions and transfers for a step of `num_microbatches`."""
+        if num_microbatches not in self._programs:
+            actions = build_schedule(self.schedule, self.num_stages, num_microbatches,
+                                     self.num_chunks)
+            self._programs[num_microbatches] = stage_programs(actions, self.num_chunks)[
+                self.stage]
+        return self._programs[num_microbatches]
+
+    def run(self, micro_batches: Sequence[MicroBatch], scale: float,
+            observer: StepObserver) -> LocalGradients:
+        """The step's computations and messages on this stage.
+
+        Returns:
+            The sum of the scaled micro-batch losses (zero except on the last stage), the
+            accumulated gradients of `params`, and the step's tokens.
+        """
+        self.scale = scale
+        step = _StepState(micro_batches, [None] * len(self.params))
+        for item in self.program(len(micro_batches)):
+            if isinstance(item, Transfer):
+                self._transfer(item, step)
+            elif item.kind is Kind.F:
+                self._forward(self.chunks[item.chunk], item.microbatch, step)
+            elif item.kind is Kind.B:
+                self._backward(self.chunks[item.chunk], item.microbatch, step, observer)
+        grads = [ops.zeros_like(p) if g is None else g for g, p in zip(step.grads, self.params,
+                                                                        strict=True)]
+        loss = step.loss if step.loss is not None else Tensor(0.0, ms.float32)
+        tokens = sum(int(tokens.size) for tokens, _, _ in micro_batches)
+        return LocalGradients(loss, grads, tokens)
+
+    # ------------------------------------------------------------------ computations
+
+    def _forward(self, chunk: Chunk, mb: int, step: _StepState) -> None:
+        """Keep the chunk's input; unless this is the last virtual stage, run the forward and
+        keep its output for sending."""
+        hidden = None if chunk.first else step.arrived.pop(Message(Kind.F, mb, chunk.virtual - 1))
+        step.inputs[(mb, chunk.virtual)] = hidden
+        if chunk.last:
+            return
+        tokens = Tensor(step.micro_batches[mb][0])
+        with self.forward_context():
+            out = self._chunk_forward(chunk, hidden, tokens)
+        step.outbox[Message(Kind.F, mb, chunk.virtual)] = out
+
+    def _backward(self, chunk: Chunk, mb: int, step: _StepState,
+                  observer: StepObserver) -> None:
+        """The chunk's forward again with gradients, seeded by the received `dy` (or the
+        loss); parameter gradients accumulated, the input gradient kept for sending."""
+        hidden = step.inputs.pop((mb, chunk.virtual))
+        tokens_np, labels_np, mask_np = step.micro_batches[mb]
+        tokens = Tensor(tokens_np)
+        if chunk.last:
+            mask = None if mask_np is None else Tensor(mask_np.astype(np.float32))
+            extra = (Tensor(labels_np), mask)
+        else:
+            extra = (step.arrived.pop(Message(Kind.B, mb, chunk.virtual + 1)),)
+        args = (tokens, *extra) if chunk.first else (hidden, tokens, *extra)
+        with self.forward_context():
+            value, grads = self._grad_fns[chunk.virtual // self.num_stages](*args)
+        if not chunk.first:
+            step.outbox[Message(Kind.B, mb, chunk.virtual)] = grads[0]
+            grads = grads[1]
+        for index, grad in zip(chunk.params, grads, strict=True):
+            step.grads[index] = grad if step.grads[index] is None else step.grads[index] + grad
+        if chunk.last:
+            step.loss = value if step.loss is None else step.loss + value
+            local = [None] * len(self.params)
+            for index, grad in zip(chunk.params, grads, strict=True):
+                local[index] = grad
+            observer.micro_batch(mb + 1, value / self.scale, local)
+
+    def _chunk_forward(self, chunk: Chunk, hidden: Tensor | None, tokens: Tensor) -> Tensor:
+        if chunk.first:
+            hidden = self.model.embed(tokens)
+        return self.model.decoder(hidden, chunk.layers)
+
+    def _grad_fn(self, chunk: Chunk) -> Callable[..., Any]:
+        """`value_and_grad` of the chunk: the scaled loss on the last virtual stage, else
+        `sum(out * dy)`; with respect to the input hidden states (not on the first) and the
+        chunk's parameters."""
+        model = self.model
+
+        def body(hidden: Tensor | None, tokens: Tensor) -> Tensor:
+            return self._chunk_forward(chunk, hidden, tokens)
+
+        if chunk.last:
+            def seeded(hidden, tokens, labels, mask):
+                return model.head_loss(body(hidden, tokens), labels, mask) * self.scale
+        else:
+            def seeded(hidden, tokens, dy):
+                return (body(hidden, tokens) * dy).sum()
+
+        weights = [self.params[index] for index in chunk.params]
+        if chunk.first:
+            return ms.value_and_grad(lambda *args: seeded(None, *args), None, weights)
+        return ms.value_and_grad(seeded, 0, weights)
+
+    # ------------------------------------------------------------------ messages
+
+    def _transfer(self, transfer: Transfer, step: _StepState) -> None:
+        """Move one message between this stage and its neighbour (both call this)."""
+        source, target = self.stage_ranks[transfer.source], self.stage_ranks[transfer.target]
+        message = transfer.message
+        if transfer.source == self.stage:
+            self.collectives.send_recv(step.outbox.pop(message), source, target)
+            return
+        tokens = step.micro_batches[message.microbatch][0]
+        shape, dtype = self.model.hidden_spec(*tokens.shape)
+        buffer = ops.zeros(shape, dtype)
+        step.arrived[message] = self.collectives.send_recv(buffer, source, target)
+
+    def _chunk(self, chunk: int) -> Chunk:
+        virtual = chunk * self.num_stages + self.stage
+        layers = tuple(self.layout.layers(self.stage, chunk))
+        first, last = virtual == 0, virtual == self.num_stages * self.num_chunks - 1
+        in_layers = {id(p) for index in layers
+                     for p in self.model.decoder_layers.by_id(index).get_parameters()}
+        all_layers = {id(p) for layer in self.model.decoder_layers for p in layer.get_parameters()}
+        outer = first or last
+        params = tuple(i for i, p in enumerate(self.params)
+                       if id(p) in in_layers or (outer and id(p) not in all_layers))
+        return Chunk(virtual, layers, first, last, params)
+
+
+@dataclass
+class _StepState:
+    """What one step keeps between its actions."""
+
+    micro_batches: Sequence[MicroBatch]
+    grads: list[Tensor | None]
+    loss: Tensor | None = None
+
+    def __post_init__(self) -> None:
+        self.inputs: dict[tuple[int, int], Tensor | None] = {}
+        self.outbox: dict[Message, Tensor] = {}
+        self.arrived: dict[Message, Tensor] = {}

@@ -1,0 +1,163 @@
+"""Pipeline parallelism, composed with the data- and tensor-parallel layout of each stage.
+
+Every rank holds one stage's part of the model (`stage_part`: its decoder layers, the
+embedding on the first stage, the final norm, head and loss on the last). A step runs the
+plan's schedule on each stage (`pipeline_executor.StageRunner`); the gradients are then
+reduced by the layout the plan's other degrees select (replicated data parallelism, tensor
+parallelism, ZeRO or FSDP, built over the stage's part exactly as without pipelining: the
+`inner` layout), and the step's numbers are made the same on every rank:
+- tied embeddings: the last stage's copy of the table gets the gradient of both copies (an
+  all-reduce over the first and last stage), so the two copies take the same update, as in
+  Megatron; the norm counts that gradient once (the last stage takes its square out);
+- the global norm: the squares of every stage summed over the pipeline group;
+- the loss: the last stage's, sent to every rank (the others hold zero: an all-reduce).
+Skip-on-NaN then decides the same on every rank, and each rank saves its stage's parameters
+under their model-wide names.
+"""
+
+from __future__ import annotations
+
+import math
+
+import attrs
+from mindspore import Parameter, Tensor
+
+from mf_config import ParallelismConfig
+from mf_parallel import Plan
+from mf_parallel.dims import ParallelDims
+from mf_parallel.runtime import Collectives
+from mf_parallel.runtime.tensor_parallel import is_tensor_sharded
+
+from ..gradient_norm import square_sum
+from ..models.parts import ModelPart, PipelineModel
+from .contract import (
+    LayoutParts,
+    LayoutSections,
+    LocalGradients,
+    MicroBatch,
+    Problem,
+    ReducedGradients,
+    StepLayout,
+    StepObserver,
+)
+from .pipeline_executor import StageRunner
+
+TIED_NAME = "embedding.weight"
+
+
+def stage_part(plan: Plan, rank: int) -> ModelPart | None:
+    """What `rank` builds of the model under the plan; None without pipeline parallelism."""
+    if plan.dims.pipeline == 1 or plan.layout is None:
+        return None
+    stage = plan.mesh.coordinates(rank)["pipeline"]
+    layers = sorted(i for chunk in range(plan.interleave)
+                    for i in plan.layout.layers(stage, chunk))
+    return ModelPart(tuple(layers), embedding=stage == 0, head=stage == plan.dims.pipeline - 1)
+
+
+def without_pipeline(dims: ParallelDims) -> ParallelDims:
+    """The degrees of one stage's ranks: what the inner layout is chosen by."""
+    return attrs.evolve(dims, pipeline=1, world_size=dims.world_size // dims.pipeline)
+
+
+class Pipelined(StepLayout):
+    """The plan's pipeline schedule on each stage, the inner layout's reduction after it."""
+
+    name = "pipeline"
+
+    def __init__(self, inner: StepLayout, runner: StageRunner, collectives: Collectives,
+                 plan: Plan):
+        super().__init__(inner.model, inner.optimizer, loss_divisor=inner.loss_divisor)
+        self.inner, self.runner, self.collectives, self.plan = inner, runner, collectives, plan
+        self.stage, self.num_stages = runner.stage, runner.num_stages
+        self.compile_blocker = inner.compile_blocker
+        self.tied = self._tied_copy()
+
+    @classmethod
+    def selects(cls, dims: ParallelDims, parallelism: ParallelismConfig) -> bool:
+        return dims.pipeline > 1 and dims.context == 1
+
+    @classmethod
+    def problems(cls, dims: ParallelDims, sections: LayoutSections) -> list[Problem]:
+        from . import layout_for
+
+        inner = layout_for(without_pipeline(dims), sections.parallelism)
+        return [] if inner is None else inner.problems(dims, sections)
+
+    @classmethod
+    def build(cls, parts: LayoutParts) -> Pipelined:
+        from . import layout_for
+
+        if parts.plan is None or parts.plan.layout is None:
+            raise ValueError("the pipeline layout needs the plan's stage layout")
+        if not isinstance(parts.model, PipelineModel):
+            raise TypeError(f"{type(parts.model).__name__} cannot be cut into pipeline stages "
+                            "(it has no embed / decoder / head_loss pieces)")
+        inner_cls = layout_for(without_pipeline(parts.dims), parts.parallelism)
+        if inner_cls is None:
+            raise RuntimeError(f"no step layout runs the stages of {parts.dims.describe()}")
+        inner = inner_cls.build(parts)
+        comm = parts.collectives.comm
+        runner = StageRunner(parts.model, inner.params, parts.plan.layout, parts.plan.schedule,
+                             comm.group_rank("pipeline"), comm.group_ranks["pipeline"],
+                             parts.collectives, inner.forward_context)
+        return cls(inner, runner, parts.collectives, parts.plan)
+
+    def describe(self) -> str:
+        layers = ", ".join(f"{c.layers[0]}-{c.layers[-1]}" if len(c.layers) > 1
+                           else str(c.layers[0]) for c in self.runner.chunks)
+        return (f"pipeline {self.num_stages} ({self.plan.schedule}"
+                f"{f', {self.plan.interleave} chunks' if self.plan.interleave > 1 else ''}; "
+                f"this stage {self.stage}: layers {layers}) x {self.inner.describe()}")
+
+    def forward_backward(self, micro_batches: list[MicroBatch],
+                         observer: StepObserver) -> LocalGradients:
+        if not micro_batches:
+            raise ValueError("a training step needs at least one micro-batch")
+        scale = 1.0 / (len(micro_batches) * self.loss_divisor)
+        return self.runner.run(micro_batches, scale, observer)
+
+    def reduce(self, local: LocalGradients) -> ReducedGradients:
+        grads = list(local.grads)
+        if self.tied is not None:
+            index, peer = self.tied
+            grads[index] = self.collectives.all_reduce_pair(grads[index], *sorted(
+                (self.collectives.comm.rank, peer)))
+        reduced = self.inner.reduce(LocalGradients(local.loss, grads, local.tokens))
+        squares = reduced.norm ** 2 - self._counted_twice(grads)
+        total = self.collectives.all_reduce(Tensor([squares]), "pipeline")
+        loss = self.collectives.all_reduce(reduced.loss, "pipeline")
+        return ReducedGradients(loss, reduced.grads, math.sqrt(max(float(total.asnumpy()[0]),
+                                                                   0.0)))
+
+    def whole_model(self):
+        return self.inner.whole_model()
+
+    def _tied_copy(self) -> tuple[int, int] | None:
+        """(index of the embedding table in `params`, global rank of the stage holding the
+        other copy) on the first and last stages of a model with tied embeddings."""
+        if not getattr(self.model, "tied", False) or self.stage not in (0, self.num_stages - 1):
+            return None
+        names = [getattr(p, "name", "") for p in self.params]
+        if TIED_NAME not in names:
+            return None
+        ranks = self.collectives.comm.group_ranks["pipeline"]
+        peer = ranks[-1] if self.stage == 0 else ranks[0]
+        return names.index(TIED_NAME), peer
+
+    def _counted_twice(self, grads: list[Tensor]) -> float:
+        """On the last stage, the squares of the tied copy's reduced gradient (the first
+        stage counts them already); 0 elsewhere."""
+        if self.tied is None or self.stage == 0:
+            return 0.0
+        index, _ = self.tied
+        grad, param = grads[index], self.params[index]
+        inner_loss = getattr(self.inner, "loss", None)
+        if inner_loss is not None and inner_loss.size > 1:
+            grad = self.collectives.all_reduce(grad, "data")
+            if inner_loss.average:
+                grad = grad / inner_loss.size
+        squares = square_sum([grad]).reshape(1)
+        if isinstance(param, Parameter) and is_tensor_sharded(param):
+            squares = self.collectives.all_reduce(squares, "tensor")
+        return float(squares.asnumpy().sum())
