@@ -148,11 +148,25 @@ def test_pipeline_micro_batches_in_flight(schedule: str, expected: list[int]) ->
     first, last = (estimate(cfg, world_size=2, stage=s) for s in (0, 1))
     assert [first.in_flight, last.in_flight] == expected
     assert first.layers == (0, 1) and last.layers == (2, 3)
-    assert first.activations == expected[0] * 4 * (2 * LAYER + IDS) + 4 * WORKING_ATTENTION
-    assert (first.logits, last.logits) == (0, expected[1] * 4 * OUTPUT)
-    assert last.activations == expected[1] * 4 * 2 * LAYER + 4 * WORKING_LOSS
+    # in-flight inputs (token ids, hidden states), then the one chunk a backward recomputes
+    assert first.activations == expected[0] * 4 * IDS + 4 * (2 * LAYER + IDS) + \
+        4 * WORKING_ATTENTION
+    assert last.activations == expected[1] * 4 * LAYER_INPUT + 4 * 2 * LAYER + \
+        4 * WORKING_LOSS
+    assert (first.logits, last.logits) == (0, 4 * OUTPUT)
     assert first.params == 4 * (1200 + 2 * (PARAMS - 2 * 1200 - 24))  # embedding, 2 layers
     assert estimate(cfg, world_size=2).total == max(first.total, last.total)
+
+
+def test_an_interleaved_stage_holds_one_chunk_at_a_time() -> None:
+    cfg = config(model__num_hidden_layers=4, parallelism__pipeline_parallel=2,
+                 parallelism__pipeline_parallel_schedule="interleaved_1f1b",
+                 parallelism__pipeline_parallel_interleave_num=2,
+                 training__global_batch_size=12)
+    first = estimate(cfg, world_size=2, stage=0)
+    # Megatron's warm-up: 2 (p - 1) + (v - 1) p = 4 forwards ahead, then one more in flight
+    assert first.layers == (0, 2) and first.in_flight == 5
+    assert first.activations == 5 * 4 * LAYER_INPUT + 4 * (LAYER + IDS) + first.working
 
 
 def test_flash_attention_and_context_parallel() -> None:

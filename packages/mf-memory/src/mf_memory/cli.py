@@ -77,8 +77,10 @@ def describe(result: MemoryEstimate, tips: Sequence[tuple[str, int]] = ()) -> st
     """The estimate as a table, the verdict, and what to turn when it does not fit."""
     span = f"layers {result.layers[0]}-{result.layers[-1]}" if result.layers else "no layers"
     lines = [f"stage {result.stage} of {result.num_stages} ({span}); model "
-             f"{result.parameter_count:,} parameters; {result.in_flight} micro-batch(es) in "
-             "flight"]
+             f"{result.parameter_count:,} parameters"
+             + (f"; {result.in_flight} micro-batch input(s) in flight, one chunk's "
+                "activations at a time (the backward recomputes its chunk)"
+                if result.num_stages > 1 else "")]
     rows = [("parameters", result.params), ("gradients", result.grads),
             ("optimizer state", result.optimizer),
             ("FSDP gathered parameters", result.gathered_params),

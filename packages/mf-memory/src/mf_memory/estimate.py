@@ -2,9 +2,10 @@
 
 `estimate(config, world_size)` returns the bytes one device holds at its fullest: parameters,
 gradients, optimizer state, parameters gathered by FSDP, saved activations of every decoder
-layer, and the logits and loss of the last pipeline stage. Every figure is a formula over the
-config's numbers, written in the docstring of the function that computes it; no constant is
-fitted to measurements.
+layer, and the logits and loss of the last pipeline stage; under pipeline parallelism, the
+inputs of the micro-batches in flight and one chunk's activations, as mf-train's stages run.
+Every figure is a formula over the config's numbers, written in the docstring of the function
+that computes it; no constant is fitted to measurements.
 
 Model: a Qwen3-style dense decoder, its numbers (`ModelShape`: vocabulary, width, layers,
 heads, key/value heads, head dim, MLP width, tied head, dtypes) from the typed settings its
@@ -140,7 +141,8 @@ class MemoryEstimate:
     logits: int
     """Final norm, head input, logits and loss (last stage only), times micro-batches."""
     in_flight: int
-    """Micro-batches whose activations the stage holds at once."""
+    """Micro-batch inputs the stage holds at once (one per micro-batch and chunk under
+    pipelining, whose B recomputes the chunk; 1 without it)."""
     transient: int
     """Recompute rebuild and swap prefetch (once, not per micro-batch)."""
     working: int
@@ -220,17 +222,36 @@ def sequence_length(config: TrainConfig) -> int:
 
 
 def in_flight(plan: Plan, stage: int) -> int:
-    """Micro-batches whose activations stage `stage` holds at its fullest.
-
-    1 without pipeline parallelism (each micro-batch's backward ends before the next forward).
-    With it, the peak of forwards run minus backwards run in the simulated schedule
-    (mf_parallel.simulate): p - stage for 1F1B (the first stage holds the most), every
-    accumulation micro-batch for GPipe; per chunk with interleaving, counted here in whole
-    stages (peak / chunks, rounded up).
-    """
+    """Micro-batch inputs stage `stage` holds at its fullest: 1 without pipeline parallelism;
+    with it, the peak of forwards run minus backwards run in the simulated schedule
+    (mf_parallel.simulate), one per (micro-batch, chunk): p - stage for 1F1B (the first stage
+    holds the most), every accumulation micro-batch for GPipe."""
     if plan.simulation is None:
         return 1
-    return -(-plan.simulation.peak_in_flight[stage] // plan.interleave)
+    return plan.simulation.peak_in_flight[stage]
+
+
+def pipeline_activations(per_layer: list[LayerActivation], plan: Plan, stage: int,
+                         geo: Geometry, hidden: int, first_stage: int) -> int:
+    """Saved activations of a pipeline stage as mf-train runs it, bytes.
+
+    A forward (F) keeps only its chunk's input; the backward (B) runs the chunk's forward
+    again and takes its gradients at once (`mf_train.layouts.pipeline_executor`). So a stage
+    holds `in_flight` inputs, T_sp·h·e each (the token ids, T·4, on the first stage without
+    interleaving; with it the hidden size counts for every input, an upper bound), plus the
+    saved activations of the one chunk whose B runs: the largest of its chunks (the first
+    stage's chunk 0 with the embedding's). The messages in transit (a couple of T_sp·h·e
+    tensors at most) are left out.
+    """
+    layout = plan.layout
+    assert layout is not None
+    kept = {la.layer: la.kept for la in per_layer}
+    chunks = [sum(kept[layer] for layer in layout.layers(stage, chunk))
+              + (first_stage if stage == 0 and chunk == 0 else 0)
+              for chunk in range(plan.interleave)]
+    ids_only = stage == 0 and plan.interleave == 1
+    one_input = geo.tokens * 4 if ids_only else geo.sp_tokens * hidden * geo.act_bytes
+    return in_flight(plan, stage) * one_input + max(chunks)
 
 
 def estimate(config: TrainConfig, world_size: int, stage: int | None = None) -> MemoryEstimate:
@@ -293,8 +314,10 @@ def _stage_estimate(config: TrainConfig, shape: ModelShape, seq: int, plan: Plan
                                 if config.swap.enable else 0)
     first_stage = sum(s.bytes for s in embedding_tensors(geo)) if stage == 0 else 0
     working = backward_working_bytes(shape, geo, last_stage=stage == last)
-    activations = held * (sum(la.kept for la in per_layer) + first_stage) + transient + working
-    logits = held * sum(s.bytes for s in output_tensors(shape, geo)) if stage == last else 0
+    saved = (sum(la.kept for la in per_layer) + first_stage if d.pipeline == 1 else
+             pipeline_activations(per_layer, plan, stage, geo, shape.hidden_size, first_stage))
+    activations = saved + transient + working
+    logits = sum(s.bytes for s in output_tensors(shape, geo)) if stage == last else 0
     return MemoryEstimate(
         stage=stage, num_stages=d.pipeline, layers=tuple(layers), params=params, grads=grads,
         optimizer=optimizer, gathered_params=gathered, activations=activations, logits=logits,
