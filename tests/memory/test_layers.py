@@ -86,3 +86,13 @@ def test_interleaved_stage_names_its_layers_by_global_id() -> None:
     stage.layer_ids = [2, 0]
     with pytest.raises(ContractError, match=r"layer_ids must give one increasing"):
         select(stage, [LayerSpec(0, 0)], "w")
+
+
+def test_a_pipeline_stage_skips_the_layers_other_stages_hold() -> None:
+    """Layer specs are global: on a stage holding layers 2-3 of 4, '0-2' selects layer 2 only,
+    and a layer beyond the whole model is still an error."""
+    stage = tiny_model(num_layers=2)
+    stage.layer_ids, stage.model_layers = [2, 3], 4
+    assert [i for i, _ in select(stage, [LayerSpec(0, 2)], "recompute")] == [2]
+    with pytest.raises(ContractError, match=r"names layer 4, but this model has 2"):
+        select(stage, [LayerSpec(3, 4)], "recompute")

@@ -134,3 +134,23 @@ def test_a_wrong_schedule_is_refused_before_any_transfer_is_placed() -> None:
     with pytest.raises(ScheduleError, match=r"stage 1, action 6 SEND_B\(mb 1, chunk 0, to stage "
                                             r"0\): sends before B\(mb 1, chunk 0\) has run"):
         stage_programs(schedule)
+
+
+def test_a_batch_ramp_the_interleaved_schedule_cannot_run_is_refused_in_the_plan() -> None:
+    """Every step of a ramp-up runs its own schedule: interleaving needs each step's
+    micro-batch count to be a multiple of the stages, found before launch."""
+    from mf_config import ParallelismConfig, TrainingConfig
+    from mf_parallel import PlanError, make_plan
+
+    parallelism = ParallelismConfig(pipeline_parallel=2, data_parallel_shard=1,
+                                    pipeline_parallel_schedule="interleaved_1f1b",
+                                    pipeline_parallel_interleave_num=2)
+    steady = TrainingConfig(global_batch_size=8, local_batch_size=1)
+    assert make_plan(parallelism, steady, 2, num_layers=4).simulation is not None
+    ramp = TrainingConfig(global_batch_size=8, local_batch_size=1,
+                          rampup_batch_size=[2, 1, 100])
+    with pytest.raises(PlanError, match=r"micro-batches \(3\) to be a multiple of "
+                                        r"pipeline_parallel \(2\)"):
+        make_plan(parallelism, ramp, 2, num_layers=4)
+    even = TrainingConfig(global_batch_size=8, local_batch_size=1, rampup_batch_size=[2, 2, 100])
+    assert make_plan(parallelism, even, 2, num_layers=4).simulation is not None

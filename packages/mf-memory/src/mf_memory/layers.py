@@ -4,7 +4,8 @@ A model honours the contract if it has `decoder_layers`, a sequence (e.g. `nn.Ce
 decoder layer cells in forward order, and optionally `layer_offset`, the global index of its first
 layer (a pipeline stage holds layers `layer_offset` to `layer_offset + len - 1`; default 0), or
 `layer_ids`, the global index of each layer (an interleaved pipeline stage holds runs of layers
-that are not contiguous, such as 0 and 2).
+that are not contiguous, such as 0 and 2). A pipeline stage also says `model_layers`, the whole
+model's layer count: a spec naming a layer another stage holds is then skipped here.
 The config's layer specs use global indices. A sub-module is a dotted attribute path from a
 layer (`attention`, `mlp.down`, `attention.qkv`).
 
@@ -126,9 +127,12 @@ def resolve_module(layer: Any, path: str, where: str, index: int | None = None) 
 def select(model: Any, specs: Sequence[LayerSpec], where: str) -> list[tuple[int, Any]]:
     """(global index, layer) for every layer the specs name, in spec order."""
     by_id = dict(zip(layer_ids(model), decoder_layers(model), strict=True))
+    whole = getattr(model, "model_layers", None)
     chosen = []
     for spec in specs:
         for index in spec.layers():
+            if index not in by_id and isinstance(whole, int) and 0 <= index < whole:
+                continue  # a layer of another pipeline stage
             if index not in by_id:
                 raise ContractError(
                     f"{where}: '{spec}' names layer {index}, but this model has "

@@ -70,6 +70,9 @@ def make_plan(parallelism: ParallelismConfig, training: TrainingConfig, world_si
             num_layers, dims.pipeline, interleave, parallelism.layers_per_stage())
         simulation = None
         if dims.pipeline > 1:
+            for count in ramp_accumulation_steps(batch):  # each step's schedule must build
+                build_schedule(parallelism.pipeline_parallel_schedule, dims.pipeline, count,
+                               interleave)
             actions = build_schedule(parallelism.pipeline_parallel_schedule, dims.pipeline,
                                      batch.accumulation_steps(), interleave)
             simulation = simulate(actions, num_chunks=interleave, forward_time=1.0,
@@ -79,6 +82,16 @@ def make_plan(parallelism: ParallelismConfig, training: TrainingConfig, world_si
     return Plan(dims=dims, mesh=RankMesh(dims), batch=batch,
                 schedule=parallelism.pipeline_parallel_schedule, interleave=interleave,
                 layout=layout, simulation=simulation, warnings=tuple(batch.warnings()))
+
+
+def ramp_accumulation_steps(batch: BatchPlan) -> list[int]:
+    """The micro-batch counts of the steps of a batch ramp-up, before the final one (none
+    without a ramp): the pipeline runs a schedule of each."""
+    rampup = batch.rampup
+    if rampup is None or not rampup.active:
+        return []
+    sizes = range(rampup.global_batch_size(0), batch.global_batch_size, rampup.increment)
+    return sorted({max(size // batch.samples_per_micro_step, 1) for size in sizes})
 
 
 def plan_summary(plan: Plan, rank: int | None = None) -> dict[str, Any]:

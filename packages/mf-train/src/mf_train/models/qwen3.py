@@ -213,7 +213,8 @@ class Qwen3ForCausalLM(nn.Cell):
     vocabulary slice under tensor parallelism). `input_ids`, `labels`: int32 `[b, s]`, labels
     already shifted.
 
-    Layer contract (mf-memory): `decoder_layers` (a `LayerStack`), `layer_ids`; each layer has
+    Layer contract (mf-memory): `decoder_layers` (a `LayerStack`), `layer_ids`, `model_layers`;
+    each layer has
     `input_norm`, `attention` (`qkv`, `q_norm`, `k_norm`, `out`), `post_norm`, `mlp`
     (`gate_up`, `down`). Parameter names: `weight_maps()`.
 
@@ -231,7 +232,7 @@ class Qwen3ForCausalLM(nn.Cell):
             raise settings_error(found, source)
         self.part = part or ModelPart.whole(settings.num_hidden_layers)
         self.settings, self.tensor_group = settings, group
-        self.layer_ids = self.part.layers
+        self.layer_ids, self.model_layers = self.part.layers, settings.num_hidden_layers
         self.hf_ignored = ("lm_head.weight",) if settings.tie_word_embeddings else ()
         self.compute_dtype, params_dtype = _dtypes(settings, group, source)
         init = ParamInit(_seed(seed), settings.initializer_range)
