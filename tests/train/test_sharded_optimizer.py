@@ -27,6 +27,7 @@ from mf_config import (
 from mf_memory.recompute import apply_recompute
 from mf_parallel import make_plan
 from mf_parallel.runtime import Collectives, init_communication
+from mf_parallel.runtime.flat_shard import FlatShard
 from mf_train.layouts import FSDP, LayoutParts, SingleRank, ZeRO
 from mf_train.layouts.sharded import reduce_to_slice
 from mf_train.models import build_model
@@ -48,8 +49,8 @@ class StubShard:
 
     def __init__(self, params):
         self.params = params
-        numels = [int(np.prod(p.shape)) for p in params]
-        self.flat = SimpleNamespace(start=5, length=5, numels=numels, total=sum(numels))
+        self.flat = FlatShard([p.shape for p in params], stub_collectives())
+        assert (self.flat.start, self.flat.length, self.flat.total) == (5, 5, 13)
         self.master = Parameter(Tensor(self._flat(params)[5:10]), name="stub_master")
         self.buffers = [self]
         self.published = []
