@@ -58,7 +58,7 @@ from .contract import (
     ReducedGradients,
     StepLayout,
 )
-from .replicated import DataParallelLoss, one_stage
+from .replicated import DataParallelLoss, TensorParallel, one_stage
 
 NAMES = {"optim": "ZeRO-1", "optim_grads": "ZeRO-2", "optim_grads_params": "FSDP"}
 FSDP_STRATEGY = "optim_grads_params"
@@ -136,6 +136,8 @@ class ZeRO(StepLayout):
         self.reshard_policy = parallelism.reshard_after_forward_policy
         self.group = group if group is not None and group.size > 1 else None
         self.norm = SliceNorm(self.sharded.buffers, collectives, self.group)
+        if self.group is not None and self.compile_blocker is None:
+            self.compile_blocker = TensorParallel.compile_blocker  # the layers' bprop cells
 
     @classmethod
     def selects(cls, dims: ParallelDims, parallelism: ParallelismConfig) -> bool:
