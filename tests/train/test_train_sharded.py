@@ -170,11 +170,12 @@ TP_STRATEGIES = {"optim": "ZeRO-1 over 2 ranks, tensor parallel 2 (sequence para
                                        "parallel), reshard policy default"}
 
 
-def four_ranks(prefix: str, output: Path, strategy: str, *more: str) -> None:
-    """Data parallel 2 (sharded by `strategy`) x tensor parallel 2."""
+def run_with_tensor_parallel(prefix: str, output: Path, strategy: str, *more: str,
+                             nproc: int = 4) -> None:
+    """`nproc` ranks as data parallel (sharded by `strategy`) x tensor parallel 2."""
     assert run([*arguments(prefix, output, "parallelism.tensor_parallel=2",
                            f"parallelism.data_parallel_shard_strategy={strategy}", *more),
-                "--nproc", "4", "--timeout", "600"]) == 0
+                "--nproc", str(nproc), "--timeout", "600"]) == 0
 
 
 @pytest.fixture(scope="module")
@@ -186,7 +187,7 @@ def with_tensor_parallel(data_prefix, tmp_path_factory):
     def output_of(strategy: str) -> Path:
         if strategy not in outputs:
             outputs[strategy] = tmp_path_factory.mktemp(f"tp_{strategy}")
-            four_ranks(data_prefix, outputs[strategy], strategy)
+            run_with_tensor_parallel(data_prefix, outputs[strategy], strategy)
         return outputs[strategy]
 
     return output_of
@@ -215,15 +216,32 @@ def as_tensor_shards(whole: dict[str, np.ndarray], data_prefix: str,
     return shards
 
 
+def assert_tensor_shards_of(single: Path, output: Path, data_prefix: str,
+                            world: int) -> list[dict[str, np.ndarray]]:
+    """Each rank of `output` saved at step 4 its tensor rank's shards (tensor innermost:
+    rank r is tensor rank r % 2) of the weights `single` saved; returns those shards."""
+    want = as_tensor_shards(checkpoint_files(single, 4, "model", 0, world=1), data_prefix, 2)
+    for rank in range(world):
+        model = checkpoint_files(output, 4, "model", rank, world=world)
+        assert model.keys() == want[rank % 2].keys()
+        for name, array in want[rank % 2].items():
+            np.testing.assert_allclose(model[name], array, rtol=1e-4, atol=1e-6,
+                                       err_msg=f"rank {rank}: {name}")
+    return want
+
+
+def assert_same_steps(one: list[dict], other: list[dict]) -> None:
+    assert len(one) == len(other) == 4
+    assert [s["loss"] for s in other] == pytest.approx([s["loss"] for s in one], rel=1e-5)
+    assert [s["grad_norm"] for s in other] == pytest.approx([s["grad_norm"] for s in one],
+                                                            rel=1e-5)
+
+
 @pytest.mark.parametrize("strategy", list(TP_STRATEGIES))
 def test_sharding_with_tensor_parallelism_matches_one_process(single, with_tensor_parallel,
                                                               strategy) -> None:
     output = with_tensor_parallel(strategy)
-    one, four = steps(single), steps(output)
-    assert len(one) == len(four) == 4
-    assert [s["loss"] for s in four] == pytest.approx([s["loss"] for s in one], rel=1e-5)
-    assert [s["grad_norm"] for s in four] == pytest.approx([s["grad_norm"] for s in one],
-                                                           rel=1e-5)
+    assert_same_steps(steps(single), steps(output))
     assert TP_STRATEGIES[strategy] in (output / "logs" / "worker_0.log").read_text()
 
 
@@ -235,15 +253,10 @@ def test_sharding_with_tensor_parallelism_saves_each_ranks_tensor_shards(
     group), the same on the two ranks of a shard group; the optimizer files hold slices of
     a tensor shard's flat buffers."""
     output = with_tensor_parallel(strategy)
-    want = as_tensor_shards(checkpoint_files(single, 4, "model", 0, world=1), data_prefix, 2)
-    saved = [checkpoint_files(output, 4, "model", rank, world=4) for rank in range(4)]
-    for rank, model in enumerate(saved):
-        assert model.keys() == want[rank % 2].keys()
-        for name, array in want[rank % 2].items():
-            np.testing.assert_allclose(model[name], array, rtol=1e-4, atol=1e-6,
-                                       err_msg=f"rank {rank}: {name}")
+    want = assert_tensor_shards_of(single, output, data_prefix, world=4)
+    saved = [checkpoint_files(output, 4, "model", rank, world=4) for rank in (0, 2)]
     for name in saved[0]:
-        np.testing.assert_array_equal(saved[0][name], saved[2][name], err_msg=name)
+        np.testing.assert_array_equal(saved[0][name], saved[1][name], err_msg=name)
     per_shard = sum(array.size for array in want[0].values())
     layouts = [checkpoint_files(output, 4, "opt", rank, world=4)["shard_layout"].tolist()
                for rank in range(4)]
@@ -257,13 +270,28 @@ def test_fsdp_with_tensor_parallelism_resumes_exactly(data_prefix, with_tensor_p
     bit for bit."""
     whole = with_tensor_parallel(FSDP_STRATEGY)
     resumed = tmp_path / "resumed"
-    four_ranks(data_prefix, resumed, FSDP_STRATEGY,
-               f"checkpoint.load_path={whole / 'ckpt' / iteration_name(2)}",
-               "checkpoint.enable_save=false")
+    run_with_tensor_parallel(data_prefix, resumed, FSDP_STRATEGY,
+                             f"checkpoint.load_path={whole / 'ckpt' / iteration_name(2)}",
+                             "checkpoint.enable_save=false")
     again, reference = steps(resumed), steps(whole)[2:]
     assert [s["step"] for s in again] == [3, 4]
     assert [(s["loss"], s["grad_norm"]) for s in again] == \
         [(s["loss"], s["grad_norm"]) for s in reference]
+
+
+def test_hsdp_with_tensor_parallelism_matches_one_process(data_prefix, tmp_path) -> None:
+    """8 ranks: data parallel 4 = replicate 2 x shard 2 (FSDP), x tensor parallel 2, one
+    sample per data-parallel rank, against one process taking the same 4 samples one by
+    one; the final weights too."""
+    one, eight = tmp_path / "one", tmp_path / "eight"
+    batch = "training.local_batch_size=1"
+    assert run(arguments(data_prefix, one, batch)) == 0
+    run_with_tensor_parallel(data_prefix, eight, FSDP_STRATEGY, batch,
+                             "parallelism.data_parallel_shard=2", nproc=8)
+    assert_same_steps(steps(one), steps(eight))
+    assert ("FSDP over 2 ranks x 2 replicas, tensor parallel 2" in
+            (eight / "logs" / "worker_0.log").read_text())
+    assert_tensor_shards_of(one, eight, data_prefix, world=8)
 
 
 REFUSED = {
