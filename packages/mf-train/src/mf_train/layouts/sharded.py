@@ -15,12 +15,23 @@ mf-parallel's `ShardedDataParallel` / `FullyShardedDataParallel` reduce the grad
 rank's slice; `optim.ShardedAdamW` updates it. The global norm is sqrt(sum over the shard
 group of this rank's sum of squares): the slices of the shard group partition every gradient
 (padding is zero), and with HSDP the replicas hold equal slices, so summing over the shard
-group alone counts each element once.
+group alone counts each element once (`SliceNorm`).
+
+With tensor parallelism (`parallelism.tensor_parallel` > 1) each strategy runs on the plan's
+groups as they are: the shard group is over ranks of the same tensor coordinate, so each rank's
+flat buffers are laid out over its own tensor-parallel shards, the same shapes on every rank of
+its shard group; FSDP gathers and frees those shards (the layers' custom-bprop cells are
+untouched: they hold no parameters) and `whole_model()` gathers the model each rank holds under
+plain tensor parallelism, which is what its checkpoint saves. Before the data-parallel
+reduction, the partial gradients of the sequence-parallel parameters (norm weights,
+row-parallel biases) are summed over the tensor group, as `TensorParallel` does; the norm then
+adds the squares of tensor-split elements over the tensor group too and counts the replicated
+ones once.
 
 What the sharded strategies cannot run yet is refused before any rank starts (`problems`):
 Muon (its Newton-Schulz step needs whole matrices, the slices cut them), optimizers other than
-AdamW, tensor parallelism together with sharding, and under FSDP mf-memory's swap and
-communication recompute (their saved-tensor hooks and FSDP's do not stack).
+AdamW, and under FSDP mf-memory's swap and communication recompute (their saved-tensor hooks
+and FSDP's do not stack).
 """
 
 from __future__ import annotations
