@@ -16,13 +16,20 @@ pytest.importorskip("mindspore")
 import mindspore as ms
 from test_train_step import Regression, batch
 
-from mf_config import OptimizerConfig, ParallelismConfig, TrainingConfig
+from mf_config import (
+    OptimizerConfig,
+    ParallelismConfig,
+    RecomputeCommConfig,
+    SwapConfig,
+    TrainingConfig,
+)
 from mf_parallel import PlanError, make_plan
 from mf_parallel.runtime import Collectives, init_communication
 from mf_train import layouts
 from mf_train.layouts import (
     FSDP,
     DataParallel,
+    LayoutSections,
     Pipelined,
     SingleRank,
     StepLayout,
@@ -56,12 +63,24 @@ def dims(world: int, **parallelism):
     (4, {"data_parallel_shard": 2, "data_parallel_shard_strategy": "optim_grads"}, ZeRO),
     (2, {"data_parallel_shard_strategy": "optim_grads_params"}, FSDP),
     (4, {"data_parallel_shard": 2}, FSDP),
+    (4, {"tensor_parallel": 2, "data_parallel_shard_strategy": "optim"}, ZeRO),
+    (4, {"tensor_parallel": 2}, FSDP),
+    (8, {"tensor_parallel": 2, "data_parallel_shard": 2}, FSDP),
     (2, {"pipeline_parallel": 2}, Pipelined),
     (8, {"pipeline_parallel": 2, "tensor_parallel": 2}, Pipelined),
     (2, {"context_parallel": 2}, None),
 ])
 def test_the_plan_selects_its_layout(world, parallelism, expected) -> None:
     assert layout_for(*dims(world, **parallelism)) is expected
+
+
+@pytest.mark.parametrize("strategy", ["optim", "optim_grads", "optim_grads_params"])
+def test_sharding_with_tensor_parallelism_is_not_refused(strategy) -> None:
+    """Data parallel 2 x tensor parallel 2: each sharded strategy runs (the 4-rank runs are
+    test_train_sharded.py's)."""
+    plan_dims, config = dims(4, tensor_parallel=2, data_parallel_shard_strategy=strategy)
+    sections = LayoutSections(config, OptimizerConfig(), SwapConfig(), RecomputeCommConfig())
+    layouts.check_layout(plan_dims, sections)
 
 
 def test_no_plan_is_claimed_by_two_layouts() -> None:

@@ -27,8 +27,10 @@ from mf_config import (
 from mf_memory.recompute import apply_recompute
 from mf_parallel import make_plan
 from mf_parallel.runtime import Collectives, init_communication
+from mf_parallel.runtime.flat_shard import FlatShard
+from mf_parallel.runtime.tensor_parallel import mark_tensor_sharded
 from mf_train.layouts import FSDP, LayoutParts, SingleRank, ZeRO
-from mf_train.layouts.sharded import reduce_to_slice
+from mf_train.layouts.sharded import SliceNorm, reduce_to_slice
 from mf_train.models import build_model
 from mf_train.optim import OptimizerStateError, ShardedAdamW, build_optimizer
 from mf_train.trainer import TrainStep
@@ -48,8 +50,8 @@ class StubShard:
 
     def __init__(self, params):
         self.params = params
-        numels = [int(np.prod(p.shape)) for p in params]
-        self.flat = SimpleNamespace(start=5, length=5, numels=numels, total=sum(numels))
+        self.flat = FlatShard([p.shape for p in params], stub_collectives())
+        assert (self.flat.start, self.flat.length, self.flat.total) == (5, 5, 13)
         self.master = Parameter(Tensor(self._flat(params)[5:10]), name="stub_master")
         self.buffers = [self]
         self.published = []
@@ -121,6 +123,20 @@ def test_norm_sums_the_squares_of_every_ranks_slice() -> None:
     grad, norm = reduce_to_slice(sharded, optimizer.collectives, grads)
     np.testing.assert_array_equal(grad.asnumpy(), mine)
     assert norm == pytest.approx(math.sqrt(float((mine ** 2).sum()) + 4.0), rel=1e-6)
+
+
+def test_norm_with_tensor_parallelism_sums_split_elements_over_the_tensor_group() -> None:
+    """`a` split by tensor parallelism, `b.bias` replicated: of this rank's slice, element 5
+    (of `a`) is summed over the tensor group (the stand-in group triples it), elements 6..9
+    (of `b.bias`) are counted once."""
+    sharded, _, grads = stub_problem()
+    mark_tensor_sharded(sharded.params[0])
+    group = SimpleNamespace(size=2, all_reduce=lambda tensor: tensor * 3.0)
+    norm = SliceNorm(sharded.buffers, stub_collectives(), group)
+    assert norm.split.asnumpy().tolist() == [1.0, 0.0, 0.0, 0.0, 0.0]
+    _, value = reduce_to_slice(sharded, stub_collectives(), grads, norm)
+    mine = StubShard._flat(grads)[5:10].astype(np.float64)
+    assert value == pytest.approx(math.sqrt(3 * mine[0] ** 2 + (mine[1:] ** 2).sum()), rel=1e-6)
 
 
 def test_clip_scales_the_slice_like_the_whole_gradient() -> None:

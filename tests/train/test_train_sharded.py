@@ -5,8 +5,10 @@ is refused before any rank starts."""
 
 from __future__ import annotations
 
+import functools
 import json
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -15,11 +17,16 @@ pytest.importorskip("mindspore")
 
 from safetensors.numpy import load_file
 
+from mf_config import load_config
+from mf_parallel.runtime.tensor_parallel import TensorGroup
 from mf_train.checkpoint.layout import iteration_name, rank_file
+from mf_train.checkpoint.params import apply_model_params, model_arrays
 from mf_train.cli import run
+from mf_train.models import build_model, hf_state, load_hf_state
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "qwen3_tiny.yaml"
+FSDP_STRATEGY = "optim_grads_params"
 STRATEGIES = {"optim": "ZeRO-1 over 2 ranks", "optim_grads": "ZeRO-2 over 2 ranks",
               "optim_grads_params": "FSDP over 2 ranks, reshard policy default",
               "replicated": "data parallel 2 (replicated)"}
@@ -27,18 +34,22 @@ pytestmark = pytest.mark.ranks
 
 
 
-def arguments(prefix: str, output: Path, *more: str) -> list[str]:
+def overrides(prefix: str, output: Path, *more: str) -> list[str]:
     """The tiny qwen3 of test_train_ranks.py (2 layers), 4 steps, a checkpoint at steps 2
     and 4 under `output/ckpt`."""
-    sets = [f"train_dataset.dataloader.config.data_path=['1','{prefix}']", "training.steps=4",
+    return [f"train_dataset.dataloader.config.data_path=['1','{prefix}']", "training.steps=4",
             "model.hidden_size=32", "model.intermediate_size=64", "model.head_dim=8",
             "model.num_hidden_layers=2", "train_dataset.dataloader.config.seq_length=32",
             "model.max_position_embeddings=32", "recompute.mode=None",
             "recompute.select_module=null", "lr_scheduler.warmup_steps=1",
             f"checkpoint.save_path={output / 'ckpt'}", "checkpoint.save_interleaved_steps=2",
             *more]
+
+
+def arguments(prefix: str, output: Path, *more: str) -> list[str]:
+    """`mf-train`'s arguments for `overrides`."""
     return ["--config", str(EXAMPLE), "--output-dir", str(output),
-            *[arg for value in sets for arg in ("--set", value)]]
+            *[arg for value in overrides(prefix, output, *more) for arg in ("--set", value)]]
 
 
 def two_ranks(prefix: str, output: Path, *more: str) -> None:
@@ -151,6 +162,138 @@ def test_fsdp_loads_weights_saved_by_zero(data_prefix, single, sharded, tmp_path
     assert expected[0] != pytest.approx(steps(single)[0]["loss"], rel=1e-6)  # weights loaded
 
 
+# ---------------------------------------------------------------- with tensor parallelism
+
+TP_STRATEGIES = {"optim": "ZeRO-1 over 2 ranks, tensor parallel 2 (sequence parallel)",
+                 "optim_grads": "ZeRO-2 over 2 ranks, tensor parallel 2 (sequence parallel)",
+                 "optim_grads_params": "FSDP over 2 ranks, tensor parallel 2 (sequence "
+                                       "parallel), reshard policy default"}
+
+
+def run_with_tensor_parallel(prefix: str, output: Path, strategy: str, *more: str,
+                             nproc: int = 4) -> None:
+    """`nproc` ranks as data parallel (sharded by `strategy`) x tensor parallel 2."""
+    assert run([*arguments(prefix, output, "parallelism.tensor_parallel=2",
+                           f"parallelism.data_parallel_shard_strategy={strategy}", *more),
+                "--nproc", str(nproc), "--timeout", "600"]) == 0
+
+
+@pytest.fixture(scope="module")
+def with_tensor_parallel(data_prefix, tmp_path_factory):
+    """Each strategy's 4-rank run (data parallel 2 x tensor parallel 2), launched once on
+    first use: ranks 0 and 1 form a tensor group, 0 and 2 a shard group."""
+    outputs: dict[str, Path] = {}
+
+    def output_of(strategy: str) -> Path:
+        if strategy not in outputs:
+            outputs[strategy] = tmp_path_factory.mktemp(f"tp_{strategy}")
+            run_with_tensor_parallel(data_prefix, outputs[strategy], strategy)
+        return outputs[strategy]
+
+    return output_of
+
+
+def tensor_rank(rank: int, size: int) -> SimpleNamespace:
+    """What a model reads of its `TensorGroup` while it is built (no communication)."""
+    group = SimpleNamespace(rank=rank, size=size, sequence_parallel=True)
+    group.shard = functools.partial(TensorGroup.shard, group)
+    return group
+
+
+def as_tensor_shards(whole: dict[str, np.ndarray], data_prefix: str,
+                     size: int) -> list[dict[str, np.ndarray]]:
+    """A one-process checkpoint's weights cut as each tensor rank holds them: the model's own
+    Hugging Face weight maps say how (fused projections interleave the ranks' rows)."""
+    config = load_config(EXAMPLE, overrides(data_prefix, Path("unused")))
+    model = build_model(config.model)
+    apply_model_params(model.parameters_and_names(), whole)
+    weights = hf_state(model)
+    shards = []
+    for rank in range(size):
+        shard = build_model(config.model, tensor_group=tensor_rank(rank, size))
+        load_hf_state(shard, weights)
+        shards.append(model_arrays(shard.parameters_and_names()))
+    return shards
+
+
+def assert_tensor_shards_of(single: Path, output: Path, data_prefix: str,
+                            world: int) -> list[dict[str, np.ndarray]]:
+    """Each rank of `output` saved at step 4 its tensor rank's shards (tensor innermost:
+    rank r is tensor rank r % 2) of the weights `single` saved; returns those shards."""
+    want = as_tensor_shards(checkpoint_files(single, 4, "model", 0, world=1), data_prefix, 2)
+    for rank in range(world):
+        model = checkpoint_files(output, 4, "model", rank, world=world)
+        assert model.keys() == want[rank % 2].keys()
+        for name, array in want[rank % 2].items():
+            np.testing.assert_allclose(model[name], array, rtol=1e-4, atol=1e-6,
+                                       err_msg=f"rank {rank}: {name}")
+    return want
+
+
+def assert_same_steps(one: list[dict], other: list[dict]) -> None:
+    assert len(one) == len(other) == 4
+    assert [s["loss"] for s in other] == pytest.approx([s["loss"] for s in one], rel=1e-5)
+    assert [s["grad_norm"] for s in other] == pytest.approx([s["grad_norm"] for s in one],
+                                                            rel=1e-5)
+
+
+@pytest.mark.parametrize("strategy", list(TP_STRATEGIES))
+def test_sharding_with_tensor_parallelism_matches_one_process(single, with_tensor_parallel,
+                                                              strategy) -> None:
+    output = with_tensor_parallel(strategy)
+    assert_same_steps(steps(single), steps(output))
+    assert TP_STRATEGIES[strategy] in (output / "logs" / "worker_0.log").read_text()
+
+
+@pytest.mark.parametrize("strategy", ["optim_grads", "optim_grads_params"])
+def test_sharding_with_tensor_parallelism_saves_each_ranks_tensor_shards(
+        data_prefix, single, with_tensor_parallel, strategy) -> None:
+    """The final weights equal the one-process run's, cut into tensor shards: each rank's
+    model file holds its tensor rank's shards whole (FSDP gathers them over the shard
+    group), the same on the two ranks of a shard group; the optimizer files hold slices of
+    a tensor shard's flat buffers."""
+    output = with_tensor_parallel(strategy)
+    want = assert_tensor_shards_of(single, output, data_prefix, world=4)
+    saved = [checkpoint_files(output, 4, "model", rank, world=4) for rank in (0, 2)]
+    for name in saved[0]:
+        np.testing.assert_array_equal(saved[0][name], saved[1][name], err_msg=name)
+    per_shard = sum(array.size for array in want[0].values())
+    layouts = [checkpoint_files(output, 4, "opt", rank, world=4)["shard_layout"].tolist()
+               for rank in range(4)]
+    assert [layout[:3] for layout in layouts] == [[2, 0, per_shard], [2, 0, per_shard],
+                                                  [2, 1, per_shard], [2, 1, per_shard]]
+
+
+def test_fsdp_with_tensor_parallelism_resumes_exactly(data_prefix, with_tensor_parallel,
+                                                      tmp_path) -> None:
+    """Steps 3-4 resumed on 4 ranks from the step-2 checkpoint equal the uninterrupted run's
+    bit for bit."""
+    whole = with_tensor_parallel(FSDP_STRATEGY)
+    resumed = tmp_path / "resumed"
+    run_with_tensor_parallel(data_prefix, resumed, FSDP_STRATEGY,
+                             f"checkpoint.load_path={whole / 'ckpt' / iteration_name(2)}",
+                             "checkpoint.enable_save=false")
+    again, reference = steps(resumed), steps(whole)[2:]
+    assert [s["step"] for s in again] == [3, 4]
+    assert [(s["loss"], s["grad_norm"]) for s in again] == \
+        [(s["loss"], s["grad_norm"]) for s in reference]
+
+
+def test_hsdp_with_tensor_parallelism_matches_one_process(data_prefix, tmp_path) -> None:
+    """8 ranks: data parallel 4 = replicate 2 x shard 2 (FSDP), x tensor parallel 2, one
+    sample per data-parallel rank, against one process taking the same 4 samples one by
+    one; the final weights too."""
+    one, eight = tmp_path / "one", tmp_path / "eight"
+    batch = "training.local_batch_size=1"
+    assert run(arguments(data_prefix, one, batch)) == 0
+    run_with_tensor_parallel(data_prefix, eight, FSDP_STRATEGY, batch,
+                             "parallelism.data_parallel_shard=2", nproc=8)
+    assert_same_steps(steps(one), steps(eight))
+    assert ("FSDP over 2 ranks x 2 replicas, tensor parallel 2" in
+            (eight / "logs" / "worker_0.log").read_text())
+    assert_tensor_shards_of(one, eight, data_prefix, world=8)
+
+
 REFUSED = {
     "muon": (2, ["optimizer.type=Muon"],
              "optimizer.type: Muon cannot run under optim_grads_params (FSDP) with "
@@ -163,10 +306,6 @@ REFUSED = {
                            "recompute_comm.select_module={'attention.qkv': ['0']}"],
                        "recompute_comm.enable: communication recompute cannot run under "
                        "optim_grads_params (FSDP)"),
-    "tensor_parallel": (4, ["parallelism.tensor_parallel=2",
-                            "parallelism.data_parallel_shard_strategy=optim"],
-                        "parallelism.tensor_parallel: optim (ZeRO-1) with data_parallel_shard "
-                        "2 together with tensor parallelism is not run by mf-train yet"),
 }
 
 

@@ -12,6 +12,7 @@ import math
 from collections.abc import Sequence
 
 import mindspore as ms
+import numpy as np
 from mindspore import mint, ops
 
 from .collectives import Collectives
@@ -48,6 +49,30 @@ class FlatShard:
     def own(self, flat: ms.Tensor) -> ms.Tensor:
         """This rank's slice of a full flat buffer (a copy)."""
         return flat[self.start:self.start + self.length].copy()
+
+    def own_values(self, values: Sequence[float], dtype: np.dtype | type = np.float32,
+                   ) -> np.ndarray:
+        """This rank's slice of a per-element table in which every element of tensor i
+        holds `values[i]` (padding holds 0): what an element-wise step needs to know of each
+        element's tensor (its weight-decay rate, whether it is split by tensor parallelism).
+
+        Args:
+            values: one value per tensor, in buffer order.
+            dtype: the table's dtype.
+
+        Returns:
+            An array of `length` elements, aligned with this rank's slice.
+        """
+        if len(values) != len(self.numels):
+            raise ValueError(f"expected {len(self.numels)} values, got {len(values)}")
+        table = np.zeros(self.length, dtype=dtype)
+        begin, end, offset = self.start, self.start + self.length, 0
+        for value, numel in zip(values, self.numels, strict=True):
+            low, high = max(offset, begin), min(offset + numel, end)
+            if low < high:
+                table[low - begin:high - begin] = value
+            offset += numel
+        return table
 
     def reduce_scatter(self, flat: ms.Tensor) -> ms.Tensor:
         """Sum a full flat buffer over every data-parallel rank; return this rank's slice."""

@@ -15,12 +15,23 @@ mf-parallel's `ShardedDataParallel` / `FullyShardedDataParallel` reduce the grad
 rank's slice; `optim.ShardedAdamW` updates it. The global norm is sqrt(sum over the shard
 group of this rank's sum of squares): the slices of the shard group partition every gradient
 (padding is zero), and with HSDP the replicas hold equal slices, so summing over the shard
-group alone counts each element once.
+group alone counts each element once (`SliceNorm`).
+
+With tensor parallelism (`parallelism.tensor_parallel` > 1) each strategy runs on the plan's
+groups as they are: the shard group is over ranks of the same tensor coordinate, so each rank's
+flat buffers are laid out over its own tensor-parallel shards, the same shapes on every rank of
+its shard group; FSDP gathers and frees those shards (the layers' custom-bprop cells are
+untouched: they hold no parameters) and `whole_model()` gathers the model each rank holds under
+plain tensor parallelism, which is what its checkpoint saves. Before the data-parallel
+reduction, the partial gradients of the sequence-parallel parameters (norm weights,
+row-parallel biases) are summed over the tensor group, as `TensorParallel` does; the norm then
+adds the squares of tensor-split elements over the tensor group too and counts the replicated
+ones once.
 
 What the sharded strategies cannot run yet is refused before any rank starts (`problems`):
 Muon (its Newton-Schulz step needs whole matrices, the slices cut them), optimizers other than
-AdamW, tensor parallelism together with sharding, and under FSDP mf-memory's swap and
-communication recompute (their saved-tensor hooks and FSDP's do not stack).
+AdamW, and under FSDP mf-memory's swap and communication recompute (their saved-tensor hooks
+and FSDP's do not stack).
 """
 
 from __future__ import annotations
@@ -30,6 +41,7 @@ from collections.abc import Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from typing import Any
 
+import numpy as np
 from mindspore import Parameter, Tensor, nn, ops
 
 from mf_config import OptimizerConfig, ParallelismConfig
@@ -38,6 +50,11 @@ from mf_config.yaml_source import Source
 from mf_parallel import runtime
 from mf_parallel.dims import ParallelDims
 from mf_parallel.runtime import Collectives
+from mf_parallel.runtime.tensor_parallel import (
+    TensorGroup,
+    is_tensor_sharded,
+    reduce_sequence_parallel_grads,
+)
 
 from ..optim import AdamW, Muon, ShardedAdamW
 from ..optim.adamw import adamw_settings
@@ -52,42 +69,86 @@ from .contract import (
     ReducedGradients,
     StepLayout,
 )
-from .replicated import DataParallelLoss, one_stage
+from .replicated import DataParallelLoss, TensorParallel, one_stage
 
 NAMES = {"optim": "ZeRO-1", "optim_grads": "ZeRO-2", "optim_grads_params": "FSDP"}
 FSDP_STRATEGY = "optim_grads_params"
 STRATEGY_PATH = ("parallelism", "data_parallel_shard_strategy")
 
 
-def reduce_to_slice(sharded: Any, collectives: Collectives,
-                    grads: Sequence[Tensor]) -> tuple[Tensor, float]:
+class SliceNorm:
+    """The global L2 norm of the reduced gradients, from this rank's slice of them.
+
+    The slices of the shard group partition every flat buffer (padding is zero) and HSDP
+    replicas hold equal slices, so summing the squares over the shard group counts each
+    element of this rank's buffers once. Under tensor parallelism the buffers of the ranks
+    of one tensor group hold different shards of the split parameters and equal copies of
+    the replicated ones: the squares of split elements are then also summed over the tensor
+    group, those of replicated elements counted once (as `replicated.tensor_parallel_norm`).
+
+    Args:
+        buffers: the sharded wrapper's flat buffers (`ShardedDataParallel.buffers`, or
+            `FullyShardedDataParallel.buffers`), in slice order.
+        collectives: this rank's collectives (the `shard` group).
+        group: this rank's tensor group, or None without tensor parallelism.
+    """
+
+    def __init__(self, buffers: Sequence[Any], collectives: Collectives,
+                 group: TensorGroup | None = None):
+        self.collectives, self.group = collectives, group
+        self.split: Tensor | None = None
+        """1 where this rank's slice holds an element of a tensor-split parameter."""
+        if group is not None and group.size > 1:
+            self.split = Tensor(np.concatenate([
+                buffer.flat.own_values([float(is_tensor_sharded(p)) for p in buffer.params])
+                for buffer in buffers]))
+
+    def __call__(self, grad: Tensor) -> float:
+        squares = ops.square(grad)
+        if self.split is None:
+            total = self.collectives.all_reduce(ops.sum(squares).reshape(1), "shard")
+            return math.sqrt(float(total.asnumpy()[0]))
+        parts = ops.stack([ops.sum(squares * self.split), ops.sum(squares * (1 - self.split))])
+        split, whole = self.collectives.all_reduce(parts, "shard").split(1)
+        total = self.group.all_reduce(split) + whole
+        return math.sqrt(float(total.asnumpy()[0]))
+
+
+def reduce_to_slice(sharded: Any, collectives: Collectives, grads: Sequence[Tensor],
+                    norm: SliceNorm | None = None) -> tuple[Tensor, float]:
     """This rank's slice of the reduced gradients, and their global norm.
 
     Args:
         sharded: mf-parallel's `ShardedDataParallel` or `FullyShardedDataParallel`.
         collectives: this rank's collectives (the norm sums over the `shard` group).
-        grads: this rank's local gradients, aligned with the sharded parameters.
+        grads: this rank's local gradients, aligned with the sharded parameters (under
+            tensor parallelism, with the sequence-parallel partial sums already added up).
+        norm: the norm of the slice (None: `SliceNorm` without tensor parallelism).
 
     Returns:
         The float32 slice (all buffers end to end) and the L2 norm of the whole gradient.
     """
     slices = sharded.reduce_grads(list(grads))
     grad = ops.cast(slices[0] if len(slices) == 1 else ops.cat(slices), FLOAT32)
-    squares = ops.sum(ops.square(grad)).reshape(1)
-    total = collectives.all_reduce(squares, "shard")
-    return grad, math.sqrt(float(total.asnumpy()[0]))
+    norm = norm if norm is not None else SliceNorm(sharded.buffers, collectives)
+    return grad, norm(grad)
 
 
 class ZeRO(StepLayout):
     """ZeRO-1 / ZeRO-2: optimizer state (and, ZeRO-2, reduced gradients) sharded."""
 
     def __init__(self, model: nn.Cell, optimizer: ShardedAdamW, collectives: Collectives,
-                 parallelism: ParallelismConfig, dims: ParallelDims):
+                 parallelism: ParallelismConfig, dims: ParallelDims,
+                 group: TensorGroup | None = None):
         self.loss = DataParallelLoss(collectives, parallelism)
         super().__init__(model, optimizer, loss_divisor=self.loss.divisor)
         self.sharded, self.collectives = optimizer.sharded, collectives
         self.strategy, self.dims = parallelism.data_parallel_shard_strategy, dims
         self.reshard_policy = parallelism.reshard_after_forward_policy
+        self.group = group if group is not None and group.size > 1 else None
+        self.norm = SliceNorm(self.sharded.buffers, collectives, self.group)
+        if self.group is not None and self.compile_blocker is None:
+            self.compile_blocker = TensorParallel.compile_blocker  # the layers' bprop cells
 
     @classmethod
     def selects(cls, dims: ParallelDims, parallelism: ParallelismConfig) -> bool:
@@ -99,21 +160,19 @@ class ZeRO(StepLayout):
         name = (f"{sections.parallelism.data_parallel_shard_strategy} "
                 f"({NAMES[sections.parallelism.data_parallel_shard_strategy]}) with "
                 f"data_parallel_shard {dims.data_shard}")
-        found = _optimizer_problems(sections.optimizer, name, sections.source)
-        if dims.tensor > 1:
-            found.append((("parallelism", "tensor_parallel"),
-                          f"{name} together with tensor parallelism is not run by mf-train yet; "
-                          "set parallelism.data_parallel_shard: 1 (replicated data "
-                          "parallelism) or tensor_parallel: 1"))
-        return found
+        return _optimizer_problems(sections.optimizer, name, sections.source)
 
     @classmethod
     def build(cls, parts: LayoutParts) -> ZeRO:
+        if parts.dims.tensor > 1 and parts.tensor_group is None:
+            raise ValueError(f"{cls.__name__} with tensor_parallel {parts.dims.tensor} needs "
+                             "the tensor-parallel group")
         named = [(p.name, p) for p in parts.model.trainable_params()]
         settings = adamw_settings_of(parts.optimizer, named, parts.source)
         sharded = cls.shard(parts, [p for _, p in named])
         optimizer = ShardedAdamW(named, sharded, parts.collectives, **settings)
-        return cls(parts.model, optimizer, parts.collectives, parts.parallelism, parts.dims)
+        return cls(parts.model, optimizer, parts.collectives, parts.parallelism, parts.dims,
+                   parts.tensor_group)
 
     @classmethod
     def shard(cls, parts: LayoutParts, params: list[Parameter]) -> Any:
@@ -126,10 +185,18 @@ class ZeRO(StepLayout):
         text = f"{NAMES[self.strategy]} over {self.dims.data_shard} ranks"
         if self.dims.data_replicate > 1:
             text += f" x {self.dims.data_replicate} replicas"
+        if self.group is not None:
+            text += f", tensor parallel {self.group.size} (sequence parallel)"
         return text
 
     def reduce(self, local: LocalGradients) -> ReducedGradients:
-        grad, norm = reduce_to_slice(self.sharded, self.collectives, local.grads)
+        """The sequence-parallel partial gradients summed over the tensor group first (each
+        tensor rank's flat buffer then holds the whole gradient of its own shards), then
+        reduced over the data-parallel ranks to this rank's slice."""
+        grads = tuple(local.grads)
+        if self.group is not None:
+            grads = reduce_sequence_parallel_grads(self.params, grads, self.group)
+        grad, norm = reduce_to_slice(self.sharded, self.collectives, grads, self.norm)
         return ReducedGradients(self.loss(local.loss), [grad], norm)
 
 

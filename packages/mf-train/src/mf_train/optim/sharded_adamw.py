@@ -153,17 +153,8 @@ class ShardedAdamW:
             return rates, None
         rate_of = {id(p): rates.index(r)
                    for p, r in zip(self.params, self.weight_decays, strict=True)}
-        pieces = []
-        for buffer in buffers:
-            ids = np.zeros(buffer.flat.length, dtype=np.int32)
-            begin, end = buffer.flat.start, buffer.flat.start + buffer.flat.length
-            offset = 0
-            for param, numel in zip(buffer.params, buffer.flat.numels, strict=True):
-                low, high = max(offset, begin), min(offset + numel, end)
-                if low < high:
-                    ids[low - begin:high - begin] = rate_of[id(param)]
-                offset += numel
-            pieces.append(ids)
+        pieces = [buffer.flat.own_values([rate_of[id(p)] for p in buffer.params], np.int32)
+                  for buffer in buffers]
         return rates, Tensor(np.concatenate(pieces))
 
     def _decayed(self, value: Tensor, lr: float) -> Tensor:
