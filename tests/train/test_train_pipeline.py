@@ -157,14 +157,13 @@ def test_pipeline_with_tensor_parallel_matches_one_process(data_prefix, single,
     assert_same_run(tmp_path, single)
 
 
-@pytest.mark.slow  # 8 ranks on 2 cores: about 75 s
-def test_eight_ranks_pipeline_data_and_tensor_parallel(data_prefix, single, tmp_path) -> None:
-    """3D: 2 stages x 2 data-parallel replicas x tensor parallel 2, micro-batches of one
-    sample (2 per replica and step), against one process on the same global batch."""
+@pytest.mark.slow  # 8 ranks on 2 cores: about 60-75 s
+def test_eight_ranks_pipeline_fsdp_and_tensor_parallel(data_prefix, single, tmp_path) -> None:
+    """3D: 2 stages x FSDP over 2 data-parallel ranks x tensor parallel 2, micro-batches of one
+    sample (2 per data-parallel rank and step), against one process on the same global batch."""
     ranks(data_prefix, tmp_path, 8, "parallelism.pipeline_parallel=2",
-          "parallelism.tensor_parallel=2", "parallelism.data_parallel_shard=1",
-          "training.local_batch_size=1")
+          "parallelism.tensor_parallel=2", "training.local_batch_size=1")
     assert_same_run(tmp_path, single)
     log = (tmp_path / "logs" / "worker_0.log").read_text()
-    assert ("pipeline 2 (1f1b; this stage 0: layers 0-1) x tensor parallel 2 (sequence "
-            "parallel), data parallel 2 (replicated)") in log
+    assert ("pipeline 2 (1f1b; this stage 0: layers 0-1) x FSDP over 2 ranks, tensor parallel 2 "
+            "(sequence parallel)") in log
