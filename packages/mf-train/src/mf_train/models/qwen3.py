@@ -258,6 +258,7 @@ class Qwen3ForCausalLM(nn.Cell):
         if params_dtype != ms.float32:
             for param in self.get_parameters():
                 param.set_dtype(params_dtype)
+        self.hf_ignored += self._other_stages_weights()
 
     @classmethod
     def from_config(cls, config: ModelConfig, *, tensor_group: TensorGroup | None = None,
@@ -316,6 +317,13 @@ class Qwen3ForCausalLM(nn.Cell):
         if is_sequence_parallel(self.tensor_group):
             seq //= tensor_size(self.tensor_group)
         return (seq, batch, self.settings.hidden_size), self.compute_dtype
+
+    def _other_stages_weights(self) -> tuple[str, ...]:
+        """HF names of the weights other pipeline stages hold (a stage loading a whole HF
+        checkpoint takes its own and leaves these)."""
+        held = {entry.ours for entry in self.weight_maps()}
+        return tuple(name for entry in weight_maps(self.settings) if entry.ours not in held
+                     for name in entry.hf)
 
     def _head_logits(self, x: Tensor) -> Tensor:
         x = self.final_norm(x)
