@@ -157,6 +157,19 @@ def test_pipeline_with_tensor_parallel_matches_one_process(data_prefix, single,
     assert_same_run(tmp_path, single)
 
 
+def test_four_stages_match_one_process(data_prefix, single, tmp_path) -> None:
+    """One layer per stage, 4 micro-batches of one sample: messages pass through the middle
+    stages (two neighbours each) and the tied embedding's copies are on stages 0 and 3."""
+    ranks(data_prefix, tmp_path, 4, "parallelism.pipeline_parallel=4",
+          "training.local_batch_size=1")
+    assert_same_run(tmp_path, single)
+    stages = [model_file(tmp_path, 4, rank, 4) for rank in range(4)]
+    assert [sorted(name.split(".")[1] for name in stage if name.startswith("decoder_layers")
+                   and name.endswith("input_norm.weight")) for stage in stages] == \
+        [["0"], ["1"], ["2"], ["3"]]
+    np.testing.assert_array_equal(stages[0]["embedding.weight"], stages[3]["embedding.weight"])
+
+
 @pytest.mark.slow  # 8 ranks on 2 cores: about 60-75 s
 def test_eight_ranks_pipeline_fsdp_and_tensor_parallel(data_prefix, single, tmp_path) -> None:
     """3D: 2 stages x FSDP over 2 data-parallel ranks x tensor parallel 2, micro-batches of one
