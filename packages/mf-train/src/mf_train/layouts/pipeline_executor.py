@@ -14,6 +14,8 @@ once, the backward seeded with the received output gradient `dy` through `sum(ou
 (whose gradient with respect to `out` is exactly `dy`). This is Megatron's full recompute:
 one more forward per chunk, and a stage holds only the inputs of its micro-batches in flight.
 The last virtual stage runs nothing at F: its B computes the loss and the gradients together.
+The models here have no dropout; one with dropout would need F's random state restored for the
+recompute at B (as Megatron's activation checkpointing does).
 
 Loss scaling is the step contract's: each micro-batch's loss times `scale`.
 """
@@ -22,7 +24,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager, nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import mindspore as ms
@@ -210,8 +212,9 @@ class _StepState:
     micro_batches: Sequence[MicroBatch]
     grads: list[Tensor | None]
     loss: Tensor | None = None
-
-    def __post_init__(self) -> None:
-        self.inputs: dict[tuple[int, int], Tensor | None] = {}
-        self.outbox: dict[Message, Tensor] = {}
-        self.arrived: dict[Message, Tensor] = {}
+    inputs: dict[tuple[int, int], Tensor | None] = field(default_factory=dict)
+    """(micro-batch, virtual stage) -> the chunk's input, kept from F to B."""
+    outbox: dict[Message, Tensor] = field(default_factory=dict)
+    """Outputs and input gradients computed, not yet transferred."""
+    arrived: dict[Message, Tensor] = field(default_factory=dict)
+    """Messages transferred to this stage, not yet used."""
