@@ -1,7 +1,8 @@
 """Sessions: `tests` (the whole suite), `lint` (ruff + the layering contract), `train` (the main
 job: the demo, a short training run of the tiny example), `bench` (side-by-side measurements).
 `megatron_parity`, `bench_data` and `bench_speed` (mf against PyTorch + transformers) also
-install torch (CPU) and run only when named.
+install torch (CPU) and run only when named; so does `bench_pipeline` (pipeline schedules on
+2 msrun ranks, about 6-10 minutes).
 
 Every session installs the packages from this checkout into a fresh virtual environment.
 """
@@ -76,6 +77,15 @@ def bench(session: nox.Session) -> None:
     session.run("python", "benchmarks/train_step.py")
     session.run("python", "benchmarks/sharded_memory.py")
     session.run("python", "benchmarks/memory.py")
+
+
+@nox.session
+def bench_pipeline(session: nox.Session) -> None:
+    """Pipeline parallelism on 2 msrun ranks: each schedule's step against one process, the
+    simulator's bubble and its prediction from the measured durations, per-stage busy/idle.
+    `nox -s bench_pipeline -- --microbatches 4 --pin-ranks`."""
+    install_packages(session)
+    session.run("python", "benchmarks/pipeline.py", *session.posargs)
 
 
 TORCH_CPU_INDEX = "https://download.pytorch.org/whl/cpu"
