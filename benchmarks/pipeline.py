@@ -52,8 +52,8 @@ from collections import defaultdict
 from pathlib import Path
 
 from mf_parallel.launch import run_ranks
-from mf_parallel.pipeline_program import Transfer, message_of, stage_programs
-from mf_parallel.pipeline_schedules import Kind, build_schedule
+from mf_parallel.pipeline_program import Transfer, stage_programs
+from mf_parallel.pipeline_schedules import Kind, build_schedule, message_of
 from mf_parallel.pipeline_simulator import simulate
 from mf_train.cli import LAUNCHED
 
@@ -236,8 +236,7 @@ def replay(programs: list[list], measured: dict, move: float,
                     clock[s] = clock[peer] = max(clock[s], clock[peer]) + move
                     position[peer] += 1
                 elif item.kind in (Kind.F, Kind.B):
-                    virtual = item.chunk * STAGES + s
-                    duration = measured.get((s, item.kind.value, virtual), 0.0)
+                    duration = _duration(measured, s, item)
                     clock[s] += duration
                     busy[s] += duration
                 position[s] += 1
@@ -247,16 +246,21 @@ def replay(programs: list[list], measured: dict, move: float,
     return max(clock), busy
 
 
+def _duration(measured: dict, stage: int, action) -> float:
+    """The measured median of an F or B of `stage` (0 for one it never times: the last
+    virtual stage's F)."""
+    return measured.get((stage, action.kind.value, action.chunk * STAGES + stage), 0.0)
+
+
 def _buffered(actions: list[list], measured: dict, move: float) -> tuple[float, list[float]]:
     position, clock, busy = [0] * STAGES, [0.0] * STAGES, [0.0] * STAGES
-    sent: dict[tuple, float] = {}
+    sent: dict[object, float] = {}
     while any(position[s] < len(actions[s]) for s in range(STAGES)):
         progressed = False
         for s in range(STAGES):
             while position[s] < len(actions[s]):
                 action = actions[s][position[s]]
-                key = (action.kind in (Kind.SEND_F, Kind.RECV_F), action.microbatch,
-                       message_of(action, s, STAGES).sender) if action.peer is not None else None
+                key = message_of(action, s, STAGES) if action.peer is not None else None
                 if action.kind in (Kind.RECV_F, Kind.RECV_B):
                     if key not in sent:
                         break
@@ -264,8 +268,7 @@ def _buffered(actions: list[list], measured: dict, move: float) -> tuple[float, 
                 elif action.kind in (Kind.SEND_F, Kind.SEND_B):
                     sent[key] = clock[s]
                 else:
-                    duration = measured.get((s, action.kind.value, action.chunk * STAGES + s),
-                                            0.0)
+                    duration = _duration(measured, s, action)
                     clock[s] += duration
                     busy[s] += duration
                 position[s] += 1

@@ -12,14 +12,16 @@ import itertools
 
 import pytest
 
-from mf_parallel.pipeline_program import (
+from mf_parallel.pipeline_program import Transfer, count_transfers, stage_programs
+from mf_parallel.pipeline_schedules import (
+    COMPUTE,
+    SENDS,
+    Action,
+    Kind,
     Message,
-    Transfer,
-    count_transfers,
+    build_schedule,
     message_of,
-    stage_programs,
 )
-from mf_parallel.pipeline_schedules import COMPUTE, SENDS, Action, Kind, build_schedule
 from mf_parallel.pipeline_simulator import ScheduleError
 
 CASES = [

@@ -5,7 +5,6 @@ under the model-wide names."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np
@@ -13,9 +12,9 @@ import pytest
 
 pytest.importorskip("mindspore")
 
-from safetensors.numpy import load_file
+from test_train_sharded import checkpoint_files, steps
 
-from mf_train.checkpoint.layout import iteration_name, rank_file
+from mf_train.checkpoint.layout import iteration_name
 from mf_train.cli import run
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -49,14 +48,8 @@ def ranks(prefix: str, output: Path, nproc: int, *more: str) -> None:
                 "--timeout", "600"]) == 0
 
 
-def steps(output: Path) -> list[dict]:
-    lines = [json.loads(line) for line in (output / "metrics.jsonl").read_text().splitlines()]
-    return [line for line in lines if "event" not in line]
-
-
 def model_file(output: Path, step: int, rank: int, world: int) -> dict[str, np.ndarray]:
-    directory = output / "ckpt" / iteration_name(step)
-    return load_file(str(directory / rank_file("qwen3_tiny", "model", rank, world)))
+    return checkpoint_files(output, step, "model", rank, world)
 
 
 def assert_same_run(got: Path, want: Path, rel: float = 1e-5) -> None:

@@ -27,39 +27,10 @@ from collections.abc import Sequence
 
 import attrs
 
-from .pipeline_layout import virtual_stage
-from .pipeline_schedules import Action, Kind
+from .pipeline_schedules import Action, Kind, Message, message_of
 from .pipeline_simulator import ScheduleError, simulate
 
 Number = int | float
-
-# The computation a message carries, and the side of the virtual stage its other end is on.
-_CARRIES = {Kind.SEND_F: Kind.F, Kind.RECV_F: Kind.F, Kind.SEND_B: Kind.B, Kind.RECV_B: Kind.B}
-_TOWARD = {Kind.SEND_F: +1, Kind.RECV_B: +1, Kind.RECV_F: -1, Kind.SEND_B: -1}
-
-
-@attrs.frozen
-class Message:
-    """One pipeline message: the output of `carries` (F: activations, B: input gradients) for
-    `microbatch`, from virtual stage `sender` to its neighbour (sender + 1 for F, - 1 for B)."""
-
-    carries: Kind
-    microbatch: int
-    sender: int
-
-    @property
-    def receiver(self) -> int:
-        """The virtual stage that uses the message."""
-        return self.sender + (1 if self.carries is Kind.F else -1)
-
-
-def message_of(action: Action, stage: int, num_stages: int) -> Message:
-    """The message a SEND_* or RECV_* action of `stage` moves (named the same at both ends)."""
-    virtual = virtual_stage(stage, action.chunk, num_stages)
-    if action.kind in (Kind.RECV_F, Kind.RECV_B):
-        virtual += _TOWARD[action.kind]
-    return Message(_CARRIES[action.kind], action.microbatch, virtual)
-
 
 @attrs.frozen
 class Transfer:

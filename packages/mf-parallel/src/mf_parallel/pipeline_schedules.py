@@ -70,6 +70,35 @@ class Action:
         return f"{text}, {direction} stage {self.peer})"
 
 
+CARRIES = {Kind.SEND_F: Kind.F, Kind.RECV_F: Kind.F, Kind.SEND_B: Kind.B, Kind.RECV_B: Kind.B}
+"""The computation whose result a message action moves."""
+TOWARD = {Kind.SEND_F: +1, Kind.RECV_B: +1, Kind.RECV_F: -1, Kind.SEND_B: -1}
+"""Where the other end of a message action is: the next (+1) or previous (-1) virtual stage."""
+
+
+@attrs.frozen
+class Message:
+    """One pipeline message: the output of `carries` (F: activations, B: input gradients) for
+    `microbatch`, from virtual stage `sender` to its neighbour (sender + 1 for F, - 1 for B)."""
+
+    carries: Kind
+    microbatch: int
+    sender: int
+
+    @property
+    def receiver(self) -> int:
+        """The virtual stage that uses the message."""
+        return self.sender + (1 if self.carries is Kind.F else -1)
+
+
+def message_of(action: Action, stage: int, num_stages: int) -> Message:
+    """The message a SEND_* or RECV_* action of `stage` moves (named the same at both ends)."""
+    virtual = virtual_stage(stage, action.chunk, num_stages)
+    if action.kind in (Kind.RECV_F, Kind.RECV_B):
+        virtual += TOWARD[action.kind]
+    return Message(CARRIES[action.kind], action.microbatch, virtual)
+
+
 Schedule = list[list[Action]]
 ComputeOrder = Callable[[int, int, int, int], list[Action]]
 

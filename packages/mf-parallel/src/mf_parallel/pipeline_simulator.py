@@ -18,7 +18,7 @@ from collections.abc import Sequence
 import attrs
 
 from .pipeline_layout import placement, virtual_stage
-from .pipeline_schedules import Action, Kind
+from .pipeline_schedules import CARRIES, TOWARD, Action, Kind, Message, message_of
 
 Number = int | float
 
@@ -94,12 +94,6 @@ def simulate(schedule: Sequence[Sequence[Action]], num_microbatches: int | None 
                             peak_in_flight=tuple(run.peak))
 
 
-# The computation whose result a message carries.
-_CARRIES = {Kind.SEND_F: Kind.F, Kind.RECV_F: Kind.F, Kind.SEND_B: Kind.B, Kind.RECV_B: Kind.B}
-# Where the other end of a message is: the next (+1) or the previous (-1) virtual stage.
-_TOWARD = {Kind.SEND_F: +1, Kind.RECV_B: +1, Kind.RECV_F: -1, Kind.SEND_B: -1}
-
-Message = tuple[Kind, int, int]  # (computation carried, micro-batch, sending virtual stage)
 
 
 @attrs.define
@@ -158,7 +152,7 @@ class _Run:
         if action.kind in (Kind.F, Kind.B):
             self.compute(stage, action, virtual)
             return True
-        message = self.message(action, virtual)
+        message = message_of(action, stage, self.num_stages)
         if action.kind in (Kind.SEND_F, Kind.SEND_B):
             self.send(stage, action, virtual, message)
             return True
@@ -185,7 +179,7 @@ class _Run:
         """Whether the result of `kind` on virtual stage `source` has reached this stage."""
         if self.num_stages == 1:
             return (mb, source) in self.done[kind]
-        return (kind, mb, source) in self.received
+        return Message(kind, mb, source) in self.received
 
     def missing_input(self, kind: Kind, mb: int, source: int) -> str:
         stage, chunk = placement(source, self.num_stages)
@@ -195,14 +189,8 @@ class _Run:
             return f"runs before {producer}, which computes its {what}"
         return f"runs before its {what} from {producer} on stage {stage} is received"
 
-    def message(self, action: Action, virtual: int) -> Message:
-        """The message a send or receive moves, named the same at both ends."""
-        if action.kind in (Kind.RECV_F, Kind.RECV_B):
-            virtual += _TOWARD[action.kind]
-        return _CARRIES[action.kind], action.microbatch, virtual
-
     def send(self, stage: int, action: Action, virtual: int, message: Message) -> None:
-        kind = _CARRIES[action.kind]
+        kind = CARRIES[action.kind]
         if (action.microbatch, virtual) not in self.done[kind]:
             raise self.error(stage, action, f"sends before {_as(kind, action)} has run")
         if message in self.sent:
@@ -232,7 +220,7 @@ class _Run:
         virtual = virtual_stage(stage, action.chunk, self.num_stages)
         if action.peer is None:
             return virtual
-        neighbour = virtual + _TOWARD[action.kind]
+        neighbour = virtual + TOWARD[action.kind]
         if not 0 <= neighbour < self.num_virtual:
             end = "last" if neighbour > virtual else "first"
             raise self.error(stage, action, f"has no peer: virtual stage {virtual} is the {end}")

@@ -32,8 +32,8 @@ import numpy as np
 from mindspore import Parameter, Tensor, ops
 
 from mf_parallel.pipeline_layout import StageLayout
-from mf_parallel.pipeline_program import Message, Step, Transfer, stage_programs
-from mf_parallel.pipeline_schedules import Kind, build_schedule
+from mf_parallel.pipeline_program import Step, Transfer, stage_programs
+from mf_parallel.pipeline_schedules import Kind, Message, build_schedule
 from mf_parallel.runtime import Collectives
 
 from ..models.parts import PipelineModel

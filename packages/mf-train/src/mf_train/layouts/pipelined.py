@@ -23,6 +23,7 @@ import attrs
 from mindspore import Parameter, Tensor
 
 from mf_config import ParallelismConfig
+from mf_memory.layers import ids_text
 from mf_parallel import Plan
 from mf_parallel.dims import ParallelDims
 from mf_parallel.runtime import Collectives
@@ -41,8 +42,6 @@ from .contract import (
     StepObserver,
 )
 from .pipeline_executor import StageRunner
-
-TIED_NAME = "embedding.weight"
 
 
 def stage_part(plan: Plan, rank: int) -> ModelPart | None:
@@ -104,8 +103,7 @@ class Pipelined(StepLayout):
         return cls(inner, runner, parts.collectives, parts.plan)
 
     def describe(self) -> str:
-        layers = ", ".join(f"{c.layers[0]}-{c.layers[-1]}" if len(c.layers) > 1
-                           else str(c.layers[0]) for c in self.runner.chunks)
+        layers = ", ".join(ids_text(chunk.layers) for chunk in self.runner.chunks)
         return (f"pipeline {self.num_stages} ({self.plan.schedule}"
                 f"{f', {self.plan.interleave} chunks' if self.plan.interleave > 1 else ''}; "
                 f"this stage {self.stage}: layers {layers}) x {self.inner.describe()}")
@@ -138,12 +136,10 @@ class Pipelined(StepLayout):
         other copy) on the first and last stages of a model with tied embeddings."""
         if not getattr(self.model, "tied", False) or self.stage not in (0, self.num_stages - 1):
             return None
-        names = [getattr(p, "name", "") for p in self.params]
-        if TIED_NAME not in names:
-            return None
+        table = self.model.embedding.weight
+        index = next(i for i, p in enumerate(self.params) if p is table)
         ranks = self.collectives.comm.group_ranks["pipeline"]
-        peer = ranks[-1] if self.stage == 0 else ranks[0]
-        return names.index(TIED_NAME), peer
+        return index, ranks[-1] if self.stage == 0 else ranks[0]
 
     def _counted_twice(self, grads: list[Tensor]) -> float:
         """On the last stage, the squares of the tied copy's reduced gradient (the first
