@@ -1,6 +1,7 @@
 """DeepSeek-V3 mixture of experts (mf_train.models.moe): group-limited routing against hand-worked
-examples, routing weights, the sequence-wise balance loss against its formula, and the exact
-dispatch against a per-token loop."""
+examples, routing weights, the sequence-wise balance loss against its formula, the exact
+dispatch against a per-token loop, and the auxiliary-loss-free bias update against a per-expert
+loop over several routed steps."""
 
 from __future__ import annotations
 
@@ -13,7 +14,14 @@ import mindspore as ms
 from mindspore import Tensor
 
 from mf_train.models.blocks import SwiGLU
-from mf_train.models.moe import MoE, Router, balance_loss, expert_counts, select_experts
+from mf_train.models.moe import (
+    MoE,
+    Router,
+    balance_loss,
+    expert_counts,
+    select_experts,
+    updated_expert_bias,
+)
 
 ms.set_context(mode=ms.PYNATIVE_MODE)
 ms.set_device("CPU")
@@ -152,3 +160,48 @@ def test_an_expert_without_tokens_gets_a_zero_gradient() -> None:
             assert not grad.any(), name
         elif "experts.0." in name or "experts.2." in name:
             assert grad.any(), name
+
+
+# ----------------------------------------------------------- auxiliary-loss-free bias
+
+
+def reference_bias_step(bias: list[float], counts: list[int], rate: float) -> list[float]:
+    """One update, expert by expert: +rate below the mean load, -rate above, 0 at it."""
+    total, n = sum(counts), len(counts)
+    out = []
+    for b, c in zip(bias, counts, strict=True):
+        direction = 1.0 if c * n < total else -1.0 if c * n > total else 0.0
+        out.append(float(np.float32(b) + np.float32(rate) * np.float32(direction)))
+    return out
+
+
+def test_bias_update_by_hand() -> None:
+    # mean 3: expert 0 and 2 are overloaded, 1 and 3 underloaded; a row at the mean stays.
+    bias = updated_expert_bias(np.zeros((2, 4), np.float32), np.array([[6, 2, 4, 0],
+                                                                       [3, 3, 3, 3]]), 0.001)
+    assert bias.dtype == np.float32
+    np.testing.assert_array_equal(bias, np.float32([[-0.001, 0.001, -0.001, 0.001],
+                                                    [0, 0, 0, 0]]))
+
+
+def test_router_bias_follows_the_reference_over_routed_steps() -> None:
+    """Five steps of routing random tokens with the current bias, then the router's update,
+    against the per-expert loop: the same biases, and the load evens out."""
+    rng = np.random.default_rng(7)
+    n_experts, rate = 8, 0.05
+    skew = np.linspace(0.4, 0.0, n_experts, dtype=np.float32)  # experts 0.. are favoured
+    router = Router(np.zeros((n_experts, 4), np.float32), top_k=2, n_group=2, topk_group=2,
+                    norm_topk_prob=True, scaling_factor=1.0)
+    reference = [0.0] * n_experts
+    spreads = []
+    for _ in range(5):
+        scores = rng.uniform(0, 0.2, (64, n_experts)).astype(np.float32) + skew
+        bias = router.e_score_correction_bias.asnumpy()
+        counts = expert_counts(select_experts(scores + bias, 2, 2, 2), n_experts)
+        spreads.append(int(counts.max() - counts.min()))
+        router.update_bias(counts, rate)
+        reference = reference_bias_step(reference, counts.tolist(), rate)
+        np.testing.assert_array_equal(router.e_score_correction_bias.asnumpy(),
+                                      np.float32(reference))
+    assert not router.e_score_correction_bias.requires_grad
+    assert spreads[-1] < spreads[0] - 20  # 60 -> 34 here

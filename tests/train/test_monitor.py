@@ -389,7 +389,8 @@ def test_moe_counts_every_interval_for_target_layers(tmp_path: Path, caplog) -> 
     assert records[3].extra["moe/layer1/expert1"] == 8.0
     assert records[3].extra["moe/layer1/max_over_mean"] == pytest.approx(8 / (13 / 4))
     assert [json.loads(m) for m in caplog.messages] == [
-        {"step": 2, "layer": 1, "tpe": [2, 4, 0, 1]}, {"step": 4, "layer": 1, "tpe": [4, 8, 0, 1]}]
+        {"step": 2, "layer": 1, "rank": 0, "tpe": [2, 4, 0, 1]},
+        {"step": 4, "layer": 1, "rank": 0, "tpe": [4, 8, 0, 1]}]
 
 
 def test_moe_sums_micro_batches_and_int_target_layers(tmp_path: Path, caplog) -> None:

@@ -103,7 +103,8 @@ class TrainContext:
     `output_dir` holds metrics.jsonl and (by default) the TensorBoard events; `start_step` is
     the number of optimizer steps already done when training begins (the resumed checkpoint's
     step, 0 for a new run); `model` is the model being trained (its `tokens_per_expert()`
-    feeds `MoeMonitor`); `monitor` is the run's `monitor:` section.
+    feeds `MoeMonitor`); `monitor` is the run's `monitor:` section; `collectives` are this
+    rank's (`MoeMonitor` sums tokens per expert over ranks with them; None in one process).
     """
 
     output_dir: Path
@@ -113,6 +114,7 @@ class TrainContext:
     start_step: int = 0
     monitor: MonitorConfig = dataclasses.field(default_factory=MonitorConfig)
     model: Any = dataclasses.field(default=None, repr=False)
+    collectives: Any = dataclasses.field(default=None, repr=False)
 
     def __post_init__(self) -> None:
         self.output_dir = Path(self.output_dir)

@@ -3,7 +3,7 @@
 Read `Trainer.train` and `TrainStep.__call__` to follow a step: micro-batches from the data
 stream -> forward, loss and backward (`layout.forward_backward`) -> reduction over the
 parallel groups and the global norm (`layout.reduce`) -> skip or clip -> optimizer update ->
-checkpoint -> metrics (callbacks). The only part that depends on the parallel layout is the
+the MoE routers' auxiliary-loss-free bias (`expert_bias`) -> checkpoint -> metrics (callbacks). The only part that depends on the parallel layout is the
 `StepLayout` (`mf_train.layouts`), chosen from the plan in one place.
 
 `Trainer(config, output_dir=...)` builds everything from the validated configuration, in this
@@ -18,7 +18,8 @@ checkpoint manager and the resumed state (`checkpoint`), and the callbacks (`mon
 
 With `training.use_skip_step_on_nan` a step whose norm is not finite, or above
 `monitor.health_checkpoint.global_norm_skip_threshold`, is skipped: no update, the
-optimizer's step count unchanged.
+optimizer's step count unchanged. The expert bias is still updated on a skipped step, as
+Megatron does (`mf_train.expert_bias` says why).
 """
 
 from __future__ import annotations
@@ -56,11 +57,13 @@ from .checkpoint import (
     resume,
 )
 from .compiled_layers import CompileReport, compile_layers
+from .expert_bias import ExpertBiasUpdate, NoExpertBiasUpdate
 from .gradient_norm import clip_coefficient
 from .job import check_support, make_job_plan, resolve_device
 from .layouts import (
     LayoutParts,
     MicroBatch,
+    Observers,
     StepLayout,
     StepObserver,
     Unobserved,
@@ -101,14 +104,18 @@ class TrainStep:
         skip_threshold: skip the update when the norm is not finite or above this (None:
             never skip).
         observer: told each micro-batch's and the step's local loss and gradients.
+        expert_bias: the MoE routers' auxiliary-loss-free bias update (none by default); it
+            also observes the micro-batches, to count their tokens per expert.
     """
 
     def __init__(self, layout: StepLayout, *, max_norm: float,
-                 skip_threshold: float | None = None, observer: StepObserver | None = None):
+                 skip_threshold: float | None = None, observer: StepObserver | None = None,
+                 expert_bias: NoExpertBiasUpdate | None = None):
         self.layout = layout
         self.max_norm = max_norm
         self.skip_threshold = skip_threshold
-        self.observer = observer or Unobserved()
+        self.expert_bias = expert_bias or NoExpertBiasUpdate()
+        self.observer = Observers(self.expert_bias, observer or Unobserved())
 
     def __call__(self, micro_batches: Sequence[MicroBatch], lr: float) -> StepOutcome:
         """Run the step on this rank's `micro_batches` at learning rate `lr`."""
@@ -120,6 +127,7 @@ class TrainStep:
         if not skipped:
             clip = clip_coefficient(reduced.norm, self.max_norm)
             self.layout.optimizer.step(reduced.grads, lr, clip)
+        self.expert_bias.update()  # every step, skipped or not (as Megatron)
         return StepOutcome(loss=float(reduced.loss.asnumpy()), grad_norm=reduced.norm,
                            skipped=skipped, tokens=local.tokens,
                            seconds=time.perf_counter() - start, lr=lr)
@@ -279,7 +287,8 @@ class Trainer:
             else None
         observer = MonitorObserver.of(self.layout.optimizer.names, self.callbacks)
         return TrainStep(self.layout, max_norm=self.config.training.max_norm,
-                         skip_threshold=skip, observer=observer)
+                         skip_threshold=skip, observer=observer,
+                         expert_bias=ExpertBiasUpdate.of(self.model, self.collectives))
 
     # ------------------------------------------------------------------ checkpoints
 
@@ -355,7 +364,7 @@ class Trainer:
         return TrainContext(output_dir=self.output_dir, total_steps=self.config.training.steps,
                             rank=self.comm.rank, world_size=self.comm.world_size,
                             start_step=self.step_count, monitor=self.config.monitor,
-                            model=self.model)
+                            model=self.model, collectives=self.collectives)
 
     def train(self) -> list[StepOutcome]:
         """Run the remaining steps up to `training.steps`, calling the callbacks' hooks."""

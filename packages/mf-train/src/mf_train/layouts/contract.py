@@ -198,3 +198,19 @@ class Unobserved:
 
     def reduced(self, loss: Tensor, grads: Sequence[Tensor]) -> None:
         """Nothing to record."""
+
+
+class Observers:
+    """Several observers told the same things, in order (the trainer's monitors and its
+    expert-bias update)."""
+
+    def __init__(self, *observers: StepObserver):
+        self.observers = observers
+
+    def micro_batch(self, index: int, loss: Tensor, grads: Sequence[Tensor]) -> None:
+        for observer in self.observers:
+            observer.micro_batch(index, loss, grads)
+
+    def reduced(self, loss: Tensor, grads: Sequence[Tensor]) -> None:
+        for observer in self.observers:
+            observer.reduced(loss, grads)

@@ -19,8 +19,10 @@ The `model` keys are `settings.deepseek_v3.DeepseekV3Settings` (MindSpore-free, 
 `mf-config validate` checks them). Not implemented, rejected at the configuration:
 multi-token prediction (`num_nextn_predict_layers`/`mtp_num_layers` > 0), YaRN (`rope_scaling`
 not null), tensor parallelism (the settings refuse it) and expert parallelism (mf-train
-refuses it before launch). The auxiliary-loss-free bias (`e_score_correction_bias`) is used for
-routing and loaded from checkpoints, but not updated during training.
+refuses it before launch). The auxiliary-loss-free bias (`e_score_correction_bias`, a
+non-trainable Parameter saved with the model) chooses the experts; with
+`moe_router_enable_expert_bias` and `moe_router_bias_update_rate` > 0 the trainer moves it after
+every step (`update_expert_bias`, driven by `mf_train.expert_bias`).
 
 Parameter names (stable; checkpoints use them) and their Hugging Face names (`i` a layer,
 `e` an expert; `hf_names()` gives the whole table for a built model):
@@ -44,6 +46,7 @@ Parameter names (stable; checkpoints use them) and their Hugging Face names (`i`
 """
 
 import re
+from collections.abc import Mapping
 from typing import Any
 
 import mindspore as ms
@@ -237,6 +240,24 @@ class DeepseekV3ForCausalLM(nn.Cell):
         the last forward; each sums to tokens * num_experts_per_tok."""
         return {self.layer_offset + index: layer.mlp.last_tokens_per_expert.copy()
                 for index, layer in enumerate(self.decoder_layers) if layer.is_moe}
+
+    @property
+    def expert_bias_update_rate(self) -> float:
+        """The auxiliary-loss-free update rate; 0.0 when the update is off."""
+        s = self.settings
+        return s.moe_router_bias_update_rate if s.moe_router_enable_expert_bias else 0.0
+
+    def update_expert_bias(self, counts: Mapping[int, np.ndarray]) -> None:
+        """Move each MoE layer's `e_score_correction_bias` by one auxiliary-loss-free step.
+
+        Args:
+            counts: global layer index -> the step's tokens per expert summed over every rank
+                that routes different tokens (`mf_train.expert_counts.global_counts`).
+        """
+        for index, layer in enumerate(self.decoder_layers):
+            global_index = self.layer_offset + index
+            if layer.is_moe and global_index in counts:
+                layer.mlp.router.update_bias(counts[global_index], self.expert_bias_update_rate)
 
     def balance_loss(self) -> float:
         """The balance-loss part of the last forward's loss (0.0 before any forward)."""

@@ -15,6 +15,12 @@ expert, each expert runs once on its tokens, and the outputs are put back in (to
 order and summed with the routing weights. The selection is not differentiable (as in
 Hugging Face); the weights are, so the router learns through them and through the balance loss.
 
+Auxiliary-loss-free balancing (report, section 2.1.2; Megatron's `moe_router_enable_expert_bias`):
+after each training step, `b += gamma * sign(mean_i(c_i) - c)` with `c` the tokens routed to each
+expert in the whole step (every micro-batch, every rank that routes different tokens), so an
+overloaded expert's bias falls and an underloaded one's rises; `updated_expert_bias` is the
+rule, `mf_train.expert_bias` gathers the counts and applies it.
+
 Balance loss (report, eqs. 17-20, "complementary sequence-wise auxiliary loss"), per sequence
 of T tokens: `L = alpha * sum_i f_i * P_i` with `f_i = N_r / (K_r * T) * #{t: i chosen for t}`
 and `P_i = mean_t s_it / sum_j s_jt`; averaged over the sequences of the batch. The model adds
@@ -60,6 +66,23 @@ def expert_counts(indices: np.ndarray, n_experts: int) -> np.ndarray:
     return np.bincount(indices.reshape(-1), minlength=n_experts).astype(np.int64)
 
 
+def updated_expert_bias(bias: np.ndarray, counts: np.ndarray, rate: float) -> np.ndarray:
+    """The auxiliary-loss-free bias after one step (module docstring), in float32.
+
+    Args:
+        bias: `[..., n_experts]` current `e_score_correction_bias` (one row per layer, or one).
+        counts: tokens routed to each expert in the step, the same shape.
+        rate: the update rate gamma (`moe_router_bias_update_rate`).
+
+    Returns:
+        `bias + rate * sign(mean(counts) - counts)` along the last axis, float32: an expert
+        exactly at the mean keeps its bias (sign 0), as in Megatron.
+    """
+    counts = np.asarray(counts, dtype=np.float32)
+    offset = counts.mean(-1, keepdims=True, dtype=np.float32) - counts
+    return (np.asarray(bias, np.float32) + np.float32(rate) * np.sign(offset)).astype(np.float32)
+
+
 class Router(nn.Cell):
     """`[tokens, hidden]` -> (expert indices `[tokens, k]` as numpy, weights `[tokens, k]`,
     float32 scores `[tokens, n_experts]`). Hugging Face `mlp.gate`."""
@@ -76,6 +99,13 @@ class Router(nn.Cell):
         self.e_score_correction_bias = Parameter(
             Tensor(np.zeros(n_experts, np.float32)), name="e_score_correction_bias",
             requires_grad=False)
+
+    def update_bias(self, counts: np.ndarray, rate: float) -> None:
+        """Apply one auxiliary-loss-free step to `e_score_correction_bias` from the step's
+        global `counts` (`[n_experts]`); in place, so the Parameter (and its name in
+        checkpoints) stays the same."""
+        bias = updated_expert_bias(self.e_score_correction_bias.asnumpy(), counts, rate)
+        self.e_score_correction_bias.set_data(Tensor(bias))
 
     def construct(self, x: Tensor) -> tuple[np.ndarray, Tensor, Tensor]:
         logits = mint.matmul(x.astype(ms.float32), self.weight.astype(ms.float32).T)

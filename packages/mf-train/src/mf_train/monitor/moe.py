@@ -5,14 +5,24 @@
 `tokens_per_expert()` (global layer index -> int counts `[n_routed_experts]`, each summing to
 tokens * num_experts_per_tok; `DeepseekV3ForCausalLM` provides it) for the `target_layers`
 (null = every MoE layer; an int N = layers 0..N-1, as MindFormers; a list = those layers) and
-puts into `record.extra`:
+puts into `record.extra` the counts of the whole step: summed over its micro-batches and over
+every rank that routes different tokens (the loss and tensor groups, `mf_train.expert_counts`),
+the numbers the auxiliary-loss-free bias update sees:
 
-    moe/layer{L}/expert{e}       tokens routed to expert e of layer L in the step
-    moe/layer{L}/max_over_mean   load imbalance: the busiest expert's count over the mean
+    moe/layer{L}/expert{e}              tokens routed to expert e of layer L in the step
+    moe/layer{L}/max_over_mean          load imbalance: the busiest expert's count over the mean
+    moe/layer{L}/rank{r}/max_over_mean  the same of the tokens rank r routed (more than one
+                                        routing rank only): which rank's data is skewed
 
-Every rank also logs one JSON line per layer (`{"step": 100, "layer": 3, "tpe": [...]}`, the
-shape of MindFormers' Megatron-format record). The counts are this rank's tokens; rank 0's
-reach metrics.jsonl and TensorBoard.
+Per-expert counts per rank would be ranks x layers x experts scalars (118,784 for the 671B model
+on 8 ranks), too many for TensorBoard; the imbalance per rank is one number per rank and layer,
+and each rank's own counts are in its log: every rank logs one JSON line per layer
+(`{"step": 100, "layer": 3, "rank": 1, "tpe": [...]}`, the shape of MindFormers'
+Megatron-format record plus the rank). Under expert parallelism the tokens each rank's experts
+processed belong beside the routed ones, in `_rank_extras`.
+
+The collective runs on the recorded steps, on every rank (the interval and the layers are the
+same everywhere; `TrainContext.collectives`, None in one process).
 
 `tokens_per_expert()` reports the last forward. With gradient accumulation the loop calls
 `record_forward()` after each micro-batch's forward, and the step's counts are the sum over
@@ -36,6 +46,7 @@ from mf_config.component_settings import settings_error
 from mf_config.yaml_source import Source
 
 from ..callbacks import Callback, StepRecord, TrainContext
+from ..expert_counts import per_rank_counts
 
 logger = logging.getLogger(__name__)
 
@@ -82,10 +93,14 @@ class MoeMonitor(Callback):
         if not self._due:
             return
         counts = self._counts or self._read(ctx.model)
-        for layer, layer_counts in sorted(counts.items()):
-            record.extra.update(_extras(layer, layer_counts))
+        ranks, per_rank = per_rank_counts(counts, ctx.collectives)
+        for layer, table in sorted(per_rank.items()):
+            record.extra.update(_extras(layer, table.sum(0)))
+            if len(ranks) > 1:
+                for rank, row in zip(ranks, table, strict=True):
+                    record.extra.update(_rank_extras(layer, rank, row))
             logger.info("%s", json.dumps({"step": record.step, "layer": layer,
-                                          "tpe": layer_counts.tolist()}))
+                                          "rank": ctx.rank, "tpe": counts[layer].tolist()}))
         self._counts = {}
         self._due = False
 
@@ -123,9 +138,20 @@ def _target_layers(setting: int | list[int] | None, source: Source | None) -> se
 
 
 def _extras(layer: int, counts: np.ndarray) -> dict[str, float]:
+    """The step's global counts of one layer and their imbalance."""
     prefix = f"moe/layer{layer}"
     extras = {f"{prefix}/expert{expert}": float(count) for expert, count in enumerate(counts)}
-    mean = counts.mean() if counts.size else 0.0
-    if mean > 0:
-        extras[f"{prefix}/max_over_mean"] = float(counts.max() / mean)
+    extras.update(_imbalance(prefix, counts))
     return extras
+
+
+def _rank_extras(layer: int, rank: int, routed: np.ndarray) -> dict[str, float]:
+    """One routing rank's share of a layer: the imbalance of the tokens it routed. (Expert
+    parallelism adds here the tokens this rank's own experts processed.)"""
+    return _imbalance(f"moe/layer{layer}/rank{rank}", routed)
+
+
+def _imbalance(prefix: str, counts: np.ndarray) -> dict[str, float]:
+    """`{prefix}/max_over_mean`, when any token was routed."""
+    mean = counts.mean() if counts.size else 0.0
+    return {f"{prefix}/max_over_mean": float(counts.max() / mean)} if mean > 0 else {}

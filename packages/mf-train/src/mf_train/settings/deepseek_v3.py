@@ -5,7 +5,16 @@ config class does), so the spec's skeleton, which writes only the vocabulary, wi
 and heads, is a complete model. Two defaults differ, because Hugging Face's presume the 256
 experts of the full model: `n_group`/`topk_group` are 1 (no group limit, where Hugging Face's
 8/4 fail for fewer experts) and `q_lora_rank` is null (a plain q_proj, where Hugging Face's
-1536 would dwarf a small model). Keys Hugging Face writes into config.json that change nothing
+1536 would dwarf a small model).
+
+Auxiliary-loss-free load balancing (DeepSeek-V3 report, section 2.1.2) has Megatron's names,
+which MindFormers' Megatron-style configuration also uses: `moe_router_enable_expert_bias`
+(default true, as DeepSeek-V3 trains; MindFormers' older `moe_config.balance_via_topk_bias`) and
+`moe_router_bias_update_rate` (default 0.001, DeepSeek-V3's gamma; MindFormers' older
+`moe_config.topk_bias_update_rate`). After every step each MoE layer's
+`e_score_correction_bias` moves by `rate * sign(mean(counts) - counts)`, from the tokens per
+expert of the whole step (every micro-batch, every rank); `mf_train.expert_bias` does it. A
+rate of 0 or the switch off turns it off (the rate then has no effect, and `mf-train` says so). Keys Hugging Face writes into config.json that change nothing
 in training are accepted and reported as having no effect; those naming a feature not built
 are accepted only at their neutral value.
 
@@ -77,6 +86,12 @@ class DeepseekV3Settings(ModelSettings):
                                              "bias stays float32).")
     aux_loss_alpha: float = setting(
         0.0, "Sequence-wise balance loss coefficient (DeepSeek-V3 used 1e-4).", ge=0)
+    moe_router_enable_expert_bias: bool = setting(
+        True, "Auxiliary-loss-free balancing: update e_score_correction_bias every step "
+              "(DeepSeek-V3 trains with it; Megatron's default is false).")
+    moe_router_bias_update_rate: float = setting(
+        0.001, "Step of the bias update, bias += rate * sign(mean load - load) (DeepSeek-V3's "
+               "gamma; 0 turns the update off).", ge=0, le=1)
     seq_aux: Literal[True] = setting(True, "Sequence-wise balance loss (the only one built).")
     num_nextn_predict_layers: int = setting(0, "Multi-token prediction layers: only 0.", ge=0,
                                             le=MAX_DIMENSION)
