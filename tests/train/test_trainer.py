@@ -9,6 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 pytest.importorskip("mindspore")
@@ -165,19 +166,83 @@ def test_profiling_steps_two_to_three(data_prefix, tmp_path) -> None:
     assert "MatMul" in ops
 
 
-def test_deepseek_v3_example_trains_and_reports_tokens_per_expert(data_prefix, tmp_path) -> None:
-    config = load_config(ROOT / "examples" / "deepseek_v3_tiny.yaml", [
-        f"train_dataset.dataloader.config.data_path=['1','{data_prefix}']", "training.steps=3",
-        "train_dataset.dataloader.config.seq_length=32", "model.seq_length=32",
-        "model.max_position_embeddings=32", "checkpoint.enable_save=false",
-        "monitor.moe_monitor.save_tokens_per_expert_interval=1", "lr_scheduler.warmup_steps=1"])
-    outcomes = Trainer(config, output_dir=tmp_path).train()
+def deepseek_overrides(prefix: str, steps: int, *more: str) -> list[str]:
+    return [f"train_dataset.dataloader.config.data_path=['1','{prefix}']",
+            f"training.steps={steps}", "train_dataset.dataloader.config.seq_length=32",
+            "model.seq_length=32", "model.max_position_embeddings=32",
+            "lr_scheduler.warmup_steps=1", *more]
+
+
+def test_deepseek_v3_example_trains_and_moves_the_expert_bias(data_prefix, tmp_path) -> None:
+    """Two micro-batches a step: the tokens per expert of every step (metrics) sum all of the
+    step's tokens, and the routers' bias after 3 steps is the sum of rate * sign(mean -
+    counts) over those steps (the monitor counts independently of the bias update)."""
+    config = load_config(ROOT / "examples" / "deepseek_v3_tiny.yaml", deepseek_overrides(
+        data_prefix, 3, "checkpoint.enable_save=false",
+        "monitor.moe_monitor.save_tokens_per_expert_interval=1",
+        "monitor.moe_monitor.target_layers=null", "model.moe_router_bias_update_rate=0.01"))
+    trainer = Trainer(config, output_dir=tmp_path)
+    outcomes = trainer.train()
     assert len(outcomes) == 3 and all(math.isfinite(o.loss) for o in outcomes)
     lines = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
-    step = next(line for line in lines if line.get("step") == 1)
-    counts = [step[f"moe/layer1/expert{e}"] for e in range(4)]
-    # every token of the step (4 samples x 32) picks 2 of the 4 routed experts
-    assert sum(counts) == 4 * 32 * 2
+    steps = [line for line in lines if "step" in line and "event" not in line]
+    for layer in (1, 2):
+        expected = np.zeros(4, np.float32)
+        for step in steps:
+            counts = np.array([step[f"moe/layer{layer}/expert{e}"] for e in range(4)])
+            # every token of the step (4 samples x 32) picks 2 of the 4 routed experts
+            assert counts.sum() == 4 * 32 * 2
+            expected += np.float32(0.01) * np.sign(counts.mean() - counts).astype(np.float32)
+        bias = trainer.model.decoder_layers[layer].mlp.router.e_score_correction_bias
+        np.testing.assert_allclose(bias.asnumpy(), expected, atol=1e-7)
+        assert np.abs(expected).max() > 0
+
+
+def test_deepseek_v3_expert_bias_is_updated_on_skipped_steps_and_can_be_off(data_prefix,
+                                                                           tmp_path) -> None:
+    skipping = deepseek_overrides(data_prefix, 1, "checkpoint.enable_save=false",
+                                  "training.use_skip_step_on_nan=true",
+                                  "monitor.health_checkpoint.global_norm_skip_threshold=1e-9")
+    trainer = Trainer(load_config(ROOT / "examples" / "deepseek_v3_tiny.yaml", skipping),
+                      output_dir=tmp_path / "skip")
+    assert all(o.skipped for o in trainer.train())
+    assert np.abs(trainer.model.decoder_layers[1].mlp.router.e_score_correction_bias.asnumpy()
+                  ).max() > 0
+    for off in ("model.moe_router_enable_expert_bias=false",
+                "model.moe_router_bias_update_rate=0"):
+        config = load_config(ROOT / "examples" / "deepseek_v3_tiny.yaml", deepseek_overrides(
+            data_prefix, 1, "checkpoint.enable_save=false", off))
+        trainer = Trainer(config, output_dir=tmp_path / off[-3:])
+        trainer.train()
+        assert not trainer.model.decoder_layers[1].mlp.router.e_score_correction_bias.asnumpy(
+        ).any(), off
+
+
+def test_deepseek_v3_resumes_the_expert_bias_bit_for_bit(data_prefix, tmp_path) -> None:
+    """4 steps straight against 2, a checkpoint and 2 more: the same losses and weights,
+    the moved bias included."""
+    example = ROOT / "examples" / "deepseek_v3_tiny.yaml"
+    whole = Trainer(load_config(example, deepseek_overrides(
+        data_prefix, 4, "checkpoint.enable_save=false")), output_dir=tmp_path / "a")
+    losses = [o.loss for o in whole.train()]
+    part = Trainer(load_config(example, deepseek_overrides(
+        data_prefix, 4, f"checkpoint.save_path={tmp_path / 'b'}",
+        "checkpoint.save_interleaved_steps=2")), output_dir=tmp_path / "b_out")
+    stream = part.stream()
+    head = [part.run_step(stream).loss for _ in range(2)]
+    part.save_checkpoint()
+    part.checkpoints.wait()
+    resumed = Trainer(load_config(example, deepseek_overrides(
+        data_prefix, 4, "checkpoint.enable_save=false",
+        f"checkpoint.load_path={tmp_path / 'b'}")), output_dir=tmp_path / "c_out")
+    assert resumed.step_count == 2
+    assert head + [o.loss for o in resumed.train()] == losses
+    biases = 0
+    for (name, a), (_, b) in zip(whole.model.parameters_and_names(),
+                                 resumed.model.parameters_and_names(), strict=True):
+        assert (a.asnumpy() == b.asnumpy()).all(), name
+        biases += name.endswith("e_score_correction_bias") and bool(a.asnumpy().any())
+    assert biases == 2
 
 
 def test_too_many_skipped_steps_stop_the_run(data_prefix, tmp_path, capsys) -> None:
