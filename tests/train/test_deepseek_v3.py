@@ -250,6 +250,8 @@ def test_registered_and_built_by_build_model() -> None:
     ("topk_method", "greedy", "must be one of 'noaux_tc'"),
     ("seq_aux", False, "must be one of True"),
     ("aux_loss_alpha", -0.1, "must be >= 0"),
+    ("moe_router_bias_update_rate", -0.001, "must be >= 0"),
+    ("moe_router_bias_update_rate", 2.0, "must be <= 1"),
     ("hidden_szie", 32, "hidden_szie"),
     ("vocab_size", 0, "must be positive"),
     ("hidden_size", 2**31, "must be <= 2147483647"),
@@ -294,6 +296,9 @@ def test_tensor_parallelism_is_rejected() -> None:
 def test_hugging_face_sizes_are_the_defaults() -> None:
     """The spec's skeleton gives only the vocabulary, width, layers and heads."""
     settings = deepseek_v3_settings(ModelConfig(extras={}))
+    # auxiliary-loss-free balancing is on, at DeepSeek-V3's rate
+    assert (settings.moe_router_enable_expert_bias, settings.moe_router_bias_update_rate) == \
+        (True, 0.001)
     assert (settings.vocab_size, settings.hidden_size, settings.intermediate_size,
             settings.moe_intermediate_size, settings.num_hidden_layers,
             settings.num_attention_heads, settings.n_routed_experts,

@@ -277,6 +277,14 @@ FIELDS: dict[str, Field] = {
     # model
     "model.model_type": reads("mf_train.models"),
     "model.architectures": reads("mf_train.models"),
+    "model.moe_router_bias_update_rate": Field(rules=(
+        no_effect(lambda _value, t: (t.written(("model", "moe_router_bias_update_rate"))
+                                     and not t.config.model.extras.get(
+                                         "moe_router_enable_expert_bias", True)),
+                  "has no effect: model.moe_router_enable_expert_bias is false (the expert "
+                  "bias is not updated)", {"model.moe_router_enable_expert_bias": False,
+                                           "model.moe_router_bias_update_rate": 0.01},
+                  config="deepseek_v3_tiny.yaml"),)),
     # monitoring
     "monitor.train_state.local_norm": reads("mf_train.monitor.train_state"),
     "monitor.train_state.local_loss": reads("mf_train.monitor.train_state"),

@@ -3,8 +3,9 @@
 Read `Trainer.train` and `TrainStep.__call__` to follow a step: micro-batches from the data
 stream -> forward, loss and backward (`layout.forward_backward`) -> reduction over the
 parallel groups and the global norm (`layout.reduce`) -> skip or clip -> optimizer update ->
-the MoE routers' auxiliary-loss-free bias (`expert_bias`) -> checkpoint -> metrics (callbacks). The only part that depends on the parallel layout is the
-`StepLayout` (`mf_train.layouts`), chosen from the plan in one place.
+the MoE routers' auxiliary-loss-free bias (`expert_bias`) -> checkpoint -> metrics
+(callbacks). The only part that depends on the parallel layout is the `StepLayout`
+(`mf_train.layouts`), chosen from the plan in one place.
 
 `Trainer(config, output_dir=...)` builds everything from the validated configuration, in this
 order, each part from the typed section it needs: backend, memory cap and seeds (`context`,

@@ -5,7 +5,9 @@ config class does), so the spec's skeleton, which writes only the vocabulary, wi
 and heads, is a complete model. Two defaults differ, because Hugging Face's presume the 256
 experts of the full model: `n_group`/`topk_group` are 1 (no group limit, where Hugging Face's
 8/4 fail for fewer experts) and `q_lora_rank` is null (a plain q_proj, where Hugging Face's
-1536 would dwarf a small model).
+1536 would dwarf a small model). Keys Hugging Face writes into config.json that change nothing
+in training are accepted and reported as having no effect; those naming a feature not built
+are accepted only at their neutral value.
 
 Auxiliary-loss-free load balancing (DeepSeek-V3 report, section 2.1.2) has Megatron's names,
 which MindFormers' Megatron-style configuration also uses: `moe_router_enable_expert_bias`
@@ -14,9 +16,7 @@ which MindFormers' Megatron-style configuration also uses: `moe_router_enable_ex
 `moe_config.topk_bias_update_rate`). After every step each MoE layer's
 `e_score_correction_bias` moves by `rate * sign(mean(counts) - counts)`, from the tokens per
 expert of the whole step (every micro-batch, every rank); `mf_train.expert_bias` does it. A
-rate of 0 or the switch off turns it off (the rate then has no effect, and `mf-train` says so). Keys Hugging Face writes into config.json that change nothing
-in training are accepted and reported as having no effect; those naming a feature not built
-are accepted only at their neutral value.
+rate of 0 or the switch off turns it off (the rate then has no effect, and `mf-train` says so).
 
 No `from __future__ import annotations` here: cattrs reads the field types at run time.
 """
