@@ -657,9 +657,13 @@ def test_hf_bf16_f16_f32_shards_are_read_as_float32(tmp_path):
 
 def test_hf_errors_name_the_file_and_tensor(tmp_path):
     bad = tmp_path / "fp8.safetensors"
-    write_safetensors_by_hand(bad, {"w": ("F8_E4M3", (2,), b"\x01\x02")})
-    with pytest.raises(CheckpointError, match=r"fp8\.safetensors: tensor w: dtype F8_E4M3 is "
+    write_safetensors_by_hand(bad, {"w": ("F8_E5M2", (2,), b"\x01\x02")})
+    with pytest.raises(CheckpointError, match=r"fp8\.safetensors: tensor w: dtype F8_E5M2 is "
                                               r"not supported"):
+        load_hf_weights(bad)
+    write_safetensors_by_hand(bad, {"w": ("F8_E4M3", (1, 2), b"\x01\x02")})
+    with pytest.raises(CheckpointError, match=r"w: an FP8 \(F8_E4M3\) weight without "
+                                              r"w_scale_inv"):
         load_hf_weights(bad)
     short = tmp_path / "short" / "model.safetensors"
     short.parent.mkdir()

@@ -7,7 +7,9 @@ rather than through `safetensors.numpy`, because numpy has no bfloat16: safetens
 loader fails on BF16 tensors (it asks numpy for a "bfloat16" dtype, which exists only while
 MindSpore's own is registered). A bfloat16 value is the upper 16 bits of the float32 with the
 same sign, exponent and leading mantissa bits, so `uint32(bits) << 16` viewed as float32 is
-its exact value.
+its exact value. FP8 tensors (`F8_E4M3`, DeepSeek-V3's checkpoint) are read as raw bytes and
+dequantised with their `_scale_inv` block scales once every file is read (`fp8.py`: a scale
+may sit in another file than its weight).
 
 The mapping of HF names to mf parameter names is the models' business
 (`mf_train.models.hf_weights.load_hf_state`).
@@ -24,6 +26,7 @@ import numpy as np
 
 from . import layout
 from .errors import CheckpointError
+from .fp8 import FP8_E4M3, SCALE_SUFFIX, dequantize_fp8, weight_block_size
 from .reading import read_files
 
 INDEX = "model.safetensors.index.json"
@@ -31,7 +34,8 @@ _NUMPY_DTYPES = {
     "F64": "<f8", "F32": "<f4", "F16": "<f2", "I64": "<i8", "I32": "<i4", "I16": "<i2",
     "I8": "i1", "U64": "<u8", "U32": "<u4", "U16": "<u2", "U8": "u1", "BOOL": "?",
 }
-_ITEMSIZE = {"BF16": 2, **{name: np.dtype(code).itemsize for name, code in _NUMPY_DTYPES.items()}}
+_ITEMSIZE = {"BF16": 2, "F8_E4M3": 1,
+             **{name: np.dtype(code).itemsize for name, code in _NUMPY_DTYPES.items()}}
 
 
 def is_hf_checkpoint(path: str | os.PathLike[str]) -> bool:
@@ -50,10 +54,20 @@ def is_hf_checkpoint(path: str | os.PathLike[str]) -> bool:
 def load_hf_weights(path: str | os.PathLike[str], workers: int = 1) -> dict[str, np.ndarray]:
     """Every tensor of a Hugging Face checkpoint (a `.safetensors` file, or a directory with
     `model.safetensors.index.json` or plain `*.safetensors` files) by its HF name; floating
-    tensors as float32, others in their own dtype. `workers` files are read at a time."""
+    tensors as float32 (FP8 ones dequantised with their block scales, which are consumed:
+    `fp8.dequantize_fp8`), others in their own dtype. `workers` files are read at a time."""
     path = Path(path)
     if not path.exists():
         raise CheckpointError(f"Hugging Face checkpoint {path} does not exist")
+    tensors = _load_all(path, workers)
+    if any(value.dtype == FP8_E4M3 or name.endswith(SCALE_SUFFIX)
+           for name, value in tensors.items()):
+        return dequantize_fp8(tensors, weight_block_size(path))
+    return tensors
+
+
+def _load_all(path: Path, workers: int) -> dict[str, np.ndarray]:
+    """Every tensor of the checkpoint as read (FP8 still raw)."""
     if path.is_file():
         return read_safetensors(path)
     if (path / INDEX).is_file():
@@ -93,7 +107,8 @@ def _load_indexed(directory: Path, workers: int = 1) -> dict[str, np.ndarray]:
 
 
 def read_safetensors(path: Path) -> dict[str, np.ndarray]:
-    """One safetensors file's tensors (floating ones as float32), parsed from its header."""
+    """One safetensors file's tensors (floating ones as float32, FP8 ones as raw bytes in the
+    `fp8.FP8_E4M3` dtype), parsed from its header."""
     header, data_start = _read_header(path)
     size = path.stat().st_size - data_start
     data = (np.memmap(path, dtype=np.uint8, mode="r", offset=data_start) if size > 0
@@ -126,12 +141,14 @@ def _tensor(path: Path, name: str, info: dict, data: np.ndarray) -> np.ndarray:
         raise CheckpointError(f"{where}: malformed header entry {info!r}") from None
     if dtype not in _ITEMSIZE:
         raise CheckpointError(f"{where}: dtype {dtype} is not supported (supported: "
-                              f"{', '.join(_ITEMSIZE)}; dequantize FP8 checkpoints first)")
+                              f"{', '.join(_ITEMSIZE)})")
     expected = math.prod(shape) * _ITEMSIZE[dtype]
     if end - begin != expected or not 0 <= begin <= end <= data.size:
         raise CheckpointError(f"{where}: data_offsets [{begin}, {end}] do not hold {dtype} "
                               f"{shape} ({expected} bytes) within {data.size} data bytes")
     raw = data[begin:end]
+    if dtype == "F8_E4M3":
+        return np.array(raw).view(FP8_E4M3).reshape(shape)
     if dtype == "BF16":
         bits = raw.view("<u2").astype(np.uint32) << 16
         return bits.view(np.float32).reshape(shape)

@@ -43,10 +43,16 @@ Parameter names (stable; checkpoints use them) and their Hugging Face names (`i`
     mlp.experts.e.{gate_up, down}.weight   mlp.experts.e.{gate_proj + up_proj, down_proj}.weight
     mlp.shared_experts.{gate_up, down}...  mlp.shared_experts.{gate_proj + up_proj, down_proj}...
 
+Hugging Face checkpoints of DeepSeek-V3 also hold its multi-token-prediction modules as layers
+`model.layers.{num_hidden_layers + k}` (`num_nextn_predict_layers` of them: a decoder layer plus
+`enorm`, `hnorm`, `eh_proj` and `shared_head`); mf does not train MTP, so `hf_skipped` names
+them and loading leaves them out with one log line. Their FP8 weights are dequantised by the
+reader (`checkpoint/fp8.py`).
+
 """
 
 import re
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import mindspore as ms
@@ -277,6 +283,25 @@ class DeepseekV3ForCausalLM(nn.Cell):
             maps.append(WeightMap(name, hf, shapes))
         return maps
 
+    def hf_skipped(self, names: Iterable[str]) -> tuple[set[str], str]:
+        """The multi-token-prediction tensors among HF `names` and why they are left out.
+
+        A layer index >= `num_hidden_layers` is MTP when it holds one of the MTP-only modules
+        (`enorm`, `hnorm`, `eh_proj`, `shared_head`); other surplus layers stay unknown, so a
+        checkpoint with more decoder layers than the model is still refused.
+        """
+        layers: dict[int, set[str]] = {}
+        for name in names:
+            match = _HF_LAYER.match(name)
+            if match and int(match.group(1)) >= self.settings.num_hidden_layers:
+                layers.setdefault(int(match.group(1)), set()).add(name)
+        mtp = sorted(index for index, found in layers.items()
+                     if any(_HF_LAYER.match(name).group(2) in _MTP_ONLY for name in found))
+        skipped = {name for index in mtp for name in layers[index]}
+        where = ", ".join(f"model.layers.{index}" for index in mtp)
+        return skipped, (f"the multi-token-prediction layer(s) {where} (num_nextn_predict_layers"
+                         f"): mf does not train multi-token prediction")
+
     def hf_names(self) -> dict[str, tuple[str, ...]]:
         return _hf_names(self)
 
@@ -288,6 +313,8 @@ class DeepseekV3ForCausalLM(nn.Cell):
 
 
 _LAYER = re.compile(r"decoder_layers\.(\d+)\.(.+)")
+_HF_LAYER = re.compile(r"model\.layers\.(\d+)\.([^.]+)")
+_MTP_ONLY = {"enorm", "hnorm", "eh_proj", "shared_head"}
 _TOP = {"embedding.weight": "model.embed_tokens.weight",
         "final_norm.weight": "model.norm.weight", "head.weight": "lm_head.weight"}
 _SUBLAYER = {"input_norm": "input_layernorm", "post_norm": "post_attention_layernorm",

@@ -7,11 +7,14 @@ column-parallel or vocabulary-parallel weight, 1 for a row-parallel one, None wh
 holds the whole array). Fused column-parallel weights are stacked by `blocks.fuse_rows`, so each
 rank's shard holds its own rows of every part. The model also has `tensor_group` (None or a
 TensorGroup) and may list `hf_ignored` names (HF weights it accepts and does not use, such as
-`lm_head.weight` when the head is tied to the embedding).
+`lm_head.weight` when the head is tied to the embedding) and, through `hf_skipped(names)`,
+whole groups of HF weights it recognises and does not train (DeepSeek-V3's multi-token
+prediction layers): those are left out with one log line saying how many and why.
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -21,6 +24,8 @@ import numpy as np
 from mindspore import Tensor
 
 from .blocks import fuse_rows, split_rows, tensor_size
+
+LOG = logging.getLogger(__name__)
 
 
 class HFWeightsError(ValueError):
@@ -49,6 +54,7 @@ def load_hf_state(model: Any, tensors: Mapping[str, np.ndarray], strict: bool = 
     """Fill `model`'s parameters from HF-named full arrays (this rank's shards under tensor
     parallelism). Every problem is reported at once: missing names, wrong shapes, and (when
     `strict`) names the model does not use. Values are cast to each parameter's dtype."""
+    tensors = _without_skipped(model, tensors)
     entries = model.weight_maps()
     problems = _shape_problems(entries, tensors)
     if strict:
@@ -80,6 +86,18 @@ def hf_state(model: Any) -> dict[str, np.ndarray]:
         parts = split_rows(value, entry.rows()) if len(entry.hf) > 1 else [value]
         state.update(zip(entry.hf, parts, strict=True))
     return state
+
+
+def _without_skipped(model: Any, tensors: Mapping[str, np.ndarray]) -> Mapping[str, np.ndarray]:
+    """`tensors` without those the model's `hf_skipped` names, logged once with its reason."""
+    skip = getattr(model, "hf_skipped", None)
+    if skip is None:
+        return tensors
+    skipped, reason = skip(tensors.keys())
+    if not skipped:
+        return tensors
+    LOG.info("Hugging Face weights: skipped %d tensors: %s", len(skipped), reason)
+    return {name: value for name, value in tensors.items() if name not in skipped}
 
 
 def _shape_problems(entries: list[WeightMap], tensors: Mapping[str, np.ndarray]) -> list[str]:
