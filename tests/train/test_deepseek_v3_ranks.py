@@ -85,7 +85,26 @@ def test_two_ranks_move_the_bias_as_one_process(data_prefix, single, tmp_path, l
         assert got.keys() == want.keys()
         for name in want:
             np.testing.assert_allclose(got[name], want[name], atol=1e-5, err_msg=name)
-    # rank 0's metrics: each rank's own imbalance, beside the global one
-    for layer in (1, 2):
-        assert {f"moe/layer{layer}/rank{r}/max_over_mean" for r in (0, 1)} <= set(two[0])
-        assert f"moe/layer{layer}/rank0/max_over_mean" not in one[0]
+    # rank 0's metrics: each rank's own imbalance, from the counts that rank logged, which
+    # sum to the global counts
+    logged = {rank: own_counts(tmp_path, rank) for rank in (0, 1)}
+    for step in two:
+        for layer in (1, 2):
+            rows = [logged[rank][step["step"], layer] for rank in (0, 1)]
+            assert (rows[0] + rows[1]).tolist() == [step[f"moe/layer{layer}/expert{e}"]
+                                                    for e in range(4)]
+            for rank, row in enumerate(rows):
+                assert step[f"moe/layer{layer}/rank{rank}/max_over_mean"] == pytest.approx(
+                    row.max() / row.mean())
+    assert not [key for key in one[0] if "/rank" in key]
+
+
+def own_counts(output: Path, rank: int) -> dict[tuple[int, int], np.ndarray]:
+    """(step, layer) -> the tokens per expert `rank` routed, from its log's JSON lines."""
+    found = {}
+    for line in (output / "logs" / f"worker_{rank}.log").read_text().splitlines():
+        if '{"step"' in line and '"tpe"' in line:
+            record = json.loads(line[line.index('{"step"'):])
+            assert record["rank"] == rank
+            found[record["step"], record["layer"]] = np.array(record["tpe"])
+    return found
