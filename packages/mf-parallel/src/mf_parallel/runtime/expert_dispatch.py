@@ -78,11 +78,14 @@ class ExpertGroup:
         return range(self.rank * local, (self.rank + 1) * local)
 
     def routing_tables(self, indices: np.ndarray) -> np.ndarray:
-        """Every group rank's expert indices, `[size, tokens, top_k]` (an all-gather)."""
+        """Every group rank's expert indices, `[size, tokens, top_k]` (an all-gather; sent as
+        float32, exact below 2**24, because the CPU backend's emulated all-gather over a group
+        smaller than the world is a sum, which it has no int32 kernel for)."""
         if self.size == 1:
             return indices[None]
-        gathered = self.collectives.all_gather(Tensor(indices[None].astype(np.int32)), "expert")
-        return gathered.asnumpy().astype(np.int64)
+        gathered = self.collectives.all_gather(Tensor(indices[None].astype(np.float32)),
+                                               "expert")
+        return np.rint(gathered.asnumpy()).astype(np.int64)
 
 
 

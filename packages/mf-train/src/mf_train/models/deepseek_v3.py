@@ -55,6 +55,7 @@ from mf_config.component_settings import settings_error
 from mf_config.components import structure_model_settings
 from mf_config.errors import Path
 from mf_config.yaml_source import Source
+from mf_parallel.runtime.expert_dispatch import ExpertGroup
 
 from ..registry import MODELS
 from ..settings.deepseek_v3 import DeepseekV3Settings
@@ -94,7 +95,7 @@ class DeepseekV3DecoderLayer(nn.Cell):
     """
 
     def __init__(self, s: DeepseekV3Settings, index: int, init: ParamInit,
-                 compute_dtype: ms.Type):
+                 compute_dtype: ms.Type, expert_group: ExpertGroup | None = None):
         super().__init__()
         hf = f"model.layers.{index}"
         self.is_moe = index >= s.first_k_dense_replace
@@ -126,7 +127,7 @@ class DeepseekV3DecoderLayer(nn.Cell):
             routed_scaling_factor=s.routed_scaling_factor, aux_loss_alpha=s.aux_loss_alpha,
             router_weight=init.normal(f"{hf}.mlp.gate.weight",
                                       (s.n_routed_experts, s.hidden_size)),
-            make_mlp=make_mlp)
+            make_mlp=make_mlp, expert_group=expert_group)
 
     def construct(self, x: Tensor) -> tuple[Tensor, Tensor]:
         h = x + self.attention(self.input_norm(x))
@@ -156,7 +157,8 @@ class DeepseekV3ForCausalLM(nn.Cell):
     compile_blocker = "its MoE layers route tokens to experts on the host (numpy)"
 
     def __init__(self, settings: DeepseekV3Settings, *, tensor_group: Any = None,
-                 seed: int | None = None, source: Source | None = None):
+                 seed: int | None = None, source: Source | None = None,
+                 expert_group: ExpertGroup | None = None):
         super().__init__()
         if tensor_size(tensor_group) > 1:
             raise settings_error([(("parallelism", "tensor_parallel"),
@@ -173,25 +175,27 @@ class DeepseekV3ForCausalLM(nn.Cell):
         self.embedding = Embedding(init.normal("model.embed_tokens.weight",
                                                (s.vocab_size, s.hidden_size)))
         self.decoder_layers = nn.CellList([
-            DeepseekV3DecoderLayer(s, index, init, self.compute_dtype)
+            DeepseekV3DecoderLayer(s, index, init, self.compute_dtype, expert_group)
             for index in range(s.num_hidden_layers)])
         self.final_norm = RMSNorm(s.hidden_size, s.rms_norm_eps)
         self.tied = s.tie_word_embeddings
         if not self.tied:
             self.head = Linear(init.normal("lm_head.weight", (s.vocab_size, s.hidden_size)))
-        self.hf_ignored = ("lm_head.weight",) if self.tied else ()
+        self.hf_ignored = (("lm_head.weight",) if self.tied else ()) + _other_ranks_experts(
+            s, expert_group)
         self.last_balance_loss: Tensor | None = None
         _cast_parameters(self, params_dtype)
 
     @classmethod
     def from_config(cls, config: ModelConfig, *, tensor_group: Any = None,
                     source: Source | None = None, seed: int | None = None,
-                    ) -> "DeepseekV3ForCausalLM":
+                    expert_group: ExpertGroup | None = None) -> "DeepseekV3ForCausalLM":
         """The model the `model` section describes (keys checked, see `DeepseekV3Settings`);
         `tensor_group` must be None or of size 1. `seed` draws the initial weights (default:
-        MindSpore's global seed, else 0)."""
+        MindSpore's global seed, else 0); `expert_group` splits the routed experts (None: all
+        on this rank)."""
         return cls(deepseek_v3_settings(config, source), tensor_group=tensor_group, seed=seed,
-                   source=source)
+                   source=source, expert_group=expert_group)
 
     # --- forward ------------------------------------------------------------------------
 
@@ -236,6 +240,13 @@ class DeepseekV3ForCausalLM(nn.Cell):
         """Global layer index -> tokens routed to each expert (int64 `[n_routed_experts]`) in
         the last forward; each sums to tokens * num_experts_per_tok."""
         return {self.layer_offset + index: layer.mlp.last_tokens_per_expert.copy()
+                for index, layer in enumerate(self.decoder_layers) if layer.is_moe}
+
+    def expert_load(self) -> dict[int, np.ndarray]:
+        """Global layer index -> (token, expert) pairs this rank's experts computed in the
+        last forward (int64 `[n_routed_experts]`, zero for experts other ranks hold); equal to
+        `tokens_per_expert()` without expert parallelism."""
+        return {self.layer_offset + index: layer.mlp.last_expert_load.copy()
                 for index, layer in enumerate(self.decoder_layers) if layer.is_moe}
 
     def balance_loss(self) -> float:
@@ -290,6 +301,19 @@ def hf_parameter_names(ours: str) -> tuple[str, ...]:
         stem = ".".join(parts[:-2])
         return (f"{prefix}{stem}.gate_proj.{parts[-1]}", f"{prefix}{stem}.up_proj.{parts[-1]}")
     return (prefix + ".".join(parts),)
+
+
+def _other_ranks_experts(s: DeepseekV3Settings,
+                         expert_group: ExpertGroup | None) -> tuple[str, ...]:
+    """The Hugging Face names of the routed experts other ranks hold (expert parallelism):
+    a rank loads its own share of a whole checkpoint."""
+    if expert_group is None or expert_group.size == 1:
+        return ()
+    held = set(expert_group.local_experts(s.n_routed_experts))
+    return tuple(f"model.layers.{layer}.mlp.experts.{e}.{proj}.weight"
+                 for layer in range(s.first_k_dense_replace, s.num_hidden_layers)
+                 for e in range(s.n_routed_experts) if e not in held
+                 for proj in ("gate_proj", "up_proj", "down_proj"))
 
 
 def _cast_parameters(model: nn.Cell, dtype: ms.Type) -> None:

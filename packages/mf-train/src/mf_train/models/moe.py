@@ -15,6 +15,11 @@ expert, each expert runs once on its tokens, and the outputs are put back in (to
 order and summed with the routing weights. The selection is not differentiable (as in
 Hugging Face); the weights are, so the router learns through them and through the balance loss.
 
+Expert parallelism (`expert_group`, mf-parallel's `ExpertGroup`): this rank builds only its
+share of the routed experts (named by their global index, `experts.5`, so checkpoints keep
+one-process names) and the dispatch sends each token's rows to the ranks of its experts and
+back (`ExpertGroup.dispatch`); the router, the shared experts and the balance loss are local.
+
 Balance loss (report, eqs. 17-20, "complementary sequence-wise auxiliary loss"), per sequence
 of T tokens: `L = alpha * sum_i f_i * P_i` with `f_i = N_r / (K_r * T) * #{t: i chosen for t}`
 and `P_i = mean_t s_it / sum_j s_jt`; averaged over the sequences of the batch. The model adds
@@ -28,6 +33,10 @@ from collections.abc import Callable
 import mindspore as ms
 import numpy as np
 from mindspore import Parameter, Tensor, mint, nn, ops
+
+from mf_parallel.runtime.expert_dispatch import ExpertGroup
+
+from .parts import LayerStack
 
 MakeMlp = Callable[[str, int], nn.Cell]
 """Builds the SwiGLU MLP named (Hugging Face suffix under `mlp.`, e.g. `experts.3`) with the
@@ -107,25 +116,32 @@ def balance_loss(scores: Tensor, indices: np.ndarray, seq: int, alpha: float) ->
 class MoE(nn.Cell):
     """`[seq, batch, hidden]` -> (output, balance loss: a float32 scalar, alpha included).
 
-    Sub-cells (Hugging Face names in brackets): `router` (`gate`), `experts` (`experts`),
-    `shared_experts` (`shared_experts`; None when `n_shared_experts` is 0).
-    `last_tokens_per_expert` holds the counts of the last forward.
+    Sub-cells (Hugging Face names in brackets): `router` (`gate`), `experts` (`experts`:
+    this rank's routed experts under their global indices), `shared_experts`
+    (`shared_experts`; None when `n_shared_experts` is 0). `last_tokens_per_expert` holds the
+    counts of this rank's routing in the last forward, `last_expert_load` the (token, expert)
+    pairs this rank's experts computed (the same without expert parallelism).
     """
 
     def __init__(self, *, moe_intermediate_size: int, n_routed_experts: int,
                  num_experts_per_tok: int, n_shared_experts: int, n_group: int, topk_group: int,
                  norm_topk_prob: bool, routed_scaling_factor: float, aux_loss_alpha: float,
-                 router_weight: np.ndarray, make_mlp: MakeMlp):
+                 router_weight: np.ndarray, make_mlp: MakeMlp,
+                 expert_group: ExpertGroup | None = None):
         super().__init__()
         self.n_experts, self.top_k = n_routed_experts, num_experts_per_tok
+        self.expert_group = expert_group if expert_group and expert_group.size > 1 else None
+        held = (range(n_routed_experts) if self.expert_group is None
+                else self.expert_group.local_experts(n_routed_experts))
         self.aux_loss_alpha = aux_loss_alpha
         self.router = Router(router_weight, num_experts_per_tok, n_group, topk_group,
                              norm_topk_prob, routed_scaling_factor)
-        self.experts = nn.CellList([make_mlp(f"experts.{e}", moe_intermediate_size)
-                                    for e in range(n_routed_experts)])
+        self.experts = LayerStack({e: make_mlp(f"experts.{e}", moe_intermediate_size)
+                                   for e in held})
         self.shared_experts = (make_mlp("shared_experts", moe_intermediate_size * n_shared_experts)
                                if n_shared_experts else None)
         self.last_tokens_per_expert = np.zeros(n_routed_experts, np.int64)
+        self.last_expert_load = np.zeros(n_routed_experts, np.int64)
 
     def construct(self, x: Tensor) -> tuple[Tensor, Tensor]:
         seq, batch, hidden = x.shape
@@ -141,6 +157,12 @@ class MoE(nn.Cell):
 
     def _routed(self, flat: Tensor, indices: np.ndarray, weights: Tensor) -> Tensor:
         """Sum over each token's k experts of weight * expert(token), exactly."""
+        if self.expert_group is not None:
+            done = self.expert_group.dispatch(flat, indices, weights, self.n_experts,
+                                              lambda e, rows: self.experts.by_id(e)(rows))
+            self.last_expert_load = done.load
+            return done.output
+        self.last_expert_load = self.last_tokens_per_expert
         tokens, top_k = indices.shape
         order = np.argsort(indices.reshape(-1), kind="stable")  # (token, slot) pairs by expert
         inputs = ops.gather(flat, Tensor((order // top_k).astype(np.int32)), 0)
