@@ -106,13 +106,19 @@ class MultiLatentAttention(ms.nn.Cell):
         self.core = AttentionCore(qk_head_dim ** -0.5, use_flash_attention, compute_dtype)
 
     def construct(self, x: Tensor) -> Tensor:
-        if self.entry is not None:  # the whole sequence (rows gathered along dim 0)
-            x = self.entry(x.reshape(-1, x.shape[-1])).reshape(-1, *x.shape[1:])
-        seq, batch = x.shape[0], x.shape[1]
-        q = self.q_b_proj(self.q_a_layernorm(self.q_a_proj(x))) if self.q_lora else self.q_proj(x)
-        q = self._heads(q, self.num_heads)                           # [b, h, s, nope + rope]
+        batch = x.shape[1]
+        # Token rows `[s * b, hidden]`; gathering them along dim 0 gathers the sequence. The
+        # projections take the gathered tensor itself, which communication recompute
+        # (mf-memory) recognises among the saved tensors and drops.
+        rows = x.reshape(-1, x.shape[-1])
+        if self.entry is not None:
+            rows = self.entry(rows)
+        seq = rows.shape[0] // batch
+        q = (self.q_b_proj(self.q_a_layernorm(self.q_a_proj(rows))) if self.q_lora
+             else self.q_proj(rows))
+        q = self._heads(q.reshape(seq, batch, -1), self.num_heads)  # [b, h, s, nope + rope]
         q_nope, q_rope = q[..., :self.nope], q[..., self.nope:]
-        compressed = self.kv_a_proj_with_mqa(x)
+        compressed = self.kv_a_proj_with_mqa(rows).reshape(seq, batch, -1)
         latent, k_rope = compressed[..., :self.kv_lora_rank], compressed[..., self.kv_lora_rank:]
         kv = self._heads(self.kv_b_proj(self.kv_a_layernorm(latent)), self.num_heads)
         k_nope, v = kv[..., :self.nope], kv[..., self.nope:]
