@@ -159,11 +159,29 @@ class DeepseekV3Settings(ModelSettings):
         return []
 
     def config_problems(self, config: TrainConfig, path: Path) -> list[tuple[Path, str]]:
-        tp = config.parallelism.tensor_parallel
+        return self.tensor_parallel_problems(config.parallelism.tensor_parallel, path)
+
+    def tensor_parallel_problems(self, tp: int, path: Path = ("model",),
+                                 ) -> list[tuple[Path, str]]:
+        """Widths that `tp` tensor-parallel ranks split and that do not divide by it: the
+        attention heads, the vocabulary, the dense MLP (when a layer has it) and the shared
+        experts' MLP (when an MoE layer has them). The routed experts are not split."""
         if tp == 1:
             return []
-        return [(("parallelism", "tensor_parallel"), f"tensor parallelism is not implemented "
-                 f"for DeepSeek-V3; set parallelism.tensor_parallel to 1 (got {tp})")]
+        dense = min(self.first_k_dense_replace, self.num_hidden_layers) > 0
+        shared = self.num_hidden_layers > self.first_k_dense_replace and self.n_shared_experts > 0
+        widths = [("num_attention_heads", self.num_attention_heads, ""),
+                  ("vocab_size", self.vocab_size, "")]
+        if dense:
+            widths.append(("intermediate_size", self.intermediate_size, ""))
+        if shared:
+            widths.append(("moe_intermediate_size",
+                           self.moe_intermediate_size * self.n_shared_experts,
+                           " (the shared experts' width, moe_intermediate_size * "
+                           "n_shared_experts)"))
+        return [((*path, key), f"{value}{why} is not divisible by "
+                               f"parallelism.tensor_parallel ({tp})")
+                for key, value, why in widths if value % tp]
 
 
 def _plain_rope(rope_scaling: dict[str, Any] | None) -> bool:
