@@ -132,3 +132,25 @@ def test_fsdp_over_four_ranks_with_expert_parallel_two(data_prefix, single, tmp_
     assert_same_weights(tmp_path, single, 4)
     assert [experts_in(model_file(tmp_path, 4, rank, 4)) for rank in range(4)] == \
         [{0, 1}, {2, 3}, {0, 1}, {2, 3}]
+
+
+def test_tensor_fsdp_and_expert_parallel_on_four_ranks(data_prefix, single, tmp_path) -> None:
+    """Tensor parallel 2 x FSDP 2 x expert parallel 2 (over the shard ranks): each tensor rank
+    routes its sequence slice to the experts of its expert group; the two tensor ranks of a
+    place hold the same experts and sum their gradients (the expert-data group)."""
+    ranks(data_prefix, tmp_path, 4, "parallelism.expert_parallel=2",
+          "parallelism.tensor_parallel=2")
+    assert_same_run(tmp_path, single)
+    log = (tmp_path / "logs" / "worker_0.log").read_text()
+    assert ("expert parallel 2 (experts 0-1 of 4 here, all-to-all) x FSDP over 2 ranks, "
+            "tensor parallel 2 (sequence parallel)") in log
+
+
+def test_expert_parallel_over_the_tensor_ranks(data_prefix, single, tmp_path) -> None:
+    """2 ranks, tensor parallel 2 x expert parallel 2: no data-parallel ranks to lay the
+    experts over, so they are split over the tensor ranks (each routes its sequence slice)."""
+    ranks(data_prefix, tmp_path, 2, "parallelism.expert_parallel=2",
+          "parallelism.tensor_parallel=2", "parallelism.moe_token_dispatcher_type="
+          "alltoall_deredundancy", "parallelism.npu_nums_per_device=2")
+    assert_same_run(tmp_path, single)
+    assert [experts_in(model_file(tmp_path, 4, rank, 2)) for rank in (0, 1)] == [{0, 1}, {2, 3}]
