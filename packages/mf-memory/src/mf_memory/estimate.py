@@ -14,6 +14,11 @@ with. The saved activations are those
 MindSpore's PyNative autograd keeps for the reference decoder (tests/memory/decoder_model.py):
 listed with `mindspore.saved_tensors_hooks`, each op keeps only the inputs its backward needs
 (a product with a constant keeps the constant, softmax its output, a matmul both operands).
+DeepSeek-V3 (multi-head latent attention, a mixture of experts after `first_k_dense_replace`
+dense layers) is modelled as mf-train builds it: its parameters and their split in
+`mla_moe_params` (routed experts divided by expert parallelism and sliced by FSDP/ZeRO over
+the expert-data group; the rest over the shard group), its saved tensors in
+`mla_moe_activations` (equal to the bytes MindSpore saves, layer by layer, on CPU).
 
 Notation in the formulas: b micro-batch, S sequence length, s = S / cp the local sequence,
 T = b s local tokens, t tensor parallel, T_sp = T / t when t > 1 (sequence parallelism is on
