@@ -22,6 +22,13 @@ against the estimate's `full` bytes of that layer, and what is saved outside the
 (embedding, final norm, head, loss) against the rest of the estimate; also `held` and `peak`
 as above. Routing decides how many rows each expert gets, but the rows sum to tokens x top_k,
 so a layer's sum does not depend on the routing.
+
+Expert parallelism: `python benchmarks/memory_estimate_check.py deepseek-ep [DISPATCHER ...]`
+runs the example on 2 msrun ranks (127.0.0.1) with `expert_parallel` 2 (`alltoall` and
+`alltoall_deredundancy` in devices of one rank, default both), each rank routing its own 2
+sequences, and prints each rank's saved bytes per layer and the rows its experts computed;
+the ranks' sum against 2 x the estimate (which assumes the average, tokens x top_k rows per
+rank) does not depend on the routing either.
 """
 
 from __future__ import annotations
@@ -124,18 +131,21 @@ def deepseek_config(variant: str):  # -> TrainConfig
         config.training, local_batch_size=batch, global_batch_size=batch))
 
 
-def deepseek_worker(variant: str) -> dict[str, object]:
-    """Saved bytes per decoder layer and outside them, held and peak, for one micro-batch."""
+def deepseek_worker(variant: str, expert_group=None, seed: int = 0
+                    ) -> dict[str, object]:
+    """Saved bytes per decoder layer and outside them, held and peak, for one micro-batch
+    (tokens drawn from `seed`); with an `expert_group`, the routed experts split over it."""
     import mindspore as ms
     import numpy as np
 
     from mf_train.models.deepseek_v3 import DeepseekV3ForCausalLM
 
-    ms.set_context(mode=ms.PYNATIVE_MODE)
-    ms.set_device("CPU")
+    if expert_group is None:  # otherwise init_communication has set them
+        ms.set_context(mode=ms.PYNATIVE_MODE)
+        ms.set_device("CPU")
     config = deepseek_config(variant)
     batch = config.training.local_batch_size
-    model = DeepseekV3ForCausalLM.from_config(config.model, seed=0)
+    model = DeepseekV3ForCausalLM.from_config(config.model, seed=0, expert_group=expert_group)
     params = {p.data_ptr() for p in model.get_parameters()}
     current = ["outside"]
     saved: dict[str, dict[int, int]] = {}
@@ -169,7 +179,7 @@ def deepseek_worker(variant: str) -> dict[str, object]:
 
     grad_fn = ms.value_and_grad(step, None, model.trainable_params())
     seq = config.model.extras["seq_length"]
-    rng = np.random.default_rng(0)
+    rng = np.random.default_rng(seed)
     for tokens, rows in ((8, 1), (seq, batch)):  # warm-up at a small shape, then measured
         ids = ms.Tensor(rng.integers(0, 512, (rows, tokens)).astype(np.int32))
         labels = ms.Tensor(rng.integers(0, 512, (rows, tokens)).astype(np.int32))
@@ -181,7 +191,64 @@ def deepseek_worker(variant: str) -> dict[str, object]:
         float(loss.asnumpy())
         del grads
     return {"layers": {key: sum(v.values()) for key, v in saved.items()},
-            "held": held["at_backward"] - before, "peak": status_bytes("VmHWM") - before}
+            "held": held["at_backward"] - before, "peak": status_bytes("VmHWM") - before,
+            "rows": {str(layer): int(load.sum()) for layer, load in model.expert_load().items()}}
+
+
+EP = 2
+
+
+def ep_config(variant: str, dispatcher: str):  # -> TrainConfig
+    """The variant with its routed experts split over `EP` ranks (one micro-batch each) by
+    `dispatcher` (devices of one rank for the deredundant one)."""
+    import attrs
+
+    config = deepseek_config(variant)
+    batch = config.training.local_batch_size
+    return attrs.evolve(
+        config, parallelism=attrs.evolve(config.parallelism, expert_parallel=EP,
+                                         moe_token_dispatcher_type=dispatcher,
+                                         npu_nums_per_device=1),
+        training=attrs.evolve(config.training, global_batch_size=EP * batch))
+
+
+def deepseek_ep_worker(out_dir: str, dispatcher: str) -> None:
+    """One rank of `EP` (under msrun): its saved bytes per layer to rank<r>.json."""
+    from mf_parallel import make_plan
+    from mf_parallel.runtime import Collectives, init_communication
+    from mf_parallel.runtime.expert_dispatch import ExpertGroup
+
+    config = ep_config("b2", dispatcher)
+    plan = make_plan(config.parallelism, config.training, EP)
+    comm = init_communication(plan, "CPU")
+    group = ExpertGroup(Collectives(comm), config.parallelism.moe_token_dispatcher_type)
+    result = deepseek_worker("b2", group, seed=comm.rank)
+    Path(out_dir, f"rank{comm.rank}.json").write_text(json.dumps(result))
+
+
+def deepseek_ep_main(dispatcher: str) -> None:
+    """Saved bytes of each MoE layer on `EP` ranks against the estimate (module docstring)."""
+    import tempfile
+
+    from mf_memory.estimate import estimate
+    from mf_parallel.launch import run_ranks
+
+    with tempfile.TemporaryDirectory() as out:
+        run_ranks(__file__, EP, log_dir=Path(out) / "logs", timeout=600,
+                  args=["deepseek-ep-worker", out, dispatcher])
+        ranks = [json.loads(Path(out, f"rank{r}.json").read_text()) for r in range(EP)]
+    result = estimate(ep_config("b2", dispatcher), EP)
+    print(f"expert_parallel {EP}, {dispatcher}, b2 on each rank (bytes; rows = (token, expert) "
+          f"pairs this rank's experts computed)")
+    print(f"{'layer':<7}{'estimate':>12}" + "".join(
+        f"{f'rank {r} saved':>15}{'rows':>6}" for r in range(EP))
+        + f"{'sum / (ranks x estimate)':>26}")
+    for la in result.layer_activations:
+        got = [rank["layers"][str(la.layer)] for rank in ranks]
+        rows = [rank["rows"].get(str(la.layer), 0) for rank in ranks]
+        print(f"{la.layer:<7}{la.full:>12,}" + "".join(
+            f"{g:>15,}{r:>6}" for g, r in zip(got, rows, strict=True))
+            + f"{sum(got) / (EP * la.full):>26.4f}", flush=True)
 
 
 def deepseek_main() -> None:
@@ -223,8 +290,15 @@ def main() -> None:
     if sys.argv[1:2] == ["deepseek-worker"]:
         print(json.dumps(deepseek_worker(sys.argv[2])))
         return
+    if sys.argv[1:2] == ["deepseek-ep-worker"]:
+        deepseek_ep_worker(sys.argv[2], sys.argv[3])
+        return
     if sys.argv[1:2] == ["deepseek"]:
         deepseek_main()
+        return
+    if sys.argv[1:2] == ["deepseek-ep"]:
+        for dispatcher in sys.argv[2:] or ("alltoall", "alltoall_deredundancy"):
+            deepseek_ep_main(dispatcher)
         return
     if len(sys.argv) == 3:
         print(json.dumps(worker(sys.argv[1], sys.argv[2])))

@@ -140,8 +140,18 @@ def test_expert_parallel_divides_the_routed_experts() -> None:
     assert result.params == 4 * (PARAMS - EXPERTS // 2)
     # ZeRO-1: the dense part's state sliced over 2 ranks, the experts' over 1
     assert result.optimizer == 8 * ((PARAMS - EXPERTS - BIAS) // 2 + EXPERTS // 2)
-    # activations do not change: each rank's experts see T k rows on average
-    assert [la.full for la in result.layer_activations] == [LAYER_0, LAYER_1]
+    # each rank's experts see T k rows on average, as in one process; the two exchanges keep
+    # the rows they send and receive (4 x T k rows of h), the receiving side's two
+    # permutations (T k each, int32) and the row counts (4 ep + 1, int32)
+    exchange = 4 * (4 * ROWS * 16) + 4 * 2 * ROWS + 4 * (4 * 2 + 1)
+    assert [la.full for la in result.layer_activations] == [LAYER_0, LAYER_1 + exchange]
+    dered = estimate(config(parallelism={**two, "moe_token_dispatcher_type":
+                                         "alltoall_deredundancy", "npu_nums_per_device": 1},
+                            training={"local_batch_size": 2, "global_batch_size": 4}),
+                     world_size=2)
+    assert dered.layer_activations == result.layer_activations
+    assert any("deredundant dispatcher's buffers are estimated as the all-to-all" in w
+               for w in dered.warnings)
 
 
 def test_fsdp_slices_experts_over_the_expert_data_group() -> None:

@@ -130,7 +130,11 @@ def moe_tensors(shape: ModelShape, geo: Geometry) -> list[Saved]:
       T_moe and the k weights T_moe·k;
     - dispatch: the permutation indices out and back T_moe·k each (int32), the permuted tokens
       (the experts' inputs) and the returned expert outputs T_moe·k·h each (the returned ones
-      in float32, where they are weighted and summed), and the weights T_moe·k;
+      in float32, where they are weighted and summed), and the weights T_moe·k; with expert
+      parallelism (ep > 1, the all-to-all dispatcher, `mf_parallel.runtime.expert_dispatch`)
+      also the rows each of the two exchanges sends and receives, 4·T_moe·k·h on average (each
+      exchange keeps its input and output for its backward), the receiving side's two
+      permutations 2·T_moe·k (int32) and the exchanges' row counts (4·ep + 1 int32);
     - routed experts: gate, silu, up and down input over the T_moe·k rows, m wide each;
     - shared experts: a SwiGLU of width f_s/t on the gathered T tokens;
     - balance loss (aux_loss_alpha > 0): the scores' sum T_moe and the normalised scores
@@ -151,6 +155,7 @@ def moe_tensors(shape: ModelShape, geo: Geometry) -> list[Saved]:
              Saved("dispatch.permuted_tokens", "mlp", rows * h, e),
              Saved("dispatch.returned_outputs", "mlp", rows * h, FLOAT32),
              Saved("dispatch.weights", "mlp", rows, FLOAT32),
+             *_exchange_tensors(rows, h, geo),
              *(Saved(f"experts.{name}", "mlp", rows * m, e)
                for name in ("gate", "silu", "up", "down_input"))]
     if moe.shared_experts:
@@ -161,6 +166,15 @@ def moe_tensors(shape: ModelShape, geo: Geometry) -> list[Saved]:
                   Saved("balance_loss.scores", "mlp", T * E, FLOAT32),
                   Saved("balance_loss.fraction", "mlp", geo.micro_batch * E, FLOAT32)]
     return saved
+
+
+def _exchange_tensors(rows: int, hidden: int, geo: Geometry) -> list[Saved]:
+    """What expert parallelism's two token exchanges add (see `moe_tensors`)."""
+    if geo.ep == 1:
+        return []
+    return [Saved("dispatch.exchanged_rows", "mlp", 4 * rows * hidden, geo.act_bytes),
+            Saved("dispatch.receiver_indices", "mlp", 2 * rows, INDEX_BYTES),
+            Saved("dispatch.row_counts", "mlp", 4 * geo.ep + 1, INDEX_BYTES)]
 
 
 def latent_layer_tensors(shape: ModelShape, geo: Geometry, layer: int) -> list[Saved]:

@@ -16,6 +16,9 @@ class Geometry:
     flash: bool
     act_bytes: int
     tiled: bool = False
+    ep: int = 1
+    """Expert-parallel degree: above 1 the token exchanges keep their rows
+    (`mla_moe_activations.moe_tensors`)."""
     """Broadcast operands are repeated to full shape (mf-train on the CPU backend,
     `mla_moe_activations`); the dense reference decoder does not depend on it."""
 
