@@ -114,7 +114,7 @@ def test_one_process_holds_everything() -> None:
     assert (LAYER_0, LAYER_1) == (25_792, 32_128)
     assert result.routed_experts == (4, 4, 1)
     parts = dict(result.activation_parts)
-    assert parts["dispatch (permuted tokens, returned outputs)"] == 4 * (2 * ROWS + 2 * ROWS
+    assert parts["dispatch (tokens to and from the experts)"] == 4 * (2 * ROWS + 2 * ROWS
                                                                          * 16 + ROWS)
     assert parts["routed experts"] == 4 * 4 * ROWS * 8
 

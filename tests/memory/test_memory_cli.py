@@ -93,10 +93,10 @@ def test_the_spec_skeleton_gets_a_moe_breakdown_as_written() -> None:
     assert result.returncode == 0, result.stderr
     out = result.stdout
     for row in ("    MLA (latent attention)", "    routed experts", "    shared experts",
-                "    router", "  dispatch (permuted tokens, returned outputs)",
+                "    router", "  dispatch (tokens to and from the experts)",
                 "  routed experts", "  MLA (latent attention)"):
         assert f"\n{row} " in out, row
-    assert "routed experts: 256 per MoE layer, 256 on this device (expert_parallel 1" in out
+    assert "routed experts: 256 per MoE layer, 256 here (expert_parallel 1" in out
     assert "model defaults used (not in the config): n_routed_experts 256" in out
     assert "warning: model.intermediate_size: not given, but the first 3 layer(s) are dense" \
         in out
@@ -115,7 +115,7 @@ def test_expert_parallel_divides_the_routed_experts() -> None:
     experts = "routed experts"
     assert one["parameter_parts"][experts] == eight["parameter_parts"][experts]
     assert one["gathered_params"] > eight["gathered_params"]
-    assert "32 on this device (expert_parallel 8, whole experts)" in run(
+    assert "32 here (expert_parallel 8, whole experts)" in run(
         "estimate", "--config", str(SKELETON), "--world-size", "8",
         "--set", "parallelism.expert_parallel=8").stdout
 

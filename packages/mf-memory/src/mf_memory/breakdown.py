@@ -20,7 +20,7 @@ PARAMETER_PARTS = (  # (name prefix, label), first match wins; printed in this o
 ACTIVATION_PARTS = (
     ("mla.", "MLA (latent attention)"), ("attention.", "attention"),
     ("mlp.", "dense MLP"), ("router.", "router"), ("balance_loss.", "router"),
-    ("dispatch.", "dispatch (permuted tokens, returned outputs)"),
+    ("dispatch.", "dispatch (tokens to and from the experts)"),
     ("experts.", "routed experts"), ("shared_experts.", "shared experts"),
     ("", "norms"))
 

@@ -123,12 +123,13 @@ def describe(result: MemoryEstimate, tips: Sequence[tuple[str, int]] = ()) -> st
 
 
 def _experts_note(result: MemoryEstimate) -> str:
-    """`256 per layer, 32 on this device (expert_parallel 8), whole; sliced over 1 rank`."""
+    """`256 per MoE layer, 32 here (expert_parallel 8, whole experts), sliced over 1
+    expert-data rank`."""
     assert result.routed_experts is not None
     total, here, ranks = result.routed_experts
     parallel = total // here
-    return (f"{total} per MoE layer, {here} on this device (expert_parallel {parallel}, whole "
-            f"experts), sliced over {ranks} expert-data rank{'s' if ranks > 1 else ''}")
+    return (f"{total} per MoE layer, {here} here (expert_parallel {parallel}, whole experts), "
+            f"sliced over {ranks} expert-data rank{'s' if ranks > 1 else ''}")
 
 
 def _setting(value: object) -> str:
