@@ -15,7 +15,7 @@ No `from __future__ import annotations` here: cattrs reads the field types at ru
 from typing import Any, Literal
 
 from mf_config.errors import Path
-from mf_config.model_shape import ModelSettings, ModelShape
+from mf_config.model_shape import ExpertShape, LatentAttentionShape, ModelSettings, ModelShape
 from mf_config.sections import MAX_DIMENSION, Dtype, TrainConfig, section, setting
 
 TOKENIZER = "token ids belong to the tokenizer and the data"
@@ -112,6 +112,16 @@ class DeepseekV3Settings(ModelSettings):
             tie_word_embeddings=self.tie_word_embeddings, seq_length=self.seq_length,
             mtp_layers=self.num_nextn_predict_layers or self.mtp_num_layers,
             routed_experts=self.n_routed_experts, latent_attention=True,
+            experts=ExpertShape(
+                routed_experts=self.n_routed_experts, experts_per_token=self.num_experts_per_tok,
+                expert_intermediate_size=self.moe_intermediate_size,
+                shared_experts=self.n_shared_experts,
+                first_dense_layers=min(self.first_k_dense_replace, self.num_hidden_layers),
+                balance_loss=self.aux_loss_alpha > 0),
+            latent=LatentAttentionShape(
+                kv_lora_rank=self.kv_lora_rank, q_lora_rank=self.q_lora_rank,
+                qk_nope_head_dim=self.qk_nope_head_dim, qk_rope_head_dim=self.qk_rope_head_dim,
+                v_head_dim=self.v_head_dim),
             params_dtype=self.params_dtype, compute_dtype=self.compute_dtype,
             use_flash_attention=self.use_flash_attention)
 
