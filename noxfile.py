@@ -1,8 +1,9 @@
 """Sessions: `tests` (the whole suite), `lint` (ruff + the layering contract), `train` (the main
 job: the demo, a short training run of the tiny example), `bench` (side-by-side measurements).
 `megatron_parity`, `bench_data` and `bench_speed` (mf against PyTorch + transformers) also
-install torch (CPU) and run only when named; so does `bench_pipeline` (pipeline schedules on
-2 msrun ranks, about 6-10 minutes).
+install torch (CPU) and run only when named; so do `bench_pipeline` (pipeline schedules on
+2 msrun ranks, about 6-10 minutes) and `bench_experts` (the expert dispatch on 2 and 4 ranks,
+about 5 minutes).
 
 Every session installs the packages from this checkout into a fresh virtual environment.
 """
@@ -86,6 +87,15 @@ def bench_pipeline(session: nox.Session) -> None:
     `nox -s bench_pipeline -- --microbatches 4 --pin-ranks`."""
     install_packages(session)
     session.run("python", "benchmarks/pipeline.py", *session.posargs)
+
+
+@nox.session
+def bench_experts(session: nox.Session) -> None:
+    """Expert parallelism on 2 and 4 msrun ranks: the token dispatch's communication per
+    step against the rest of the step, all-to-all against the deredundant dispatcher.
+    `nox -s bench_experts -- --no-four`."""
+    install_packages(session)
+    session.run("python", "benchmarks/expert_dispatch.py", *session.posargs)
 
 
 TORCH_CPU_INDEX = "https://download.pytorch.org/whl/cpu"

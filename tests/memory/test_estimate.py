@@ -191,10 +191,6 @@ def test_verdict() -> None:
 
 
 def test_errors_name_the_field() -> None:
-    deepseek = {"model_type": "deepseek_v3", "num_hidden_layers": 2, "seq_length": 8}
-    with pytest.raises(EstimateError, match=r"'deepseek_v3' has mixture-of-experts.*not "
-                                            r"supported yet"):
-        estimate(TrainConfig.from_dict({**BASE, "model": deepseek}), world_size=1)
     unknown = {"model_type": "mystery", "num_hidden_layers": 2, "seq_length": 8}
     with pytest.raises(EstimateError, match=r"no installed package declares the settings of "
                                             r"model type 'mystery', so its shape is unknown; "

@@ -75,8 +75,6 @@ def test_exit_codes(config_file: str, tmp_path: Path) -> None:
     bad = run("estimate", "--config", config_file, "--world-size", "3",
               "--set", "parallelism.tensor_parallel=2")
     assert bad.returncode == 1 and "not divisible" in bad.stderr
-    moe = run("estimate", "--config", str(SKELETON), "--world-size", "8")
-    assert moe.returncode == 1 and "not supported yet" in moe.stderr
     typo = run("estimate", "--config", config_file, "--world-size", "1",
                "--set", "model.n_routed_experts=8")  # a Qwen3 has no experts
     assert typo.returncode == 1 and "model.n_routed_experts: Unknown configuration keys for " \
@@ -88,6 +86,38 @@ def test_exit_codes(config_file: str, tmp_path: Path) -> None:
                "--world-size", "1").returncode == 2
     assert run("estimate", "--config", config_file).returncode == 2
     assert run().returncode == 2
+
+
+def test_the_spec_skeleton_gets_a_moe_breakdown_as_written() -> None:
+    result = run("estimate", "--config", str(SKELETON), "--world-size", "8")
+    assert result.returncode == 0, result.stderr
+    out = result.stdout
+    for row in ("    MLA (latent attention)", "    routed experts", "    shared experts",
+                "    router", "  dispatch (tokens to and from the experts)",
+                "  routed experts", "  MLA (latent attention)"):
+        assert f"\n{row} " in out, row
+    assert "routed experts: 256 per MoE layer, 256 here (expert_parallel 1" in out
+    assert "model defaults used (not in the config): n_routed_experts 256" in out
+    assert "warning: model.intermediate_size: not given, but the first 3 layer(s) are dense" \
+        in out
+
+
+def test_expert_parallel_divides_the_routed_experts() -> None:
+    one, eight = (json.loads(run("estimate", "--config", str(SKELETON), "--world-size", "8",
+                                 "--json", "--set", f"parallelism.expert_parallel={ep}").stdout)
+                  for ep in (1, 8))
+    assert one["routed_experts"] == {"per_layer": 256, "per_device": 256,
+                                     "expert_data_ranks": 8}
+    assert eight["routed_experts"] == {"per_layer": 256, "per_device": 32,
+                                       "expert_data_ranks": 1}
+    # FSDP slices the whole experts over 8 ranks, or EP holds 1/8 of them unsliced: the
+    # same bytes; FSDP gathers them around their use, EP does not
+    experts = "routed experts"
+    assert one["parameter_parts"][experts] == eight["parameter_parts"][experts]
+    assert one["gathered_params"] > eight["gathered_params"]
+    assert "32 here (expert_parallel 8, whole experts)" in run(
+        "estimate", "--config", str(SKELETON), "--world-size", "8",
+        "--set", "parallelism.expert_parallel=8").stdout
 
 
 def test_estimate_never_imports_mindspore(config_file: str) -> None:

@@ -90,9 +90,33 @@ def test_expert_groups() -> None:
     assert mesh.groups("expert_data") == [[0, 4], [1, 5], [2, 6], [3, 7]]
     mesh = RankMesh(dims(8, tensor_parallel=2, expert_parallel=2))  # over shard, per tensor rank
     assert mesh.groups("expert") == [[0, 2], [1, 3], [4, 6], [5, 7]]
+    # Experts are not tensor-split: both tensor ranks of a position hold the same experts.
+    assert mesh.groups("expert_data") == [[0, 1, 4, 5], [2, 3, 6, 7]]
+    mesh = RankMesh(dims(8, data_parallel_shard=2, expert_parallel=2))  # HSDP: replicas too
+    assert mesh.groups("expert_data") == [[0, 2, 4, 6], [1, 3, 5, 7]]
+    mesh = RankMesh(dims(8, pipeline_parallel=2, expert_parallel=2))  # per stage
+    assert mesh.groups("expert_data") == [[0, 2], [1, 3], [4, 6], [5, 7]]
     mesh = RankMesh(dims(8, tensor_parallel=2, expert_parallel=8))  # borrows the tensor ranks
     assert mesh.groups("expert") == [list(range(8))]
     assert mesh.groups("expert_data") == [[r] for r in range(8)]
+
+
+def test_device_groups_of_the_deredundant_dispatcher() -> None:
+    d = dims(8, expert_parallel=8, moe_token_dispatcher_type="alltoall_deredundancy",
+             npu_nums_per_device=4)
+    assert d.expert_node == 4
+    assert d.describe().endswith("; expert 8 over shard x context in devices of 4")
+    mesh = RankMesh(d)
+    assert mesh.groups("expert_node") == [[0, 1, 2, 3], [4, 5, 6, 7]]
+    assert mesh.groups("expert_peer") == [[0, 4], [1, 5], [2, 6], [3, 7]]
+    plain = RankMesh(dims(8, expert_parallel=4, npu_nums_per_device=2))
+    assert plain.dims.expert_node == 1  # the all-to-all dispatcher has no devices
+    assert plain.groups("expert_node") == [[r] for r in range(8)]
+    assert plain.groups("expert_peer") == plain.groups("expert")
+    with pytest.raises(PlanError, match=r"expert_parallel \(6\) must be a multiple of "
+                                        r"npu_nums_per_device \(4\)"):
+        dims(12, expert_parallel=6, moe_token_dispatcher_type="alltoall_deredundancy",
+             npu_nums_per_device=4)
 
 
 def test_unknown_group_kind_and_rank() -> None:
@@ -131,8 +155,10 @@ def test_every_rank_is_in_exactly_one_group_of_each_kind(layout) -> None:
         assert len({len(g) for g in groups}) == 1, kind
         if kind in expected_sizes:
             assert len(groups[0]) == expected_sizes[kind], kind
-    expert_block = shard * cp * (tp if d.expert_span == "shard_context_tensor" else 1)
-    assert len(mesh.groups("expert_data")[0]) == expert_block // ep
+    assert len(mesh.groups("expert_data")[0]) == world // (pp * ep)
+    for group in mesh.groups("expert_data"):  # one stage, one place in its expert group
+        assert len({mesh.coordinates(r)["pipeline"] for r in group}) == 1
+        assert len({mesh.groups_of(r)["expert"].index(r) for r in group}) == 1
     for rank in range(world):
         coords = mesh.coordinates(rank)
         assert mesh.rank(coords) == rank

@@ -281,16 +281,20 @@ class _Group:
     size, rank, sequence_parallel = 2, 0, True
 
 
-def test_tensor_parallelism_is_rejected() -> None:
-    with pytest.raises(ConfigError, match=r"parallelism\.tensor_parallel.*not implemented"):
-        DeepseekV3ForCausalLM.from_config(ModelConfig(extras=dict(ref.LORA)),
-                                          tensor_group=_Group())
-    data = {"model": {"model_type": "deepseek_v3", **ref.LORA}, "training": {},
+def test_a_tensor_size_that_does_not_divide_the_heads_is_refused() -> None:
+    """Before anything starts (validation) and when the model is built; the model builds on
+    a tensor group whose size divides every split width."""
+    odd = {**ref.LORA, "num_attention_heads": 3, "num_key_value_heads": None}
+    with pytest.raises(ConfigError, match=r"model\.num_attention_heads: 3 is not divisible by "
+                                          r"parallelism\.tensor_parallel \(2\)"):
+        DeepseekV3ForCausalLM.from_config(ModelConfig(extras=odd), tensor_group=_Group())
+    data = {"model": {"model_type": "deepseek_v3", **odd}, "training": {},
             "train_dataset": {"dataloader": {"type": "x"}},
             "parallelism": {"tensor_parallel": 2}}
-    with pytest.raises(ConfigError, match=r"parallelism\.tensor_parallel: tensor parallelism is "
-                                          r"not implemented for DeepSeek-V3"):
+    with pytest.raises(ConfigError, match=r"model\.num_attention_heads: 3 is not divisible"):
         TrainConfig.from_dict(data)  # when the file is validated, before anything starts
+    data["model"] = {"model_type": "deepseek_v3", **ref.LORA}
+    TrainConfig.from_dict(data)
 
 
 def test_hugging_face_sizes_are_the_defaults() -> None:

@@ -26,6 +26,37 @@ if TYPE_CHECKING:
 
 
 @attrs.frozen(kw_only=True)
+class ExpertShape:
+    """The mixture-of-experts numbers of a model (DeepSeek-V3's names in brackets)."""
+
+    routed_experts: int
+    """Routed experts per MoE layer (`n_routed_experts`)."""
+    experts_per_token: int
+    """Routed experts each token goes to, top k (`num_experts_per_tok`)."""
+    expert_intermediate_size: int
+    """SwiGLU width of one expert (`moe_intermediate_size`)."""
+    shared_experts: int
+    """Always-active experts, fused into one SwiGLU this many times as wide
+    (`n_shared_experts`)."""
+    first_dense_layers: int
+    """Leading layers with a dense MLP of `intermediate_size` (`first_k_dense_replace`)."""
+    balance_loss: bool = False
+    """Whether a sequence-wise balance loss is computed (`aux_loss_alpha` > 0)."""
+
+
+@attrs.frozen(kw_only=True)
+class LatentAttentionShape:
+    """The multi-head latent attention numbers of a model (DeepSeek-V3's names)."""
+
+    kv_lora_rank: int
+    q_lora_rank: int | None
+    """None: a plain q_proj, no query compression."""
+    qk_nope_head_dim: int
+    qk_rope_head_dim: int
+    v_head_dim: int
+
+
+@attrs.frozen(kw_only=True)
 class ModelShape:
     """Structure numbers of a decoder language model (Hugging Face meanings)."""
 
@@ -50,6 +81,10 @@ class ModelShape:
     """Routed experts of a mixture-of-experts model; None for a dense one."""
     latent_attention: bool = False
     """Multi-head latent attention (DeepSeek's compressed keys and values)."""
+    experts: ExpertShape | None = None
+    """The mixture-of-experts numbers (None for a dense model or one that does not give them)."""
+    latent: LatentAttentionShape | None = None
+    """The latent-attention numbers (None without latent attention)."""
     params_dtype: str = "float32"
     compute_dtype: str = "float32"
     use_flash_attention: bool = False

@@ -16,51 +16,13 @@ from dataclasses import dataclass
 from mf_config import TrainConfig
 from mf_config.layer_spec import layer_ids
 
+from .mla_moe_activations import causal_lm_output_tensors, latent_layer_tensors
 from .model_shape import ModelShape
+from .saved import Geometry, Saved
 
 SELECT_MODULES = ("attention", "mlp")
 GATHERED_INPUTS = {"attention.qkv": "attention", "mlp.gate_up": "mlp"}
 """Column-parallel linears whose input is all-gathered over the sequence (recompute_comm)."""
-
-# ----------------------------------------------------------------------------- the layout
-
-
-@dataclass(frozen=True)
-class Geometry:
-    """Token counts and degrees of one device, per micro-batch."""
-
-    micro_batch: int
-    seq_length: int
-    tp: int
-    cp: int
-    flash: bool
-    act_bytes: int
-
-    @property
-    def tokens(self) -> int:
-        """T = b S / cp: tokens of one micro-batch on this device (full sequence slice)."""
-        return self.micro_batch * self.seq_length // self.cp
-
-    @property
-    def sp_tokens(self) -> int:
-        """T_sp: tokens of a sequence-parallel tensor, T / t with tensor parallelism."""
-        return self.tokens // self.tp
-
-
-@dataclass(frozen=True)
-class Saved:
-    """One tensor kept for the backward pass: `elements * itemsize` bytes per micro-batch."""
-
-    name: str
-    module: str
-    """`input_norm`, `attention`, `post_norm` or `mlp`: what recompute/swap of a module drops."""
-    elements: int
-    itemsize: int
-
-    @property
-    def bytes(self) -> int:
-        return self.elements * self.itemsize
-
 
 def norm_tensors(prefix: str, module: str, rows: int, width: int, e: int) -> list[Saved]:
     """RMSNorm `x * rsqrt(mean(x^2) + eps) * w` keeps x, x^2 and x·rsqrt (rows·width each) and
@@ -116,13 +78,16 @@ def mlp_tensors(shape: ModelShape, geo: Geometry, comm_recomputed: bool) -> list
 
 
 def layer_tensors(shape: ModelShape, geo: Geometry,
-                  comm_recomputed: frozenset[str] = frozenset()) -> list[Saved]:
-    """Everything one decoder layer keeps for backward, per micro-batch.
+                  comm_recomputed: frozenset[str] = frozenset(), layer: int = 0) -> list[Saved]:
+    """Everything decoder layer `layer` keeps for backward, per micro-batch: DeepSeek-V3's
+    (`mla_moe_activations.latent_layer_tensors`) for a latent-attention model, else:
 
     The layer input (the residual, also the input norm's input) and the post-attention
     residual are sequence-split (T_sp·h); see `norm_tensors`, `attention_tensors` and
     `mlp_tensors` for the rest. The residual additions keep nothing.
     """
+    if shape.latent is not None:
+        return latent_layer_tensors(shape, geo, layer)
     h, e = shape.hidden_size, geo.act_bytes
     return [*norm_tensors("input_norm", "input_norm", geo.sp_tokens, h, e),
             *attention_tensors(shape, geo, "attention" in comm_recomputed),
@@ -250,7 +215,7 @@ def stage_layer_activations(config: TrainConfig, shape: ModelShape, geo: Geometr
     comm = _comm_recomputed(config) if geo.tp > 1 else {}
     result = []
     for layer in layers:
-        tensors = layer_tensors(shape, geo, comm.get(layer, frozenset()))
+        tensors = layer_tensors(shape, geo, comm.get(layer, frozenset()), layer)
         result.append(layer_activation(
             layer, tensors, geo, shape.hidden_size,
             full_recompute=layer in full_layers,
@@ -287,10 +252,13 @@ def backward_working_bytes(shape: ModelShape, geo: Geometry, last_stage: bool) -
 
 
 def output_tensors(shape: ModelShape, geo: Geometry) -> list[Saved]:
-    """The last stage's extra activations, per micro-batch: the final norm (see
+    """The last stage's extra activations, per micro-batch (for DeepSeek-V3, mf-train's loss:
+    `mla_moe_activations.causal_lm_output_tensors`): the final norm (see
     `norm_tensors`), the head's input T·h (all-gathered with t > 1), and vocabulary-size
     tensors T·V/t: the logits and the cross-entropy's log-probabilities and softmax, all three
     in float32 (the loss is computed in float32)."""
+    if shape.latent is not None:
+        return causal_lm_output_tensors(shape, geo)
     h, e, vocab = shape.hidden_size, geo.act_bytes, shape.vocab_size // geo.tp
     return [*norm_tensors("final_norm", "output", geo.sp_tokens, h, e),
             Saved("head.input", "output", geo.tokens * h, e),

@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+import textwrap
 from collections.abc import Sequence
 
 from mf_config import TrainConfig
@@ -85,7 +86,12 @@ def describe(result: MemoryEstimate, tips: Sequence[tuple[str, int]] = ()) -> st
             ("optimizer state", result.optimizer),
             ("FSDP gathered parameters", result.gathered_params),
             ("activations", result.activations), ("logits and loss", result.logits)]
-    lines += [f"  {name:<26}{size(value):>16}" for name, value in rows]
+    for name, value in rows:
+        lines.append(f"  {name:<26}{size(value):>16}")
+        if name == "parameters" and result.routed_experts is not None:
+            lines += [f"    {part:<24}{size(nbytes):>16}"
+                      for part, nbytes in result.parameter_parts]
+            lines.append(f"      routed experts: {_experts_note(result)}")
     lines.append(f"  {'total':<26}{size(result.total):>16}")
     lines.append("activations per layer (one micro-batch):")
     for first, last, la in _runs(result.layer_activations):
@@ -96,6 +102,14 @@ def describe(result: MemoryEstimate, tips: Sequence[tuple[str, int]] = ()) -> st
         lines.append(f"  recompute rebuild / swap prefetch (once): {size(result.transient)}")
     if result.working:
         lines.append(f"  backward working memory (once): {size(result.working)}")
+    if result.routed_experts is not None:
+        lines.append("activations by part (these layers, one micro-batch, before recompute "
+                     "and swap):")
+        lines += [f"  {part:<46}{size(nbytes):>14}" for part, nbytes in result.activation_parts]
+    if result.defaulted:
+        lines += textwrap.wrap("model defaults used (not in the config): " + ", ".join(
+            f"{key} {_setting(value)}" for key, value in result.defaulted), 96,
+            subsequent_indent="  ")
     lines += [f"warning: {w}" for w in result.warnings]
     if result.limit is None:
         lines.append("no context.max_device_memory set: no verdict")
@@ -106,6 +120,21 @@ def describe(result: MemoryEstimate, tips: Sequence[tuple[str, int]] = ()) -> st
                      "over")
         lines += [f"  {label} saves {size(saved)}" for label, saved in tips]
     return "\n".join(lines)
+
+
+def _experts_note(result: MemoryEstimate) -> str:
+    """`256 per MoE layer, 32 here (expert_parallel 8, whole experts), sliced over 1
+    expert-data rank`."""
+    assert result.routed_experts is not None
+    total, here, ranks = result.routed_experts
+    parallel = total // here
+    return (f"{total} per MoE layer, {here} here (expert_parallel {parallel}, whole experts), "
+            f"sliced over {ranks} expert-data rank{'s' if ranks > 1 else ''}")
+
+
+def _setting(value: object) -> str:
+    """A default as the YAML would write it (null for None)."""
+    return "null" if value is None else str(value)
 
 
 def _runs(layers: Sequence[LayerActivation]) -> list[tuple[int, int, LayerActivation]]:

@@ -14,6 +14,11 @@ with. The saved activations are those
 MindSpore's PyNative autograd keeps for the reference decoder (tests/memory/decoder_model.py):
 listed with `mindspore.saved_tensors_hooks`, each op keeps only the inputs its backward needs
 (a product with a constant keeps the constant, softmax its output, a matmul both operands).
+DeepSeek-V3 (multi-head latent attention, a mixture of experts after `first_k_dense_replace`
+dense layers) is modelled as mf-train builds it: its parameters and their split in
+`mla_moe_params` (routed experts divided by expert parallelism and sliced by FSDP/ZeRO over
+the expert-data group; the rest over the shard group), its saved tensors in
+`mla_moe_activations` (equal to the bytes MindSpore saves, layer by layer, on CPU).
 
 Notation in the formulas: b micro-batch, S sequence length, s = S / cp the local sequence,
 T = b s local tokens, t tensor parallel, T_sp = T / t when t > 1 (sequence parallelism is on
@@ -41,10 +46,12 @@ from .activations import (
     Saved,
     backward_working_bytes,
     embedding_tensors,
+    layer_tensors,
     output_tensors,
     stage_layer_activations,
     transient_bytes,
 )
+from .breakdown import activation_parts, defaulted_fields, dense_width_warning, parameter_parts
 from .model_shape import (
     EstimateError,
     ModelShape,
@@ -76,11 +83,12 @@ def param_dtype(shape: ModelShape) -> tuple[int, int]:
             dtype_bytes(shape.compute_dtype, "model.compute_dtype"))
 
 
-def optimizer_bytes(groups: list[ParamGroup], tp: int, optimizer: str, param_bytes: int) -> int:
+def optimizer_bytes(groups: list[ParamGroup], tp: int, optimizer: str, param_bytes: int,
+                    ep: int = 1) -> int:
     """Optimizer state, unsharded by FSDP: AdamW/Adam two float32 moments per parameter (8 B);
     Muon one float32 momentum (4 B) on hidden matrices, AdamW's 8 B on the rest (embedding,
     head, norms); SGD one momentum (4 B); plus a float32 master copy (4 B) when parameters are
-    16-bit."""
+    16-bit. Buffers (`trainable` False) have none; routed experts count E / ep."""
     kind = optimizer.lower()
     if kind not in OPTIMIZER_STATES:
         raise EstimateError(f"optimizer.type: {optimizer!r} is not modelled; known: AdamW, "
@@ -88,8 +96,10 @@ def optimizer_bytes(groups: list[ParamGroup], tp: int, optimizer: str, param_byt
     master = 4 if param_bytes < 4 else 0
     total = 0
     for group in groups:
+        if not group.trainable:
+            continue
         states = OPTIMIZER_STATES[kind] if group.matrix or kind != "muon" else 2
-        total += group.per_device(tp) * (4 * states + master)
+        total += group.per_device(tp, ep) * (4 * states + master)
     return total
 
 
@@ -98,21 +108,56 @@ def shard(nbytes: int, degree: int) -> int:
     return -(-nbytes // degree)
 
 
+@dataclass(frozen=True)
+class Split:
+    """How one device's share of the parameters is cut: tensor and expert parallel degrees,
+    and the FSDP/ZeRO shard degrees of the dense part (the shard group) and of the routed
+    experts (the expert-data group: the ranks holding the same experts)."""
+
+    tp: int
+    ep: int
+    dense_shard: int
+    expert_shard: int
+
+    def shard_of(self, group: ParamGroup) -> int:
+        """The FSDP/ZeRO degree that slices `group`."""
+        return self.expert_shard if group.expert else self.dense_shard
+
+    def full_bytes(self, groups: list[ParamGroup], nbytes: int,
+                   trainable_only: bool = False) -> int:
+        """Bytes of `groups` on one device before FSDP/ZeRO slicing."""
+        return sum(g.per_device(self.tp, self.ep) * nbytes for g in groups
+                   if g.trainable or not trainable_only)
+
+    def sharded_bytes(self, groups: list[ParamGroup], nbytes: int,
+                      trainable_only: bool = False) -> int:
+        """Bytes of `groups` on one device after FSDP/ZeRO slicing (per slicing group)."""
+        dense = [g for g in groups if not g.expert]
+        experts = [g for g in groups if g.expert]
+        return (shard(self.full_bytes(dense, nbytes, trainable_only), self.dense_shard)
+                + shard(self.full_bytes(experts, nbytes, trainable_only), self.expert_shard))
+
+
+def expert_data_degree(plan: Plan) -> int:
+    """Ranks of one expert-data group (mf_parallel's mesh): the ranks of a pipeline stage that
+    hold the same experts, over which FSDP/ZeRO slices the expert parameters."""
+    return len(plan.mesh.groups("expert_data")[0])
+
+
 def gathered_param_bytes(stage_groups: list[list[ParamGroup]], outer: list[ParamGroup],
-                         tp: int, param_bytes: int, shard_degree: int, policy: str,
-                         pipeline: int) -> int:
+                         split: Split, param_bytes: int, policy: str, pipeline: int) -> int:
     """FSDP (`optim_grads_params`) gathers a unit's parameters around its use. At the start of
     backward the units that did not reshard after forward (mf_parallel.reshard_plan) are still
     gathered, one more resharded unit is gathered again, and the parameters outside the units
-    (embedding, final norm, head) stay gathered: each costs its full minus its own slice."""
+    (embedding, final norm, head) stay gathered: each costs its full minus its own slice (the
+    routed experts gathered over the expert-data group, the rest over the shard group)."""
     from mf_parallel import reshard_plan
 
-    if shard_degree == 1 or not stage_groups:
+    if (split.dense_shard, split.expert_shard) == (1, 1) or not stage_groups:
         return 0
 
     def extra(groups: list[ParamGroup]) -> int:
-        full = sum(g.per_device(tp) for g in groups) * param_bytes
-        return full - shard(full, shard_degree)
+        return split.full_bytes(groups, param_bytes) - split.sharded_bytes(groups, param_bytes)
 
     plan = reshard_plan(policy, len(stage_groups), pipeline)
     held = [extra(unit) for unit, reshards in zip(stage_groups, plan, strict=True)
@@ -152,6 +197,16 @@ class MemoryEstimate:
     """Parameters of the whole model."""
     limit: int | None
     warnings: tuple[str, ...] = field(default=())
+    parameter_parts: tuple[tuple[str, int], ...] = ()
+    """`params` by part of the model (routed experts, shared experts, router, attention, ...)."""
+    activation_parts: tuple[tuple[str, int], ...] = ()
+    """The stage's layers' saved activations by part (MLA, router, dispatch, routed experts,
+    ...), one micro-batch, before recompute and swap."""
+    defaulted: tuple[tuple[str, object], ...] = ()
+    """MoE/MLA model keys the config does not write, with the default value estimated."""
+    routed_experts: tuple[int, int, int] | None = None
+    """(experts per MoE layer, experts on this device, expert-data ranks slicing them) for a
+    mixture-of-experts model."""
 
     @property
     def total(self) -> int:
@@ -183,6 +238,12 @@ class MemoryEstimate:
                 for la in self.layer_activations],
             "max_device_memory": self.limit, "fits": self.fits, "headroom": self.headroom,
             "warnings": list(self.warnings),
+            "parameter_parts": dict(self.parameter_parts),
+            "activation_parts": dict(self.activation_parts),
+            "defaulted": dict(self.defaulted),
+            "routed_experts": None if self.routed_experts is None else dict(zip(
+                ("per_layer", "per_device", "expert_data_ranks"), self.routed_experts,
+                strict=True)),
         }
 
 
@@ -290,21 +351,29 @@ def _stage_estimate(config: TrainConfig, shape: ModelShape, seq: int, plan: Plan
     _check_tp(shape, tp)
     pbytes, abytes = param_dtype(shape)
     geo = Geometry(micro_batch=config.training.local_batch_size, seq_length=seq, tp=tp,
-                   cp=d.context, flash=shape.use_flash_attention, act_bytes=abytes)
+                   cp=d.context, flash=shape.use_flash_attention, act_bytes=abytes,
+                   tiled=config.context.device_target == "CPU", ep=d.expert)
     assert plan.layout is not None  # num_layers is always given
     layers = [layer for chunk in range(plan.interleave) for layer in
               plan.layout.layers(stage, chunk)]
-    unit_groups = [layer_params(shape) for _ in layers]
+    unit_groups = [layer_params(shape, layer) for layer in layers]
     outer = ((embedding_params(shape) if stage == 0 else [])
              + (output_params(shape, shares_embedding_stage=last == 0) if stage == last
                 else []))
     groups = [g for unit in unit_groups for g in unit] + outer
-    unsharded = sum(g.per_device(tp) for g in groups) * pbytes
-    strategy, degree = config.parallelism.data_parallel_shard_strategy, d.data_shard
-    params = shard(unsharded, degree) if strategy == "optim_grads_params" else unsharded
-    grads = shard(unsharded, degree) if strategy != "optim" else unsharded
-    optimizer = shard(optimizer_bytes(groups, tp, config.optimizer.type, pbytes), degree)
-    gathered = (gathered_param_bytes(unit_groups, outer, tp, pbytes, degree,
+    strategy = config.parallelism.data_parallel_shard_strategy
+    split = Split(tp=tp, ep=d.expert, dense_shard=d.data_shard,
+                  expert_shard=expert_data_degree(plan))
+    params = (split.sharded_bytes(groups, pbytes) if strategy == "optim_grads_params"
+              else split.full_bytes(groups, pbytes))
+    grads = (split.sharded_bytes(groups, pbytes, trainable_only=True) if strategy != "optim"
+             else split.full_bytes(groups, pbytes, trainable_only=True))
+    optimizer = sum(
+        shard(optimizer_bytes([g for g in groups if g.expert == expert], tp,
+                              config.optimizer.type, pbytes, d.expert),
+              split.expert_shard if expert else split.dense_shard)
+        for expert in (False, True))
+    gathered = (gathered_param_bytes(unit_groups, outer, split, pbytes,
                                      config.parallelism.reshard_after_forward_policy,
                                      d.pipeline)
                 if strategy == "optim_grads_params" else 0)
@@ -318,19 +387,46 @@ def _stage_estimate(config: TrainConfig, shape: ModelShape, seq: int, plan: Plan
              pipeline_activations(per_layer, plan, stage, geo, shape.hidden_size, first_stage))
     activations = saved + transient + working
     logits = sum(s.bytes for s in output_tensors(shape, geo)) if stage == last else 0
+    held_params = (split.sharded_bytes if strategy == "optim_grads_params" else split.full_bytes)
+    moe = shape.experts
     return MemoryEstimate(
         stage=stage, num_stages=d.pipeline, layers=tuple(layers), params=params, grads=grads,
         optimizer=optimizer, gathered_params=gathered, activations=activations, logits=logits,
         in_flight=held, transient=transient, working=working, layer_activations=tuple(per_layer),
         parameter_count=parameter_count(shape), limit=limit,
-        warnings=tuple(warnings) + plan.warnings)
+        warnings=(*warnings, *plan.warnings, *_model_notes(config, shape, d.expert)),
+        parameter_parts=parameter_parts(groups, lambda g: held_params(g, pbytes)),
+        activation_parts=activation_parts(
+            t for layer in layers for t in layer_tensors(shape, geo, layer=layer)),
+        defaulted=defaulted_fields(config.model, shape),
+        routed_experts=None if moe is None else (
+            moe.routed_experts, moe.routed_experts // d.expert, split.expert_shard))
+
+
+def _model_notes(config: TrainConfig, shape: ModelShape, ep: int) -> list[str]:
+    """Warnings about what a mixture-of-experts estimate assumed: a dense width taken from the
+    defaults, the deredundant dispatcher estimated as the all-to-all one."""
+    notes = [note for note in (dense_width_warning(config.model, shape),) if note]
+    if (shape.experts is not None and ep > 1
+            and config.parallelism.moe_token_dispatcher_type == "alltoall_deredundancy"):
+        notes.append("parallelism.moe_token_dispatcher_type: the deredundant dispatcher's "
+                     "buffers are estimated as the all-to-all dispatcher's, an upper bound (it "
+                     "sends a token once per device, not once per expert; 0.95x measured on 2 "
+                     "ranks)")
+    return notes
 
 
 def _check_tp(shape: ModelShape, tp: int) -> None:
-    for name, value in (("num_attention_heads", shape.num_attention_heads),
-                        ("num_key_value_heads", shape.num_key_value_heads),
-                        ("intermediate_size", shape.intermediate_size),
-                        ("vocab_size", shape.vocab_size)):
+    widths = [("num_attention_heads", shape.num_attention_heads),
+              ("num_key_value_heads", shape.num_key_value_heads),
+              ("vocab_size", shape.vocab_size)]
+    moe = shape.experts
+    if moe is None or moe.first_dense_layers > 0:
+        widths.append(("intermediate_size", shape.intermediate_size))
+    if moe is not None and moe.shared_experts:
+        widths.append(("moe_intermediate_size x n_shared_experts",
+                       moe.expert_intermediate_size * moe.shared_experts))
+    for name, value in widths:
         if value % tp:
             raise EstimateError(f"model.{name} ({value}) must be divisible by "
                                 f"parallelism.tensor_parallel ({tp})")

@@ -2,18 +2,20 @@
 parameters.
 
 The shape is `mf_config.model_shape.ModelShape`, computed by the settings class the model's
-package declares (for Qwen3, mf-train's `Qwen3Settings`): the same defaults the model is built
-with. Dense decoders with grouped-query attention are modelled; mixture-of-experts and
-multi-head latent attention are refused for now. Pure Python.
+package declares (for Qwen3, mf-train's `Qwen3Settings`; for DeepSeek-V3 `DeepseekV3Settings`):
+the same defaults the model is built with. Dense decoders with grouped-query attention are
+modelled, and DeepSeek-V3's layers (multi-head latent attention, a mixture of experts after
+`first_k_dense_replace` dense layers: `mla_moe_params`). Pure Python.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from mf_config import ConfigError, ModelConfig
 from mf_config.components import declared_types, model_shape, model_type_name
 from mf_config.model_shape import ModelShape
+
+from .mla_moe_params import latent_layer_params
+from .param_groups import ParamGroup
 
 
 class EstimateError(ValueError):
@@ -21,8 +23,8 @@ class EstimateError(ValueError):
 
 
 def shape_of(model: ModelConfig) -> ModelShape:
-    """The model's shape; `EstimateError` when its type has no declared settings, or it is a
-    mixture-of-experts or latent-attention model."""
+    """The model's shape; `EstimateError` when its type has no declared settings, or it has
+    mixture-of-experts / latent-attention layers without giving their numbers."""
     try:
         shape = model_shape(model)
     except ConfigError as exc:
@@ -32,34 +34,29 @@ def shape_of(model: ModelConfig) -> ModelShape:
         raise EstimateError(f"model: no installed package declares the settings of model type "
                             f"{model_type_name(model)!r}, so its shape is unknown; declared: "
                             f"{known}")
-    if shape.routed_experts is not None or shape.latent_attention:
+    if ((shape.routed_experts is not None and shape.experts is None)
+            or (shape.latent_attention and shape.latent is None)):
         raise EstimateError(f"model: {model_type_name(model)!r} has mixture-of-experts / "
-                            "multi-head latent attention layers, which are not supported yet; "
-                            "the estimator models dense Qwen3-style decoders")
+                            "multi-head latent attention layers but its settings do not give "
+                            "their numbers (ModelShape.experts / .latent), so the estimator "
+                            "cannot model them")
     return shape
 
 
-@dataclass(frozen=True)
-class ParamGroup:
-    """Parameters of one kind on one device: `sharded` ones are split by tensor parallelism."""
-
-    name: str
-    count: int
-    sharded: bool
-    matrix: bool
-    """A hidden 2-D weight (Muon updates these; embeddings, head and norms use AdamW)."""
-
-    def per_device(self, tp: int) -> int:
-        """`count / tp` for sharded groups (rounded up), `count` for replicated ones."""
-        return -(-self.count // tp) if self.sharded else self.count
+def is_moe_layer(shape: ModelShape, layer: int) -> bool:
+    """Whether decoder layer `layer` has a mixture of experts (after the dense ones)."""
+    return shape.experts is not None and layer >= shape.experts.first_dense_layers
 
 
-def layer_params(shape: ModelShape) -> list[ParamGroup]:
-    """One decoder layer's parameters.
+def layer_params(shape: ModelShape, layer: int = 0) -> list[ParamGroup]:
+    """Decoder layer `layer`'s parameters: DeepSeek-V3's (`mla_moe_params.latent_layer_params`)
+    for a latent-attention model, else a dense layer's:
 
     attention: q h·a·d, k and v h·g·d each, o a·d·h (sharded by heads); q/k norms d each
     (replicated); two RMSNorms h each (replicated); MLP gate and up h·f each, down f·h (sharded).
     """
+    if shape.latent is not None:
+        return latent_layer_params(shape, layer)
     h, d, f = shape.hidden_size, shape.head_dim, shape.intermediate_size
     a, g = shape.num_attention_heads, shape.num_key_value_heads
     groups = [
@@ -95,8 +92,8 @@ def output_params(shape: ModelShape, shares_embedding_stage: bool) -> list[Param
 
 def parameter_count(shape: ModelShape) -> int:
     """All parameters of the model (one copy, no parallelism)."""
-    groups = (layer_params(shape) * shape.num_layers + embedding_params(shape)
-              + output_params(shape, shares_embedding_stage=True))
+    groups = ([g for layer in range(shape.num_layers) for g in layer_params(shape, layer)]
+              + embedding_params(shape) + output_params(shape, shares_embedding_stage=True))
     return sum(group.count for group in groups)
 
 

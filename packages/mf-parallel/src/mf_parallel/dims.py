@@ -5,11 +5,14 @@ and data parallelism is itself replicate x shard (HSDP when both are above one; 
 replicate is one). Data parallelism is what is left once the other degrees are taken:
 `world_size // (tensor * context * pipeline)`.
 
-Expert parallelism does not add ranks: it is laid over ranks the layout already has. Experts
-are spread over the shard x context ranks of each pipeline stage (each expert then still sharded
-by tensor parallelism), or, when the expert degree is larger than that block, over shard x
-context x tensor (experts are then not tensor-sharded). torchtitan calls these ETP = TP and
-ETP = 1; MindFormers borrows data and model-parallel ranks the same way.
+Expert parallelism does not add ranks: it is laid over ranks the layout already has. The
+ranks that split the experts between them (the `expert` group) are shard x context ranks of
+one pipeline stage and tensor coordinate, or, when the expert degree is larger than that
+block, shard x context x tensor ranks. Experts are never split by tensor parallelism (expert
+tensor parallelism 1, as torchtitan's ETP = 1): under sequence parallelism each tensor rank
+routes its own slice of the sequence, so the tensor ranks holding the same experts are data
+parallel for them (the mesh's `expert_data` group). MindFormers borrows data and model-parallel
+ranks the same way.
 """
 
 from __future__ import annotations
@@ -37,6 +40,10 @@ class ParallelDims:
     tensor: int
     expert: int
     expert_span: ExpertSpan
+    expert_node: int = 1
+    """Members of an expert group that share a device and fan tokens out among themselves
+    (`moe_token_dispatcher_type: alltoall_deredundancy`: `npu_nums_per_device`); 1 for the
+    plain all-to-all dispatcher."""
 
     @property
     def data(self) -> int:
@@ -80,7 +87,8 @@ class ParallelDims:
         ep = parallelism.expert_parallel
         return cls(world_size=world_size, pipeline=pp, data_replicate=data // shard,
                    data_shard=shard, context=cp, tensor=tp, expert=ep,
-                   expert_span=_expert_span(ep, shard, cp, tp))
+                   expert_span=_expert_span(ep, shard, cp, tp),
+                   expert_node=_expert_node(parallelism, ep))
 
     def describe(self) -> str:
         """One line: `world 8 = pipeline 2 x data 2 (replicate 1 x shard 2) x context 1 x ...`."""
@@ -90,7 +98,21 @@ class ParallelDims:
         if self.expert > 1:
             over = self.expert_span.replace("_", " x ")
             text += f"; expert {self.expert} over {over}"
+        if self.expert_node > 1:
+            text += f" in devices of {self.expert_node}"
         return text
+
+
+def _expert_node(parallelism: ParallelismConfig, ep: int) -> int:
+    if parallelism.moe_token_dispatcher_type != "alltoall_deredundancy" or ep == 1:
+        return 1
+    node = parallelism.npu_nums_per_device
+    if ep % node:
+        raise PlanError(
+            f"expert_parallel ({ep}) must be a multiple of npu_nums_per_device ({node}) under "
+            "moe_token_dispatcher_type 'alltoall_deredundancy': each device holds "
+            "npu_nums_per_device members of an expert group")
+    return node
 
 
 def _expert_span(ep: int, shard: int, cp: int, tp: int) -> ExpertSpan:

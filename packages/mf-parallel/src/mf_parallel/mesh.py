@@ -9,7 +9,16 @@ ranks (on one host, where the fast links are), and pipeline stages are the large
 Group kinds: each named dimension alone; `data` (replicate x shard, the gradient-reduction
 group of plain data parallelism); `loss` (replicate x shard x context: every rank that sees a
 different part of the global batch, so the loss is averaged over it); `expert` (ranks that
-split the experts between them) and `expert_data` (ranks holding the same experts).
+split the experts between them: they exchange tokens) and `expert_data` (every rank of the
+pipeline stage holding the same experts: the expert-data-parallel group over which the experts'
+gradients are reduced, world / (pipeline x expert) ranks, as Megatron-LM's expert-data-parallel
+group with expert tensor parallelism 1: experts are not split by tensor parallelism, so the
+tensor ranks of a stage that hold the same experts count as data-parallel for them);
+`expert_node` (consecutive members of an expert group that share a device, `expert_node` of
+them: the deredundant dispatcher fans tokens out inside it) and `expert_peer` (the members of
+an expert group at the same place in their devices: it sends each token once per device
+between them). Without a deredundant dispatcher `expert_node` groups are single ranks and
+`expert_peer` is the expert group.
 """
 
 from __future__ import annotations
@@ -25,7 +34,7 @@ from .errors import PlanError
 
 DIMENSIONS = ("pipeline", "replicate", "shard", "context", "tensor")
 COMPOSITE = {"data": ("replicate", "shard"), "loss": ("replicate", "shard", "context")}
-GROUP_KINDS = (*DIMENSIONS, *COMPOSITE, "expert", "expert_data")
+GROUP_KINDS = (*DIMENSIONS, *COMPOSITE, "expert", "expert_data", "expert_node", "expert_peer")
 
 
 @attrs.frozen
@@ -81,6 +90,8 @@ class RankMesh:
         """
         if kind in ("expert", "expert_data"):
             return self._expert_groups(kind == "expert")
+        if kind in ("expert_node", "expert_peer"):
+            return self._device_groups(kind == "expert_node")
         varying = COMPOSITE.get(kind, (kind,))
         if not set(varying) <= set(DIMENSIONS):
             raise PlanError(f"unknown group kind {kind!r}; known: {', '.join(GROUP_KINDS)}")
@@ -113,10 +124,24 @@ class RankMesh:
         span = ("shard", "context") if self.dims.expert_span == "shard_context" else (
             "shard", "context", "tensor")
         ep = self.dims.expert
+        chunks = [block[start:start + ep] for block in self._groups_over(span)
+                  for start in range(0, len(block), ep)]
+        if experts:
+            return sorted(chunks)
+        holders: dict[tuple[int, int], list[int]] = {}  # (stage, expert index) -> ranks
+        for chunk in chunks:
+            stage = self.coordinates(chunk[0])["pipeline"]
+            for index, rank in enumerate(chunk):
+                holders.setdefault((stage, index), []).append(rank)
+        return sorted(sorted(ranks) for ranks in holders.values())
+
+    def _device_groups(self, node: bool) -> list[list[int]]:
+        size = self.dims.expert_node
         groups = []
-        for block in self._groups_over(span):
-            chunks = [block[start:start + ep] for start in range(0, len(block), ep)]
-            groups += chunks if experts else [list(g) for g in zip(*chunks, strict=True)]
+        for expert_group in self._expert_groups(True):
+            nodes = [expert_group[start:start + size]
+                     for start in range(0, len(expert_group), size)]
+            groups += nodes if node else [list(g) for g in zip(*nodes, strict=True)]
         return sorted(groups)
 
     def _check_rank(self, rank: int) -> None:

@@ -116,6 +116,7 @@ def plan_summary(plan: Plan, rank: int | None = None) -> dict[str, Any]:
         "pipeline_parallel": d.pipeline,
         "expert_parallel": d.expert,
         "expert_span": list(d.expert_span.split("_")),
+        "expert_ranks_per_device": d.expert_node,
         "dimension_order": list(DIMENSIONS),
         "micro_batch_size": plan.batch.micro_batch_size,
         **_batch_summary(plan.batch),

@@ -67,6 +67,22 @@ def _pipeline_of_unsplittable_model(value: Any, target: Target) -> bool:
     return value > 1 and _model_name(target) in ("DeepseekV3ForCausalLM", "deepseek_v3")
 
 
+def _experts_without_moe(value: Any, target: Target) -> bool:
+    return value > 1 and _model_name(target) not in ("DeepseekV3ForCausalLM", "deepseek_v3")
+
+
+def _dispatcher_unused(value: Any, target: Target) -> bool:
+    return (target.written(("parallelism", "moe_token_dispatcher_type"))
+            and target.config.parallelism.expert_parallel == 1)
+
+
+def _device_size_unused(value: Any, target: Target) -> bool:
+    parallelism = target.config.parallelism
+    return target.written(("parallelism", "npu_nums_per_device")) and (
+        parallelism.expert_parallel == 1
+        or parallelism.moe_token_dispatcher_type != "alltoall_deredundancy")
+
+
 def _pipeline_setting_unused(value: Any, target: Target, name: str) -> bool:
     return target.written(("parallelism", name)) and \
         target.config.parallelism.pipeline_parallel == 1
@@ -93,7 +109,6 @@ def _extra_columns(value: list[str], _target: Target) -> bool:
 
 WITHOUT_PIPELINE = "has no effect without pipeline parallelism (pipeline_parallel is 1)"
 NO_CONTEXT = "context parallelism is not run by mf-train yet (context_parallel must be 1)"
-NO_EXPERT = "expert parallelism is not run by mf-train yet (expert_parallel must be 1)"
 UNUSED_MASKS = ("the models do not take position ids or attention masks yet: packed documents "
                 "still attend to each other and positions run through the whole sequence")
 
@@ -211,16 +226,20 @@ FIELDS: dict[str, Field] = {
                                             "parallelism is always on",
                   {"parallelism.sequence_parallel": True}),)),
     "parallelism.expert_parallel": reads("mf_parallel.dims", rules=(
-        refused(above_one, f"is {{value}}, but {NO_EXPERT}; set it to 1",
+        refused(_experts_without_moe,
+                "is {value}, but the model has no routed experts to split (expert parallelism "
+                "applies to mixture-of-experts models such as DeepSeek-V3); set it to 1",
                 {"parallelism.expert_parallel": 2}, world_size=2),)),
-    "parallelism.npu_nums_per_device": Field(rules=(
-        refused(differs(8), f"is {{value}}, but it only shapes expert-parallel token dispatch "
-                            f"and {NO_EXPERT}; remove it", {"parallelism.npu_nums_per_device": 1}),
-    )),
-    "parallelism.moe_token_dispatcher_type": Field(rules=(
-        refused(differs("alltoall"), f"is {{value!r}}, but {NO_EXPERT}; remove it",
-                {"parallelism.moe_token_dispatcher_type": "alltoall_deredundancy",
-                 "parallelism.npu_nums_per_device": 1}),)),
+    "parallelism.npu_nums_per_device": reads("mf_parallel.dims", rules=(
+        no_effect(_device_size_unused,
+                  "has no effect: it groups the ranks of an expert group into devices for "
+                  "moe_token_dispatcher_type 'alltoall_deredundancy' with expert_parallel > 1 "
+                  "only", {"parallelism.npu_nums_per_device": 1}),)),
+    "parallelism.moe_token_dispatcher_type": reads(TRAINER, rules=(
+        no_effect(_dispatcher_unused, "has no effect without expert parallelism "
+                                      "(expert_parallel is 1): every expert is on every rank",
+                  {"parallelism.moe_token_dispatcher_type": "alltoall_deredundancy",
+                   "parallelism.npu_nums_per_device": 1}),)),
     "parallelism.param_dtype": Field(rules=(
         no_effect(differs("float32"), "has no effect: parameters are kept in "
                                       "model.params_dtype and computed in model.compute_dtype; "

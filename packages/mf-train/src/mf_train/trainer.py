@@ -44,6 +44,7 @@ from mf_memory.recompute import apply_recompute, apply_recompute_comm
 from mf_memory.swap import ActivationSwap
 from mf_parallel import Plan
 from mf_parallel.runtime import Collectives, Communication, init_communication
+from mf_parallel.runtime.expert_dispatch import ExpertGroup
 from mf_parallel.runtime.tensor_parallel import TensorGroup
 
 from . import world_group
@@ -196,6 +197,7 @@ class Trainer:
     comm: Communication
     collectives: Collectives
     tensor_group: TensorGroup | None
+    expert_group: ExpertGroup | None
     model: nn.Cell
     swap: ActivationSwap
     layout: StepLayout
@@ -229,9 +231,13 @@ class Trainer:
         self.collectives = Collectives(self.comm)
         self.tensor_group = (TensorGroup(self.collectives, sequence_parallel=True)
                              if self.plan.dims.tensor > 1 else None)
+        self.expert_group = (ExpertGroup(self.collectives,
+                                         config.parallelism.moe_token_dispatcher_type)
+                             if self.plan.dims.expert > 1 else None)
         self.model = build_model(config.model, tensor_group=self.tensor_group, source=source,
                                  seed=config.training.seed,
-                                 part=stage_part(self.plan, self.comm.rank))
+                                 part=stage_part(self.plan, self.comm.rank),
+                                 expert_group=self.expert_group)
         self.swap = self._apply_memory()
         self.layout = build_layout(LayoutParts(
             self.model, config.optimizer, config.parallelism, self.plan.dims, self.collectives,

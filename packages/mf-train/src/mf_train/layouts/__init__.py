@@ -6,7 +6,9 @@ chosen layout's pre-launch refusals (`mf-train` calls it before any rank starts)
 schedule, an expert-parallel dispatch) is one `StepLayout` subclass added with
 `register_layout`; the others' `selects` must leave its plans alone. `Pipelined` takes the
 plans with pipeline parallelism and composes the layout that selects one stage's degrees
-(`without_pipeline`); the others take plans without pipeline or context parallelism.
+(`without_pipeline`); `ExpertParallel` takes the one-stage plans with expert parallelism and
+composes the layout of the other degrees (`without_experts`); the others take plans without
+pipeline, context or expert parallelism.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from .contract import (
     StepObserver,
     Unobserved,
 )
+from .expert_parallel import ExpertParallel
 from .pipelined import Pipelined, stage_part
 from .replicated import DataParallel, SingleRank, TensorParallel
 from .sharded import FSDP, ZeRO
@@ -34,6 +37,7 @@ __all__ = [
     "FSDP",
     "LAYOUTS",
     "DataParallel",
+    "ExpertParallel",
     "LayoutParts",
     "LayoutSections",
     "LocalGradients",
@@ -55,7 +59,7 @@ __all__ = [
 ]
 
 LAYOUTS: list[type[StepLayout]] = [SingleRank, DataParallel, TensorParallel, ZeRO, FSDP,
-                                   Pipelined]
+                                   Pipelined, ExpertParallel]
 
 
 def register_layout(cls: type[StepLayout]) -> type[StepLayout]:

@@ -40,6 +40,11 @@ def one_stage(dims: ParallelDims) -> bool:
     return dims.pipeline == 1 and dims.context == 1
 
 
+def whole_model_here(dims: ParallelDims) -> bool:
+    """One stage, and every routed expert on every rank (no expert parallelism)."""
+    return one_stage(dims) and dims.expert == 1
+
+
 class DataParallelLoss:
     """The step's loss over the data-parallel ranks, and what each rank divides it by first.
 
@@ -75,7 +80,7 @@ class SingleRank(StepLayout):
 
     @classmethod
     def selects(cls, dims: ParallelDims, parallelism: ParallelismConfig) -> bool:
-        return one_stage(dims) and dims.data == 1 and dims.tensor == 1
+        return whole_model_here(dims) and dims.data == 1 and dims.tensor == 1
 
     @classmethod
     def build(cls, parts: LayoutParts) -> SingleRank:
@@ -97,7 +102,8 @@ class DataParallel(StepLayout):
 
     @classmethod
     def selects(cls, dims: ParallelDims, parallelism: ParallelismConfig) -> bool:
-        return one_stage(dims) and dims.data > 1 and dims.data_shard == 1 and dims.tensor == 1
+        return (whole_model_here(dims) and dims.data > 1 and dims.data_shard == 1
+                and dims.tensor == 1)
 
     @classmethod
     def build(cls, parts: LayoutParts) -> DataParallel:
@@ -127,7 +133,7 @@ class TensorParallel(DataParallel):
 
     @classmethod
     def selects(cls, dims: ParallelDims, parallelism: ParallelismConfig) -> bool:
-        return one_stage(dims) and dims.tensor > 1 and dims.data_shard == 1
+        return whole_model_here(dims) and dims.tensor > 1 and dims.data_shard == 1
 
     @classmethod
     def build(cls, parts: LayoutParts) -> TensorParallel:

@@ -69,7 +69,7 @@ from .contract import (
     ReducedGradients,
     StepLayout,
 )
-from .replicated import DataParallelLoss, TensorParallel, one_stage
+from .replicated import DataParallelLoss, TensorParallel, whole_model_here
 
 NAMES = {"optim": "ZeRO-1", "optim_grads": "ZeRO-2", "optim_grads_params": "FSDP"}
 FSDP_STRATEGY = "optim_grads_params"
@@ -152,7 +152,7 @@ class ZeRO(StepLayout):
 
     @classmethod
     def selects(cls, dims: ParallelDims, parallelism: ParallelismConfig) -> bool:
-        return (one_stage(dims) and dims.data_shard > 1
+        return (whole_model_here(dims) and dims.data_shard > 1
                 and parallelism.data_parallel_shard_strategy != FSDP_STRATEGY)
 
     @classmethod
@@ -208,7 +208,7 @@ class FSDP(ZeRO):
 
     @classmethod
     def selects(cls, dims: ParallelDims, parallelism: ParallelismConfig) -> bool:
-        return (one_stage(dims) and dims.data_shard > 1
+        return (whole_model_here(dims) and dims.data_shard > 1
                 and parallelism.data_parallel_shard_strategy == FSDP_STRATEGY)
 
     @classmethod

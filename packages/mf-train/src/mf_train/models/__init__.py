@@ -21,6 +21,7 @@ from .parts import ModelPart, PipelineModel
 if TYPE_CHECKING:
     from mindspore import nn
 
+    from mf_parallel.runtime.expert_dispatch import ExpertGroup
     from mf_parallel.runtime.tensor_parallel import TensorGroup
 
 __all__ = [
@@ -38,7 +39,8 @@ __all__ = [
 
 def build_model(config: ModelConfig, *, tensor_group: TensorGroup | None = None,
                 source: Source | None = None, seed: int | None = None,
-                part: ModelPart | None = None) -> nn.Cell:
+                part: ModelPart | None = None,
+                expert_group: ExpertGroup | None = None) -> nn.Cell:
     """The model the `model` section describes (its class from the `MODELS` registry).
 
     Args:
@@ -48,6 +50,8 @@ def build_model(config: ModelConfig, *, tensor_group: TensorGroup | None = None,
         seed: draws the initial weights (default: MindSpore's global seed, else 0).
         part: what a pipeline stage builds (None: the whole model); the model class must be a
             `parts.PipelineModel`.
+        expert_group: this rank's expert-parallel group (None: every expert on every rank);
+            the model class must take `expert_group` (a mixture-of-experts model).
 
     Returns:
         The model: a cell taking (tokens, labels, loss mask) and returning the mean loss.
@@ -58,7 +62,10 @@ def build_model(config: ModelConfig, *, tensor_group: TensorGroup | None = None,
     name, key = ((config.architecture(), "architectures") if config.architectures
                  else (config.model_type, "model_type"))
     cls: Any = MODELS.get(name, ("model", key), source)
-    if part is None:
-        return cls.from_config(config, tensor_group=tensor_group, source=source, seed=seed)
+    options: dict[str, Any] = {}
+    if part is not None:
+        options["part"] = part
+    if expert_group is not None:
+        options["expert_group"] = expert_group
     return cls.from_config(config, tensor_group=tensor_group, source=source, seed=seed,
-                           part=part)
+                           **options)

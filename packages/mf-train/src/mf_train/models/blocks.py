@@ -36,6 +36,7 @@ from mf_parallel.runtime.tensor_parallel import (
     VocabParallelEmbedding,
     linear_rows,
     mark_sequence_parallel,
+    mark_tensor_sharded,
     vocab_parallel_cross_entropy,
 )
 
@@ -207,6 +208,18 @@ def column_linear(weight: np.ndarray, bias: np.ndarray | None,
     if not is_parallel(group):
         return Linear(weight, bias)
     return ColumnParallelLinear(weight, bias, group)
+
+
+def shard_rows_linear(weight: np.ndarray, group: TensorGroup | None) -> Linear:
+    """A linear holding this rank's equal block of `weight`'s rows (output features), with
+    no communication of its own: a column-parallel projection whose input the caller has
+    already brought into the tensor region (MLA gathers its input once for all its
+    projections). Plain without a group."""
+    if not is_parallel(group):
+        return Linear(weight)
+    cell = Linear(group.shard(weight, 0))
+    mark_tensor_sharded(cell.weight)
+    return cell
 
 
 def row_linear(weight: np.ndarray, bias: np.ndarray | None,

@@ -1,5 +1,6 @@
 """DeepSeek-V3 for causal language modelling (`model_type: deepseek_v3`,
-`architectures: DeepseekV3ForCausalLM`), single process, as Hugging Face transformers defines it.
+`architectures: DeepseekV3ForCausalLM`), as Hugging Face transformers defines it, on one process
+or tensor parallel.
 
 embedding -> N decoder layers -> final RMSNorm -> head (tied to the embedding or not). A layer is
 `h = x + attention(input_norm(x))`, `y = h + mlp(post_norm(h))`; attention is multi-head latent
@@ -18,11 +19,23 @@ key of DeepSeek's own config.json (Megatron calls it `moe_aux_loss_coeff`); it d
 The `model` keys are `settings.deepseek_v3.DeepseekV3Settings` (MindSpore-free, so that
 `mf-config validate` checks them). Not implemented, rejected at the configuration:
 multi-token prediction (`num_nextn_predict_layers`/`mtp_num_layers` > 0), YaRN (`rope_scaling`
-not null), tensor parallelism (the settings refuse it) and expert parallelism (mf-train
-refuses it before launch). The auxiliary-loss-free bias (`e_score_correction_bias`, a
-non-trainable Parameter saved with the model) chooses the experts; with
-`moe_router_enable_expert_bias` and `moe_router_bias_update_rate` > 0 the trainer moves it after
-every step (`update_expert_bias`, driven by `mf_train.expert_bias`).
+not null) and expert parallelism (mf-train refuses it before launch). The auxiliary-loss-free
+bias (`e_score_correction_bias`, a non-trainable Parameter saved with the model) chooses the
+experts; with `moe_router_enable_expert_bias` and `moe_router_bias_update_rate` > 0 the trainer
+moves it after every step (`update_expert_bias`, driven by `mf_train.expert_bias`).
+
+Tensor parallelism (a `TensorGroup` of size t > 1, always with sequence parallelism in the
+trainer), as Megatron-core splits DeepSeek-V3: the embedding, the untied head and the
+cross-entropy are vocabulary parallel and the activations between layers are sequence slices
+`[s/t, b, h]`, as in Qwen3; attention is split by heads (mla.py says how); the dense MLP and
+the shared experts are column (`gate_up`) / row (`down`) parallel SwiGLUs; the router and the
+routed experts are replicated over the tensor group (no expert tensor parallelism) and run on
+this rank's sequence slice, and the balance loss is summed over the slices (moe.py). Every
+replicated parameter whose gradient on a rank covers only part of the work (the norms, the
+router, the routed experts on sequence slices; MLA's down projections on its heads) is marked
+(`mark_tensor_partial`), and the training loop sums its gradient over the tensor group. The
+settings refuse, before launch, a t that does not divide the heads, the vocabulary or an MLP
+width (`DeepseekV3Settings.tensor_parallel_problems`).
 
 Parameter names (stable; checkpoints use them) and their Hugging Face names (`i` a layer,
 `e` an expert; `hf_names()` gives the whole table for a built model):
@@ -53,7 +66,6 @@ reader (`checkpoint/fp8.py`).
 
 import re
 from collections.abc import Iterable, Mapping
-from typing import Any
 
 import mindspore as ms
 import numpy as np
@@ -64,17 +76,24 @@ from mf_config.component_settings import settings_error
 from mf_config.components import structure_model_settings
 from mf_config.errors import Path
 from mf_config.yaml_source import Source
+from mf_parallel.runtime.expert_dispatch import ExpertGroup
+from mf_parallel.runtime.tensor_parallel import TensorGroup
 
 from ..registry import MODELS
 from ..settings.deepseek_v3 import DeepseekV3Settings
 from .blocks import (
-    Embedding,
-    Linear,
     ParamInit,
     RMSNorm,
     SwiGLU,
     causal_lm_loss,
     check_input_ids,
+    column_linear,
+    embedding,
+    head_entry,
+    is_parallel,
+    is_sequence_parallel,
+    linear,
+    mark_tensor_partial,
     resolve_compute_dtype,
     tensor_size,
 )
@@ -103,7 +122,8 @@ class DeepseekV3DecoderLayer(nn.Cell):
     """
 
     def __init__(self, s: DeepseekV3Settings, index: int, init: ParamInit,
-                 compute_dtype: ms.Type):
+                 compute_dtype: ms.Type, group: TensorGroup | None = None,
+                 expert_group: ExpertGroup | None = None):
         super().__init__()
         hf = f"model.layers.{index}"
         self.is_moe = index >= s.first_k_dense_replace
@@ -116,14 +136,21 @@ class DeepseekV3DecoderLayer(nn.Cell):
             max_position_embeddings=s.max_position_embeddings,
             rope_interleave=s.rope_interleave, use_flash_attention=s.use_flash_attention,
             compute_dtype=compute_dtype,
-            normal=lambda name, shape: init.normal(f"{hf}.self_attn.{name}.weight", shape))
+            normal=lambda name, shape: init.normal(f"{hf}.self_attn.{name}.weight", shape),
+            group=group)
         self.post_norm = RMSNorm(s.hidden_size, s.rms_norm_eps)
+        sequence_group = group if is_sequence_parallel(group) else None
+        if sequence_group is not None:  # the norms run on this rank's sequence slice
+            mark_tensor_partial(self.input_norm.weight)
+            mark_tensor_partial(self.post_norm.weight)
 
         def make_mlp(name: str, size: int) -> SwiGLU:
+            """Dense and shared MLPs split over the tensor group; routed experts whole."""
             prefix = f"{hf}.mlp.{name}" if name else f"{hf}.mlp"
             return SwiGLU(init.normal(f"{prefix}.gate_proj.weight", (size, s.hidden_size)),
                           init.normal(f"{prefix}.up_proj.weight", (size, s.hidden_size)),
-                          init.normal(f"{prefix}.down_proj.weight", (s.hidden_size, size)))
+                          init.normal(f"{prefix}.down_proj.weight", (s.hidden_size, size)),
+                          None if name.startswith("experts.") else group)
 
         if not self.is_moe:
             self.mlp = make_mlp("", s.intermediate_size)
@@ -135,7 +162,12 @@ class DeepseekV3DecoderLayer(nn.Cell):
             routed_scaling_factor=s.routed_scaling_factor, aux_loss_alpha=s.aux_loss_alpha,
             router_weight=init.normal(f"{hf}.mlp.gate.weight",
                                       (s.n_routed_experts, s.hidden_size)),
-            make_mlp=make_mlp)
+            make_mlp=make_mlp, sequence_group=sequence_group,
+            expert_group=expert_group)
+        if sequence_group is not None:  # replicated, run on this rank's sequence slice
+            for cell in (self.mlp.router, self.mlp.experts):
+                for param in cell.trainable_params():
+                    mark_tensor_partial(param)
 
     def construct(self, x: Tensor) -> tuple[Tensor, Tensor]:
         h = x + self.attention(self.input_norm(x))
@@ -159,48 +191,60 @@ class DeepseekV3ForCausalLM(nn.Cell):
     `(output, balance_loss)`.
 
     MoE statistics: `tokens_per_expert()`, `moe_layers()`, `balance_loss()` (last forward).
-    Single process: `from_config` rejects a tensor group of size > 1.
+
+    Under tensor parallelism (module docstring) `logits` is this rank's vocabulary slice,
+    `tokens_per_expert()` counts this rank's sequence slice, and the training loop must sum
+    the gradients of marked parameters over the group (`reduce_sequence_parallel_grads`).
     """
 
     compile_blocker = "its MoE layers route tokens to experts on the host (numpy)"
 
-    def __init__(self, settings: DeepseekV3Settings, *, tensor_group: Any = None,
-                 seed: int | None = None, source: Source | None = None):
+    def __init__(self, settings: DeepseekV3Settings, *, tensor_group: TensorGroup | None = None,
+                 seed: int | None = None, source: Source | None = None,
+                 expert_group: ExpertGroup | None = None):
         super().__init__()
-        if tensor_size(tensor_group) > 1:
-            raise settings_error([(("parallelism", "tensor_parallel"),
-                                   f"tensor parallelism is not implemented for DeepSeek-V3; "
-                                   f"set parallelism.tensor_parallel to 1 (got "
-                                   f"{tensor_size(tensor_group)})")], source)
+        group = tensor_group if is_parallel(tensor_group) else None
+        found = settings.tensor_parallel_problems(tensor_size(group))
+        if found:
+            raise settings_error(found, source)
         s = self.settings = settings
-        self.tensor_group = None
+        self.tensor_group = group
         self.layer_offset = 0
         target = ms.get_context("device_target")
         self.compute_dtype = resolve_compute_dtype(s.compute_dtype, target)
         params_dtype = resolve_compute_dtype(s.params_dtype, target, "model.params_dtype")
+        if group is not None and params_dtype != self.compute_dtype:
+            raise settings_error([(("model", "params_dtype"), f"must equal compute_dtype "
+                                   f"({s.compute_dtype}) with tensor parallelism (mf-parallel's "
+                                   f"layers do not cast), got {s.params_dtype}")], source)
         init = ParamInit(_seed(seed), s.initializer_range)
-        self.embedding = Embedding(init.normal("model.embed_tokens.weight",
-                                               (s.vocab_size, s.hidden_size)))
+        vocab = (s.vocab_size, s.hidden_size)
+        self.embedding = embedding(init.normal("model.embed_tokens.weight", vocab), group)
         self.decoder_layers = nn.CellList([
-            DeepseekV3DecoderLayer(s, index, init, self.compute_dtype)
+            DeepseekV3DecoderLayer(s, index, init, self.compute_dtype, group, expert_group)
             for index in range(s.num_hidden_layers)])
         self.final_norm = RMSNorm(s.hidden_size, s.rms_norm_eps)
+        if is_sequence_parallel(group):
+            mark_tensor_partial(self.final_norm.weight)
         self.tied = s.tie_word_embeddings
         if not self.tied:
-            self.head = Linear(init.normal("lm_head.weight", (s.vocab_size, s.hidden_size)))
-        self.hf_ignored = ("lm_head.weight",) if self.tied else ()
+            self.head = column_linear(init.normal("lm_head.weight", vocab), None, group)
+        self.head_entry = head_entry(group) if self.tied else None
+        self.hf_ignored = (("lm_head.weight",) if self.tied else ()) + _other_ranks_experts(
+            s, expert_group)
         self.last_balance_loss: Tensor | None = None
         _cast_parameters(self, params_dtype)
 
     @classmethod
-    def from_config(cls, config: ModelConfig, *, tensor_group: Any = None,
+    def from_config(cls, config: ModelConfig, *, tensor_group: TensorGroup | None = None,
                     source: Source | None = None, seed: int | None = None,
-                    ) -> "DeepseekV3ForCausalLM":
-        """The model the `model` section describes (keys checked, see `DeepseekV3Settings`);
-        `tensor_group` must be None or of size 1. `seed` draws the initial weights (default:
-        MindSpore's global seed, else 0)."""
+                    expert_group: ExpertGroup | None = None) -> "DeepseekV3ForCausalLM":
+        """The model the `model` section describes (keys checked, see `DeepseekV3Settings`),
+        split over `tensor_group` when it has more than one rank. `seed` draws the initial
+        weights (default: MindSpore's global seed, else 0); `expert_group` splits the routed
+        experts (None: all on this rank)."""
         return cls(deepseek_v3_settings(config, source), tensor_group=tensor_group, seed=seed,
-                   source=source)
+                   source=source, expert_group=expert_group)
 
     # --- forward ------------------------------------------------------------------------
 
@@ -208,10 +252,11 @@ class DeepseekV3ForCausalLM(nn.Cell):
                   loss_mask: Tensor | None = None) -> Tensor:
         logits, balance = self._forward(input_ids)
         mask = None if loss_mask is None else loss_mask.swapaxes(0, 1)
-        return causal_lm_loss(logits, labels.swapaxes(0, 1), mask) + balance
+        return causal_lm_loss(logits, labels.swapaxes(0, 1), mask, self.tensor_group) + balance
 
     def logits(self, input_ids: Tensor) -> Tensor:
-        """`[batch, seq, vocab]` logits (float32 unless the compute dtype is lower)."""
+        """`[batch, seq, vocab]` logits (float32 unless the compute dtype is lower; this
+        rank's vocabulary slice under tensor parallelism)."""
         return self._forward(input_ids)[0].swapaxes(0, 1)
 
     def _forward(self, input_ids: Tensor) -> tuple[Tensor, Tensor]:
@@ -223,16 +268,22 @@ class DeepseekV3ForCausalLM(nn.Cell):
             h, layer_balance = layer(h)
             balance = balance + layer_balance
         h = self.final_norm(h)
-        if self.tied:
-            logits = mint.matmul(h, self.embedding.weight.astype(h.dtype).T)
-        else:
+        if not self.tied:
             logits = self.head(h)
+        elif self.head_entry is not None:  # the whole sequence, this rank's vocabulary
+            logits = linear(self.head_entry(h), self.embedding.weight)
+        else:
+            logits = mint.matmul(h, self.embedding.weight.astype(h.dtype).T)
         self.last_balance_loss = balance
         return logits, balance
 
     def _check_ids(self, input_ids: Tensor) -> None:
-        check_input_ids(input_ids, self.settings.seq_length,
-                        self.settings.max_position_embeddings)
+        seq = check_input_ids(input_ids, self.settings.seq_length,
+                              self.settings.max_position_embeddings)
+        shards = tensor_size(self.tensor_group)
+        if is_sequence_parallel(self.tensor_group) and seq % shards:
+            raise ValueError(f"sequence parallelism splits the sequence over "
+                             f"tensor_parallel ({shards}) ranks: {seq} tokens do not divide")
 
     # --- MoE statistics -----------------------------------------------------------------
 
@@ -245,6 +296,13 @@ class DeepseekV3ForCausalLM(nn.Cell):
         """Global layer index -> tokens routed to each expert (int64 `[n_routed_experts]`) in
         the last forward; each sums to tokens * num_experts_per_tok."""
         return {self.layer_offset + index: layer.mlp.last_tokens_per_expert.copy()
+                for index, layer in enumerate(self.decoder_layers) if layer.is_moe}
+
+    def expert_load(self) -> dict[int, np.ndarray]:
+        """Global layer index -> (token, expert) pairs this rank's experts computed in the
+        last forward (int64 `[n_routed_experts]`, zero for experts other ranks hold); equal to
+        `tokens_per_expert()` without expert parallelism."""
+        return {self.layer_offset + index: layer.mlp.last_expert_load.copy()
                 for index, layer in enumerate(self.decoder_layers) if layer.is_moe}
 
     @property
@@ -274,13 +332,18 @@ class DeepseekV3ForCausalLM(nn.Cell):
     # --- Hugging Face weights -----------------------------------------------------------
 
     def weight_maps(self) -> list[WeightMap]:
-        """Each parameter with the Hugging Face weights it holds (module table)."""
+        """Each parameter with the Hugging Face weights it holds (module table), their full
+        shapes and the axis tensor parallelism splits them along."""
         maps = []
+        shards = tensor_size(self.tensor_group)
         for name, param in self.parameters_and_names():
             hf = hf_parameter_names(name)
-            rows = param.shape[0] // len(hf)
-            shapes = tuple((rows, *param.shape[1:]) for _ in hf)
-            maps.append(WeightMap(name, hf, shapes))
+            axis = tensor_split_axis(name)
+            full = list(param.shape)
+            if axis is not None:
+                full[axis] *= shards
+            shapes = tuple((full[0] // len(hf), *full[1:]) for _ in hf)
+            maps.append(WeightMap(name, hf, shapes, axis))
         return maps
 
     def hf_skipped(self, names: Iterable[str]) -> tuple[set[str], str]:
@@ -322,6 +385,24 @@ _SUBLAYER = {"input_norm": "input_layernorm", "post_norm": "post_attention_layer
 _MLP_PART = {"router": "gate", "down": "down_proj"}
 
 
+_ROW_SPLIT = ("q_proj", "q_b_proj", "kv_b_proj", "gate_up")  # column parallel: output rows
+_COLUMN_SPLIT = ("o_proj", "down")                            # row parallel: input columns
+
+
+def tensor_split_axis(ours: str) -> int | None:
+    """The axis tensor parallelism splits our parameter `ours` along (0: rows, 1: columns),
+    or None when every tensor rank holds it whole (norms, MLA's down projections, the router
+    and the routed experts)."""
+    if ours in ("embedding.weight", "head.weight"):
+        return 0
+    parts = ours.split(".")
+    if "experts" in parts or "router" in parts or len(parts) < 2:
+        return None
+    if parts[-2] in _ROW_SPLIT:
+        return 0
+    return 1 if parts[-2] in _COLUMN_SPLIT else None
+
+
 def hf_parameter_names(ours: str) -> tuple[str, ...]:
     """The Hugging Face names one of our parameters holds (two for a fused `gate_up`)."""
     if ours in _TOP:
@@ -338,6 +419,19 @@ def hf_parameter_names(ours: str) -> tuple[str, ...]:
         stem = ".".join(parts[:-2])
         return (f"{prefix}{stem}.gate_proj.{parts[-1]}", f"{prefix}{stem}.up_proj.{parts[-1]}")
     return (prefix + ".".join(parts),)
+
+
+def _other_ranks_experts(s: DeepseekV3Settings,
+                         expert_group: ExpertGroup | None) -> tuple[str, ...]:
+    """The Hugging Face names of the routed experts other ranks hold (expert parallelism):
+    a rank loads its own share of a whole checkpoint."""
+    if expert_group is None or expert_group.size == 1:
+        return ()
+    held = set(expert_group.local_experts(s.n_routed_experts))
+    return tuple(f"model.layers.{layer}.mlp.experts.{e}.{proj}.weight"
+                 for layer in range(s.first_k_dense_replace, s.num_hidden_layers)
+                 for e in range(s.n_routed_experts) if e not in held
+                 for proj in ("gate_proj", "up_proj", "down_proj"))
 
 
 def _cast_parameters(model: nn.Cell, dtype: ms.Type) -> None:

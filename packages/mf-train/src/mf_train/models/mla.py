@@ -15,6 +15,20 @@ those of the interleaved rotation. Scores use `1 / sqrt(qk_nope_head_dim + qk_ro
 Sub-cells keep Hugging Face's names (`q_a_proj`, `kv_b_proj`, `o_proj`, ...), so the
 checkpoint name of `attention.X.weight` is `self_attn.X.weight`. Activations are
 `[sequence, batch, hidden]` (blocks.py's layout).
+
+Tensor parallelism (a `TensorGroup` of size t > 1), split as Megatron-core's MLA splits it:
+the heads are divided by t (rank r holds heads `[r h/t, (r+1) h/t)`). The input is gathered
+along the sequence once (sequence parallelism; a copy into the tensor region without it);
+the low-rank down projections `q_a_proj` and `kv_a_proj_with_mqa` and their RMSNorms
+(`q_a_layernorm`, `kv_a_layernorm`) are replicated and run on that whole input, so the shared
+latent and the one-head `k_rope` exist whole on every rank; the up projections (`q_proj` or
+`q_b_proj`, and `kv_b_proj`, head-major rows) keep this rank's heads' rows and need no
+communication; `o_proj` is row-parallel (reduce-scatter back to the sequence slice). Each rank
+differentiates the replicated weights through its own heads only, so their gradients are
+partial: they are marked (`mark_tensor_partial`) and summed over the tensor group by the
+training loop, as Megatron sums the gradients of sequence-parallel parameters. Megatron runs
+the down projections on the sequence slice and gathers their smaller outputs instead; the
+result is the same, this way gathers one tensor, not three.
 """
 
 from __future__ import annotations
@@ -25,48 +39,86 @@ import mindspore as ms
 import numpy as np
 from mindspore import Tensor, ops
 
-from .blocks import AttentionCore, Linear, RMSNorm, RotaryEmbedding, apply_rotary
+from mf_parallel.runtime.tensor_parallel import TensorGroup
+
+from .blocks import (
+    AttentionCore,
+    Linear,
+    RMSNorm,
+    RotaryEmbedding,
+    apply_rotary,
+    head_entry,
+    is_parallel,
+    mark_tensor_partial,
+    row_linear,
+    shard_rows_linear,
+    tensor_size,
+)
 
 Normal = Callable[[str, tuple[int, ...]], np.ndarray]
 """Draws the initial `[out, in]` weight of the sub-cell named by its Hugging Face suffix."""
 
 
 class MultiLatentAttention(ms.nn.Cell):
-    """`[seq, batch, hidden]` -> `[seq, batch, hidden]`, causal."""
+    """`[seq, batch, hidden]` -> `[seq, batch, hidden]`, causal (this rank's sequence slice
+    in and out under sequence parallelism; `group`: the tensor group, module docstring)."""
 
     def __init__(self, *, hidden_size: int, num_heads: int, q_lora_rank: int | None,
                  kv_lora_rank: int, qk_nope_head_dim: int, qk_rope_head_dim: int,
                  v_head_dim: int, rms_norm_eps: float, rope_theta: float,
                  max_position_embeddings: int, rope_interleave: bool,
-                 use_flash_attention: bool, compute_dtype: ms.Type, normal: Normal):
+                 use_flash_attention: bool, compute_dtype: ms.Type, normal: Normal,
+                 group: TensorGroup | None = None):
         super().__init__()
-        self.num_heads = num_heads
+        if num_heads % tensor_size(group):
+            raise ValueError(f"num_attention_heads ({num_heads}) is not divisible by "
+                             f"tensor_parallel ({tensor_size(group)})")
+        self.num_heads = num_heads // tensor_size(group)
+        self.entry = head_entry(group)
         self.nope, self.rope_dim, self.v_dim = qk_nope_head_dim, qk_rope_head_dim, v_head_dim
         self.kv_lora_rank = kv_lora_rank
         self.rope_interleave = rope_interleave
         qk_head_dim = qk_nope_head_dim + qk_rope_head_dim
+        replicated = []
         if q_lora_rank is None:
-            self.q_proj = Linear(normal("q_proj", (num_heads * qk_head_dim, hidden_size)))
+            self.q_proj = shard_rows_linear(
+                normal("q_proj", (num_heads * qk_head_dim, hidden_size)), group)
         else:
             self.q_a_proj = Linear(normal("q_a_proj", (q_lora_rank, hidden_size)))
             self.q_a_layernorm = RMSNorm(q_lora_rank, rms_norm_eps)
-            self.q_b_proj = Linear(normal("q_b_proj", (num_heads * qk_head_dim, q_lora_rank)))
+            self.q_b_proj = shard_rows_linear(
+                normal("q_b_proj", (num_heads * qk_head_dim, q_lora_rank)), group)
+            replicated += [self.q_a_proj, self.q_a_layernorm]
         self.q_lora = q_lora_rank is not None
         self.kv_a_proj_with_mqa = Linear(
             normal("kv_a_proj_with_mqa", (kv_lora_rank + qk_rope_head_dim, hidden_size)))
         self.kv_a_layernorm = RMSNorm(kv_lora_rank, rms_norm_eps)
-        self.kv_b_proj = Linear(
-            normal("kv_b_proj", (num_heads * (qk_nope_head_dim + v_head_dim), kv_lora_rank)))
-        self.o_proj = Linear(normal("o_proj", (hidden_size, num_heads * v_head_dim)))
+        replicated += [self.kv_a_proj_with_mqa, self.kv_a_layernorm]
+        self.kv_b_proj = shard_rows_linear(
+            normal("kv_b_proj", (num_heads * (qk_nope_head_dim + v_head_dim), kv_lora_rank)),
+            group)
+        self.o_proj = row_linear(normal("o_proj", (hidden_size, num_heads * v_head_dim)), None,
+                                 group)
+        if is_parallel(group):  # differentiated through this rank's heads only
+            for cell in replicated:
+                mark_tensor_partial(cell.weight)
         self.rotary = RotaryEmbedding(qk_rope_head_dim, rope_theta, max_position_embeddings)
         self.core = AttentionCore(qk_head_dim ** -0.5, use_flash_attention, compute_dtype)
 
     def construct(self, x: Tensor) -> Tensor:
-        seq, batch = x.shape[0], x.shape[1]
-        q = self.q_b_proj(self.q_a_layernorm(self.q_a_proj(x))) if self.q_lora else self.q_proj(x)
-        q = self._heads(q, self.num_heads)                           # [b, h, s, nope + rope]
+        batch = x.shape[1]
+        # Token rows `[s * b, hidden]`; gathering them along dim 0 gathers the sequence. The
+        # projections take the gathered tensor itself, which communication recompute
+        # (mf-memory) recognises among the saved tensors and drops.
+        rows = x.reshape(-1, x.shape[-1])
+        if self.entry is not None:
+            rows = self.entry(rows)
+        seq = rows.shape[0] // batch
+        q = (self.q_b_proj(self.q_a_layernorm(self.q_a_proj(rows))) if self.q_lora
+             else self.q_proj(rows))
+        q = self._heads(q.reshape(seq, batch, -1), self.num_heads)  # [b, h, s, nope + rope]
         q_nope, q_rope = q[..., :self.nope], q[..., self.nope:]
-        compressed = self.kv_a_proj_with_mqa(x)
+        compressed = self.kv_a_proj_with_mqa(rows).reshape(seq, batch, -1)
         latent, k_rope = compressed[..., :self.kv_lora_rank], compressed[..., self.kv_lora_rank:]
         kv = self._heads(self.kv_b_proj(self.kv_a_layernorm(latent)), self.num_heads)
         k_nope, v = kv[..., :self.nope], kv[..., self.nope:]

@@ -21,10 +21,23 @@ expert in the whole step (every micro-batch, every rank that routes different to
 overloaded expert's bias falls and an underloaded one's rises; `updated_expert_bias` is the
 rule, `mf_train.expert_bias` gathers the counts and applies it.
 
+Expert parallelism (`expert_group`, mf-parallel's `ExpertGroup`): this rank builds only its
+share of the routed experts (named by their global index, `experts.5`, so checkpoints keep
+one-process names) and the dispatch sends each token's rows to the ranks of its experts and
+back (`ExpertGroup.dispatch`); the router, the shared experts and the balance loss are local.
+
 Balance loss (report, eqs. 17-20, "complementary sequence-wise auxiliary loss"), per sequence
 of T tokens: `L = alpha * sum_i f_i * P_i` with `f_i = N_r / (K_r * T) * #{t: i chosen for t}`
 and `P_i = mean_t s_it / sum_j s_jt`; averaged over the sequences of the batch. The model adds
 it, summed over MoE layers, to the language-model loss.
+
+Under sequence parallelism (DeepSeek-V3's tensor parallelism) the router and the routed experts
+are replicated over the tensor group ("ETP 1") and run on this rank's sequence slice; the
+shared experts are column/row parallel like the dense MLP. The balance loss needs whole
+sequences: each rank counts its slice's choices, the counts f_i are summed over the tensor
+group, P_i is this rank's sum of normalised scores over the whole sequence length, and the
+ranks' parts are summed by `ReduceFromTensorRegion` (all-reduce forward, identity backward),
+so the loss and each rank's share of its gradient are one process's.
 """
 
 from __future__ import annotations
@@ -34,6 +47,11 @@ from collections.abc import Callable
 import mindspore as ms
 import numpy as np
 from mindspore import Parameter, Tensor, mint, nn, ops
+
+from mf_parallel.runtime.expert_dispatch import ExpertGroup
+from mf_parallel.runtime.tensor_parallel import ReduceFromTensorRegion, TensorGroup
+
+from .parts import LayerStack
 
 MakeMlp = Callable[[str, int], nn.Cell]
 """Builds the SwiGLU MLP named (Hugging Face suffix under `mlp.`, e.g. `experts.3`) with the
@@ -118,44 +136,72 @@ class Router(nn.Cell):
         return indices, weights * self.scaling_factor, scores
 
 
-def balance_loss(scores: Tensor, indices: np.ndarray, seq: int, alpha: float) -> Tensor:
+def balance_loss(scores: Tensor, indices: np.ndarray, seq: int, alpha: float,
+                 group: TensorGroup | None = None) -> Tensor:
     """DeepSeek-V3's sequence-wise balance loss (module docstring) of one MoE layer.
 
-    Tokens are in `[seq, batch]` order (blocks.py's layout): `scores` `[seq * batch,
-    n_experts]` float32 (differentiable), `indices` `[seq * batch, k]`.
+    Args:
+        scores: `[seq * batch, n_experts]` float32 router scores (differentiable), tokens in
+            `[seq, batch]` order (blocks.py's layout).
+        indices: `[seq * batch, k]` chosen experts (numpy).
+        seq: the sequence length of these tokens (this rank's slice with `group`).
+        alpha: the loss coefficient.
+        group: the tensor group whose ranks hold the other slices of every sequence
+            (sequence parallelism), or None when the tokens are whole sequences.
+
+    Returns:
+        The float32 scalar loss, the same on every rank of `group`.
     """
     tokens, n_experts = scores.shape
     batch, top_k = tokens // seq, indices.shape[1]
     per_sequence = indices.reshape(seq, batch, top_k)
     chosen = np.stack([expert_counts(per_sequence[:, b], n_experts) for b in range(batch)])
-    fraction = Tensor((chosen * (n_experts / (top_k * seq))).astype(np.float32))
     normalised = scores / scores.sum(-1, keepdims=True)
-    probability = normalised.reshape(seq, batch, n_experts).mean(0)
-    return (fraction * probability).sum(-1).mean() * alpha
+    if group is None:
+        fraction = Tensor((chosen * (n_experts / (top_k * seq))).astype(np.float32))
+        probability = normalised.reshape(seq, batch, n_experts).mean(0)
+        return (fraction * probability).sum(-1).mean() * alpha
+    whole = seq * group.size
+    chosen = group.all_reduce(Tensor(chosen.astype(np.float32))).asnumpy()  # exact counts
+    fraction = Tensor((chosen * (n_experts / (top_k * whole))).astype(np.float32))
+    probability = normalised.reshape(seq, batch, n_experts).sum(0) / whole
+    part = (fraction * probability).sum(-1).mean() * alpha
+    return ReduceFromTensorRegion(group)(part)
 
 
 class MoE(nn.Cell):
     """`[seq, batch, hidden]` -> (output, balance loss: a float32 scalar, alpha included).
 
-    Sub-cells (Hugging Face names in brackets): `router` (`gate`), `experts` (`experts`),
-    `shared_experts` (`shared_experts`; None when `n_shared_experts` is 0).
-    `last_tokens_per_expert` holds the counts of the last forward.
+    Sub-cells (Hugging Face names in brackets): `router` (`gate`), `experts` (`experts`:
+    this rank's routed experts under their global indices), `shared_experts`
+    (`shared_experts`; None when `n_shared_experts` is 0). `last_tokens_per_expert` holds the
+    counts of this rank's routing in the last forward, `last_expert_load` the (token, expert)
+    pairs this rank's experts computed (the same without expert parallelism).
+    `sequence_group`: the tensor group over which the input is a sequence slice (module
+    docstring), or None.
     """
 
     def __init__(self, *, moe_intermediate_size: int, n_routed_experts: int,
                  num_experts_per_tok: int, n_shared_experts: int, n_group: int, topk_group: int,
                  norm_topk_prob: bool, routed_scaling_factor: float, aux_loss_alpha: float,
-                 router_weight: np.ndarray, make_mlp: MakeMlp):
+                 router_weight: np.ndarray, make_mlp: MakeMlp,
+                 expert_group: ExpertGroup | None = None,
+                 sequence_group: TensorGroup | None = None):
         super().__init__()
         self.n_experts, self.top_k = n_routed_experts, num_experts_per_tok
+        self.expert_group = expert_group if expert_group and expert_group.size > 1 else None
+        held = (range(n_routed_experts) if self.expert_group is None
+                else self.expert_group.local_experts(n_routed_experts))
         self.aux_loss_alpha = aux_loss_alpha
+        self.sequence_group = sequence_group  # the balance loss's whole sequences span it
         self.router = Router(router_weight, num_experts_per_tok, n_group, topk_group,
                              norm_topk_prob, routed_scaling_factor)
-        self.experts = nn.CellList([make_mlp(f"experts.{e}", moe_intermediate_size)
-                                    for e in range(n_routed_experts)])
+        self.experts = LayerStack({e: make_mlp(f"experts.{e}", moe_intermediate_size)
+                                   for e in held})
         self.shared_experts = (make_mlp("shared_experts", moe_intermediate_size * n_shared_experts)
                                if n_shared_experts else None)
         self.last_tokens_per_expert = np.zeros(n_routed_experts, np.int64)
+        self.last_expert_load = np.zeros(n_routed_experts, np.int64)
 
     def construct(self, x: Tensor) -> tuple[Tensor, Tensor]:
         seq, batch, hidden = x.shape
@@ -167,10 +213,17 @@ class MoE(nn.Cell):
             out = out + self.shared_experts(x)
         if self.aux_loss_alpha == 0:
             return out, ops.zeros((), ms.float32)
-        return out, balance_loss(scores, indices, seq, self.aux_loss_alpha)
+        return out, balance_loss(scores, indices, seq, self.aux_loss_alpha,
+                                 self.sequence_group)
 
     def _routed(self, flat: Tensor, indices: np.ndarray, weights: Tensor) -> Tensor:
         """Sum over each token's k experts of weight * expert(token), exactly."""
+        if self.expert_group is not None:
+            done = self.expert_group.dispatch(flat, indices, weights, self.n_experts,
+                                              lambda e, rows: self.experts.by_id(e)(rows))
+            self.last_expert_load = done.load
+            return done.output
+        self.last_expert_load = self.last_tokens_per_expert
         tokens, top_k = indices.shape
         order = np.argsort(indices.reshape(-1), kind="stable")  # (token, slot) pairs by expert
         inputs = ops.gather(flat, Tensor((order // top_k).astype(np.int32)), 0)

@@ -38,7 +38,8 @@ class ModelPart:
 
 
 class LayerStack(nn.Cell):
-    """Decoder layers under their global ids (`decoder_layers.<id>.`), in forward order.
+    """Cells under their global ids, in order: decoder layers (`decoder_layers.<id>.`), or a
+    rank's routed experts (`mlp.experts.<id>.`, expert parallelism).
 
     A sequence for the layer contract (`len`, iteration, `[position]`); `ids` gives each
     position's global id.

@@ -187,13 +187,23 @@ def decay_flags(config: OptimizerConfig, named_params: Sequence[tuple[str, Param
                           source)
     exclude = check_rules(config.weight_decay_exclude, ("optimizer", "weight_decay_exclude"),
                           source)
-    names = [name for name, _ in named_params]
-    for key, rules in (("weight_decay_include", include), ("weight_decay_exclude", exclude)):
-        unused = unmatched_rules(names, rules)
-        if unused:
-            warnings.warn(f"optimizer.{key}: {unused} match no parameter name", stacklevel=3)
+    warn_unmatched_rules(config, [name for name, _ in named_params], source)
     return weight_decay_flags([(name, len(param.shape)) for name, param in named_params],
                               include, exclude)
+
+
+UNMATCHED = "match no parameter name"
+"""The end of the warning about weight-decay rules that select nothing."""
+
+
+def warn_unmatched_rules(config: OptimizerConfig, names: Sequence[str],
+                         source: Source | None = None) -> None:
+    """Warn about the weight-decay rules that match none of `names` (usually typos)."""
+    for key in ("weight_decay_include", "weight_decay_exclude"):
+        rules = check_rules(getattr(config, key), ("optimizer", key), source)
+        unused = unmatched_rules(list(names), rules)
+        if unused:
+            warnings.warn(f"optimizer.{key}: {unused} {UNMATCHED}", stacklevel=3)
 
 
 def _checked_params(named_params: Sequence[tuple[str, Parameter]],

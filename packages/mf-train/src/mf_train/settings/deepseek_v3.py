@@ -24,7 +24,7 @@ No `from __future__ import annotations` here: cattrs reads the field types at ru
 from typing import Any, Literal
 
 from mf_config.errors import Path
-from mf_config.model_shape import ModelSettings, ModelShape
+from mf_config.model_shape import ExpertShape, LatentAttentionShape, ModelSettings, ModelShape
 from mf_config.sections import MAX_DIMENSION, Dtype, TrainConfig, section, setting
 
 TOKENIZER = "token ids belong to the tokenizer and the data"
@@ -127,6 +127,16 @@ class DeepseekV3Settings(ModelSettings):
             tie_word_embeddings=self.tie_word_embeddings, seq_length=self.seq_length,
             mtp_layers=self.num_nextn_predict_layers or self.mtp_num_layers,
             routed_experts=self.n_routed_experts, latent_attention=True,
+            experts=ExpertShape(
+                routed_experts=self.n_routed_experts, experts_per_token=self.num_experts_per_tok,
+                expert_intermediate_size=self.moe_intermediate_size,
+                shared_experts=self.n_shared_experts,
+                first_dense_layers=min(self.first_k_dense_replace, self.num_hidden_layers),
+                balance_loss=self.aux_loss_alpha > 0),
+            latent=LatentAttentionShape(
+                kv_lora_rank=self.kv_lora_rank, q_lora_rank=self.q_lora_rank,
+                qk_nope_head_dim=self.qk_nope_head_dim, qk_rope_head_dim=self.qk_rope_head_dim,
+                v_head_dim=self.v_head_dim),
             params_dtype=self.params_dtype, compute_dtype=self.compute_dtype,
             use_flash_attention=self.use_flash_attention)
 
@@ -174,11 +184,29 @@ class DeepseekV3Settings(ModelSettings):
         return []
 
     def config_problems(self, config: TrainConfig, path: Path) -> list[tuple[Path, str]]:
-        tp = config.parallelism.tensor_parallel
+        return self.tensor_parallel_problems(config.parallelism.tensor_parallel, path)
+
+    def tensor_parallel_problems(self, tp: int, path: Path = ("model",),
+                                 ) -> list[tuple[Path, str]]:
+        """Widths that `tp` tensor-parallel ranks split and that do not divide by it: the
+        attention heads, the vocabulary, the dense MLP (when a layer has it) and the shared
+        experts' MLP (when an MoE layer has them). The routed experts are not split."""
         if tp == 1:
             return []
-        return [(("parallelism", "tensor_parallel"), f"tensor parallelism is not implemented "
-                 f"for DeepSeek-V3; set parallelism.tensor_parallel to 1 (got {tp})")]
+        dense = min(self.first_k_dense_replace, self.num_hidden_layers) > 0
+        shared = self.num_hidden_layers > self.first_k_dense_replace and self.n_shared_experts > 0
+        widths = [("num_attention_heads", self.num_attention_heads, ""),
+                  ("vocab_size", self.vocab_size, "")]
+        if dense:
+            widths.append(("intermediate_size", self.intermediate_size, ""))
+        if shared:
+            widths.append(("moe_intermediate_size",
+                           self.moe_intermediate_size * self.n_shared_experts,
+                           " (the shared experts' width, moe_intermediate_size * "
+                           "n_shared_experts)"))
+        return [((*path, key), f"{value}{why} is not divisible by "
+                               f"parallelism.tensor_parallel ({tp})")
+                for key, value, why in widths if value % tp]
 
 
 def _plain_rope(rope_scaling: dict[str, Any] | None) -> bool:

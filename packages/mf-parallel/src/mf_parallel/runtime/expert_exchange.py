@@ -1,0 +1,139 @@
+"""Differentiable exchanges of rows with different counts between the ranks of a group
+(all-to-all-v, all-gather-v and its conjugate reduce-scatter-v), for the expert dispatch.
+
+Each is an operation of equal chunks padded to the largest count in the group, which every
+backend has (mf-parallel's `Collectives`: the real operation on Ascend and GPU, an emulation on
+the CPU backend), inside a cell whose backward is the conjugate exchange, as the
+tensor-parallel region cells: MindSpore's own backward of these collectives would reduce where
+rows must be routed. Counts are passed as int32 tensors so that the backward reads the counts of
+its own forward (a micro-batch's, a recomputed layer's).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+from mindspore import Tensor, nn, ops
+
+from .collectives import Collectives
+
+
+class Exchange(nn.Cell):
+    """All-to-all-v over a group: rows addressed to each group rank in turn go there; the
+    backward sends the gradients back the same way (the reverse exchange).
+
+    Call with the rows ordered by destination and two int32 count tensors (`send[d]`: rows to
+    group rank d; `recv[s]`: rows from group rank s). Returns the received rows, by source.
+    """
+
+    def __init__(self, collectives: Collectives, kind: str):
+        super().__init__()
+        self.collectives, self.kind = collectives, kind
+
+    def construct(self, rows: Tensor, send: Tensor, recv: Tensor, width: Tensor) -> Tensor:
+        return _exchange(self.collectives, self.kind, rows, send.asnumpy(), recv.asnumpy(),
+                         int(width.asnumpy()))
+
+    def bprop(self, rows: Tensor, send: Tensor, recv: Tensor, width: Tensor, out: Tensor,
+              dout: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        back = _exchange(self.collectives, self.kind, dout, recv.asnumpy(), send.asnumpy(),
+                         int(width.asnumpy()))
+        return back, ops.zeros_like(send), ops.zeros_like(recv), ops.zeros_like(width)
+
+
+class GatherRows(nn.Cell):
+    """All-gather-v over a group: every rank gets the rows of all, in group-rank order; the
+    backward sums the gradients of this rank's rows over the group (a reduce-scatter-v).
+
+    Call with this rank's rows and the int32 counts of every group rank.
+    """
+
+    def __init__(self, collectives: Collectives, kind: str):
+        super().__init__()
+        self.collectives, self.kind = collectives, kind
+
+    def construct(self, rows: Tensor, counts: Tensor) -> Tensor:
+        return _gather_rows(self.collectives, self.kind, rows, counts.asnumpy())
+
+    def bprop(self, rows: Tensor, counts: Tensor, out: Tensor, dout: Tensor,
+              ) -> tuple[Tensor, Tensor]:
+        return _scatter_rows(self.collectives, self.kind, dout, counts.asnumpy()), \
+            ops.zeros_like(counts)
+
+
+class ScatterRows(nn.Cell):
+    """Reduce-scatter-v over a group, the conjugate of `GatherRows`: the rows of all ranks
+    (in group-rank order) summed over the group, this rank's part kept; the backward
+    all-gathers the gradients."""
+
+    def __init__(self, collectives: Collectives, kind: str):
+        super().__init__()
+        self.collectives, self.kind = collectives, kind
+
+    def construct(self, rows: Tensor, counts: Tensor) -> Tensor:
+        return _scatter_rows(self.collectives, self.kind, rows, counts.asnumpy())
+
+    def bprop(self, rows: Tensor, counts: Tensor, out: Tensor, dout: Tensor,
+              ) -> tuple[Tensor, Tensor]:
+        return _gather_rows(self.collectives, self.kind, dout, counts.asnumpy()), \
+            ops.zeros_like(counts)
+
+
+def _exchange(collectives: Collectives, kind: str, rows: Tensor, send: np.ndarray,
+              recv: np.ndarray, width: int) -> Tensor:
+    """Rows to each destination padded to `width`, one all-to-all, padding dropped."""
+    chunks, start = [], 0
+    for count in send.tolist():
+        chunks.append(_padded(rows[start:start + count], width))
+        start += count
+    received = collectives.all_to_all(ops.cat(chunks), kind)
+    return _unpadded(received, recv, width)
+
+
+def _gather_rows(collectives: Collectives, kind: str, rows: Tensor,
+                 counts: np.ndarray) -> Tensor:
+    width = int(counts.max())
+    gathered = collectives.all_gather(_padded(rows, width), kind)
+    return _unpadded(gathered, counts, width)
+
+
+def _scatter_rows(collectives: Collectives, kind: str, rows: Tensor,
+                  counts: np.ndarray) -> Tensor:
+    width = int(counts.max())
+    chunks, start = [], 0
+    for count in counts.tolist():
+        chunks.append(_padded(rows[start:start + count], width))
+        start += count
+    mine = collectives.reduce_scatter(ops.cat(chunks), kind)
+    me = collectives.comm.group_rank(kind)
+    return mine[:int(counts[me])]
+
+
+def _padded(rows: Tensor, width: int) -> Tensor:
+    """`rows` followed by zero rows, `width` rows in all (width 0: one zero row, so that no
+    chunk is empty)."""
+    width = max(width, 1)
+    missing = width - rows.shape[0]
+    if missing == 0:
+        return rows
+    zeros = ops.zeros((missing, *rows.shape[1:]), rows.dtype)
+    return zeros if rows.shape[0] == 0 else ops.cat((rows, zeros))
+
+
+def _unpadded(received: Tensor, counts: np.ndarray, width: int) -> Tensor:
+    width = max(width, 1)
+    parts = [received[s * width:s * width + int(c)] for s, c in enumerate(counts.tolist()) if c]
+    if not parts:
+        return received[:0]
+    return parts[0] if len(parts) == 1 else ops.cat(parts)
+
+
+def counts_tensor(values: Sequence[int] | np.ndarray) -> Tensor:
+    """Row counts as the int32 tensor the exchange cells take."""
+    return Tensor(np.asarray(values, np.int32))
+
+
+def take_rows(rows: Tensor, index: np.ndarray) -> Tensor:
+    """The rows of `rows` at `index` (numpy), in that order."""
+    return ops.gather(rows, Tensor(index.astype(np.int32)), 0)

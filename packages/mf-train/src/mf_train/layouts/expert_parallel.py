@@ -1,0 +1,163 @@
+"""Expert parallelism, composed with the layout of the other degrees.
+
+Each rank holds its share of the routed experts (the model is built with mf-parallel's
+`ExpertGroup`, which also dispatches the tokens). Everything else (attention, dense and shared
+MLPs, router, embedding, head) is reduced and updated by the layout the plan's other degrees
+select (replicated data parallelism, tensor parallelism, ZeRO or FSDP: the `inner` layout, built
+over the model with the routed experts left out). The routed experts are updated apart, whole,
+by the optimizer `optimizer.type` names, and their gradients are reduced over the plan's
+expert-data-parallel group (every rank holding the same experts; `mf_parallel.mesh`), not the
+whole data-parallel group:
+
+- a rank's expert gradient already holds the contributions of every token its experts
+  computed, from whichever rank the token came (the dispatch's backward sends them back);
+- the ranks holding the same experts computed different tokens, so their gradients are summed;
+- the sum is then scaled as the other gradients are: divided by the data-parallel size when
+  gradients are averaged (`disable_gradient_division: false`), left as is when each rank's
+  loss was divided by it before the backward pass.
+
+The global norm adds the squares of the reduced expert gradients summed over the expert group
+(each expert counted once: the group's ranks hold different experts, their replicas equal
+gradients) to the inner layout's norm.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import warnings
+from collections.abc import Iterator, Sequence
+
+import attrs
+from mindspore import Parameter, nn
+
+from mf_config import ParallelismConfig
+from mf_memory.layers import ids_text
+from mf_parallel.dims import ParallelDims
+from mf_parallel.runtime import Collectives
+
+from ..gradient_norm import square_sum
+from ..optim import build_optimizer
+from ..optim.base import UNMATCHED, warn_unmatched_rules
+from ..optim.joined import JoinedOptimizer
+from .contract import (
+    LayoutParts,
+    LayoutSections,
+    LocalGradients,
+    Problem,
+    ReducedGradients,
+    StepLayout,
+)
+from .replicated import DataParallelLoss, one_stage
+
+EXPERT_MARK = ".mlp.experts."
+"""What the names of routed-expert parameters contain (`decoder_layers.3.mlp.experts.5.`)."""
+STATE_PREFIX = "experts."
+
+
+def without_experts(dims: ParallelDims) -> ParallelDims:
+    """The degrees the inner layout is chosen by."""
+    return attrs.evolve(dims, expert=1, expert_span="shard_context", expert_node=1)
+
+
+def routed_expert_params(model: nn.Cell) -> list[Parameter]:
+    """The trainable parameters of the routed experts this rank holds, in model order."""
+    return [p for p in model.trainable_params() if EXPERT_MARK in p.name]
+
+
+@contextlib.contextmanager
+def left_out(params: Sequence[Parameter]) -> Iterator[None]:
+    """The parameters not trainable inside the block: the inner layout (and mf-parallel's
+    sharded wrappers) take `model.trainable_params()`, and must not take the experts."""
+    for param in params:
+        param.requires_grad = False
+    try:
+        yield
+    finally:
+        for param in params:
+            param.requires_grad = True
+
+
+@contextlib.contextmanager
+def _rules_checked_once(parts: LayoutParts) -> Iterator[None]:
+    """The weight-decay rules checked against the whole model, not against each of the two
+    optimizers' parts (a rule for norms matches nothing among the experts)."""
+    names = [p.name for p in parts.model.trainable_params()]
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=f".*{UNMATCHED}")
+        yield
+    warn_unmatched_rules(parts.optimizer, names, parts.source)
+
+
+class ExpertParallel(StepLayout):
+    """Routed experts split over the expert group, the inner layout for the rest."""
+
+    name = "expert parallel"
+
+    def __init__(self, inner: StepLayout, experts: list[Parameter], optimizer: JoinedOptimizer,
+                 collectives: Collectives, parallelism: ParallelismConfig, dims: ParallelDims):
+        self.inner, self.collectives, self.dims = inner, collectives, dims
+        super().__init__(inner.model, optimizer, loss_divisor=inner.loss_divisor)
+        self.experts = experts
+        self.dispatcher = parallelism.moe_token_dispatcher_type
+        self.compile_blocker = inner.compile_blocker
+        data = DataParallelLoss(collectives, parallelism)
+        self.divisor = data.size if data.average else 1
+
+    @classmethod
+    def selects(cls, dims: ParallelDims, parallelism: ParallelismConfig) -> bool:
+        return dims.expert > 1 and one_stage(dims)
+
+    @classmethod
+    def problems(cls, dims: ParallelDims, sections: LayoutSections) -> list[Problem]:
+        from . import layout_for
+
+        inner = layout_for(without_experts(dims), sections.parallelism)
+        return [] if inner is None else inner.problems(dims, sections)
+
+    @classmethod
+    def build(cls, parts: LayoutParts) -> ExpertParallel:
+        from . import layout_for
+
+        inner_cls = layout_for(without_experts(parts.dims), parts.parallelism)
+        if inner_cls is None:
+            raise RuntimeError(f"no step layout runs the other degrees of "
+                               f"{parts.dims.describe()}")
+        experts = routed_expert_params(parts.model)
+        if not experts:
+            raise TypeError(f"{type(parts.model).__name__} has no routed experts to split "
+                            "over expert_parallel ranks")
+        with _rules_checked_once(parts), left_out(experts):
+            inner = inner_cls.build(parts)
+            own = build_optimizer(parts.optimizer, [(p.name, p) for p in experts],
+                                  parts.source)
+        optimizer = JoinedOptimizer(inner.optimizer, own, STATE_PREFIX)
+        return cls(inner, experts, optimizer, parts.collectives, parts.parallelism, parts.dims)
+
+    def describe(self) -> str:
+        held = sorted({int(p.name.split(EXPERT_MARK)[1].split(".")[0]) for p in self.experts})
+        total = len(held) * self.dims.expert
+        dispatch = ("all-to-all" if self.dispatcher == "alltoall"
+                    else f"deredundant, devices of {self.dims.expert_node}")
+        return (f"expert parallel {self.dims.expert} (experts {ids_text(held)} of {total} "
+                f"here, {dispatch}) x {self.inner.describe()}")
+
+    def reduce(self, local: LocalGradients) -> ReducedGradients:
+        split = len(local.grads) - len(self.experts)
+        reduced = self.inner.reduce(LocalGradients(local.loss, local.grads[:split],
+                                                   local.tokens))
+        experts = [self.collectives.all_reduce(g, "expert_data") for g in local.grads[split:]]
+        if self.divisor > 1:
+            experts = [g / self.divisor for g in experts]
+        squares = self.collectives.all_reduce(square_sum(experts).reshape(1), "expert")
+        norm = math.sqrt(reduced.norm ** 2 + float(squares.asnumpy()[0]))
+        return ReducedGradients(reduced.loss, [*reduced.grads, *experts], norm)
+
+    def whole_model(self):
+        return self.inner.whole_model()
+
+    def forward_context(self):
+        return self.inner.forward_context()
+
+
+

@@ -1,0 +1,99 @@
+"""The expert dispatch on real ranks against an in-process twin that holds every expert and
+every rank's tokens; one rank's results to rank<r>.json.
+
+Each rank routes its own tokens (different on every rank) to experts spread over the expert
+group; the loss is sum(output * probe) summed over ranks. The twin computes that loss in one
+process, so its gradients are what each rank must get: the tokens' and routing weights' for
+its own tokens, and for each expert it holds the gradient from every rank's tokens.
+
+Usage: expert_worker.py OUT_DIR DISPATCHER NPU_NUMS_PER_DEVICE
+"""
+
+import json
+import os
+import sys
+from pathlib import Path
+
+import mindspore as ms
+import numpy as np
+from mindspore import Parameter, Tensor, nn, ops
+
+from mf_config import ParallelismConfig, TrainingConfig
+from mf_parallel import make_plan
+from mf_parallel.runtime import Collectives, init_communication
+from mf_parallel.runtime.expert_dispatch import ExpertGroup
+
+out_dir, dispatcher, node = Path(sys.argv[1]), sys.argv[2], int(sys.argv[3])
+world = int(os.environ["MS_WORKER_NUM"])
+plan = make_plan(ParallelismConfig(expert_parallel=world, moe_token_dispatcher_type=dispatcher,
+                                   npu_nums_per_device=node),
+                 TrainingConfig(global_batch_size=world), world)
+comm = init_communication(plan, "CPU")
+group = ExpertGroup(Collectives(comm), dispatcher)
+TOKENS, HIDDEN, EXPERTS, TOP_K = 12, 6, 2 * world, 2
+rng = np.random.default_rng(0)  # the same full arrays on every rank
+expert_weights = rng.normal(size=(EXPERTS, HIDDEN, HIDDEN)).astype(np.float32) * 0.5
+x_all = rng.normal(size=(world, TOKENS, HIDDEN)).astype(np.float32)
+w_all = rng.uniform(0.1, 1.0, size=(world, TOKENS, TOP_K)).astype(np.float32)
+probe_all = rng.normal(size=(world, TOKENS, HIDDEN)).astype(np.float32)
+idx_all = np.stack([np.stack([rng.choice(EXPERTS, TOP_K, replace=False) for _ in range(TOKENS)])
+                    for _ in range(world)])
+idx_all[0, :, 0] = 0  # every rank but the first gets few tokens of its second expert
+idx_all[0, :, 1] = 1
+
+
+class Expert(nn.Cell):
+    def __init__(self, weight: np.ndarray):
+        super().__init__()
+        self.weight = Parameter(Tensor(weight))
+
+    def construct(self, rows):
+        return ops.tanh(ops.matmul(rows, self.weight.T))
+
+
+me = comm.rank
+mine = {e: Expert(expert_weights[e]) for e in group.local_experts(EXPERTS)}
+params = [mine[e].weight for e in sorted(mine)]
+last = {}
+
+
+def loss_fn(x, w):
+    result = group.dispatch(x, idx_all[me], w, EXPERTS, lambda e, rows: mine[e](rows))
+    last["load"], last["received"] = result.load, result.rows_received
+    last["out"] = result.output
+    return (result.output * Tensor(probe_all[me])).sum()
+
+
+grad_fn = ms.value_and_grad(loss_fn, (0, 1), params)
+_, ((dx, dw), dexperts) = grad_fn(Tensor(x_all[me]), Tensor(w_all[me]))
+
+# The twin: every expert, every rank's tokens, one process.
+twin = [Expert(expert_weights[e]) for e in range(EXPERTS)]
+
+
+def twin_loss(x, w):
+    total = 0
+    for r in range(world):
+        per_slot = ops.stack([ops.stack([twin[int(idx_all[r, t, j])](x[r, t:t + 1])[0]
+                                         for j in range(TOP_K)]) for t in range(TOKENS)])
+        out = (per_slot * w[r].expand_dims(-1)).sum(1)
+        total = total + (out * Tensor(probe_all[r])).sum()
+        if r == me:
+            last["twin_out"] = out
+    return total
+
+
+twin_grad = ms.value_and_grad(twin_loss, (0, 1), [e.weight for e in twin])
+_, ((tdx, tdw), tdexperts) = twin_grad(Tensor(x_all), Tensor(w_all))
+counts = np.bincount(idx_all.reshape(-1), minlength=EXPERTS)
+results = {
+    "rank": me, "out": last["out"].asnumpy().tolist(),
+    "twin_out": last["twin_out"].asnumpy().tolist(),
+    "dx": dx.asnumpy().tolist(), "twin_dx": tdx.asnumpy()[me].tolist(),
+    "dw": dw.asnumpy().tolist(), "twin_dw": tdw.asnumpy()[me].tolist(),
+    "experts": sorted(mine),
+    "dexperts": [g.asnumpy().tolist() for g in dexperts],
+    "twin_dexperts": [tdexperts[e].asnumpy().tolist() for e in sorted(mine)],
+    "load": last["load"].tolist(), "counts": counts.tolist(), "received": last["received"],
+}
+(out_dir / f"rank{me}.json").write_text(json.dumps(results))

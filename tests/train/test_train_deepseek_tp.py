@@ -1,0 +1,149 @@
+"""`mf-train` on examples/deepseek_v3_tiny.yaml with tensor parallelism on real msrun ranks:
+tensor parallel 2 on 2 ranks, and tensor parallel 2 x FSDP 2 on 4 ranks, equal the
+one-process run over 4 steps (losses, gradient norms, and the weights the ranks save, merged
+back into whole tensors); a tensor size that does not divide the heads is refused before any
+rank starts."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+pytest.importorskip("mindspore")
+
+from safetensors.numpy import load_file
+
+from mf_train.checkpoint.layout import iteration_name, rank_file
+from mf_train.cli import run
+from mf_train.models.blocks import fuse_rows
+from mf_train.models.deepseek_v3 import hf_parameter_names, tensor_split_axis
+
+ROOT = Path(__file__).resolve().parents[2]
+EXAMPLE = ROOT / "examples" / "deepseek_v3_tiny.yaml"
+PREFIX = "deepseek_v3_tiny"
+pytestmark = pytest.mark.ranks
+
+
+def arguments(prefix: str, output: Path, *more: str) -> list[str]:
+    """The example (3 layers: one dense, two MoE; balance loss on), 4 steps of 2 micro-batches
+    of 2 x 32 tokens, checkpoints at steps 2 and 4 under `output/ckpt`."""
+    settings = [f"train_dataset.dataloader.config.data_path=['1','{prefix}']", "training.steps=4",
+                "train_dataset.dataloader.config.seq_length=32", "model.seq_length=32",
+                "model.max_position_embeddings=32", "lr_scheduler.warmup_steps=1",
+                f"checkpoint.save_path={output / 'ckpt'}", "checkpoint.save_interleaved_steps=2",
+                *more]
+    return ["--config", str(EXAMPLE), "--output-dir", str(output),
+            *[arg for value in settings for arg in ("--set", value)]]
+
+
+def steps(output: Path) -> list[dict]:
+    lines = [json.loads(line) for line in (output / "metrics.jsonl").read_text().splitlines()]
+    return [line for line in lines if "event" not in line]
+
+
+def model_file(output: Path, rank: int, world: int) -> dict[str, np.ndarray]:
+    directory = output / "ckpt" / iteration_name(4)
+    return load_file(str(directory / rank_file(PREFIX, "model", rank, world)))
+
+
+def merge_tensor_shards(shards: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
+    """Whole weights from each tensor rank's saved shards: split parameters concatenated
+    along their split axis (a fused `gate_up` part by part, since each rank holds
+    `[gate_r; up_r]`); replicated ones must be equal on every rank, and one copy is kept."""
+    merged = {}
+    for name, first in shards[0].items():
+        axis = tensor_split_axis(name)
+        if axis is None:
+            for rank, shard in enumerate(shards[1:], 1):
+                np.testing.assert_array_equal(shard[name], first,
+                                              err_msg=f"{name}: tensor rank {rank} differs")
+            merged[name] = first
+            continue
+        parts = len(hf_parameter_names(name))
+        pieces = [np.split(shard[name], parts, axis=0) if parts > 1 else [shard[name]]
+                  for shard in shards]
+        whole = [np.concatenate([piece[p] for piece in pieces], axis=axis) for p in range(parts)]
+        merged[name] = fuse_rows(whole) if parts > 1 else whole[0]
+    return merged
+
+
+@pytest.fixture(scope="module")
+def single(data_prefix, tmp_path_factory) -> Path:
+    output = tmp_path_factory.mktemp("single")
+    assert run(arguments(data_prefix, output)) == 0
+    return output
+
+
+@pytest.fixture(scope="module")
+def tensor_parallel(data_prefix, tmp_path_factory) -> Path:
+    """Tensor parallel 2 on 2 ranks (sequence parallel; no data parallelism)."""
+    output = tmp_path_factory.mktemp("tp2")
+    assert run([*arguments(data_prefix, output, "parallelism.tensor_parallel=2"),
+                "--nproc", "2", "--timeout", "300"]) == 0
+    return output
+
+
+@pytest.fixture(scope="module")
+def with_fsdp(data_prefix, tmp_path_factory) -> Path:
+    """Tensor parallel 2 x FSDP 2 on 4 ranks (tensor innermost: ranks 0 and 1 a tensor
+    group, 0 and 2 a shard group)."""
+    output = tmp_path_factory.mktemp("tp2_fsdp2")
+    assert run([*arguments(data_prefix, output, "parallelism.tensor_parallel=2",
+                           "parallelism.data_parallel_shard_strategy=optim_grads_params"),
+                "--nproc", "4", "--timeout", "600"]) == 0
+    return output
+
+
+def assert_same_steps(one: list[dict], other: list[dict]) -> None:
+    assert len(one) == len(other) == 4
+    assert [s["loss"] for s in other] == pytest.approx([s["loss"] for s in one], rel=1e-5)
+    assert [s["grad_norm"] for s in other] == pytest.approx([s["grad_norm"] for s in one],
+                                                            rel=1e-5)
+    assert one[-1]["loss"] < one[0]["loss"]
+
+
+def assert_same_weights(single: Path, output: Path, world: int) -> None:
+    """Each tensor group's saved shards (every shard group saves them whole) merge into the
+    one-process weights after 4 steps."""
+    want = model_file(single, 0, 1)
+    for first in range(0, world, 2):
+        merged = merge_tensor_shards([model_file(output, first + r, world) for r in (0, 1)])
+        assert merged.keys() == want.keys()
+        for name, array in want.items():
+            assert merged[name].shape == array.shape, name
+            np.testing.assert_allclose(merged[name], array, rtol=1e-5, atol=1e-6,
+                                       err_msg=f"ranks {first}-{first + 1}: {name}")
+
+
+def test_tensor_parallel_matches_one_process(single, tensor_parallel) -> None:
+    assert_same_steps(steps(single), steps(tensor_parallel))
+    assert "tensor parallel 2" in (tensor_parallel / "logs" / "worker_0.log").read_text()
+
+
+def test_tensor_parallel_weights_merge_into_the_one_process_weights(single,
+                                                                    tensor_parallel) -> None:
+    assert_same_weights(single, tensor_parallel, world=2)
+
+
+def test_tensor_parallel_with_fsdp_matches_one_process(single, with_fsdp) -> None:
+    assert_same_steps(steps(single), steps(with_fsdp))
+    assert ("FSDP over 2 ranks, tensor parallel 2 (sequence parallel)" in
+            (with_fsdp / "logs" / "worker_0.log").read_text())
+
+
+def test_tensor_parallel_with_fsdp_weights_merge_into_the_one_process_weights(
+        single, with_fsdp) -> None:
+    assert_same_weights(single, with_fsdp, world=4)
+
+
+def test_a_tensor_size_not_dividing_the_heads_is_refused_before_the_ranks_start(
+        data_prefix, tmp_path, capsys) -> None:
+    args = arguments(data_prefix, tmp_path, "parallelism.tensor_parallel=2",
+                     "model.num_attention_heads=3")
+    assert run([*args, "--nproc", "2", "--timeout", "60"]) == 2
+    assert ("model.num_attention_heads: 3 is not divisible by parallelism.tensor_parallel (2)"
+            in capsys.readouterr().err)
+    assert not (tmp_path / "logs").exists()

@@ -1,0 +1,156 @@
+"""`mf-train --nproc N` with expert parallelism on real msrun ranks (DeepSeek-V3 tiny): both
+token dispatchers give the losses, gradient norms and weights of one process; each rank saves
+only its routed experts; expert parallelism composes with FSDP; a run resumes bit for bit."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+pytest.importorskip("mindspore")
+
+from safetensors.numpy import load_file
+from test_train_pipeline import assert_same_run
+from test_train_sharded import steps
+
+from mf_train.checkpoint.layout import iteration_name, rank_file
+from mf_train.cli import run
+
+ROOT = Path(__file__).resolve().parents[2]
+EXAMPLE = ROOT / "examples" / "deepseek_v3_tiny.yaml"
+PREFIX = "deepseek_v3_tiny"
+DISPATCHERS = {
+    "alltoall": [],
+    "alltoall_deredundancy": ["parallelism.moe_token_dispatcher_type=alltoall_deredundancy",
+                              "parallelism.npu_nums_per_device=1"],
+}
+pytestmark = pytest.mark.ranks
+
+
+def arguments(prefix: str, output: Path, *more: str) -> list[str]:
+    """The tiny DeepSeek-V3 (3 layers: one dense, two with 4 routed experts, top 2) on
+    sequences of 32, 4 steps, a checkpoint at steps 2 and 4."""
+    sets = [f"train_dataset.dataloader.config.data_path=['1','{prefix}']", "training.steps=4",
+            "train_dataset.dataloader.config.seq_length=32", "model.seq_length=32",
+            "model.max_position_embeddings=32", "lr_scheduler.warmup_steps=1",
+            f"checkpoint.save_path={output / 'ckpt'}", "checkpoint.save_interleaved_steps=2",
+            *more]
+    return ["--config", str(EXAMPLE), "--output-dir", str(output),
+            *[arg for value in sets for arg in ("--set", value)]]
+
+
+def ranks(prefix: str, output: Path, nproc: int, *more: str) -> None:
+    assert run([*arguments(prefix, output, *more), "--nproc", str(nproc),
+                "--timeout", "600"]) == 0
+
+
+def model_file(output: Path, step: int, rank: int, world: int) -> dict[str, np.ndarray]:
+    directory = output / "ckpt" / iteration_name(step)
+    return load_file(str(directory / rank_file(PREFIX, "model", rank, world)))
+
+
+def experts_in(arrays: dict[str, np.ndarray]) -> set[int]:
+    return {int(name.split(".mlp.experts.")[1].split(".")[0]) for name in arrays
+            if ".mlp.experts." in name}
+
+
+def assert_same_weights(got: Path, want: Path, world: int) -> None:
+    """The rank files after 4 steps together hold the one-process model: the routed experts
+    each on one rank of an expert group, everything else equal on every rank."""
+    whole = model_file(want, 4, 0, 1)
+    files = [model_file(got, 4, rank, world) for rank in range(world)]
+    merged: dict[str, np.ndarray] = {}
+    for arrays in files:
+        for name, array in arrays.items():
+            if name in merged:
+                np.testing.assert_array_equal(array, merged[name], err_msg=name)
+            merged[name] = array
+    assert merged.keys() == whole.keys()
+    for name, array in whole.items():
+        np.testing.assert_allclose(merged[name], array, rtol=1e-4, atol=1e-6, err_msg=name)
+
+
+@pytest.fixture(scope="module")
+def single(data_prefix, tmp_path_factory) -> Path:
+    output = tmp_path_factory.mktemp("single")
+    assert run(arguments(data_prefix, output)) == 0
+    return output
+
+
+@pytest.fixture(scope="module")
+def two_ranks(data_prefix, tmp_path_factory):
+    """Each dispatcher's expert-parallel 2 run, launched once on first use."""
+    outputs: dict[str, Path] = {}
+
+    def output_of(dispatcher: str) -> Path:
+        if dispatcher not in outputs:
+            output = tmp_path_factory.mktemp(dispatcher)
+            ranks(data_prefix, output, 2, "parallelism.expert_parallel=2",
+                  *DISPATCHERS[dispatcher])
+            outputs[dispatcher] = output
+        return outputs[dispatcher]
+
+    return output_of
+
+
+@pytest.mark.parametrize("dispatcher", list(DISPATCHERS))
+def test_expert_parallel_matches_one_process(single, two_ranks, dispatcher) -> None:
+    output = two_ranks(dispatcher)
+    assert_same_run(output, single)
+    assert_same_weights(output, single, 2)
+    assert [experts_in(model_file(output, 4, rank, 2)) for rank in (0, 1)] == [{0, 1}, {2, 3}]
+    log = (output / "logs" / "worker_0.log").read_text()
+    dispatch = "all-to-all" if dispatcher == "alltoall" else "deredundant, devices of 1"
+    assert f"expert parallel 2 (experts 0-1 of 4 here, {dispatch}) x FSDP over 2 ranks" in log
+
+
+def test_expert_parallel_resumes_bit_for_bit(data_prefix, two_ranks, tmp_path) -> None:
+    """Steps 3-4 resumed from the all-to-all run's step-2 checkpoint (the experts' optimizer
+    state in each rank's file): the same losses, norms and final weights, bit for bit."""
+    whole = two_ranks("alltoall")
+    ranks(data_prefix, tmp_path, 2, "parallelism.expert_parallel=2",
+          f"checkpoint.load_path={whole / 'ckpt' / iteration_name(2)}")
+    again, reference = steps(tmp_path), steps(whole)[2:]
+    assert [s["step"] for s in again] == [3, 4]
+    assert [(s["loss"], s["grad_norm"]) for s in again] == \
+        [(s["loss"], s["grad_norm"]) for s in reference]
+    for rank in (0, 1):
+        got, want = model_file(tmp_path, 4, rank, 2), model_file(whole, 4, rank, 2)
+        assert got.keys() == want.keys()
+        for name in want:
+            np.testing.assert_array_equal(got[name], want[name], err_msg=name)
+
+
+def test_fsdp_over_four_ranks_with_expert_parallel_two(data_prefix, single, tmp_path) -> None:
+    """FSDP over 4 ranks x expert parallel 2: each expert on two ranks (its expert-data group),
+    whose gradients are summed over just those two."""
+    ranks(data_prefix, tmp_path, 4, "parallelism.expert_parallel=2",
+          "training.local_batch_size=1")
+    assert_same_run(tmp_path, single)
+    assert_same_weights(tmp_path, single, 4)
+    assert [experts_in(model_file(tmp_path, 4, rank, 4)) for rank in range(4)] == \
+        [{0, 1}, {2, 3}, {0, 1}, {2, 3}]
+
+
+def test_tensor_fsdp_and_expert_parallel_on_four_ranks(data_prefix, single, tmp_path) -> None:
+    """Tensor parallel 2 x FSDP 2 x expert parallel 2 (over the shard ranks): each tensor rank
+    routes its sequence slice to the experts of its expert group; the two tensor ranks of a
+    place hold the same experts and sum their gradients (the expert-data group)."""
+    ranks(data_prefix, tmp_path, 4, "parallelism.expert_parallel=2",
+          "parallelism.tensor_parallel=2")
+    assert_same_run(tmp_path, single)
+    log = (tmp_path / "logs" / "worker_0.log").read_text()
+    assert ("expert parallel 2 (experts 0-1 of 4 here, all-to-all) x FSDP over 2 ranks, "
+            "tensor parallel 2 (sequence parallel)") in log
+
+
+def test_expert_parallel_over_the_tensor_ranks(data_prefix, single, tmp_path) -> None:
+    """2 ranks, tensor parallel 2 x expert parallel 2: no data-parallel ranks to lay the
+    experts over, so they are split over the tensor ranks (each routes its sequence slice)."""
+    ranks(data_prefix, tmp_path, 2, "parallelism.expert_parallel=2",
+          "parallelism.tensor_parallel=2", "parallelism.moe_token_dispatcher_type="
+          "alltoall_deredundancy", "parallelism.npu_nums_per_device=2")
+    assert_same_run(tmp_path, single)
+    assert [experts_in(model_file(tmp_path, 4, rank, 2)) for rank in (0, 1)] == [{0, 1}, {2, 3}]
