@@ -297,9 +297,9 @@ FIELDS: dict[str, Field] = {
     "model.model_type": reads("mf_train.models"),
     "model.architectures": reads("mf_train.models"),
     "model.moe_router_bias_update_rate": Field(rules=(
-        no_effect(lambda _value, t: (t.written(("model", "moe_router_bias_update_rate"))
-                                     and not t.config.model.extras.get(
-                                         "moe_router_enable_expert_bias", True)),
+        # (an open section's key is checked only when it is written)
+        no_effect(lambda _value, t: not t.config.model.extras.get(
+                      "moe_router_enable_expert_bias", True),
                   "has no effect: model.moe_router_enable_expert_bias is false (the expert "
                   "bias is not updated)", {"model.moe_router_enable_expert_bias": False,
                                            "model.moe_router_bias_update_rate": 0.01},
