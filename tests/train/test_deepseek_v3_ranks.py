@@ -1,7 +1,8 @@
 """DeepSeek-V3's auxiliary-loss-free bias and MoE monitor on real msrun ranks: `mf-train
---nproc 2` with plain data parallelism and with FSDP equals one process over 4 steps (losses,
-the step's global tokens per expert, the moved `e_score_correction_bias` on both ranks), and
-rank 0's metrics show each rank's own load."""
+--nproc 2` with plain data parallelism, FSDP and expert parallelism equals one process over 4
+steps (losses, the step's global tokens per expert, the moved `e_score_correction_bias` on both
+ranks), and rank 0's metrics show each rank's own load (and, with expert parallelism, what
+each rank's experts computed)."""
 
 from __future__ import annotations
 
@@ -21,7 +22,8 @@ from mf_train.cli import run
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "deepseek_v3_tiny.yaml"
 LAYOUTS = {"replicated": "parallelism.data_parallel_shard=1",
-           "fsdp": "parallelism.data_parallel_shard_strategy=optim_grads_params"}
+           "fsdp": "parallelism.data_parallel_shard_strategy=optim_grads_params",
+           "expert": "parallelism.expert_parallel=2"}
 pytestmark = pytest.mark.ranks
 
 
@@ -97,6 +99,17 @@ def test_two_ranks_move_the_bias_as_one_process(data_prefix, single, tmp_path, l
                 assert step[f"moe/layer{layer}/rank{rank}/max_over_mean"] == pytest.approx(
                     row.max() / row.mean())
     assert not [key for key in one[0] if "/rank" in key]
+    # expert parallelism 2: rank 0 holds experts 0-1, rank 1 experts 2-3, so each rank's
+    # experts computed the global counts of its two experts
+    for step in two:
+        for layer in (1, 2):
+            held = {0: (0, 1), 1: (2, 3)}
+            for rank in (0, 1):
+                key = f"moe/layer{layer}/rank{rank}/processed"
+                if layout != "expert":
+                    assert key not in step
+                    continue
+                assert step[key] == sum(step[f"moe/layer{layer}/expert{e}"] for e in held[rank])
 
 
 def own_counts(output: Path, rank: int) -> dict[tuple[int, int], np.ndarray]:

@@ -13,13 +13,15 @@ the numbers the auxiliary-loss-free bias update sees:
     moe/layer{L}/max_over_mean          load imbalance: the busiest expert's count over the mean
     moe/layer{L}/rank{r}/max_over_mean  the same of the tokens rank r routed (more than one
                                         routing rank only): which rank's data is skewed
+    moe/layer{L}/rank{r}/processed      (token, expert) pairs rank r's experts computed, under
+                                        expert parallelism (the model's `expert_load()`): which
+                                        rank the dispatch loads most
 
 Per-expert counts per rank would be ranks x layers x experts scalars (118,784 for the 671B model
 on 8 ranks), too many for TensorBoard; the imbalance per rank is one number per rank and layer,
 and each rank's own counts are in its log: every rank logs one JSON line per layer
 (`{"step": 100, "layer": 3, "rank": 1, "tpe": [...]}`, the shape of MindFormers'
-Megatron-format record plus the rank). Under expert parallelism the tokens each rank's experts
-processed belong beside the routed ones, in `_rank_extras`.
+Megatron-format record plus the rank).
 
 The collective runs on the recorded steps, on every rank (the interval and the layers are the
 same everywhere; `TrainContext.collectives`, None in one process).
@@ -63,6 +65,8 @@ class MoeMonitor(Callback):
         self._ctx: TrainContext | None = None
         self._due = False
         self._counts: dict[int, np.ndarray] = {}
+        self._loads: dict[int, np.ndarray] = {}
+        self._expert_parallel = False
         self._warned = False
 
     @property
@@ -75,38 +79,46 @@ class MoeMonitor(Callback):
                            "the model (%s) has no MoE layers (no tokens_per_expert()); MoE "
                            "monitoring is off", type(ctx.model).__name__)
             self.interval = None
+        collectives = ctx.collectives
+        self._expert_parallel = (collectives is not None
+                                 and collectives.comm.group_size("expert") > 1
+                                 and callable(getattr(ctx.model, "expert_load", None)))
 
     def on_step_begin(self, ctx: TrainContext, step: int) -> None:
         self._ctx = ctx
         self._due = self.interval is not None and step % self.interval == 0
-        self._counts = {}
+        self._counts, self._loads = {}, {}
 
     def record_forward(self) -> None:
         """Add the last forward's counts to the step's (on recorded steps only)."""
         if not self._due or self._ctx is None:
             return
-        for layer, counts in self._read(self._ctx.model).items():
-            previous = self._counts.get(layer)
-            self._counts[layer] = counts if previous is None else previous + counts
+        _add(self._counts, self._read(self._ctx.model))
+        if self._expert_parallel:
+            _add(self._loads, self._read(self._ctx.model, "expert_load"))
 
     def on_step_end(self, ctx: TrainContext, record: StepRecord) -> None:
         if not self._due:
             return
         counts = self._counts or self._read(ctx.model)
         ranks, per_rank = per_rank_counts(counts, ctx.collectives)
+        _, processed = per_rank_counts(self._loads or self._read(ctx.model, "expert_load"),
+                                       ctx.collectives) if self._expert_parallel else (ranks, {})
         for layer, table in sorted(per_rank.items()):
             record.extra.update(_extras(layer, table.sum(0)))
             if len(ranks) > 1:
-                for rank, row in zip(ranks, table, strict=True):
-                    record.extra.update(_rank_extras(layer, rank, row))
+                for index, rank in enumerate(ranks):
+                    loads = processed[layer][index] if layer in processed else None
+                    record.extra.update(_rank_extras(layer, rank, table[index], loads))
             logger.info("%s", json.dumps({"step": record.step, "layer": layer,
                                           "rank": ctx.rank, "tpe": counts[layer].tolist()}))
-        self._counts = {}
+        self._counts, self._loads = {}, {}
         self._due = False
 
-    def _read(self, model: Any) -> dict[int, np.ndarray]:
-        """The target layers' counts of the last forward, as int64 arrays."""
-        found: Mapping[int, Any] = model.tokens_per_expert()
+    def _read(self, model: Any, method: str = "tokens_per_expert") -> dict[int, np.ndarray]:
+        """The target layers' counts of the last forward (`tokens_per_expert()`, or
+        `expert_load()`), as int64 arrays."""
+        found: Mapping[int, Any] = getattr(model, method)()
         layers = set(found) if self.target_layers is None else self.target_layers & set(found)
         self._warn_missing(set(found))
         return {layer: np.asarray(found[layer], dtype=np.int64).copy() for layer in layers}
@@ -145,10 +157,21 @@ def _extras(layer: int, counts: np.ndarray) -> dict[str, float]:
     return extras
 
 
-def _rank_extras(layer: int, rank: int, routed: np.ndarray) -> dict[str, float]:
-    """One routing rank's share of a layer: the imbalance of the tokens it routed. (Expert
-    parallelism adds here the tokens this rank's own experts processed.)"""
-    return _imbalance(f"moe/layer{layer}/rank{rank}", routed)
+def _rank_extras(layer: int, rank: int, routed: np.ndarray,
+                 processed: np.ndarray | None) -> dict[str, float]:
+    """One rank's share of a layer: the imbalance of the tokens it routed and, under expert
+    parallelism, the (token, expert) pairs its own experts computed."""
+    extras = _imbalance(f"moe/layer{layer}/rank{rank}", routed)
+    if processed is not None:
+        extras[f"moe/layer{layer}/rank{rank}/processed"] = float(processed.sum())
+    return extras
+
+
+def _add(total: dict[int, np.ndarray], counts: Mapping[int, np.ndarray]) -> None:
+    """`total += counts`, layer by layer."""
+    for layer, layer_counts in counts.items():
+        previous = total.get(layer)
+        total[layer] = layer_counts if previous is None else previous + layer_counts
 
 
 def _imbalance(prefix: str, counts: np.ndarray) -> dict[str, float]:
