@@ -102,8 +102,7 @@ class MoeMonitor(Callback):
             return
         counts = self._counts or self._read(ctx.model)
         ranks, per_rank = per_rank_counts(counts, ctx.collectives)
-        _, processed = per_rank_counts(self._loads or self._read(ctx.model, "expert_load"),
-                                       ctx.collectives) if self._expert_parallel else (ranks, {})
+        processed = self._processed(ctx)
         for layer, table in sorted(per_rank.items()):
             record.extra.update(_extras(layer, table.sum(0)))
             if len(ranks) > 1:
@@ -114,6 +113,14 @@ class MoeMonitor(Callback):
                                           "rank": ctx.rank, "tpe": counts[layer].tolist()}))
         self._counts, self._loads = {}, {}
         self._due = False
+
+    def _processed(self, ctx: TrainContext) -> dict[int, np.ndarray]:
+        """Layer -> `[ranks, n_routed_experts]` pairs each rank's experts computed in the step
+        (rows as `per_rank_counts`'); empty without expert parallelism."""
+        if not self._expert_parallel:
+            return {}
+        loads = self._loads or self._read(ctx.model, "expert_load")
+        return per_rank_counts(loads, ctx.collectives)[1]
 
     def _read(self, model: Any, method: str = "tokens_per_expert") -> dict[int, np.ndarray]:
         """The target layers' counts of the last forward (`tokens_per_expert()`, or
