@@ -154,3 +154,13 @@ def test_expert_parallel_over_the_tensor_ranks(data_prefix, single, tmp_path) ->
           "alltoall_deredundancy", "parallelism.npu_nums_per_device=2")
     assert_same_run(tmp_path, single)
     assert [experts_in(model_file(tmp_path, 4, rank, 2)) for rank in (0, 1)] == [{0, 1}, {2, 3}]
+
+
+def test_zero2_with_averaged_gradients(data_prefix, single, tmp_path) -> None:
+    """ZeRO-2 inside, gradients averaged (`disable_gradient_division: false`): the experts'
+    summed gradients are divided by the data-parallel size like the others."""
+    ranks(data_prefix, tmp_path, 2, "parallelism.expert_parallel=2",
+          "parallelism.data_parallel_shard_strategy=optim_grads",
+          "parallelism.disable_gradient_division=false")
+    assert_same_run(tmp_path, single)
+    assert_same_weights(tmp_path, single, 2)
