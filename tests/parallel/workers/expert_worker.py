@@ -36,9 +36,11 @@ expert_weights = rng.normal(size=(EXPERTS, HIDDEN, HIDDEN)).astype(np.float32) *
 x_all = rng.normal(size=(world, TOKENS, HIDDEN)).astype(np.float32)
 w_all = rng.uniform(0.1, 1.0, size=(world, TOKENS, TOP_K)).astype(np.float32)
 probe_all = rng.normal(size=(world, TOKENS, HIDDEN)).astype(np.float32)
-idx_all = np.stack([np.stack([rng.choice(EXPERTS, TOP_K, replace=False) for _ in range(TOKENS)])
-                    for _ in range(world)])
-idx_all[0, :, 0] = 0  # every rank but the first gets few tokens of its second expert
+# No token is routed to the last rank's experts (it computes nothing and receives no row),
+# and the first rank keeps all its tokens for its own experts.
+idx_all = np.stack([np.stack([rng.choice(EXPERTS - 2, TOP_K, replace=False)
+                              for _ in range(TOKENS)]) for _ in range(world)])
+idx_all[0, :, 0] = 0
 idx_all[0, :, 1] = 1
 
 

@@ -22,6 +22,12 @@ other rank, and in which order. Two dispatchers (`parallelism.moe_token_dispatch
 The exchanges move different row counts between rank pairs (`expert_exchange`). Both
 dispatchers give each token the sum over its experts of weight x expert(token), exactly as one
 process does (up to the order of float additions), and the same gradients.
+
+Phantom rows: MindSpore's backward fails on empty tensors (a gather from no rows or of no
+index, an empty slice), and every rank must run each exchange's backward (a collective), also a
+rank that no token reached. So a rank that would receive no row sends itself one, and a rank
+whose experts would compute no pair computes one: its output is dropped or weighted by zero,
+so results and gradients are those without it, and it is not counted in the loads.
 """
 
 from __future__ import annotations
@@ -124,36 +130,60 @@ class Dispatched:
 
 def _all_to_all(group: ExpertGroup, flat: Tensor, tables: np.ndarray, weights: Tensor,
                 local: int, run_expert: RunExpert) -> Dispatched:
-    """One row per (token, expert) pair to the expert's rank, and back; see the module."""
+    """One row per (token, expert) pair to the expert's rank, and back; see the module.
+
+    A rank that no pair reaches sends itself one phantom pair (its token 0 for its first
+    expert, output dropped), so that no tensor between the exchanges is empty (module
+    docstring)."""
     size, me = group.size, group.rank
     tokens, top_k = tables.shape[1:]
     owner = tables // local                                           # [source, token, slot]
     sent = np.stack([np.bincount(o.ravel(), minlength=size) for o in owner])  # [src, dst]
+    idle = sent.sum(0) == 0
+    sent = sent + np.diag(idle.astype(sent.dtype))
     width = counts_tensor(sent.max())
     order = np.argsort(tables[me].reshape(-1), kind="stable")         # my pairs by expert
-    received = group.exchange(take_rows(flat, order // top_k), counts_tensor(sent[me]),
+    phantom_at = int(sent[me, :me].sum())                             # my chunk to myself
+    send_index = np.insert(order // top_k, phantom_at, 0) if idle[me] else order // top_k
+    received = group.exchange(take_rows(flat, send_index), counts_tensor(sent[me]),
                               counts_tensor(sent[:, me]), width)
     # Each source's rows arrive sorted by expert; the experts run on them expert by expert.
-    expert_of = np.concatenate([np.sort(t[o == me]) for t, o in zip(tables, owner, strict=True)])
+    expert_of = np.concatenate([np.sort(t[o == me]) for t, o in zip(tables, owner, strict=True)]
+                               + [np.array([me * local])] * int(idle[me]))
     by_expert = np.argsort(expert_of, kind="stable")
     outputs, load = _run_experts(run_expert, take_rows(received, by_expert),
                                  expert_of[by_expert], me * local, local)
+    load[0] -= int(idle[me])
     back = group.exchange(take_rows(outputs, np.argsort(by_expert, kind="stable")),
                           counts_tensor(sent[:, me]), counts_tensor(sent[me]), width)
-    per_slot = take_rows(back, np.argsort(order, kind="stable")).reshape(tokens, top_k, -1)
+    sorted_at = np.arange(len(order))
+    sorted_at += (sorted_at >= phantom_at) * int(idle[me])            # past my phantom
+    per_slot = take_rows(back, sorted_at[np.argsort(order, kind="stable")])
+    per_slot = per_slot.reshape(tokens, top_k, flat.shape[-1])
     mixed = (per_slot.astype(ms.float32) * weights.expand_dims(-1)).sum(1)
-    return Dispatched(mixed.astype(flat.dtype), _load(load, me, size), len(expert_of))
+    return Dispatched(mixed.astype(flat.dtype), _load(load, me, size),
+                      len(expert_of) - int(idle[me]))
 
 
 def _deredundant(group: ExpertGroup, flat: Tensor, tables: np.ndarray, weights: Tensor,
                  local: int, run_expert: RunExpert) -> Dispatched:
-    """One row per (token, device) to the device, fanned out inside it; see the module."""
+    """One row per (token, device) to the device, fanned out inside it; see the module.
+
+    A rank that receives no row sends itself a phantom one (its token 0, with zero weights:
+    none of the token's experts is on that device), and a rank whose experts have no pair
+    runs its first expert on the device's first row with weight 0, so that no tensor between
+    the exchanges is empty (module docstring); both add exact
+    zeros."""
     size, me, node = group.size, group.rank, group.node_size
     devices, (my_device, place) = size // node, divmod(me, node)
     tokens, top_k = tables.shape[1:]
     device_of = tables // local // node                               # [source, token, slot]
     # goes[s, d, t]: source s sends token t to device d (once, whatever its experts there).
     goes = np.stack([[np.any(d == dev, axis=-1) for dev in range(devices)] for d in device_of])
+    idle = [rank for rank in range(size) if not any(
+        goes[dev * node + rank % node, rank // node].any() for dev in range(devices))]
+    for rank in idle:
+        goes[rank, rank // node, 0] = True
     sent = goes.sum(-1)                                               # [source, device]
     peers = [dev * node + place for dev in range(devices)]            # my expert_peer group
     width = counts_tensor(sent[peers].max())
@@ -176,17 +206,21 @@ def _deredundant(group: ExpertGroup, flat: Tensor, tables: np.ndarray, weights: 
     row, slot = np.nonzero(experts // local == me)                    # my pairs
     by_expert = np.argsort(experts[row, slot], kind="stable")
     row, slot = row[by_expert], slot[by_expert]
-    outputs, load = _run_experts(run_expert, take_rows(x_node, row), experts[row, slot],
-                                 me * local, local)
-    pair_weights = take_rows(w_node.reshape(-1), row * top_k + slot)
+    expert_ids, no_pair = experts[row, slot], len(row) == 0
+    if no_pair:
+        row, slot, expert_ids = np.zeros(1, np.int64), np.zeros(1, np.int64), np.array([me * local])
+    outputs, load = _run_experts(run_expert, take_rows(x_node, row), expert_ids, me * local,
+                                 local)
+    load[0] -= int(no_pair)
+    pair_weights = take_rows(w_node.reshape(-1), row * top_k + slot) * (0.0 if no_pair else 1.0)
     weighted = outputs.astype(ms.float32) * pair_weights.expand_dims(-1)
     partial = _sum_into(weighted, row * top_k + slot, len(row_token) * top_k)
-    partial = partial.reshape(len(row_token), top_k, -1).sum(1)
+    partial = partial.reshape(len(row_token), top_k, flat.shape[-1]).sum(1)
     mine = group.scatter_node(partial, node_counts)
     back = group.peer_exchange(mine, from_peers, counts_tensor(sent[me]), width)
     routed = _sum_into(back, send_token * devices + send_device, tokens * devices)
-    out = routed.reshape(tokens, devices, -1).sum(1)
-    received = int(sent[peers, my_device].sum())
+    out = routed.reshape(tokens, devices, flat.shape[-1]).sum(1)
+    received = int(sent[peers, my_device].sum()) - int(me in idle)
     return Dispatched(out.astype(flat.dtype), _load(load, me, size), received)
 
 

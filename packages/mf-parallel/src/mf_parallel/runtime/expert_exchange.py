@@ -107,7 +107,7 @@ def _scatter_rows(collectives: Collectives, kind: str, rows: Tensor,
         start += count
     mine = collectives.reduce_scatter(ops.cat(chunks), kind)
     me = collectives.comm.group_rank(kind)
-    return mine[:int(counts[me])]
+    return mine[:int(counts[me])] if counts[me] else no_rows(mine)
 
 
 def _padded(rows: Tensor, width: int) -> Tensor:
@@ -125,8 +125,19 @@ def _unpadded(received: Tensor, counts: np.ndarray, width: int) -> Tensor:
     width = max(width, 1)
     parts = [received[s * width:s * width + int(c)] for s, c in enumerate(counts.tolist()) if c]
     if not parts:
-        return received[:0]
+        return no_rows(received)
     return parts[0] if len(parts) == 1 else ops.cat(parts)
+
+
+def no_rows(like: Tensor) -> Tensor:
+    """No rows of `like` (which has some), still in the autograd graph: a gather of no index.
+
+    Not a slice: MindSpore's backward of an empty slice fails ("StridedSliceGrad ... out of
+    bounds"). Not a fresh zero tensor: what follows must stay connected on every rank, since
+    an exchange cell's backward is a collective that each rank of the group must call, also
+    the rank that received nothing.
+    """
+    return ops.gather(like, Tensor(np.zeros(0, np.int32)), 0)
 
 
 def counts_tensor(values: Sequence[int] | np.ndarray) -> Tensor:
@@ -135,5 +146,11 @@ def counts_tensor(values: Sequence[int] | np.ndarray) -> Tensor:
 
 
 def take_rows(rows: Tensor, index: np.ndarray) -> Tensor:
-    """The rows of `rows` at `index` (numpy), in that order."""
+    """The rows of `rows` at `index` (numpy), in that order.
+
+    From no rows, no index gives the rows themselves: the gather's backward (a segment sum
+    over the source's rows) fails for a source without rows, as on a rank no token reached.
+    """
+    if len(index) == 0 and rows.shape[0] == 0:
+        return rows
     return ops.gather(rows, Tensor(index.astype(np.int32)), 0)
