@@ -5,7 +5,10 @@ A DeepSeek-V3-style model (examples/deepseek_v3_tiny.yaml widened: hidden 256, 4
 which 3 MoE, 8 routed experts of width 128, top 4 within 2 of 4 expert groups, one shared
 expert, sequences of 256, 2 sequences per rank and step) trained for `--steps` steps by
 `mf-train` itself in fresh processes (`expert_dispatch_worker.py` times the pieces):
-- **one process** holding every expert, on one rank's batch (no dispatch): the baseline;
+- **one process** holding every expert, on one rank's batch (no dispatch);
+- **FSDP 2** and **FSDP 4**: the same ranks without expert parallelism (every expert on every
+  rank, no dispatch): the baseline of the expert-parallel runs on as many ranks, which share
+  the cores and reduce the gradients the same way;
 - **EP 2** (2 ranks, FSDP 2, experts split in 2) with `alltoall`, and with
   `alltoall_deredundancy` in devices of 1 and of 2 ranks;
 - **EP 4** (4 ranks on the 2 cores, oversubscribed: read its ratios, not its times) with
@@ -14,9 +17,10 @@ Each rank has the one-process batch, so a step does the same work per rank plus 
 dispatch and the data-parallel reduction. Steady state: the first `--skip` steps dropped,
 medians over the rest, averaged over ranks.
 
-Printed per run: the step; its ratio to one process; the dispatch's communication per step
-(all-to-all-v exchanges forward and backward, the all-gather of the routing tables, and the
-gathers/reduce-scatters inside a device) and its share of the step; the routed part's forward
+Printed per run: the step; its ratio to one process and to FSDP on as many ranks; the
+dispatch's communication per step (all-to-all-v exchanges forward and backward, the all-gather
+of the routing tables, and the gathers/reduce-scatters inside a device) and its share of the
+step; the routed part's forward
 (tables, exchanges and the experts); rows received per step (token rows that reach a rank's
 experts: one per (token, expert) pair with all-to-all, one per (token, device) otherwise).
 
@@ -54,6 +58,7 @@ QUICK = {**MODEL, "model.hidden_size": 64, "model.intermediate_size": 176,
          "model.max_position_embeddings": 32}
 RUNS = {  # name -> (ranks, overrides)
     "one": (1, {}),
+    "fsdp2": (2, {}),
     "ep2_alltoall": (2, {"parallelism.expert_parallel": 2}),
     "ep2_dered_dev1": (2, {"parallelism.expert_parallel": 2,
                            "parallelism.moe_token_dispatcher_type": "alltoall_deredundancy",
@@ -61,6 +66,7 @@ RUNS = {  # name -> (ranks, overrides)
     "ep2_dered_dev2": (2, {"parallelism.expert_parallel": 2,
                            "parallelism.moe_token_dispatcher_type": "alltoall_deredundancy",
                            "parallelism.npu_nums_per_device": 2}),
+    "fsdp4": (4, {}),
     "ep4_alltoall": (4, {"parallelism.expert_parallel": 4}),
     "ep4_dered_dev2": (4, {"parallelism.expert_parallel": 4,
                            "parallelism.moe_token_dispatcher_type": "alltoall_deredundancy",
@@ -117,11 +123,13 @@ def summarise(timelines: list[dict], skip: int) -> dict[str, float]:
 
 def report(results: dict[str, dict]) -> None:
     one = results["one"]["step"]
-    print(f"\n{'run':16} {'step ms':>9} {'x one':>6} {'comm ms':>9} {'comm %':>7} "
-          f"{'routed fwd ms':>14} {'rows/step':>10}")
+    print(f"\n{'run':16} {'step ms':>9} {'x one':>6} {'x FSDP':>7} {'comm ms':>9} "
+          f"{'comm %':>7} {'routed fwd ms':>14} {'rows/step':>10}")
     for name, r in results.items():
         share = 100 * r["comm"] / r["step"]
-        print(f"{name:16} {r['step']:9.1f} {r['step'] / one:6.2f} {r['comm']:9.1f} "
+        same_ranks = results.get(f"fsdp{RUNS[name][0]}")
+        versus = f"{r['step'] / same_ranks['step']:7.2f}" if same_ranks else f"{'':7}"
+        print(f"{name:16} {r['step']:9.1f} {r['step'] / one:6.2f} {versus} {r['comm']:9.1f} "
               f"{share:6.1f}% {r['routed']:14.1f} {r['rows']:10.0f}")
 
 
