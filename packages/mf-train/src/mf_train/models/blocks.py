@@ -447,9 +447,10 @@ def causal_lm_loss(logits: Tensor, labels: Tensor, loss_mask: Tensor | None = No
 
 
 def check_input_ids(input_ids: Tensor, seq_length: int | None,
-                    max_position_embeddings: int) -> int:
-    """The sequence length of `input_ids` ([batch, seq]); `ValueError` when the shape is wrong or
-    the sequence is longer than `model.seq_length` (else `max_position_embeddings`)."""
+                    max_position_embeddings: int, group: TensorGroup | None = None) -> int:
+    """The sequence length of `input_ids` ([batch, seq]); `ValueError` when the shape is wrong,
+    the sequence is longer than `model.seq_length` (else `max_position_embeddings`), or it does
+    not divide over the tensor group that sequence parallelism splits it over."""
     if input_ids.ndim != 2:
         raise ValueError(f"input_ids must be [batch, seq], got shape {input_ids.shape}")
     seq = input_ids.shape[1]
@@ -457,4 +458,8 @@ def check_input_ids(input_ids: Tensor, seq_length: int | None,
                   else (max_position_embeddings, "max_position_embeddings"))
     if seq > limit:
         raise ValueError(f"input of {seq} tokens is longer than model.{key} ({limit})")
+    shards = tensor_size(group)
+    if is_sequence_parallel(group) and seq % shards:
+        raise ValueError(f"sequence parallelism splits the sequence over "
+                         f"tensor_parallel ({shards}) ranks: {seq} tokens do not divide")
     return seq

@@ -278,12 +278,8 @@ class DeepseekV3ForCausalLM(nn.Cell):
         return logits, balance
 
     def _check_ids(self, input_ids: Tensor) -> None:
-        seq = check_input_ids(input_ids, self.settings.seq_length,
-                              self.settings.max_position_embeddings)
-        shards = tensor_size(self.tensor_group)
-        if is_sequence_parallel(self.tensor_group) and seq % shards:
-            raise ValueError(f"sequence parallelism splits the sequence over "
-                             f"tensor_parallel ({shards}) ranks: {seq} tokens do not divide")
+        check_input_ids(input_ids, self.settings.seq_length,
+                        self.settings.max_position_embeddings, self.tensor_group)
 
     # --- MoE statistics -----------------------------------------------------------------
 
