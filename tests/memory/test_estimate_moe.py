@@ -154,7 +154,7 @@ def test_expert_parallel_divides_the_routed_experts() -> None:
                for w in dered.warnings)
 
 
-def test_fsdp_slices_experts_over_the_expert_data_group() -> None:
+def test_fsdp_slices_experts_only_without_expert_parallelism() -> None:
     fsdp = estimate(config(training={"local_batch_size": 2, "global_batch_size": 8}),
                     world_size=4)
     dense = PARAMS - EXPERTS
@@ -163,9 +163,9 @@ def test_fsdp_slices_experts_over_the_expert_data_group() -> None:
     with_ep = estimate(config(parallelism={"expert_parallel": 2},
                               training={"local_batch_size": 2, "global_batch_size": 8}),
                        world_size=4)
-    # 2 experts per rank, sliced over the 2 ranks holding the same experts
-    assert with_ep.routed_experts == (4, 2, 2)
-    assert with_ep.params == 4 * (dense // 4 + EXPERTS // 2 // 2)
+    # 2 experts per rank, kept whole (mf-train's ExpertParallel updates them apart)
+    assert with_ep.routed_experts == (4, 2, 1)
+    assert with_ep.params == 4 * (dense // 4 + EXPERTS // 2)
 
 
 def test_tensor_parallel_splits_mla_as_megatron_does() -> None:

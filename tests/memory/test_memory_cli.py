@@ -107,9 +107,9 @@ def test_expert_parallel_divides_the_routed_experts() -> None:
                                  "--json", "--set", f"parallelism.expert_parallel={ep}").stdout)
                   for ep in (1, 8))
     assert one["routed_experts"] == {"per_layer": 256, "per_device": 256,
-                                     "expert_data_ranks": 8}
+                                     "sliced_over": 8}
     assert eight["routed_experts"] == {"per_layer": 256, "per_device": 32,
-                                       "expert_data_ranks": 1}
+                                       "sliced_over": 1}
     # FSDP slices the whole experts over 8 ranks, or EP holds 1/8 of them unsliced: the
     # same bytes; FSDP gathers them around their use, EP does not
     experts = "routed experts"

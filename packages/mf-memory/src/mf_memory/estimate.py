@@ -16,8 +16,9 @@ listed with `mindspore.saved_tensors_hooks`, each op keeps only the inputs its b
 (a product with a constant keeps the constant, softmax its output, a matmul both operands).
 DeepSeek-V3 (multi-head latent attention, a mixture of experts after `first_k_dense_replace`
 dense layers) is modelled as mf-train builds it: its parameters and their split in
-`mla_moe_params` (routed experts divided by expert parallelism and sliced by FSDP/ZeRO over
-the expert-data group; the rest over the shard group), its saved tensors in
+`mla_moe_params` (routed experts divided by expert parallelism and kept whole on each rank
+that holds them, or, without expert parallelism, sliced by FSDP/ZeRO over the shard group with
+the rest), its saved tensors in
 `mla_moe_activations` (equal to the bytes MindSpore saves, layer by layer, on CPU).
 
 Notation in the formulas: b micro-batch, S sequence length, s = S / cp the local sequence,
@@ -112,7 +113,7 @@ def shard(nbytes: int, degree: int) -> int:
 class Split:
     """How one device's share of the parameters is cut: tensor and expert parallel degrees,
     and the FSDP/ZeRO shard degrees of the dense part (the shard group) and of the routed
-    experts (the expert-data group: the ranks holding the same experts)."""
+    experts (`expert_shard_degree`)."""
 
     tp: int
     ep: int
@@ -138,10 +139,13 @@ class Split:
                 + shard(self.full_bytes(experts, nbytes, trainable_only), self.expert_shard))
 
 
-def expert_data_degree(plan: Plan) -> int:
-    """Ranks of one expert-data group (mf_parallel's mesh): the ranks of a pipeline stage that
-    hold the same experts, over which FSDP/ZeRO slices the expert parameters."""
-    return len(plan.mesh.groups("expert_data")[0])
+def expert_shard_degree(plan: Plan) -> int:
+    """The FSDP/ZeRO degree that slices the routed experts, as mf-train runs them: without
+    expert parallelism they are sliced with the rest over the shard group; with it, each rank
+    keeps its experts, their gradients and their optimizer state whole (mf-train's
+    `ExpertParallel` updates them with their own optimizer and only sums their gradients over
+    the expert-data group)."""
+    return plan.dims.data_shard if plan.dims.expert == 1 else 1
 
 
 def gathered_param_bytes(stage_groups: list[list[ParamGroup]], outer: list[ParamGroup],
@@ -149,8 +153,8 @@ def gathered_param_bytes(stage_groups: list[list[ParamGroup]], outer: list[Param
     """FSDP (`optim_grads_params`) gathers a unit's parameters around its use. At the start of
     backward the units that did not reshard after forward (mf_parallel.reshard_plan) are still
     gathered, one more resharded unit is gathered again, and the parameters outside the units
-    (embedding, final norm, head) stay gathered: each costs its full minus its own slice (the
-    routed experts gathered over the expert-data group, the rest over the shard group)."""
+    (embedding, final norm, head) stay gathered: each costs its full minus its own slice
+    (routed experts under expert parallelism are never sliced, so never gathered)."""
     from mf_parallel import reshard_plan
 
     if (split.dense_shard, split.expert_shard) == (1, 1) or not stage_groups:
@@ -205,7 +209,7 @@ class MemoryEstimate:
     defaulted: tuple[tuple[str, object], ...] = ()
     """MoE/MLA model keys the config does not write, with the default value estimated."""
     routed_experts: tuple[int, int, int] | None = None
-    """(experts per MoE layer, experts on this device, expert-data ranks slicing them) for a
+    """(experts per MoE layer, experts on this device, ranks FSDP/ZeRO slices them over) for a
     mixture-of-experts model."""
 
     @property
@@ -242,7 +246,7 @@ class MemoryEstimate:
             "activation_parts": dict(self.activation_parts),
             "defaulted": dict(self.defaulted),
             "routed_experts": None if self.routed_experts is None else dict(zip(
-                ("per_layer", "per_device", "expert_data_ranks"), self.routed_experts,
+                ("per_layer", "per_device", "sliced_over"), self.routed_experts,
                 strict=True)),
         }
 
@@ -363,7 +367,7 @@ def _stage_estimate(config: TrainConfig, shape: ModelShape, seq: int, plan: Plan
     groups = [g for unit in unit_groups for g in unit] + outer
     strategy = config.parallelism.data_parallel_shard_strategy
     split = Split(tp=tp, ep=d.expert, dense_shard=d.data_shard,
-                  expert_shard=expert_data_degree(plan))
+                  expert_shard=expert_shard_degree(plan))
     params = (split.sharded_bytes(groups, pbytes) if strategy == "optim_grads_params"
               else split.full_bytes(groups, pbytes))
     grads = (split.sharded_bytes(groups, pbytes, trainable_only=True) if strategy != "optim"
