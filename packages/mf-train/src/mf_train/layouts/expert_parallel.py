@@ -12,7 +12,8 @@ whole data-parallel group:
 - a rank's expert gradient already holds the contributions of every token its experts
   computed, from whichever rank the token came (the dispatch's backward sends them back);
 - the ranks holding the same experts computed different tokens, so their gradients are summed;
-- the sum is then scaled as the other gradients are: divided by the data-parallel size when
+- the sum (in buckets, mf-parallel's `GradientSync` over the `expert_data` group) is then
+  scaled as the other gradients are: divided by the data-parallel size when
   gradients are averaged (`disable_gradient_division: false`), left as is when each rank's
   loss was divided by it before the backward pass.
 
@@ -35,6 +36,7 @@ from mf_config import ParallelismConfig
 from mf_memory.layers import ids_text
 from mf_parallel.dims import ParallelDims
 from mf_parallel.runtime import Collectives
+from mf_parallel.runtime.grad_sync import GradientSync
 
 from ..gradient_norm import square_sum
 from ..optim import build_optimizer
@@ -102,7 +104,9 @@ class ExpertParallel(StepLayout):
         self.dispatcher = parallelism.moe_token_dispatcher_type
         self.compile_blocker = inner.compile_blocker
         data = DataParallelLoss(collectives, parallelism)
-        self.divisor = data.size if data.average else 1
+        self.scale = 1.0 / data.size if data.average else 1.0
+        self.sync = GradientSync(collectives, [tuple(p.shape) for p in experts],
+                                 kind="expert_data")
 
     @classmethod
     def selects(cls, dims: ParallelDims, parallelism: ParallelismConfig) -> bool:
@@ -146,9 +150,9 @@ class ExpertParallel(StepLayout):
         split = len(local.grads) - len(self.experts)
         reduced = self.inner.reduce(LocalGradients(local.loss, local.grads[:split],
                                                    local.tokens))
-        experts = [self.collectives.all_reduce(g, "expert_data") for g in local.grads[split:]]
-        if self.divisor > 1:
-            experts = [g / self.divisor for g in experts]
+        experts = list(self.sync(local.grads[split:]))
+        if self.scale != 1.0:  # a multiplication, as GradientSync averages (exact for 2^n)
+            experts = [g * self.scale for g in experts]
         squares = self.collectives.all_reduce(square_sum(experts).reshape(1), "expert")
         norm = math.sqrt(reduced.norm ** 2 + float(squares.asnumpy()[0]))
         return ReducedGradients(reduced.loss, [*reduced.grads, *experts], norm)
