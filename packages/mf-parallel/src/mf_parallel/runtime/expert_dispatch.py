@@ -93,8 +93,6 @@ class ExpertGroup:
                                                "expert")
         return np.rint(gathered.asnumpy()).astype(np.int64)
 
-
-
     def dispatch(self, flat: Tensor, indices: np.ndarray, weights: Tensor, n_experts: int,
                  run_expert: RunExpert) -> Dispatched:
         """The routed experts' weighted sum for each of this rank's tokens.
