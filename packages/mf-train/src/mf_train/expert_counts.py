@@ -35,24 +35,30 @@ class StepCounts:
     """This rank's counts of one step: the sum of every micro-batch's forward.
 
     Args:
-        model: the model, with `tokens_per_expert()`.
+        model: the model, with `tokens_per_expert()` (or the method `method` names, such as
+            `expert_load()`: the same shape of counts).
+        method: the model's method that gives the last forward's counts.
     """
 
-    def __init__(self, model: Any):
+    def __init__(self, model: Any, method: str = "tokens_per_expert"):
         self.model = model
+        self.method = method
         self.counts: Counts = {}
 
     def add_last_forward(self) -> None:
         """Add the model's last forward (call once per micro-batch, after its backward: a
         recomputed forward routes the same tokens again, so reading after the backward
         counts each micro-batch once)."""
-        for layer, counts in self.model.tokens_per_expert().items():
+        for layer, counts in getattr(self.model, self.method)().items():
             counts = np.asarray(counts, dtype=np.int64)
             previous = self.counts.get(layer)
             self.counts[layer] = counts.copy() if previous is None else previous + counts
 
     def take(self) -> Counts:
-        """The step's counts; the next step starts from zero."""
+        """The step's counts (the last forward's, when none was added); the next step starts
+        from zero."""
+        if not self.counts:
+            self.add_last_forward()
         counts, self.counts = self.counts, {}
         return counts
 

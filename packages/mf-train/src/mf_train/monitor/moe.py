@@ -39,7 +39,6 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Mapping
-from typing import Any
 
 import numpy as np
 
@@ -48,7 +47,7 @@ from mf_config.component_settings import settings_error
 from mf_config.yaml_source import Source
 
 from ..callbacks import Callback, StepRecord, TrainContext
-from ..expert_counts import per_rank_counts
+from ..expert_counts import StepCounts, per_rank_counts
 
 logger = logging.getLogger(__name__)
 
@@ -62,11 +61,10 @@ class MoeMonitor(Callback):
         config = config if config is not None else MoeMonitorConfig()
         self.interval = config.save_tokens_per_expert_interval
         self.target_layers = _target_layers(config.target_layers, source)
-        self._ctx: TrainContext | None = None
         self._due = False
-        self._counts: dict[int, np.ndarray] = {}
-        self._loads: dict[int, np.ndarray] = {}
-        self._expert_parallel = False
+        self._counts: StepCounts | None = None
+        self._loads: StepCounts | None = None
+        """Under expert parallelism, the pairs this rank's experts computed."""
         self._warned = False
 
     @property
@@ -79,28 +77,28 @@ class MoeMonitor(Callback):
                            "the model (%s) has no MoE layers (no tokens_per_expert()); MoE "
                            "monitoring is off", type(ctx.model).__name__)
             self.interval = None
-        collectives = ctx.collectives
-        self._expert_parallel = (collectives is not None
-                                 and collectives.comm.group_size("expert") > 1
-                                 and callable(getattr(ctx.model, "expert_load", None)))
 
     def on_step_begin(self, ctx: TrainContext, step: int) -> None:
-        self._ctx = ctx
         self._due = self.interval is not None and step % self.interval == 0
-        self._counts, self._loads = {}, {}
+        if self._due and self._counts is None:
+            self._counts = StepCounts(ctx.model)
+            collectives = ctx.collectives
+            if (collectives is not None and collectives.comm.group_size("expert") > 1
+                    and callable(getattr(ctx.model, "expert_load", None))):
+                self._loads = StepCounts(ctx.model, "expert_load")
 
     def record_forward(self) -> None:
         """Add the last forward's counts to the step's (on recorded steps only)."""
-        if not self._due or self._ctx is None:
+        if not self._due or self._counts is None:
             return
-        _add(self._counts, self._read(self._ctx.model))
-        if self._expert_parallel:
-            _add(self._loads, self._read(self._ctx.model, "expert_load"))
+        for step_counts in (self._counts, self._loads):
+            if step_counts is not None:
+                step_counts.add_last_forward()
 
     def on_step_end(self, ctx: TrainContext, record: StepRecord) -> None:
-        if not self._due:
+        if not self._due or self._counts is None:
             return
-        counts = self._counts or self._read(ctx.model)
+        counts = self._targets(self._counts.take())
         ranks, per_rank = per_rank_counts(counts, ctx.collectives)
         processed = self._processed(ctx)
         for layer, table in sorted(per_rank.items()):
@@ -111,24 +109,20 @@ class MoeMonitor(Callback):
                     record.extra.update(_rank_extras(layer, rank, table[index], loads))
             logger.info("%s", json.dumps({"step": record.step, "layer": layer,
                                           "rank": ctx.rank, "tpe": counts[layer].tolist()}))
-        self._counts, self._loads = {}, {}
         self._due = False
 
     def _processed(self, ctx: TrainContext) -> dict[int, np.ndarray]:
         """Layer -> `[ranks, n_routed_experts]` pairs each rank's experts computed in the step
         (rows as `per_rank_counts`'); empty without expert parallelism."""
-        if not self._expert_parallel:
+        if self._loads is None:
             return {}
-        loads = self._loads or self._read(ctx.model, "expert_load")
-        return per_rank_counts(loads, ctx.collectives)[1]
+        return per_rank_counts(self._targets(self._loads.take()), ctx.collectives)[1]
 
-    def _read(self, model: Any, method: str = "tokens_per_expert") -> dict[int, np.ndarray]:
-        """The target layers' counts of the last forward (`tokens_per_expert()`, or
-        `expert_load()`), as int64 arrays."""
-        found: Mapping[int, Any] = getattr(model, method)()
-        layers = set(found) if self.target_layers is None else self.target_layers & set(found)
-        self._warn_missing(set(found))
-        return {layer: np.asarray(found[layer], dtype=np.int64).copy() for layer in layers}
+    def _targets(self, counts: Mapping[int, np.ndarray]) -> dict[int, np.ndarray]:
+        """The target layers' counts (all MoE layers without `target_layers`)."""
+        layers = set(counts) if self.target_layers is None else self.target_layers & set(counts)
+        self._warn_missing(set(counts))
+        return {layer: counts[layer] for layer in layers}
 
     def _warn_missing(self, present: set[int]) -> None:
         if self._warned or self.target_layers is None:
@@ -172,13 +166,6 @@ def _rank_extras(layer: int, rank: int, routed: np.ndarray,
     if processed is not None:
         extras[f"moe/layer{layer}/rank{rank}/processed"] = float(processed.sum())
     return extras
-
-
-def _add(total: dict[int, np.ndarray], counts: Mapping[int, np.ndarray]) -> None:
-    """`total += counts`, layer by layer."""
-    for layer, layer_counts in counts.items():
-        previous = total.get(layer)
-        total[layer] = layer_counts if previous is None else previous + layer_counts
 
 
 def _imbalance(prefix: str, counts: np.ndarray) -> dict[str, float]:
