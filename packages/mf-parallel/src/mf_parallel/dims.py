@@ -44,6 +44,13 @@ class ParallelDims:
     """Members of an expert group that share a device and fan tokens out among themselves
     (`moe_token_dispatcher_type: alltoall_deredundancy`: `npu_nums_per_device`); 1 for the
     plain all-to-all dispatcher."""
+    context_ulysses: int = 1
+    """Members of a context group that exchange attention heads all-to-all (Ulysses): the
+    whole group for `context_parallel_method: ulysses`, `ulysses_degree_in_cp` for `hybrid`,
+    1 for `colossal` (keys and values all-gathered over the group)."""
+    context_causal: bool = True
+    """`context_parallel_mask_type` is causal: the sequence is cut into 2 x context chunks,
+    each rank holding an early and a late one (causal load balancing)."""
 
     @property
     def data(self) -> int:
@@ -88,7 +95,9 @@ class ParallelDims:
         return cls(world_size=world_size, pipeline=pp, data_replicate=data // shard,
                    data_shard=shard, context=cp, tensor=tp, expert=ep,
                    expert_span=_expert_span(ep, shard, cp, tp),
-                   expert_node=_expert_node(parallelism, ep))
+                   expert_node=_expert_node(parallelism, ep),
+                   context_ulysses=_context_ulysses(parallelism),
+                   context_causal=parallelism.context_parallel_mask_type == "causal")
 
     def describe(self) -> str:
         """One line: `world 8 = pipeline 2 x data 2 (replicate 1 x shard 2) x context 1 x ...`."""
@@ -100,7 +109,32 @@ class ParallelDims:
             text += f"; expert {self.expert} over {over}"
         if self.expert_node > 1:
             text += f" in devices of {self.expert_node}"
+        if self.context > 1:
+            text += f"; context {self.context}: {self.context_method()}"
         return text
+
+    def context_method(self) -> str:
+        """How attention spans the context ranks, in words (for the plan and the log)."""
+        ring = self.context // self.context_ulysses
+        if ring == 1:
+            return f"heads all-to-all over {self.context_ulysses} (ulysses)"
+        if self.context_ulysses == 1:
+            return f"keys and values all-gathered over {ring} (colossal)"
+        return (f"heads all-to-all over {self.context_ulysses}, keys and values all-gathered "
+                f"over {ring} (hybrid)")
+
+
+def _context_ulysses(parallelism: ParallelismConfig) -> int:
+    method, cp = parallelism.context_parallel_method, parallelism.context_parallel
+    if cp == 1 or method == "colossal":
+        return 1
+    if method == "ulysses":
+        return cp
+    ulysses = parallelism.ulysses_degree_in_cp
+    if ulysses is None or ulysses < 1 or cp % ulysses:
+        raise PlanError(f"ulysses_degree_in_cp ({ulysses}) must divide context_parallel ({cp}) "
+                        "for context_parallel_method 'hybrid'")
+    return ulysses
 
 
 def _expert_node(parallelism: ParallelismConfig, ep: int) -> int:

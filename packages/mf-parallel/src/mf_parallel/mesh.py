@@ -18,7 +18,10 @@ tensor ranks of a stage that hold the same experts count as data-parallel for th
 them: the deredundant dispatcher fans tokens out inside it) and `expert_peer` (the members of
 an expert group at the same place in their devices: it sends each token once per device
 between them). Without a deredundant dispatcher `expert_node` groups are single ranks and
-`expert_peer` is the expert group.
+`expert_peer` is the expert group. `context_ulysses` (consecutive `context_ulysses` ranks of a
+context group: they swap attention heads all-to-all) and `context_ring` (the context ranks at
+one place in every such block: they all-gather keys and values); with `colossal` attention the
+first are single ranks and the second the context group, with `ulysses` the other way round.
 """
 
 from __future__ import annotations
@@ -34,7 +37,8 @@ from .errors import PlanError
 
 DIMENSIONS = ("pipeline", "replicate", "shard", "context", "tensor")
 COMPOSITE = {"data": ("replicate", "shard"), "loss": ("replicate", "shard", "context")}
-GROUP_KINDS = (*DIMENSIONS, *COMPOSITE, "expert", "expert_data", "expert_node", "expert_peer")
+GROUP_KINDS = (*DIMENSIONS, *COMPOSITE, "expert", "expert_data", "expert_node", "expert_peer",
+               "context_ulysses", "context_ring")
 
 
 @attrs.frozen
@@ -92,6 +96,8 @@ class RankMesh:
             return self._expert_groups(kind == "expert")
         if kind in ("expert_node", "expert_peer"):
             return self._device_groups(kind == "expert_node")
+        if kind in ("context_ulysses", "context_ring"):
+            return self._context_subgroups(kind == "context_ulysses")
         varying = COMPOSITE.get(kind, (kind,))
         if not set(varying) <= set(DIMENSIONS):
             raise PlanError(f"unknown group kind {kind!r}; known: {', '.join(GROUP_KINDS)}")
@@ -142,6 +148,16 @@ class RankMesh:
             nodes = [expert_group[start:start + size]
                      for start in range(0, len(expert_group), size)]
             groups += nodes if node else [list(g) for g in zip(*nodes, strict=True)]
+        return sorted(groups)
+
+    def _context_subgroups(self, ulysses: bool) -> list[list[int]]:
+        """Consecutive blocks of `context_ulysses` ranks of each context group (they swap
+        heads), or the ranks at one place in every block (they gather keys and values)."""
+        size = self.dims.context_ulysses
+        groups = []
+        for context in self._groups_over(("context",)):
+            blocks = [context[start:start + size] for start in range(0, len(context), size)]
+            groups += blocks if ulysses else [list(g) for g in zip(*blocks, strict=True)]
         return sorted(groups)
 
     def _check_rank(self, rank: int) -> None:

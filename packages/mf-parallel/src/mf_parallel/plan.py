@@ -113,6 +113,8 @@ def plan_summary(plan: Plan, rank: int | None = None) -> dict[str, Any]:
         "data_parallel_replicate": d.data_replicate,
         "tensor_parallel": d.tensor,
         "context_parallel": d.context,
+        "context_ulysses": d.context_ulysses,
+        "context_load_balanced": d.context > 1 and d.context_causal,
         "pipeline_parallel": d.pipeline,
         "expert_parallel": d.expert,
         "expert_span": list(d.expert_span.split("_")),

@@ -51,3 +51,35 @@ def check_sequence_length(seq_length: int, tensor: int, context: int,
         parts.append(f"tensor_parallel ({tensor}, sequence parallelism)")
     raise PlanError(f"seq_length {seq_length} must be a multiple of {' x '.join(parts)} = "
                     f"{divisor}")
+
+
+def context_spans(seq_length: int, context: int, rank: int, causal: bool = True) -> list[range]:
+    """The parts of the whole sequence one context rank holds, in the order it holds them.
+
+    With a causal mask the sequence is cut into 2 x context chunks and rank r holds chunks r
+    and 2 x context - 1 - r, so every rank attends over as many keys (Megatron-LM's
+    `get_batch_on_this_cp_rank`); otherwise rank r holds the r-th of `context` chunks.
+
+    Args:
+        seq_length: tokens of the whole sequence.
+        context: the context-parallel degree.
+        rank: this rank's place in its context group.
+        causal: whether the mask is causal (`context_parallel_mask_type`).
+
+    Returns:
+        Token index ranges, `seq_length / context` tokens in all.
+
+    Raises:
+        PlanError: the length does not split, or the rank is outside the group.
+    """
+    if not 0 <= rank < context:
+        raise PlanError(f"context rank {rank} is outside 0..{context - 1}")
+    check_sequence_length(seq_length, 1, context, causal)
+    if context == 1:
+        return [range(seq_length)]
+    if not causal:
+        size = seq_length // context
+        return [range(rank * size, (rank + 1) * size)]
+    size = seq_length // (2 * context)
+    late = 2 * context - 1 - rank
+    return [range(rank * size, (rank + 1) * size), range(late * size, (late + 1) * size)]
