@@ -39,12 +39,12 @@ def test_the_loss_mask_follows_eod_mask_loss_whatever_the_columns(data_prefix, c
     _, stream = stream_of(data_prefix, "train_dataset.dataloader.config.eod_mask_loss=true",
                           f"train_dataset.dataloader.column_names={json.dumps(columns)}")
     batches = [next(stream) for _ in range(6)]
-    tokens = np.concatenate([batch[0] for batch in batches])
-    masks = np.concatenate([batch[2] for batch in batches])
+    tokens = np.concatenate([batch.tokens for batch in batches])
+    masks = np.concatenate([batch.loss_mask for batch in batches])
     assert (tokens == EOD).any()
     np.testing.assert_array_equal(masks, (tokens != EOD).astype(masks.dtype))
     _, plain = stream_of(data_prefix, "train_dataset.dataloader.column_names=['input_ids']")
-    assert all(next(plain)[2].all() for _ in range(6))  # without it, every token counts
+    assert all(next(plain).loss_mask.all() for _ in range(6))  # without it, every token counts
 
 
 def test_every_pass_over_shuffled_data_has_its_own_order(data_prefix) -> None:
@@ -52,11 +52,11 @@ def test_every_pass_over_shuffled_data_has_its_own_order(data_prefix) -> None:
     config, stream = stream_of(data_prefix, *sets)
     train, _, _ = build_datasets(config.train_dataset.dataloader)
     assert len(train) == 16 and stream.step_samples == 2  # 8 micro-batches of 2 a pass
-    seen = [next(stream)[0] for _ in range(16)]
+    seen = [next(stream).tokens for _ in range(16)]
     for epoch, batches in enumerate((seen[:8], seen[8:])):
         order = np.random.default_rng(config.training.seed + epoch).permutation(16)
         expected = [train[int(index)]["tokens"] for index in order]
         np.testing.assert_array_equal(np.concatenate(batches), np.stack(expected))
     assert not np.array_equal(np.concatenate(seen[:8]), np.concatenate(seen[8:]))
     _, resumed = stream_of(data_prefix, *sets, consumed=20)  # pass 2, third micro-batch
-    np.testing.assert_array_equal(next(resumed)[0], seen[10])
+    np.testing.assert_array_equal(next(resumed).tokens, seen[10])

@@ -28,6 +28,7 @@ from mf_parallel.runtime import Collectives, init_communication
 from mf_train import layouts
 from mf_train.layouts import (
     FSDP,
+    ContextParallel,
     DataParallel,
     LayoutSections,
     Pipelined,
@@ -37,6 +38,7 @@ from mf_train.layouts import (
     ZeRO,
     layout_for,
 )
+from mf_train.layouts.context_parallel import without_context
 from mf_train.layouts.pipelined import without_pipeline
 from mf_train.optim import build_optimizer
 from mf_train.trainer import TrainStep
@@ -68,10 +70,32 @@ def dims(world: int, **parallelism):
     (8, {"tensor_parallel": 2, "data_parallel_shard": 2}, FSDP),
     (2, {"pipeline_parallel": 2}, Pipelined),
     (8, {"pipeline_parallel": 2, "tensor_parallel": 2}, Pipelined),
-    (2, {"context_parallel": 2}, None),
+    (2, {"context_parallel": 2}, ContextParallel),
+    (4, {"context_parallel": 2, "pipeline_parallel": 2}, None),
 ])
 def test_the_plan_selects_its_layout(world, parallelism, expected) -> None:
     assert layout_for(*dims(world, **parallelism)) is expected
+
+
+@pytest.mark.parametrize(("world", "parallelism", "inner", "replicate", "shard"), [
+    (2, {"context_parallel": 2}, DataParallel, 2, 1),
+    (4, {"context_parallel": 2}, FSDP, 1, 4),
+    (4, {"context_parallel": 2, "data_parallel_shard": 1}, DataParallel, 4, 1),
+    (4, {"context_parallel": 2, "tensor_parallel": 2, "data_parallel_shard": 1},
+     TensorParallel, 2, 1),
+    (8, {"context_parallel": 2, "data_parallel_shard": 2,
+         "data_parallel_shard_strategy": "optim"}, ZeRO, 2, 4),
+])
+def test_context_ranks_count_as_data_ranks_for_the_inner_layout(world, parallelism, inner,
+                                                                replicate, shard) -> None:
+    """Sharded plans shard over shard x context (torchtitan's dp_shard_cp); unsharded ones
+    replicate over data x context; the mesh's groups are the same ranks either way."""
+    whole, config = dims(world, **parallelism)
+    folded = without_context(whole)
+    assert (folded.context, folded.data_replicate, folded.data_shard) == (1, replicate, shard)
+    assert layout_for(folded, config) is inner
+    from mf_parallel.mesh import RankMesh
+    assert sorted(RankMesh(folded).groups("data")) == sorted(RankMesh(whole).groups("loss"))
 
 
 @pytest.mark.parametrize("strategy", ["optim", "optim_grads", "optim_grads_params"])
@@ -85,8 +109,9 @@ def test_sharding_with_tensor_parallelism_is_not_refused(strategy) -> None:
 
 def test_no_plan_is_claimed_by_two_layouts() -> None:
     """Every plan of 1-8 ranks over the degrees and strategies: at most one layout, and
-    exactly one without context parallelism; with pipeline parallelism the pipeline layout,
-    over the one layout that runs a stage's degrees."""
+    exactly one unless context and pipeline parallelism meet; with pipeline parallelism the
+    pipeline layout, over the one layout that runs a stage's degrees; with context
+    parallelism the context layout, over the one layout of context counted as data."""
     seen = 0
     for world, tp, cp, pp, shard, strategy in itertools.product(
             (1, 2, 4, 8), (1, 2), (1, 2), (1, 2), (-1, 1, 2),
@@ -98,10 +123,13 @@ def test_no_plan_is_claimed_by_two_layouts() -> None:
         except PlanError:
             continue
         chosen = layout_for(plan_dims, config)
-        assert (chosen is not None) == (cp == 1), plan_dims.describe()
+        assert (chosen is not None) == (cp == 1 or pp == 1), plan_dims.describe()
         if pp > 1 and cp == 1:
             assert chosen is Pipelined
             assert layout_for(without_pipeline(plan_dims), config) not in (None, Pipelined)
+        if cp > 1 and pp == 1:
+            assert chosen is ContextParallel
+            assert layout_for(without_context(plan_dims), config) not in (None, ContextParallel)
         seen += 1
     assert seen > 100
 

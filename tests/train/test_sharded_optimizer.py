@@ -29,7 +29,7 @@ from mf_parallel import make_plan
 from mf_parallel.runtime import Collectives, init_communication
 from mf_parallel.runtime.flat_shard import FlatShard
 from mf_parallel.runtime.tensor_parallel import mark_tensor_sharded
-from mf_train.layouts import FSDP, LayoutParts, SingleRank, ZeRO
+from mf_train.layouts import FSDP, LayoutParts, MicroBatch, SingleRank, ZeRO
 from mf_train.layouts.sharded import SliceNorm, reduce_to_slice
 from mf_train.models import build_model
 from mf_train.optim import OptimizerStateError, ShardedAdamW, build_optimizer
@@ -192,9 +192,9 @@ def collectives() -> Collectives:
     return Collectives(init_communication(plan, "CPU"))
 
 
-def micro_batches(step: int) -> list[tuple[np.ndarray, np.ndarray, None]]:
+def micro_batches(step: int) -> list[MicroBatch]:
     data = np.random.default_rng(step).integers(0, SIZES["vocab_size"], (2, 9)).astype(np.int32)
-    return [(data[:, :-1], data[:, 1:], None)]
+    return [MicroBatch(data[:, :-1], data[:, 1:])]
 
 
 def train(strategy: str | None, collectives, recompute: RecomputeConfig | None):

@@ -15,7 +15,7 @@ from mindspore import Parameter, Tensor, nn, ops
 
 from mf_config import OptimizerConfig
 from mf_train.gradient_norm import clip_coefficient, global_norm
-from mf_train.layouts import SingleRank
+from mf_train.layouts import MicroBatch, SingleRank
 from mf_train.optim import build_optimizer
 from mf_train.trainer import TrainStep
 
@@ -40,8 +40,8 @@ class Regression(nn.Cell):
 
 def batch(seed: int, rows: int = 2):
     rng = np.random.default_rng(seed)
-    return (rng.integers(-3, 4, (rows, 4)).astype(np.int32),
-            rng.integers(-3, 4, (rows, 3)).astype(np.int32), None)
+    return MicroBatch(rng.integers(-3, 4, (rows, 4)).astype(np.int32),
+                      rng.integers(-3, 4, (rows, 3)).astype(np.int32))
 
 
 def make(max_norm: float = 1e9, skip: float | None = None) -> TrainStep:
@@ -52,7 +52,7 @@ def make(max_norm: float = 1e9, skip: float | None = None) -> TrainStep:
 
 def test_two_micro_batches_equal_one_batch_of_both() -> None:
     a, b = batch(1), batch(2)
-    both = (np.concatenate([a[0], b[0]]), np.concatenate([a[1], b[1]]), None)
+    both = MicroBatch(np.concatenate([a.tokens, b.tokens]), np.concatenate([a.labels, b.labels]))
     split, whole = make(), make()
     out_split = split([a, b], lr=0.1)
     out_whole = whole([both], lr=0.1)

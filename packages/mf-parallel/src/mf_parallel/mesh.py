@@ -8,7 +8,9 @@ ranks (on one host, where the fast links are), and pipeline stages are the large
 
 Group kinds: each named dimension alone; `data` (replicate x shard, the gradient-reduction
 group of plain data parallelism); `loss` (replicate x shard x context: every rank that sees a
-different part of the global batch, so the loss is averaged over it); `expert` (ranks that
+different part of the global batch, so the loss is averaged over it); `shard_context` (shard x
+context: what FSDP and ZeRO shard over under context parallelism, as torchtitan's
+`dp_shard_cp`, since context ranks hold the same parameters); `expert` (ranks that
 split the experts between them: they exchange tokens) and `expert_data` (every rank of the
 pipeline stage holding the same experts: the expert-data-parallel group over which the experts'
 gradients are reduced, world / (pipeline x expert) ranks, as Megatron-LM's expert-data-parallel
@@ -36,7 +38,8 @@ from .dims import ParallelDims
 from .errors import PlanError
 
 DIMENSIONS = ("pipeline", "replicate", "shard", "context", "tensor")
-COMPOSITE = {"data": ("replicate", "shard"), "loss": ("replicate", "shard", "context")}
+COMPOSITE = {"data": ("replicate", "shard"), "loss": ("replicate", "shard", "context"),
+             "shard_context": ("shard", "context")}
 GROUP_KINDS = (*DIMENSIONS, *COMPOSITE, "expert", "expert_data", "expert_node", "expert_peer",
                "context_ulysses", "context_ring")
 

@@ -7,10 +7,13 @@ split ends, the next pass starts from its beginning (as MindFormers recreates it
 so `consumed_samples` keeps counting across passes and a resumed run lands on the same sample.
 With `shuffle: true` each pass has its own order (the loader's seed plus the pass number).
 
-Each micro-batch reaches the model as (tokens, labels, loss_mask), taken from the samples by
-field whatever `column_names` says: the loss mask the data settings ask for (`eod_mask_loss`,
-padding) always applies. Further columns (`position_ids`, attention masks) are not built for
-the trainer: the models do not take them yet (`support` warns when `column_names` asks).
+Each micro-batch reaches the model as a `MicroBatch`, taken from the samples by field whatever
+`column_names` says: tokens, labels and the loss mask the data settings ask for
+(`eod_mask_loss`, padding) always; `position_ids` with `reset_position_ids`; the document
+structure with `create_compressed_eod_mask` (the compact document ends, `actual_seq_len`) or
+else with `reset_attention_mask` and `create_attention_mask` (the dense bool mask). Without
+them the model attends causally over the whole sequence, so the loader's shared causal mask is
+not carried. Under context parallelism the loader gives each rank only its tokens.
 """
 
 from __future__ import annotations
@@ -25,23 +28,41 @@ from mf_config import TrainDatasetConfig
 from mf_config.yaml_source import Source
 from mf_data.builder import build_datasets
 from mf_data.loader import BatchLoader
+from mf_data.loader_config import megatron_settings
 from mf_parallel import Plan
 
+from .layouts.contract import MicroBatch
 from .registry import DATALOADERS
 
 LOG = logging.getLogger(__name__)
-TRAINER_COLUMNS = ("input_ids", "labels", "loss_mask")
-"""The fields each micro-batch gives the model (the loader's first three sample fields)."""
+TRAINER_COLUMNS = ("tokens", "labels", "loss_mask", "position_ids")
+"""The sample fields every micro-batch is read with (mf-data's order)."""
+
+
+def attention_fields(reset_position_ids: bool, reset_attention_mask: bool,
+                     create_attention_mask: bool, create_compressed_eod_mask: bool,
+                     ) -> tuple[str, ...]:
+    """The sample fields beyond tokens, labels and loss mask that change what the model
+    computes, from the data settings of the same names (see the module docstring)."""
+    fields: tuple[str, ...] = ("position_ids",) if reset_position_ids else ()
+    if create_compressed_eod_mask:
+        return (*fields, "actual_seq_len")
+    if reset_attention_mask and create_attention_mask:
+        return (*fields, "attention_mask")
+    return fields
 
 
 class MicroBatchStream:
     """Micro-batches of one rank from `consumed_samples` on, pass after pass."""
 
     def __init__(self, dataset: Any, train_dataset: TrainDatasetConfig, plan: Plan, rank: int,
-                 *, consumed_samples: int, seed: int):
+                 *, consumed_samples: int, seed: int, fields: tuple[str, ...] = ()):
+        extra = [name for name in fields if name not in TRAINER_COLUMNS]
+        columns = (*TRAINER_COLUMNS, *extra[:1])
+        self.fields = fields
         self._make = lambda consumed, epoch: BatchLoader.for_rank(
             dataset, train_dataset, plan, rank, consumed_samples=consumed, seed=seed,
-            epoch=epoch, column_names=TRAINER_COLUMNS)
+            epoch=epoch, column_names=columns)
         step = self.step_samples = plan.batch.samples_per_micro_step
         """Samples one micro-batch consumes over all data-parallel ranks."""
         self.samples_per_pass = (len(dataset) // step) * step if train_dataset.drop_remainder \
@@ -61,7 +82,7 @@ class MicroBatchStream:
     def __iter__(self) -> MicroBatchStream:
         return self
 
-    def __next__(self) -> tuple[np.ndarray, ...]:
+    def __next__(self) -> MicroBatch:
         try:
             batch = next(self._iterator)
         except StopIteration:
@@ -70,7 +91,8 @@ class MicroBatchStream:
             self._open()
             batch = next(self._iterator)
         self.consumed_samples += self.step_samples
-        return tuple(batch[name] for name in TRAINER_COLUMNS)
+        return MicroBatch(batch["tokens"], batch["labels"], batch["loss_mask"],
+                          **{name: batch[name] for name in self.fields})
 
 
 @DATALOADERS.register("BlendedMegatronDatasetDataLoader")
@@ -81,8 +103,11 @@ def megatron_stream(train_dataset: TrainDatasetConfig, plan: Plan, rank: int, *,
     train, _valid, _test = build_datasets(train_dataset.dataloader)
     if train is None:
         raise ValueError("train_dataset.dataloader.sizes[0]: the training split is empty")
+    data = megatron_settings(train_dataset.dataloader).config
+    fields = attention_fields(data.reset_position_ids, data.reset_attention_mask,
+                              data.create_attention_mask, data.create_compressed_eod_mask)
     return MicroBatchStream(train, train_dataset, plan, rank,
-                            consumed_samples=consumed_samples, seed=seed)
+                            consumed_samples=consumed_samples, seed=seed, fields=fields)
 
 
 def build_stream(train_dataset: TrainDatasetConfig, plan: Plan, rank: int, *,
@@ -98,7 +123,7 @@ def build_stream(train_dataset: TrainDatasetConfig, plan: Plan, rank: int, *,
         source: the YAML source, for error lines.
 
     Returns:
-        An iterator of (tokens, labels, loss mask) with a `consumed_samples` count.
+        An iterator of `MicroBatch` with a `consumed_samples` count.
     """
     make = DATALOADERS.get(train_dataset.dataloader.type,
                            ("train_dataset", "dataloader", "type"), source)

@@ -44,6 +44,7 @@ from mf_memory.recompute import apply_recompute, apply_recompute_comm
 from mf_memory.swap import ActivationSwap
 from mf_parallel import Plan
 from mf_parallel.runtime import Collectives, Communication, init_communication
+from mf_parallel.runtime.context_parallel import ContextGroup
 from mf_parallel.runtime.expert_dispatch import ExpertGroup
 from mf_parallel.runtime.tensor_parallel import TensorGroup
 
@@ -234,10 +235,13 @@ class Trainer:
         self.expert_group = (ExpertGroup(self.collectives,
                                          config.parallelism.moe_token_dispatcher_type)
                              if self.plan.dims.expert > 1 else None)
+        self.context_group = (ContextGroup(self.collectives, self.plan.dims.context_causal)
+                              if self.plan.dims.context > 1 else None)
         self.model = build_model(config.model, tensor_group=self.tensor_group, source=source,
                                  seed=config.training.seed,
                                  part=stage_part(self.plan, self.comm.rank),
-                                 expert_group=self.expert_group)
+                                 expert_group=self.expert_group,
+                                 context_group=self.context_group)
         self.swap = self._apply_memory()
         self.layout = build_layout(LayoutParts(
             self.model, config.optimizer, config.parallelism, self.plan.dims, self.collectives,
@@ -397,12 +401,13 @@ class Trainer:
         return outcomes
 
     def _record(self, outcome: StepOutcome) -> StepRecord:
-        """The step as the callbacks see it (tokens over all data-parallel ranks), with the
+        """The step as the callbacks see it (tokens over all data and context ranks), with the
         compilation it included, if any (`compile_time`, `compiled_graphs`)."""
         record = StepRecord(step=self.step_count, total_steps=self.config.training.steps,
                             loss=outcome.loss, lr=outcome.lr, grad_norm=outcome.grad_norm,
                             step_time=outcome.seconds,
-                            tokens=outcome.tokens * self.plan.batch.data_parallel,
+                            tokens=outcome.tokens * self.plan.batch.data_parallel
+                            * self.plan.dims.context,
                             consumed_samples=self.consumed_samples, skipped=outcome.skipped)
         graphs, seconds = self.compiled.take_new()
         if graphs:

@@ -42,6 +42,28 @@ class Communication:
         """This rank's index inside its `kind` group."""
         return self.group_ranks[kind].index(self.rank)
 
+    def context_as_data(self) -> Communication:
+        """The same rank seen by a layout that treats context ranks as data ranks: `data` is
+        the `loss` group (data x context); with sharding (`shard` groups of more than one
+        rank) `shard` becomes the `shard_context` group, without it `replicate` becomes the
+        `loss` group; `context` is this rank alone. Context ranks hold the same parameters and
+        see different tokens of the same samples, so their gradients are reduced (and ZeRO or
+        FSDP shard) over data x context, as Megatron-LM's data-parallel-with-context group and
+        torchtitan's `dp_shard_cp` do. The ranks are the plan's own: rank order puts context
+        right after shard, so these are the data groups of the plan with context merged
+        (`mf_train.layouts.context_parallel.without_context`)."""
+        merged = {"data": "loss"}
+        merged.update({"shard": "shard_context"} if self.group_size("shard") > 1
+                      else {"replicate": "loss"})
+        ranks = {**self.group_ranks, "context": [self.rank]}
+        names = {kind: name for kind, name in self.group_names.items() if kind != "context"}
+        for kind, source in merged.items():
+            ranks[kind] = self.group_ranks[source]
+            names.pop(kind, None)
+            if source in self.group_names:
+                names[kind] = self.group_names[source]
+        return attrs.evolve(self, group_ranks=ranks, group_names=names)
+
 
 def init_communication(plan: Plan, device_target: str = "CPU") -> Communication:
     """Initialise MindSpore communication (if the job has several ranks) and the plan's groups.

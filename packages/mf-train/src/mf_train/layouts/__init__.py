@@ -7,8 +7,10 @@ schedule, an expert-parallel dispatch) is one `StepLayout` subclass added with
 `register_layout`; the others' `selects` must leave its plans alone. `Pipelined` takes the
 plans with pipeline parallelism and composes the layout that selects one stage's degrees
 (`without_pipeline`); `ExpertParallel` takes the one-stage plans with expert parallelism and
-composes the layout of the other degrees (`without_experts`); the others take plans without
-pipeline, context or expert parallelism.
+composes the layout of the other degrees (`without_experts`); `ContextParallel` takes the
+one-stage plans with context parallelism and composes the layout that selects them with context
+counted as data (`without_context`); the others take plans without pipeline, context or expert
+parallelism.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from mf_config import ParallelismConfig
 from mf_config.component_settings import settings_error
 from mf_parallel.dims import ParallelDims
 
+from .context_parallel import ContextParallel
 from .contract import (
     LayoutParts,
     LayoutSections,
@@ -36,6 +39,7 @@ from .sharded import FSDP, ZeRO
 __all__ = [
     "FSDP",
     "LAYOUTS",
+    "ContextParallel",
     "DataParallel",
     "ExpertParallel",
     "LayoutParts",
@@ -59,7 +63,7 @@ __all__ = [
 ]
 
 LAYOUTS: list[type[StepLayout]] = [SingleRank, DataParallel, TensorParallel, ZeRO, FSDP,
-                                   Pipelined, ExpertParallel]
+                                   Pipelined, ExpertParallel, ContextParallel]
 
 
 def register_layout(cls: type[StepLayout]) -> type[StepLayout]:
@@ -70,7 +74,7 @@ def register_layout(cls: type[StepLayout]) -> type[StepLayout]:
 
 def layout_for(dims: ParallelDims, parallelism: ParallelismConfig) -> type[StepLayout] | None:
     """The one layout that runs these degrees, or None when none does (what no layout runs,
-    context parallelism today, `mf_train.support` refuses before launch).
+    context with pipeline parallelism today, `mf_train.support` refuses before launch).
 
     Raises:
         RuntimeError: more than one layout selects the degrees (a registration mistake).

@@ -38,8 +38,42 @@ from mf_parallel.runtime.tensor_parallel import TensorGroup
 
 from ..optim import Optimizer
 
-MicroBatch = tuple[np.ndarray, np.ndarray, "np.ndarray | None"]
-"""(tokens, labels, loss mask) of one micro-batch, as the data stream gives it."""
+
+@dataclass(frozen=True)
+class MicroBatch:
+    """One micro-batch of this rank, as the data stream gives it (numpy, `[batch, seq]`; under
+    context parallelism `seq` is this rank's tokens)."""
+
+    tokens: np.ndarray
+    labels: np.ndarray
+    loss_mask: np.ndarray | None = None
+    position_ids: np.ndarray | None = None
+    """Rotary positions (`reset_position_ids`: restarting per document); None: the tokens'
+    places in the sequence."""
+    actual_seq_len: np.ndarray | None = None
+    """`[batch, P]` document ends (the compact mask, `create_compressed_eod_mask`)."""
+    attention_mask: np.ndarray | None = None
+    """Bool `[batch or 1, 1, rows, seq]`, True = masked (the dense document mask)."""
+
+    def model_inputs(self) -> tuple[Tensor | None, ...]:
+        """What the model's forward takes: (tokens, labels, loss mask, position ids, document
+        ends, attention mask), as tensors (None where absent), without the trailing absent
+        ones (a model that takes no packing or context inputs is called with three)."""
+        mask = None if self.loss_mask is None else Tensor(self.loss_mask.astype(np.float32))
+        inputs = [Tensor(self.tokens), Tensor(self.labels), mask, *self.attention_inputs()]
+        while len(inputs) > 3 and inputs[-1] is None:
+            inputs.pop()
+        return tuple(inputs)
+
+    def attention_inputs(self) -> tuple[Tensor | None, Tensor | None, Tensor | None]:
+        """(position ids, document ends, attention mask) as tensors, None where absent."""
+        return (_tensor(self.position_ids), _tensor(self.actual_seq_len),
+                _tensor(self.attention_mask))
+
+
+def _tensor(array: np.ndarray | None) -> Tensor | None:
+    return None if array is None else Tensor(array)
+
 Problem = tuple[Path, str]
 """A configuration path and what is wrong there (`settings_error` makes the `ConfigError`)."""
 
@@ -157,14 +191,13 @@ class StepLayout(ABC):
         loss: Tensor | None = None
         grads: list[Tensor] = []
         tokens = 0
-        for index, (tokens_np, labels_np, mask_np) in enumerate(micro_batches, 1):
-            mask = None if mask_np is None else Tensor(mask_np.astype(np.float32))
-            micro_loss, micro_grads = self._grad_fn(Tensor(tokens_np), Tensor(labels_np), mask)
+        for index, batch in enumerate(micro_batches, 1):
+            micro_loss, micro_grads = self._grad_fn(*batch.model_inputs())
             observer.micro_batch(index, micro_loss / self._scale, micro_grads)
             loss = micro_loss if loss is None else loss + micro_loss
             grads = list(micro_grads) if not grads else [
                 g + m for g, m in zip(grads, micro_grads, strict=True)]
-            tokens += int(tokens_np.size)
+            tokens += int(batch.tokens.size)
         if loss is None:
             raise ValueError("a training step needs at least one micro-batch")
         return LocalGradients(loss, grads, tokens)
@@ -186,8 +219,8 @@ class StepLayout(ABC):
         fire; a layout that relies on them (FSDP's root unit) does their work here."""
         return contextlib.nullcontext()
 
-    def _forward(self, tokens: Tensor, labels: Tensor, loss_mask: Tensor | None) -> Tensor:
-        return self.model(tokens, labels, loss_mask) * self._scale
+    def _forward(self, *inputs: Tensor | None) -> Tensor:
+        return self.model(*inputs) * self._scale
 
 
 class Unobserved:

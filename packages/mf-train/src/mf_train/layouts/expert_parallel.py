@@ -110,7 +110,7 @@ class ExpertParallel(StepLayout):
 
     @classmethod
     def selects(cls, dims: ParallelDims, parallelism: ParallelismConfig) -> bool:
-        return dims.expert > 1 and one_stage(dims)
+        return dims.expert > 1 and one_stage(dims)  # under context parallelism: its inner
 
     @classmethod
     def problems(cls, dims: ParallelDims, sections: LayoutSections) -> list[Problem]:

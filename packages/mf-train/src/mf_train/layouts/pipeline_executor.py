@@ -28,7 +28,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import mindspore as ms
-import numpy as np
 from mindspore import Parameter, Tensor, ops
 
 from mf_parallel.pipeline_layout import StageLayout
@@ -108,7 +107,7 @@ class StageRunner:
         grads = [ops.zeros_like(p) if g is None else g for g, p in zip(step.grads, self.params,
                                                                         strict=True)]
         loss = step.loss if step.loss is not None else Tensor(0.0, ms.float32)
-        tokens = sum(int(tokens.size) for tokens, _, _ in micro_batches)
+        tokens = sum(int(batch.tokens.size) for batch in micro_batches)
         return LocalGradients(loss, grads, tokens)
 
     # ------------------------------------------------------------------ computations
@@ -120,9 +119,10 @@ class StageRunner:
         step.inputs[(mb, chunk.virtual)] = hidden
         if chunk.last:
             return
-        tokens = Tensor(step.micro_batches[mb][0])
+        batch = step.micro_batches[mb]
         with self.forward_context():
-            out = self._chunk_forward(chunk, hidden, tokens)
+            out = self._chunk_forward(chunk, hidden, Tensor(batch.tokens),
+                                      *batch.attention_inputs())
         step.outbox[Message(Kind.F, mb, chunk.virtual)] = out
 
     def _backward(self, chunk: Chunk, mb: int, step: _StepState,
@@ -130,14 +130,14 @@ class StageRunner:
         """The chunk's forward again with gradients, seeded by the received `dy` (or the
         loss); parameter gradients accumulated, the input gradient kept for sending."""
         hidden = step.inputs.pop((mb, chunk.virtual))
-        tokens_np, labels_np, mask_np = step.micro_batches[mb]
-        tokens = Tensor(tokens_np)
+        batch = step.micro_batches[mb]
+        tokens, labels, mask, attention = (*batch.model_inputs()[:3], batch.attention_inputs())
         if chunk.last:
-            mask = None if mask_np is None else Tensor(mask_np.astype(np.float32))
-            extra = (Tensor(labels_np), mask)
+            extra = (labels, mask)
         else:
             extra = (step.arrived.pop(Message(Kind.B, mb, chunk.virtual + 1)),)
-        args = (tokens, *extra) if chunk.first else (hidden, tokens, *extra)
+        inputs = (tokens, *attention, *extra)
+        args = inputs if chunk.first else (hidden, *inputs)
         with self.forward_context():
             value, grads = self._grad_fns[chunk.virtual // self.num_stages](*args)
         if not chunk.first:
@@ -152,10 +152,13 @@ class StageRunner:
                 local[index] = grad
             observer.micro_batch(mb + 1, value / self.scale, local)
 
-    def _chunk_forward(self, chunk: Chunk, hidden: Tensor | None, tokens: Tensor) -> Tensor:
+    def _chunk_forward(self, chunk: Chunk, hidden: Tensor | None, tokens: Tensor,
+                       *attention: Tensor | None) -> Tensor:
+        """The chunk's layers on `hidden` (the embedded tokens on the first virtual stage);
+        `attention`: the micro-batch's position ids, document ends and attention mask."""
         if chunk.first:
             hidden = self.model.embed(tokens)
-        return self.model.decoder(hidden, chunk.layers)
+        return self.model.decoder(hidden, chunk.layers, self.model.attending(tokens, *attention))
 
     def _grad_fn(self, chunk: Chunk) -> Callable[..., Any]:
         """`value_and_grad` of the chunk: the scaled loss on the last virtual stage, else
@@ -163,15 +166,16 @@ class StageRunner:
         chunk's parameters."""
         model = self.model
 
-        def body(hidden: Tensor | None, tokens: Tensor) -> Tensor:
-            return self._chunk_forward(chunk, hidden, tokens)
+        def body(hidden: Tensor | None, tokens: Tensor, *attention: Tensor | None) -> Tensor:
+            return self._chunk_forward(chunk, hidden, tokens, *attention)
 
         if chunk.last:
-            def seeded(hidden, tokens, labels, mask):
-                return model.head_loss(body(hidden, tokens), labels, mask) * self.scale
+            def seeded(hidden, tokens, positions, ends, dense, labels, mask):
+                out = body(hidden, tokens, positions, ends, dense)
+                return model.head_loss(out, labels, mask) * self.scale
         else:
-            def seeded(hidden, tokens, dy):
-                return (body(hidden, tokens) * dy).sum()
+            def seeded(hidden, tokens, positions, ends, dense, dy):
+                return (body(hidden, tokens, positions, ends, dense) * dy).sum()
 
         weights = [self.params[index] for index in chunk.params]
         if chunk.first:
@@ -187,7 +191,7 @@ class StageRunner:
         if transfer.source == self.stage:
             self.collectives.send_recv(step.outbox.pop(message), source, target)
             return
-        tokens = step.micro_batches[message.microbatch][0]
+        tokens = step.micro_batches[message.microbatch].tokens
         shape, dtype = self.model.hidden_spec(*tokens.shape)
         buffer = ops.zeros(shape, dtype)
         step.arrived[message] = self.collectives.send_recv(buffer, source, target)

@@ -21,6 +21,7 @@ from .parts import ModelPart, PipelineModel
 if TYPE_CHECKING:
     from mindspore import nn
 
+    from mf_parallel.runtime.context_parallel import ContextGroup
     from mf_parallel.runtime.expert_dispatch import ExpertGroup
     from mf_parallel.runtime.tensor_parallel import TensorGroup
 
@@ -40,7 +41,8 @@ __all__ = [
 def build_model(config: ModelConfig, *, tensor_group: TensorGroup | None = None,
                 source: Source | None = None, seed: int | None = None,
                 part: ModelPart | None = None,
-                expert_group: ExpertGroup | None = None) -> nn.Cell:
+                expert_group: ExpertGroup | None = None,
+                context_group: ContextGroup | None = None) -> nn.Cell:
     """The model the `model` section describes (its class from the `MODELS` registry).
 
     Args:
@@ -52,9 +54,12 @@ def build_model(config: ModelConfig, *, tensor_group: TensorGroup | None = None,
             `parts.PipelineModel`.
         expert_group: this rank's expert-parallel group (None: every expert on every rank);
             the model class must take `expert_group` (a mixture-of-experts model).
+        context_group: this rank's context-parallel group (None: the whole sequence here);
+            the model class must take `context_group`.
 
     Returns:
-        The model: a cell taking (tokens, labels, loss mask) and returning the mean loss.
+        The model: a cell taking (tokens, labels, loss mask, position ids, document ends,
+        attention mask) and returning the mean loss.
 
     Raises:
         ConfigError: naming the `model.<key>` of every problem.
@@ -67,5 +72,7 @@ def build_model(config: ModelConfig, *, tensor_group: TensorGroup | None = None,
         options["part"] = part
     if expert_group is not None:
         options["expert_group"] = expert_group
+    if context_group is not None and context_group.size > 1:
+        options["context_group"] = context_group
     return cls.from_config(config, tensor_group=tensor_group, source=source, seed=seed,
                            **options)

@@ -27,6 +27,12 @@ import numpy as np
 from mindspore import Parameter, Tensor, mint, nn, ops
 
 from mf_config.component_settings import settings_error
+from mf_parallel.runtime.context_parallel import (
+    ContextGroup,
+    GatherSequence,
+    HeadsToSequence,
+    SequenceToHeads,
+)
 from mf_parallel.runtime.tensor_parallel import (
     ColumnParallelLinear,
     CopyToTensorRegion,
@@ -296,6 +302,7 @@ class RotaryEmbedding:
         self.attention_scaling = attention_scaling
         self.tile = tiles_broadcasts()
         self._tables: dict[int, tuple[Tensor, Tensor]] = {}
+        self._placed: dict[tuple[int, bytes], tuple[Tensor, Tensor]] = {}
 
     def tables(self, seq: int) -> tuple[Tensor, Tensor]:
         """(cos, sin), each float32 `[seq, dim]`, for positions 0..seq-1."""
@@ -303,12 +310,33 @@ class RotaryEmbedding:
             raise ValueError(f"sequence of {seq} tokens is longer than "
                              f"model.max_position_embeddings ({self.max_position})")
         if seq not in self._tables:
-            angles = np.outer(np.arange(seq, dtype=np.float64), self.inv_freq)
-            angles = np.concatenate([angles, angles], axis=-1)
-            scale = self.attention_scaling
-            self._tables[seq] = (Tensor((np.cos(angles) * scale).astype(np.float32)),
-                                 Tensor((np.sin(angles) * scale).astype(np.float32)))
+            self._tables[seq] = self._cos_sin(np.arange(seq))
         return self._tables[seq]
+
+    def at(self, positions: np.ndarray) -> tuple[Tensor, Tensor]:
+        """(cos, sin) of these positions for activations `[seq, batch, heads, dim]`:
+        `[seq, 1, 1, dim]` for positions `[seq]` (every sample alike), `[seq, batch, 1, dim]`
+        for positions `[batch, seq]` (documents restarting inside packed samples)."""
+        if positions.size and int(positions.max()) >= self.max_position:
+            raise ValueError(f"position {int(positions.max())} is past "
+                             f"model.max_position_embeddings ({self.max_position})")
+        if positions.ndim == 1:
+            key = (len(positions), positions.tobytes())
+            if key not in self._placed:
+                cos, sin = self._cos_sin(positions)
+                self._placed = {key: (cos.reshape(len(positions), 1, 1, self.dim),
+                                      sin.reshape(len(positions), 1, 1, self.dim))}
+            return self._placed[key]
+        cos, sin = self._cos_sin(positions.T)
+        batch_last = (positions.shape[1], positions.shape[0], 1, self.dim)
+        return cos.reshape(batch_last), sin.reshape(batch_last)
+
+    def _cos_sin(self, positions: np.ndarray) -> tuple[Tensor, Tensor]:
+        angles = positions.astype(np.float64)[..., None] * self.inv_freq
+        angles = np.concatenate([angles, angles], axis=-1)
+        scale = self.attention_scaling
+        return (Tensor((np.cos(angles) * scale).astype(np.float32)),
+                Tensor((np.sin(angles) * scale).astype(np.float32)))
 
 
 def rotate_half(x: Tensor) -> Tensor:
@@ -320,8 +348,9 @@ def rotate_half(x: Tensor) -> Tensor:
 
 
 def apply_rotary(x: Tensor, cos: Tensor, sin: Tensor, tile: bool = False) -> Tensor:
-    """Rotate `x` `[..., seq, dim]` by the tables `[seq, dim]` (cast to x's dtype; repeated to
-    x's shape when `tile`, see `expand`)."""
+    """Rotate `x` by tables that broadcast to it (`[seq, dim]` for `[..., seq, dim]`, or
+    `RotaryEmbedding.at`'s for `[seq, batch, heads, dim]`), cast to x's dtype and repeated
+    to x's shape when `tile` (see `expand`)."""
     cos = expand(same_dtype(cos, x.dtype), x.shape, tile)
     sin = expand(same_dtype(sin, x.dtype), x.shape, tile)
     return x * cos + rotate_half(x) * sin
@@ -333,13 +362,18 @@ contiguous first, 6.9 ms against 2.1 ms for `[1, 8, 512, 64]` on CPU."""
 
 
 class AttentionCore:
-    """Causal softmax attention: q `[b, nq, s, d]`, k `[b, nkv, s, d]`, v `[b, nkv, s, dv]`
-    -> `[b, nq, s, dv]`; grouped-query heads share kv head `i // (nq / nkv)` (HF's repeat_kv).
+    """Softmax attention: q `[b, nq, sq, d]`, k `[b, nkv, sk, d]`, v `[b, nkv, sk, dv]`
+    -> `[b, nq, sq, dv]`; grouped-query heads share kv head `i // (nq / nkv)` (HF's repeat_kv).
 
-    Plain path: `softmax(q k^T * scale + causal mask)` in float32, then `@ v`. With
+    `mask` (bool, True = masked, broadcasting to `[b, nq, sq, sk]`: `[b or 1, 1, sq, sk]`) says
+    which keys each query may not see: documents packed in one sample, or the causal rule by
+    global token index when the sequence is split over context ranks
+    (`attention_inputs.AttentionPlaces`). None is the causal mask of one whole sequence.
+
+    Plain path: `softmax(q k^T * scale, masked to -inf)` in float32, then `@ v`. With
     `use_flash_attention`, `ops.flash_attention_score` is used where it has a kernel (Ascend,
-    float16/bfloat16, `sparse_mode=2` with the 2048x2048 causal mask); elsewhere the plain path
-    runs and one log line says so.
+    float16/bfloat16: `sparse_mode=2` with the 2048x2048 causal mask, or the given mask with
+    `sparse_mode=0`); elsewhere the plain path runs and one log line says so.
     """
 
     def __init__(self, scale: float, use_flash_attention: bool = False,
@@ -349,17 +383,19 @@ class AttentionCore:
         self.tile = tiles_broadcasts()
         self._masks: dict[tuple[int, ...], Tensor] = {}
 
-    def __call__(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+    def __call__(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None) -> Tensor:
         if self.flash:
-            return self._flash(q, k, v)
-        return self._plain(q, k, v)
+            return self._flash(q, k, v, mask)
+        return self._plain(q, k, v, mask)
 
-    def _plain(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+    def _plain(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None) -> Tensor:
         group = q.shape[1] // k.shape[1]
         if group > 1:
             k, v = ops.repeat_interleave(k, group, 1), ops.repeat_interleave(v, group, 1)
         scores = same_dtype(_BATCH_MATMUL_TRANSPOSED(q * self.scale, k), ms.float32)
-        scores = ops.masked_fill(scores, self._future(scores.shape), float("-inf"))
+        hidden = self._future(scores.shape) if mask is None else expand(mask, scores.shape,
+                                                                         self.tile)
+        scores = ops.masked_fill(scores, hidden, float("-inf"))
         probs = same_dtype(mint.nn.functional.softmax(scores, dim=-1), v.dtype)
         return mint.matmul(probs, v)
 
@@ -373,12 +409,41 @@ class AttentionCore:
             self._masks[key] = Tensor(np.ascontiguousarray(np.broadcast_to(future, key)))
         return self._masks[key]
 
-    def _flash(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+    def _flash(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None) -> Tensor:
+        if mask is not None:
+            return ops.flash_attention_score(q, k, v, q.shape[1], attn_mask=mask.astype(ms.uint8),
+                                             scalar_value=self.scale, input_layout="BNSD",
+                                             sparse_mode=0)
         if () not in self._masks:  # sparse_mode 2 takes the compressed 2048 x 2048 mask
             self._masks[()] = Tensor(np.triu(np.ones((2048, 2048), np.uint8), k=1))
         return ops.flash_attention_score(q, k, v, q.shape[1], attn_mask=self._masks[()],
                                          scalar_value=self.scale, input_layout="BNSD",
                                          sparse_mode=2)
+
+
+class SequenceExchange(nn.Cell):
+    """Attention's exchanges over a context group (`mf_parallel.runtime.context_parallel`),
+    on `[seq, batch, heads, dim]`; the identity without one. Queries go through the Ulysses
+    all-to-all, keys and values through it and the all-gather of the ring, the output back
+    through the inverse all-to-all."""
+
+    def __init__(self, context: ContextGroup | None):
+        super().__init__()
+        ulysses = context is not None and context.ulysses > 1
+        ring = context is not None and context.ring > 1
+        self.to_heads = SequenceToHeads(context) if ulysses else None
+        self.to_sequence = HeadsToSequence(context) if ulysses else None
+        self.gather = GatherSequence(context) if ring else None
+
+    def queries(self, x: Tensor) -> Tensor:
+        return x if self.to_heads is None else self.to_heads(x)
+
+    def keys(self, x: Tensor) -> Tensor:
+        x = self.queries(x)
+        return x if self.gather is None else self.gather(x)
+
+    def output(self, x: Tensor) -> Tensor:
+        return x if self.to_sequence is None else self.to_sequence(x)
 
 
 _flash_notes: set[str] = set()
@@ -432,34 +497,46 @@ def token_cross_entropy(logits: Tensor, labels: Tensor,
 
 
 def causal_lm_loss(logits: Tensor, labels: Tensor, loss_mask: Tensor | None = None,
-                   group: TensorGroup | None = None) -> Tensor:
+                   group: TensorGroup | None = None,
+                   context: ContextGroup | None = None) -> Tensor:
     """`sum(ce * mask) / max(sum(mask), 1)`, a float32 scalar (MindFormers' masked mean).
 
     `labels` are the targets at each position (already shifted: the data gives
     `labels[t] = tokens[t + 1]`). A negative label (Hugging Face's -100) counts as masked.
+
+    Over a context group each rank holds part of the tokens: the mask is counted over the
+    group, and the rank's sum is multiplied by the group size, so that the mean over the
+    data x context ranks (what the step layouts take) is the loss of the whole sequences.
     """
     valid = labels >= 0
     mask = valid.astype(ms.float32)
     if loss_mask is not None:
         mask = mask * loss_mask.astype(ms.float32)
     ce = token_cross_entropy(logits, ops.masked_fill(labels, ops.logical_not(valid), 0), group)
-    return (ce * mask).sum() / ops.maximum(mask.sum(), 1.0)
+    count = mask.sum()
+    if context is None or context.size == 1:
+        return (ce * mask).sum() / ops.maximum(count, 1.0)
+    count = ops.stop_gradient(context.all_reduce(count))
+    return (ce * mask).sum() * context.size / ops.maximum(count, 1.0)
 
 
 def check_input_ids(input_ids: Tensor, seq_length: int | None,
-                    max_position_embeddings: int, group: TensorGroup | None = None) -> int:
-    """The sequence length of `input_ids` ([batch, seq]); `ValueError` when the shape is wrong,
-    the sequence is longer than `model.seq_length` (else `max_position_embeddings`), or it does
-    not divide over the tensor group that sequence parallelism splits it over."""
+                    max_position_embeddings: int, group: TensorGroup | None = None,
+                    context_size: int = 1) -> int:
+    """The sequence length of `input_ids` ([batch, seq], this rank's `seq / context_size`
+    tokens of each sample); `ValueError` when the shape is wrong, the sequence is longer than
+    `model.seq_length` (else `max_position_embeddings`), or this rank's part does not divide
+    over the tensor group that sequence parallelism splits it over."""
     if input_ids.ndim != 2:
         raise ValueError(f"input_ids must be [batch, seq], got shape {input_ids.shape}")
-    seq = input_ids.shape[1]
+    seq = input_ids.shape[1] * context_size
     limit, key = ((seq_length, "seq_length") if seq_length is not None
                   else (max_position_embeddings, "max_position_embeddings"))
     if seq > limit:
         raise ValueError(f"input of {seq} tokens is longer than model.{key} ({limit})")
     shards = tensor_size(group)
-    if is_sequence_parallel(group) and seq % shards:
+    if is_sequence_parallel(group) and input_ids.shape[1] % shards:
         raise ValueError(f"sequence parallelism splits the sequence over "
-                         f"tensor_parallel ({shards}) ranks: {seq} tokens do not divide")
+                         f"tensor_parallel ({shards}) ranks: {input_ids.shape[1]} tokens do "
+                         "not divide")
     return seq

@@ -76,14 +76,17 @@ from mf_config.component_settings import settings_error
 from mf_config.components import structure_model_settings
 from mf_config.errors import Path
 from mf_config.yaml_source import Source
+from mf_parallel.runtime.context_parallel import ContextGroup
 from mf_parallel.runtime.expert_dispatch import ExpertGroup
 from mf_parallel.runtime.tensor_parallel import TensorGroup
 
 from ..registry import MODELS
 from ..settings.deepseek_v3 import DeepseekV3Settings
+from .attention_inputs import Attending, AttentionPlaces
 from .blocks import (
     ParamInit,
     RMSNorm,
+    RotaryEmbedding,
     SwiGLU,
     causal_lm_loss,
     check_input_ids,
@@ -123,7 +126,7 @@ class DeepseekV3DecoderLayer(nn.Cell):
 
     def __init__(self, s: DeepseekV3Settings, index: int, init: ParamInit,
                  compute_dtype: ms.Type, group: TensorGroup | None = None,
-                 expert_group: ExpertGroup | None = None):
+                 expert_group: ExpertGroup | None = None, context: ContextGroup | None = None):
         super().__init__()
         hf = f"model.layers.{index}"
         self.is_moe = index >= s.first_k_dense_replace
@@ -132,12 +135,11 @@ class DeepseekV3DecoderLayer(nn.Cell):
             hidden_size=s.hidden_size, num_heads=s.num_attention_heads,
             q_lora_rank=s.q_lora_rank, kv_lora_rank=s.kv_lora_rank,
             qk_nope_head_dim=s.qk_nope_head_dim, qk_rope_head_dim=s.qk_rope_head_dim,
-            v_head_dim=s.v_head_dim, rms_norm_eps=s.rms_norm_eps, rope_theta=s.rope_theta,
-            max_position_embeddings=s.max_position_embeddings,
+            v_head_dim=s.v_head_dim, rms_norm_eps=s.rms_norm_eps,
             rope_interleave=s.rope_interleave, use_flash_attention=s.use_flash_attention,
             compute_dtype=compute_dtype,
             normal=lambda name, shape: init.normal(f"{hf}.self_attn.{name}.weight", shape),
-            group=group)
+            group=group, context=context)
         self.post_norm = RMSNorm(s.hidden_size, s.rms_norm_eps)
         sequence_group = group if is_sequence_parallel(group) else None
         if sequence_group is not None:  # the norms run on this rank's sequence slice
@@ -163,14 +165,15 @@ class DeepseekV3DecoderLayer(nn.Cell):
             router_weight=init.normal(f"{hf}.mlp.gate.weight",
                                       (s.n_routed_experts, s.hidden_size)),
             make_mlp=make_mlp, sequence_group=sequence_group,
-            expert_group=expert_group)
+            expert_group=expert_group, context=context)
         if sequence_group is not None:  # replicated, run on this rank's sequence slice
             for cell in (self.mlp.router, self.mlp.experts):
                 for param in cell.trainable_params():
                     mark_tensor_partial(param)
 
-    def construct(self, x: Tensor) -> tuple[Tensor, Tensor]:
-        h = x + self.attention(self.input_norm(x))
+    def construct(self, x: Tensor, cos: Tensor, sin: Tensor,
+                  mask: Tensor | None = None) -> tuple[Tensor, Tensor]:
+        h = x + self.attention(self.input_norm(x), cos, sin, mask)
         if not self.is_moe:
             return h + self.mlp(self.post_norm(h)), ops.zeros((), ms.float32)
         out, balance = self.mlp(self.post_norm(h))
@@ -201,14 +204,22 @@ class DeepseekV3ForCausalLM(nn.Cell):
 
     def __init__(self, settings: DeepseekV3Settings, *, tensor_group: TensorGroup | None = None,
                  seed: int | None = None, source: Source | None = None,
-                 expert_group: ExpertGroup | None = None):
+                 expert_group: ExpertGroup | None = None,
+                 context_group: ContextGroup | None = None):
         super().__init__()
         group = tensor_group if is_parallel(tensor_group) else None
-        found = settings.tensor_parallel_problems(tensor_size(group))
+        context = context_group if context_group is not None and context_group.size > 1 \
+            else None
+        found = settings.tensor_parallel_problems(tensor_size(group)) + \
+            settings.context_parallel_problems(tensor_size(group),
+                                               1 if context is None else context.ulysses)
         if found:
             raise settings_error(found, source)
         s = self.settings = settings
-        self.tensor_group = group
+        self.tensor_group, self.context_group = group, context
+        self.places = AttentionPlaces(context)
+        self.rotary = RotaryEmbedding(s.qk_rope_head_dim, s.rope_theta,
+                                      s.max_position_embeddings)
         self.layer_offset = 0
         target = ms.get_context("device_target")
         self.compute_dtype = resolve_compute_dtype(s.compute_dtype, target)
@@ -221,7 +232,8 @@ class DeepseekV3ForCausalLM(nn.Cell):
         vocab = (s.vocab_size, s.hidden_size)
         self.embedding = embedding(init.normal("model.embed_tokens.weight", vocab), group)
         self.decoder_layers = nn.CellList([
-            DeepseekV3DecoderLayer(s, index, init, self.compute_dtype, group, expert_group)
+            DeepseekV3DecoderLayer(s, index, init, self.compute_dtype, group, expert_group,
+                                   context)
             for index in range(s.num_hidden_layers)])
         self.final_norm = RMSNorm(s.hidden_size, s.rms_norm_eps)
         if is_sequence_parallel(group):
@@ -238,34 +250,44 @@ class DeepseekV3ForCausalLM(nn.Cell):
     @classmethod
     def from_config(cls, config: ModelConfig, *, tensor_group: TensorGroup | None = None,
                     source: Source | None = None, seed: int | None = None,
-                    expert_group: ExpertGroup | None = None) -> "DeepseekV3ForCausalLM":
+                    expert_group: ExpertGroup | None = None,
+                    context_group: ContextGroup | None = None) -> "DeepseekV3ForCausalLM":
         """The model the `model` section describes (keys checked, see `DeepseekV3Settings`),
         split over `tensor_group` when it has more than one rank. `seed` draws the initial
         weights (default: MindSpore's global seed, else 0); `expert_group` splits the routed
         experts (None: all on this rank)."""
         return cls(deepseek_v3_settings(config, source), tensor_group=tensor_group, seed=seed,
-                   source=source, expert_group=expert_group)
+                   source=source, expert_group=expert_group, context_group=context_group)
 
     # --- forward ------------------------------------------------------------------------
 
-    def construct(self, input_ids: Tensor, labels: Tensor,
-                  loss_mask: Tensor | None = None) -> Tensor:
-        logits, balance = self._forward(input_ids)
+    def construct(self, input_ids: Tensor, labels: Tensor, loss_mask: Tensor | None = None,
+                  position_ids: Tensor | None = None, actual_seq_len: Tensor | None = None,
+                  attention_mask: Tensor | None = None) -> Tensor:
+        attending = self.places.inputs(input_ids.shape[1], position_ids, actual_seq_len,
+                                       attention_mask)
+        logits, balance = self._forward(input_ids, attending)
         mask = None if loss_mask is None else loss_mask.swapaxes(0, 1)
-        return causal_lm_loss(logits, labels.swapaxes(0, 1), mask, self.tensor_group) + balance
+        return causal_lm_loss(logits, labels.swapaxes(0, 1), mask, self.tensor_group,
+                              self.context_group) + balance
 
-    def logits(self, input_ids: Tensor) -> Tensor:
+    def logits(self, input_ids: Tensor, position_ids: Tensor | None = None,
+               actual_seq_len: Tensor | None = None,
+               attention_mask: Tensor | None = None) -> Tensor:
         """`[batch, seq, vocab]` logits (float32 unless the compute dtype is lower; this
         rank's vocabulary slice under tensor parallelism)."""
-        return self._forward(input_ids)[0].swapaxes(0, 1)
+        attending = self.places.inputs(input_ids.shape[1], position_ids, actual_seq_len,
+                                       attention_mask)
+        return self._forward(input_ids, attending)[0].swapaxes(0, 1)
 
-    def _forward(self, input_ids: Tensor) -> tuple[Tensor, Tensor]:
+    def _forward(self, input_ids: Tensor, attending: Attending) -> tuple[Tensor, Tensor]:
         """Logits `[seq, batch, vocab]` and the balance loss summed over layers."""
         self._check_ids(input_ids)
         h = self.embedding(input_ids.swapaxes(0, 1)).astype(self.compute_dtype)
         balance = ops.zeros((), ms.float32)
+        cos, sin = self.rotary.at(attending.positions)
         for layer in self.decoder_layers:
-            h, layer_balance = layer(h)
+            h, layer_balance = layer(h, cos, sin, attending.mask)
             balance = balance + layer_balance
         h = self.final_norm(h)
         if not self.tied:
@@ -279,7 +301,8 @@ class DeepseekV3ForCausalLM(nn.Cell):
 
     def _check_ids(self, input_ids: Tensor) -> None:
         check_input_ids(input_ids, self.settings.seq_length,
-                        self.settings.max_position_embeddings, self.tensor_group)
+                        self.settings.max_position_embeddings, self.tensor_group,
+                        self.places.context_size)
 
     # --- MoE statistics -----------------------------------------------------------------
 

@@ -29,6 +29,11 @@ partial: they are marked (`mark_tensor_partial`) and summed over the tensor grou
 training loop, as Megatron sums the gradients of sequence-parallel parameters. Megatron runs
 the down projections on the sequence slice and gathers their smaller outputs instead; the
 result is the same, this way gathers one tensor, not three.
+
+Context parallelism (a `ContextGroup`): queries, keys (`[k_nope; k_rope]` per head) and values
+go through the context exchanges after the rotation (`blocks.SequenceExchange`); the rotary
+tables of this rank's tokens come from the model (`RotaryEmbedding.at`), so one rotation serves
+every layer and positions may restart inside packed samples.
 """
 
 from __future__ import annotations
@@ -39,13 +44,14 @@ import mindspore as ms
 import numpy as np
 from mindspore import Tensor, ops
 
+from mf_parallel.runtime.context_parallel import ContextGroup
 from mf_parallel.runtime.tensor_parallel import TensorGroup
 
 from .blocks import (
     AttentionCore,
     Linear,
     RMSNorm,
-    RotaryEmbedding,
+    SequenceExchange,
     apply_rotary,
     head_entry,
     is_parallel,
@@ -53,6 +59,7 @@ from .blocks import (
     row_linear,
     shard_rows_linear,
     tensor_size,
+    tiles_broadcasts,
 )
 
 Normal = Callable[[str, tuple[int, ...]], np.ndarray]
@@ -65,10 +72,9 @@ class MultiLatentAttention(ms.nn.Cell):
 
     def __init__(self, *, hidden_size: int, num_heads: int, q_lora_rank: int | None,
                  kv_lora_rank: int, qk_nope_head_dim: int, qk_rope_head_dim: int,
-                 v_head_dim: int, rms_norm_eps: float, rope_theta: float,
-                 max_position_embeddings: int, rope_interleave: bool,
+                 v_head_dim: int, rms_norm_eps: float, rope_interleave: bool,
                  use_flash_attention: bool, compute_dtype: ms.Type, normal: Normal,
-                 group: TensorGroup | None = None):
+                 group: TensorGroup | None = None, context: ContextGroup | None = None):
         super().__init__()
         if num_heads % tensor_size(group):
             raise ValueError(f"num_attention_heads ({num_heads}) is not divisible by "
@@ -102,10 +108,13 @@ class MultiLatentAttention(ms.nn.Cell):
         if is_parallel(group):  # differentiated through this rank's heads only
             for cell in replicated:
                 mark_tensor_partial(cell.weight)
-        self.rotary = RotaryEmbedding(qk_rope_head_dim, rope_theta, max_position_embeddings)
+        self.tile = tiles_broadcasts()
         self.core = AttentionCore(qk_head_dim ** -0.5, use_flash_attention, compute_dtype)
+        self.exchange = SequenceExchange(context)
 
-    def construct(self, x: Tensor) -> Tensor:
+    def construct(self, x: Tensor, cos: Tensor, sin: Tensor, mask: Tensor | None = None) -> Tensor:
+        """`cos`, `sin`: `RotaryEmbedding.at` tables of the `qk_rope_head_dim` rotation for
+        this rank's tokens; `mask`: `AttentionCore`'s."""
         batch = x.shape[1]
         # Token rows `[s * b, hidden]`; gathering them along dim 0 gathers the sequence. The
         # projections take the gathered tensor itself, which communication recompute
@@ -116,28 +125,29 @@ class MultiLatentAttention(ms.nn.Cell):
         seq = rows.shape[0] // batch
         q = (self.q_b_proj(self.q_a_layernorm(self.q_a_proj(rows))) if self.q_lora
              else self.q_proj(rows))
-        q = self._heads(q.reshape(seq, batch, -1), self.num_heads)  # [b, h, s, nope + rope]
+        q = self._heads(q.reshape(seq, batch, -1), self.num_heads)  # [s, b, h, nope + rope]
         q_nope, q_rope = q[..., :self.nope], q[..., self.nope:]
         compressed = self.kv_a_proj_with_mqa(rows).reshape(seq, batch, -1)
         latent, k_rope = compressed[..., :self.kv_lora_rank], compressed[..., self.kv_lora_rank:]
         kv = self._heads(self.kv_b_proj(self.kv_a_layernorm(latent)), self.num_heads)
         k_nope, v = kv[..., :self.nope], kv[..., self.nope:]
-        k_rope = self._heads(k_rope, 1)                              # [b, 1, s, rope]
-        cos, sin = self.rotary.tables(seq)
-        q_rope = apply_rotary(self._rope_layout(q_rope), cos, sin, self.rotary.tile)
-        k_rope = apply_rotary(self._rope_layout(k_rope), cos, sin, self.rotary.tile)
-        k_rope = ops.broadcast_to(k_rope, (batch, self.num_heads, seq, self.rope_dim))
-        q = ops.cat((q_nope, q_rope), -1)
-        k = ops.cat((k_nope, k_rope), -1)
-        out = self._attend(q, k, v)                                  # [b, h, s, v_dim]
-        out = out.transpose(2, 0, 1, 3).reshape(seq, batch, self.num_heads * self.v_dim)
-        return self.o_proj(out)
+        k_rope = self._heads(k_rope, 1)                              # [s, b, 1, rope]
+        q_rope = apply_rotary(self._rope_layout(q_rope), cos, sin, self.tile)
+        k_rope = apply_rotary(self._rope_layout(k_rope), cos, sin, self.tile)
+        k_rope = ops.broadcast_to(k_rope, (seq, batch, self.num_heads, self.rope_dim))
+        q = self.exchange.queries(ops.cat((q_nope, q_rope), -1))
+        k = self.exchange.keys(ops.cat((k_nope, k_rope), -1))
+        v = self.exchange.keys(v)
+        out = self._attend(q.transpose(1, 2, 0, 3), k.transpose(1, 2, 0, 3),
+                           v.transpose(1, 2, 0, 3), mask)            # [b, h', sq, v_dim]
+        out = self.exchange.output(out.transpose(2, 0, 1, 3))        # [s, b, h, v_dim]
+        return self.o_proj(out.reshape(seq, batch, self.num_heads * self.v_dim))
 
     @staticmethod
     def _heads(x: Tensor, heads: int) -> Tensor:
-        """`[s, b, heads * d]` -> `[b, heads, s, d]`."""
+        """`[s, b, heads * d]` -> `[s, b, heads, d]`."""
         seq, batch = x.shape[0], x.shape[1]
-        return x.reshape(seq, batch, heads, -1).transpose(1, 2, 0, 3)
+        return x.reshape(seq, batch, heads, -1)
 
     def _rope_layout(self, x: Tensor) -> Tensor:
         """Interleaved pairs (2i, 2i+1) -> [evens; odds], so rotate-half rotates those pairs."""
@@ -146,10 +156,10 @@ class MultiLatentAttention(ms.nn.Cell):
         shape = x.shape
         return x.reshape(*shape[:-1], shape[-1] // 2, 2).swapaxes(-1, -2).reshape(shape)
 
-    def _attend(self, q: Tensor, k: Tensor, v: Tensor) -> Tensor:
+    def _attend(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None) -> Tensor:
         qk_dim = q.shape[-1]
         if not self.core.flash or self.v_dim == qk_dim:
-            return self.core(q, k, v)
+            return self.core(q, k, v, mask)
         # The flash kernel wants one head size: pad v with zeros and drop the padding (as HF).
         padded = ops.cat((v, ops.zeros((*v.shape[:-1], qk_dim - self.v_dim), v.dtype)), -1)
-        return self.core(q, k, padded)[..., :self.v_dim]
+        return self.core(q, k, padded, mask)[..., :self.v_dim]

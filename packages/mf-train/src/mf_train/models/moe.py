@@ -48,6 +48,7 @@ import mindspore as ms
 import numpy as np
 from mindspore import Parameter, Tensor, mint, nn, ops
 
+from mf_parallel.runtime.context_parallel import ContextGroup
 from mf_parallel.runtime.expert_dispatch import ExpertGroup
 from mf_parallel.runtime.tensor_parallel import ReduceFromTensorRegion, TensorGroup
 
@@ -137,17 +138,21 @@ class Router(nn.Cell):
 
 
 def balance_loss(scores: Tensor, indices: np.ndarray, seq: int, alpha: float,
-                 group: TensorGroup | None = None) -> Tensor:
+                 group: TensorGroup | None = None,
+                 context: ContextGroup | None = None) -> Tensor:
     """DeepSeek-V3's sequence-wise balance loss (module docstring) of one MoE layer.
 
     Args:
         scores: `[seq * batch, n_experts]` float32 router scores (differentiable), tokens in
             `[seq, batch]` order (blocks.py's layout).
         indices: `[seq * batch, k]` chosen experts (numpy).
-        seq: the sequence length of these tokens (this rank's slice with `group`).
+        seq: the sequence length of these tokens (this rank's slice with `group`/`context`).
         alpha: the loss coefficient.
         group: the tensor group whose ranks hold the other slices of every sequence
             (sequence parallelism), or None when the tokens are whole sequences.
+        context: the context group whose ranks hold the other parts of every sequence, or
+            None. Its ranks' losses are averaged by the step (as the language-model loss,
+            `blocks.causal_lm_loss`), so each returns its part times the group size.
 
     Returns:
         The float32 scalar loss, the same on every rank of `group`.
@@ -157,16 +162,22 @@ def balance_loss(scores: Tensor, indices: np.ndarray, seq: int, alpha: float,
     per_sequence = indices.reshape(seq, batch, top_k)
     chosen = np.stack([expert_counts(per_sequence[:, b], n_experts) for b in range(batch)])
     normalised = scores / scores.sum(-1, keepdims=True)
-    if group is None:
+    slices = (1 if group is None else group.size) * (1 if context is None else context.size)
+    if slices == 1:
         fraction = Tensor((chosen * (n_experts / (top_k * seq))).astype(np.float32))
         probability = normalised.reshape(seq, batch, n_experts).mean(0)
         return (fraction * probability).sum(-1).mean() * alpha
-    whole = seq * group.size
-    chosen = group.all_reduce(Tensor(chosen.astype(np.float32))).asnumpy()  # exact counts
-    fraction = Tensor((chosen * (n_experts / (top_k * whole))).astype(np.float32))
+    whole = seq * slices
+    counts = Tensor(chosen.astype(np.float32))
+    for over in (group, context):
+        if over is not None:
+            counts = over.all_reduce(counts)
+    fraction = Tensor((counts.asnumpy() * (n_experts / (top_k * whole))).astype(np.float32))
     probability = normalised.reshape(seq, batch, n_experts).sum(0) / whole
     part = (fraction * probability).sum(-1).mean() * alpha
-    return ReduceFromTensorRegion(group)(part)
+    if group is not None:
+        part = ReduceFromTensorRegion(group)(part)
+    return part if context is None else part * context.size
 
 
 class MoE(nn.Cell):
@@ -178,7 +189,8 @@ class MoE(nn.Cell):
     counts of this rank's routing in the last forward, `last_expert_load` the (token, expert)
     pairs this rank's experts computed (the same without expert parallelism).
     `sequence_group`: the tensor group over which the input is a sequence slice (module
-    docstring), or None.
+    docstring), or None; `context`: the context group holding the other parts of the
+    sequences, or None.
     """
 
     def __init__(self, *, moe_intermediate_size: int, n_routed_experts: int,
@@ -186,7 +198,8 @@ class MoE(nn.Cell):
                  norm_topk_prob: bool, routed_scaling_factor: float, aux_loss_alpha: float,
                  router_weight: np.ndarray, make_mlp: MakeMlp,
                  expert_group: ExpertGroup | None = None,
-                 sequence_group: TensorGroup | None = None):
+                 sequence_group: TensorGroup | None = None,
+                 context: ContextGroup | None = None):
         super().__init__()
         self.n_experts, self.top_k = n_routed_experts, num_experts_per_tok
         self.expert_group = expert_group if expert_group and expert_group.size > 1 else None
@@ -194,6 +207,7 @@ class MoE(nn.Cell):
                 else self.expert_group.local_experts(n_routed_experts))
         self.aux_loss_alpha = aux_loss_alpha
         self.sequence_group = sequence_group  # the balance loss's whole sequences span it
+        self.context = context  # and the context group
         self.router = Router(router_weight, num_experts_per_tok, n_group, topk_group,
                              norm_topk_prob, routed_scaling_factor)
         self.experts = LayerStack({e: make_mlp(f"experts.{e}", moe_intermediate_size)
@@ -214,7 +228,7 @@ class MoE(nn.Cell):
         if self.aux_loss_alpha == 0:
             return out, ops.zeros((), ms.float32)
         return out, balance_loss(scores, indices, seq, self.aux_loss_alpha,
-                                 self.sequence_group)
+                                 self.sequence_group, self.context)
 
     def _routed(self, flat: Tensor, indices: np.ndarray, weights: Tensor) -> Tensor:
         """Sum over each token's k experts of weight * expert(token), exactly."""

@@ -74,7 +74,12 @@ class PipelineModel(Protocol):
     def embed(self, input_ids: Tensor) -> Tensor:
         """Token ids `[batch, seq]` -> the first layer's input (the hidden-state layout)."""
 
-    def decoder(self, hidden: Tensor, layers: Sequence[int]) -> Tensor:
+    def attending(self, input_ids: Tensor, position_ids: Tensor | None,
+                  actual_seq_len: Tensor | None, attention_mask: Tensor | None) -> object:
+        """What the layers' attention takes for this micro-batch (rotary positions, mask;
+        `attention_inputs.Attending`)."""
+
+    def decoder(self, hidden: Tensor, layers: Sequence[int], attending: object) -> Tensor:
         """The hidden states through the decoder layers of these global ids, in order."""
 
     def head_loss(self, hidden: Tensor, labels: Tensor, loss_mask: Tensor | None) -> Tensor:

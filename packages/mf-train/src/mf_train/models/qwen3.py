@@ -30,15 +30,18 @@ from mf_config.component_settings import settings_error, structure_settings
 from mf_config.errors import Path
 from mf_config.sections import declared_fields
 from mf_config.yaml_source import Source
+from mf_parallel.runtime.context_parallel import ContextGroup
 from mf_parallel.runtime.tensor_parallel import TensorGroup
 
 from ..registry import MODELS
 from ..settings.qwen3 import Qwen3Settings
+from .attention_inputs import Attending, AttentionPlaces
 from .blocks import (
     AttentionCore,
     ParamInit,
     RMSNorm,
     RotaryEmbedding,
+    SequenceExchange,
     SwiGLU,
     apply_rotary,
     causal_lm_loss,
@@ -144,7 +147,8 @@ class Qwen3Attention(nn.Cell):
     """
 
     def __init__(self, s: Qwen3Settings, w: dict[str, np.ndarray], prefix: str,
-                 rotary: RotaryEmbedding, core: AttentionCore, group: TensorGroup | None):
+                 rotary: RotaryEmbedding, core: AttentionCore, group: TensorGroup | None,
+                 context: ContextGroup | None = None):
         super().__init__()
         shards = tensor_size(group)
         self.head_dim = s.head_size()
@@ -161,27 +165,29 @@ class Qwen3Attention(nn.Cell):
         if is_parallel(group):  # each rank's norms see only its heads
             mark_tensor_partial(self.q_norm.weight)
             mark_tensor_partial(self.k_norm.weight)
-        self.rotary = rotary
+        self.tile = rotary.tile
         self.core = core
+        self.exchange = SequenceExchange(context)
 
-    def construct(self, x: Tensor) -> Tensor:
+    def construct(self, x: Tensor, cos: Tensor, sin: Tensor, mask: Tensor | None = None) -> Tensor:
         qkv = self.qkv(x)
         seq, batch = qkv.shape[0], qkv.shape[1]
         q_size, kv_size = self.heads * self.head_dim, self.kv_heads * self.head_dim
-        q = self._heads(qkv[..., :q_size], self.heads, self.q_norm)
-        k = self._heads(qkv[..., q_size:q_size + kv_size], self.kv_heads, self.k_norm)
+        q = apply_rotary(self._heads(qkv[..., :q_size], self.heads, self.q_norm), cos, sin,
+                         self.tile)
+        k = apply_rotary(self._heads(qkv[..., q_size:q_size + kv_size], self.kv_heads,
+                                     self.k_norm), cos, sin, self.tile)
         v = self._heads(qkv[..., q_size + kv_size:], self.kv_heads)
-        cos, sin = self.rotary.tables(seq)
-        context = self.core(apply_rotary(q, cos, sin, self.rotary.tile),
-                            apply_rotary(k, cos, sin, self.rotary.tile), v)
-        return self.out(context.transpose(2, 0, 1, 3).reshape(seq, batch, q_size))
+        q, k, v = self.exchange.queries(q), self.exchange.keys(k), self.exchange.keys(v)
+        context = self.core(q.transpose(1, 2, 0, 3), k.transpose(1, 2, 0, 3),
+                            v.transpose(1, 2, 0, 3), mask)
+        context = self.exchange.output(context.transpose(2, 0, 1, 3))
+        return self.out(context.reshape(seq, batch, q_size))
 
     def _heads(self, x: Tensor, count: int, norm: nn.Cell | None = None) -> Tensor:
-        """`[s, b, count * d]` -> `[b, count, s, d]`, normed per head when `norm` is given."""
+        """`[s, b, count * d]` -> `[s, b, count, d]`, normed per head when `norm` is given."""
         x = x.reshape(x.shape[0], x.shape[1], count, self.head_dim)
-        if norm is not None:
-            x = norm(x)
-        return x.transpose(1, 2, 0, 3)
+        return x if norm is None else norm(x)
 
 
 class Qwen3DecoderLayer(nn.Cell):
@@ -189,11 +195,12 @@ class Qwen3DecoderLayer(nn.Cell):
     `out = h + mlp(post_norm(h))`."""
 
     def __init__(self, s: Qwen3Settings, w: dict[str, np.ndarray], index: int,
-                 rotary: RotaryEmbedding, core: AttentionCore, group: TensorGroup | None):
+                 rotary: RotaryEmbedding, core: AttentionCore, group: TensorGroup | None,
+                 context: ContextGroup | None = None):
         super().__init__()
         p = f"model.layers.{index}."
         self.input_norm = RMSNorm(s.hidden_size, s.rms_norm_eps)
-        self.attention = Qwen3Attention(s, w, p, rotary, core, group)
+        self.attention = Qwen3Attention(s, w, p, rotary, core, group, context)
         self.post_norm = RMSNorm(s.hidden_size, s.rms_norm_eps)
         self.mlp = SwiGLU(w[p + "mlp.gate_proj.weight"], w[p + "mlp.up_proj.weight"],
                           w[p + "mlp.down_proj.weight"], group)
@@ -201,17 +208,21 @@ class Qwen3DecoderLayer(nn.Cell):
             mark_tensor_partial(self.input_norm.weight)
             mark_tensor_partial(self.post_norm.weight)
 
-    def construct(self, x: Tensor) -> Tensor:
-        h = x + self.attention(self.input_norm(x))
+    def construct(self, x: Tensor, cos: Tensor, sin: Tensor, mask: Tensor | None = None) -> Tensor:
+        h = x + self.attention(self.input_norm(x), cos, sin, mask)
         return h + self.mlp(self.post_norm(h))
 
 
 @MODELS.register("Qwen3ForCausalLM", "qwen3")
 class Qwen3ForCausalLM(nn.Cell):
-    """Qwen3 causal LM. `model(input_ids, labels, loss_mask=None)` -> float32 scalar loss
+    """Qwen3 causal LM. `model(input_ids, labels, loss_mask=None, position_ids=None,
+    actual_seq_len=None, attention_mask=None)` -> float32 scalar loss
     `sum(ce * mask) / max(sum(mask), 1)`; `model.logits(input_ids)` -> `[b, s, V]` (this rank's
     vocabulary slice under tensor parallelism). `input_ids`, `labels`: int32 `[b, s]`, labels
-    already shifted.
+    already shifted. Packed documents: `position_ids` `[b, s]` restart the rotary positions,
+    `actual_seq_len` (document ends) or `attention_mask` (dense, True = masked) keep each
+    document to itself (`attention_inputs.AttentionPlaces`). Under context parallelism
+    (`context_group`) the inputs are this rank's tokens (`ContextGroup.spans`).
 
     Layer contract (mf-memory): `decoder_layers` (a `LayerStack`), `layer_ids`, `model_layers`;
     each layer has
@@ -224,20 +235,25 @@ class Qwen3ForCausalLM(nn.Cell):
 
     def __init__(self, settings: Qwen3Settings, *, tensor_group: TensorGroup | None = None,
                  seed: int | None = None, source: Source | None = None,
-                 part: ModelPart | None = None):
+                 part: ModelPart | None = None, context_group: ContextGroup | None = None):
         super().__init__()
         group = tensor_group if is_parallel(tensor_group) else None
-        found = settings.problems(PATH) + settings.tensor_parallel_problems(tensor_size(group))
+        context = context_group if context_group is not None and context_group.size > 1 \
+            else None
+        found = (settings.problems(PATH) + settings.tensor_parallel_problems(tensor_size(group))
+                 + settings.context_parallel_problems(
+                     tensor_size(group), 1 if context is None else context.ulysses))
         if found:
             raise settings_error(found, source)
         self.part = part or ModelPart.whole(settings.num_hidden_layers)
-        self.settings, self.tensor_group = settings, group
+        self.settings, self.tensor_group, self.context_group = settings, group, context
+        self.places = AttentionPlaces(context)
         self.layer_ids, self.model_layers = self.part.layers, settings.num_hidden_layers
         self.hf_ignored = ("lm_head.weight",) if settings.tie_word_embeddings else ()
         self.compute_dtype, params_dtype = _dtypes(settings, group, source)
         init = ParamInit(_seed(seed), settings.initializer_range)
-        rotary = RotaryEmbedding(settings.head_size(), settings.rope_theta,
-                                 settings.max_position_embeddings)
+        rotary = self.rotary = RotaryEmbedding(settings.head_size(), settings.rope_theta,
+                                               settings.max_position_embeddings)
         core = AttentionCore(settings.head_size() ** -0.5, settings.use_flash_attention,
                              self.compute_dtype)
         vocab = (settings.vocab_size, settings.hidden_size)
@@ -246,7 +262,7 @@ class Qwen3ForCausalLM(nn.Cell):
             self.embedding = embedding(init.normal("model.embed_tokens.weight", vocab), group)
         self.decoder_layers = LayerStack({
             i: Qwen3DecoderLayer(settings, initial_weights(layer_weight_maps(settings, i), init),
-                                 i, rotary, core, group)
+                                 i, rotary, core, group, context)
             for i in self.part.layers})
         if self.part.head:
             self.final_norm = RMSNorm(settings.hidden_size, settings.rms_norm_eps)
@@ -263,11 +279,13 @@ class Qwen3ForCausalLM(nn.Cell):
     @classmethod
     def from_config(cls, config: ModelConfig, *, tensor_group: TensorGroup | None = None,
                     source: Source | None = None, seed: int | None = None,
-                    part: ModelPart | None = None) -> "Qwen3ForCausalLM":
+                    part: ModelPart | None = None,
+                    context_group: ContextGroup | None = None) -> "Qwen3ForCausalLM":
         """The model the `model` section describes (keys checked, see `Qwen3Settings`); only
         `part` of it on a pipeline stage."""
         settings = qwen3_settings(config.extras, source, tensor_size(tensor_group))
-        return cls(settings, tensor_group=tensor_group, seed=seed, source=source, part=part)
+        return cls(settings, tensor_group=tensor_group, seed=seed, source=source, part=part,
+                   context_group=context_group)
 
     def weight_maps(self) -> list[WeightMap]:
         """The parameters this model (or pipeline part) holds, with their Hugging Face names."""
@@ -278,18 +296,27 @@ class Qwen3ForCausalLM(nn.Cell):
         """Our parameter name -> its Hugging Face name(s) (fused parts in row order)."""
         return {entry.ours: entry.hf for entry in self.weight_maps()}
 
-    def construct(self, input_ids: Tensor, labels: Tensor,
-                  loss_mask: Tensor | None = None) -> Tensor:
-        hidden = self.decoder(self.embed(input_ids), self.part.layers)
+    def construct(self, input_ids: Tensor, labels: Tensor, loss_mask: Tensor | None = None,
+                  position_ids: Tensor | None = None, actual_seq_len: Tensor | None = None,
+                  attention_mask: Tensor | None = None) -> Tensor:
+        attending = self.attending(input_ids, position_ids, actual_seq_len, attention_mask)
+        hidden = self.decoder(self.embed(input_ids), self.part.layers, attending)
         return self.head_loss(hidden, labels, loss_mask)
 
-    def logits(self, input_ids: Tensor) -> Tensor:
+    def logits(self, input_ids: Tensor, position_ids: Tensor | None = None,
+               actual_seq_len: Tensor | None = None,
+               attention_mask: Tensor | None = None) -> Tensor:
         """`[batch, seq, vocab]` logits in the compute dtype."""
-        return self._logits(input_ids).swapaxes(0, 1)
+        attending = self.attending(input_ids, position_ids, actual_seq_len, attention_mask)
+        return self._head_logits(self.decoder(self.embed(input_ids), self.part.layers,
+                                              attending)).swapaxes(0, 1)
 
-    def _logits(self, input_ids: Tensor) -> Tensor:
-        """`[seq, batch, vocab]`."""
-        return self._head_logits(self.decoder(self.embed(input_ids), self.part.layers))
+    def attending(self, input_ids: Tensor, position_ids: Tensor | None = None,
+                  actual_seq_len: Tensor | None = None,
+                  attention_mask: Tensor | None = None) -> Attending:
+        """Rotary positions and attention mask of a micro-batch (`AttentionPlaces.inputs`)."""
+        return self.places.inputs(input_ids.shape[1], position_ids, actual_seq_len,
+                                  attention_mask)
 
     # --- pipeline pieces (`parts.PipelineModel`) ----------------------------------------
 
@@ -299,17 +326,18 @@ class Qwen3ForCausalLM(nn.Cell):
         self._check_ids(input_ids)
         return self.embedding(input_ids.swapaxes(0, 1)).astype(self.compute_dtype)
 
-    def decoder(self, hidden: Tensor, layers: Sequence[int]) -> Tensor:
+    def decoder(self, hidden: Tensor, layers: Sequence[int], attending: Attending) -> Tensor:
         """`hidden` through the decoder layers of these global ids."""
+        cos, sin = self.rotary.at(attending.positions)
         for index in layers:
-            hidden = self.decoder_layers.by_id(index)(hidden)
+            hidden = self.decoder_layers.by_id(index)(hidden, cos, sin, attending.mask)
         return hidden
 
     def head_loss(self, hidden: Tensor, labels: Tensor, loss_mask: Tensor | None) -> Tensor:
         """The last layer's output -> the masked mean loss."""
         mask = None if loss_mask is None else loss_mask.swapaxes(0, 1)
         return causal_lm_loss(self._head_logits(hidden), labels.swapaxes(0, 1), mask,
-                              self.tensor_group)
+                              self.tensor_group, self.context_group)
 
     def hidden_spec(self, batch: int, seq: int) -> tuple[tuple[int, ...], ms.Type]:
         """`[seq, batch, hidden]` in the compute dtype; `seq / tensor_parallel` under sequence
@@ -335,7 +363,8 @@ class Qwen3ForCausalLM(nn.Cell):
 
     def _check_ids(self, input_ids: Tensor) -> None:
         check_input_ids(input_ids, self.settings.seq_length,
-                        self.settings.max_position_embeddings, self.tensor_group)
+                        self.settings.max_position_embeddings, self.tensor_group,
+                        self.places.context_size)
 
 
 def _dtypes(s: Qwen3Settings, group: TensorGroup | None,

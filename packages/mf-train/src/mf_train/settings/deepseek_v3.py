@@ -27,6 +27,8 @@ from mf_config.errors import Path
 from mf_config.model_shape import ExpertShape, LatentAttentionShape, ModelSettings, ModelShape
 from mf_config.sections import MAX_DIMENSION, Dtype, TrainConfig, section, setting
 
+from .qwen3 import ulysses_heads_problem
+
 TOKENIZER = "token ids belong to the tokenizer and the data"
 DTYPES = "compute_dtype and params_dtype decide"
 
@@ -207,6 +209,15 @@ class DeepseekV3Settings(ModelSettings):
         return [((*path, key), f"{value}{why} is not divisible by "
                                f"parallelism.tensor_parallel ({tp})")
                 for key, value, why in widths if value % tp]
+
+    def context_parallel_problems(self, tp: int, ulysses: int, path: Path = ("model",),
+                                  ) -> list[tuple[Path, str]]:
+        """The heads (MLA's keys have as many as its queries) that the Ulysses all-to-all over
+        `ulysses` ranks, after `tp` tensor ranks took their share, must split and do not."""
+        if ulysses == 1 or self.num_attention_heads % (tp * ulysses) == 0:
+            return []
+        return [((*path, "num_attention_heads"),
+                 ulysses_heads_problem(self.num_attention_heads, tp, ulysses))]
 
 
 def _plain_rope(rope_scaling: dict[str, Any] | None) -> bool:

@@ -134,6 +134,19 @@ class Qwen3Settings(ModelSettings):
                           "are split, not replicated)"))
         return found
 
+    def context_parallel_problems(self, tp: int, ulysses: int, path: Path = ("model",),
+                                  ) -> list[tuple[Path, str]]:
+        """Head counts that the Ulysses all-to-all (`ulysses` ranks, after `tp` tensor ranks
+        took their share) must split evenly and do not."""
+        if ulysses == 1:
+            return []
+        found = []
+        for name, heads in (("num_attention_heads", self.num_attention_heads),
+                            ("num_key_value_heads", self.kv_heads())):
+            if heads % (tp * ulysses):
+                found.append(((*path, name), ulysses_heads_problem(heads, tp, ulysses)))
+        return found
+
     def _unsupported(self, path: Path) -> list[tuple[Path, str]]:
         found = []
         if self.attention_dropout != 0.0:
@@ -156,3 +169,12 @@ class Qwen3Settings(ModelSettings):
 
 REQUIRED = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
             "num_attention_heads")
+
+
+def ulysses_heads_problem(heads: int, tp: int, ulysses: int) -> str:
+    """Why `heads` attention heads cannot be swapped over `ulysses` context ranks."""
+    over = f"tensor_parallel ({tp}) x " if tp > 1 else ""
+    return (f"{heads} heads are not divisible by {over}the Ulysses degree ({ulysses}: "
+            "context_parallel with context_parallel_method 'ulysses', ulysses_degree_in_cp "
+            "with 'hybrid'): Ulysses gives each context rank whole heads; use 'colossal' or "
+            "a degree that divides the heads")

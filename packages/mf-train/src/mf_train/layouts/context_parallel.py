@@ -1,0 +1,98 @@
+"""Context parallelism, composed with the layout of the other degrees.
+
+The model splits each sequence over the context group (its attention exchanges keys, values or
+heads, `mf_parallel.runtime.context_parallel`; the loader gives each rank its tokens). For the
+step, context ranks are data ranks: they hold the same parameters and compute gradients from
+different tokens of the same samples. So the layout the other degrees select (data parallel,
+tensor parallel, ZeRO, FSDP, expert parallel: the `inner` layout) runs with context folded into
+data (`without_context`): gradients reduced over data x context (Megatron-LM's data-parallel
+group with context); with sharding (`data_parallel_shard` > 1) ZeRO and FSDP shard over
+shard x context (torchtitan's `dp_shard_cp`), without it context ranks join the replicas.
+
+The loss needs no change here: each rank's loss is its tokens' share of the sequence's mean
+loss times the context size (`blocks.causal_lm_loss`), so the mean over data x context that
+the inner layout takes is the mean over the data ranks of whole-sequence losses, and the
+averaged gradient is its gradient.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import attrs
+
+from mf_config import ParallelismConfig
+from mf_parallel.dims import ParallelDims
+from mf_parallel.runtime import Collectives
+
+from .contract import (
+    LayoutParts,
+    LayoutSections,
+    LocalGradients,
+    Problem,
+    ReducedGradients,
+    StepLayout,
+)
+
+
+def without_context(dims: ParallelDims) -> ParallelDims:
+    """The degrees the inner layout is chosen by: context ranks counted as shard ranks, or as
+    replicas without sharding (the plan's rank order puts context right after shard, so the
+    groups are the same ranks; `Communication.context_as_data`)."""
+    if dims.data_shard == 1:
+        return attrs.evolve(dims, data_replicate=dims.data_replicate * dims.context, context=1,
+                            context_ulysses=1)
+    return attrs.evolve(dims, data_shard=dims.data_shard * dims.context, context=1,
+                        context_ulysses=1)
+
+
+class ContextParallel(StepLayout):
+    """The sequence split over the context group, the inner layout over data x context."""
+
+    name = "context parallel"
+
+    def __init__(self, inner: StepLayout, dims: ParallelDims):
+        self.inner, self.dims = inner, dims
+        super().__init__(inner.model, inner.optimizer, loss_divisor=inner.loss_divisor)
+        self.compile_blocker = inner.compile_blocker
+
+    @classmethod
+    def selects(cls, dims: ParallelDims, parallelism: ParallelismConfig) -> bool:
+        return dims.context > 1 and dims.pipeline == 1
+
+    @classmethod
+    def problems(cls, dims: ParallelDims, sections: LayoutSections) -> list[Problem]:
+        from . import layout_for
+
+        inner = layout_for(without_context(dims), sections.parallelism)
+        return [] if inner is None else inner.problems(without_context(dims), sections)
+
+    @classmethod
+    def build(cls, parts: LayoutParts) -> ContextParallel:
+        from . import layout_for
+
+        folded = without_context(parts.dims)
+        inner_cls = layout_for(folded, parts.parallelism)
+        if inner_cls is None:
+            raise RuntimeError(f"no step layout runs the other degrees of "
+                               f"{parts.dims.describe()}")
+        collectives = Collectives(parts.collectives.comm.context_as_data())
+        inner = inner_cls.build(dataclasses.replace(parts, dims=folded,
+                                                   collectives=collectives))
+        return cls(inner, parts.dims)
+
+    def describe(self) -> str:
+        return (f"context parallel {self.dims.context} ({self.dims.context_method()}) x "
+                f"{self.inner.describe()} over data x context")
+
+    def forward_backward(self, micro_batches, observer) -> LocalGradients:
+        return self.inner.forward_backward(micro_batches, observer)
+
+    def reduce(self, local: LocalGradients) -> ReducedGradients:
+        return self.inner.reduce(local)
+
+    def whole_model(self):
+        return self.inner.whole_model()
+
+    def forward_context(self):
+        return self.inner.forward_context()
