@@ -78,6 +78,7 @@ def bench(session: nox.Session) -> None:
     session.run("python", "benchmarks/train_step.py")
     session.run("python", "benchmarks/sharded_memory.py")
     session.run("python", "benchmarks/memory.py")
+    session.run("python", "benchmarks/loader_masks.py")
 
 
 @nox.session

@@ -223,6 +223,22 @@ def test_sample_prints_what_the_trainer_sees(tmp_path) -> None:
     assert lines[5] == "    " + repr(decoded)
 
 
+def test_sample_shows_the_dense_mask_as_bool(tmp_path) -> None:
+    write_indexed(tmp_path / "corpus", [[5, 6, 0], [7, 0]] * 10, dtype=np.uint16)
+    config = tmp_path / "train.yaml"
+    config.write_text(TRAIN_YAML.format(prefix=tmp_path / "corpus").replace(
+        '"loss_mask"]', '"loss_mask", "position_ids", "attention_mask"]').replace(
+        "create_attention_mask: false", "reset_attention_mask: true"))
+    result = run_cli("sample", str(config), "0")
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert lines[3].startswith("  loss_mask [8] int32: ")
+    # documents of 2 and 3 tokens: more than the 28 entries above the diagonal are masked
+    assert lines[5].startswith("  attention_mask [1, 8, 8] bool: ")
+    masked = int(lines[5].split(": ")[1].split(" of ")[0])
+    assert 28 < masked < 64
+
+
 def test_sample_errors(tmp_path) -> None:
     write_indexed(tmp_path / "corpus", [[1, 2, 3, 0]] * 10, dtype=np.uint16)
     config = tmp_path / "train.yaml"

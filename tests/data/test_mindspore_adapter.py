@@ -43,3 +43,30 @@ def test_mindspore_resumes_like_the_loader() -> None:
         output_numpy=True, num_epochs=1))
     np.testing.assert_array_equal(rows[0]["input_ids"], [[6, 36, 7], [7, 49, 8]])
     assert len(rows) == 1
+
+
+class Masked(Squares):
+    def __getitem__(self, i):
+        tokens = np.arange(4) + i
+        return {"tokens": tokens, "labels": tokens + 1, "loss_mask": np.ones(4),
+                "position_ids": np.arange(4),
+                "attention_mask": ~np.tril(np.ones((1, 4, 4), bool)) | (i % 2 == 1)}
+
+
+def test_bool_mask_and_a_context_ranks_part_pass_through_mindspore() -> None:
+    from mf_data.context_split import ContextSplit
+
+    names = ["input_ids", "labels", "loss_mask", "position_ids", "attention_mask"]
+    part = BatchLoader(Masked(), micro_batch_size=2, column_names=names,
+                       context=ContextSplit(2, 1))
+    expected = list(BatchLoader(Masked(), micro_batch_size=2, column_names=names,
+                                context=ContextSplit(2, 1)))
+    rows = list(to_mindspore_dataset(part).create_dict_iterator(output_numpy=True,
+                                                                num_epochs=1))
+    assert len(rows) == len(expected) == 5
+    for row, batch in zip(rows, expected, strict=True):
+        assert row["attention_mask"].dtype == np.bool_
+        assert row["attention_mask"].shape == (2, 1, 2, 4)
+        assert row["input_ids"].shape == (2, 2)
+        for name in names:
+            np.testing.assert_array_equal(row[name], batch[name])

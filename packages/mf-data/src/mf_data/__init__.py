@@ -16,6 +16,7 @@ from typing import Any
 _EXPORTS = {
     "BatchLoader": "loader",
     "BlendedDataset": "blended_dataset",
+    "ContextSplit": "context_split",
     "DataError": "errors",
     "GPTDataset": "gpt_dataset",
     "GPTDatasetConfig": "gpt_dataset",

@@ -122,8 +122,8 @@ def add_sample(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "sample", help="print sample N of a training config's data",
         description="Build the datasets of CONFIG's train_dataset and print sample N as the "
-                    "trainer sees it: int32 columns named by column_names, and the text "
-                    "when a tokenizer is given.")
+                    "trainer sees it: int32 columns named by column_names (a dense "
+                    "attention mask bool), and the text when a tokenizer is given.")
     parser.add_argument("config", metavar="CONFIG", help="the training YAML")
     parser.add_argument("index", metavar="N", type=_non_negative_int, help="sample index")
     parser.add_argument("--split", choices=("train", "valid", "test"), default="train")

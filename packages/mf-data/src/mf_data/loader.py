@@ -17,8 +17,19 @@ zeros), as Megatron pads, so every rank still gets a full batch.
 
 Columns are renamed by position from `column_names` (MindFormers' convention: the first name
 is the tokens, then labels, loss_mask, position_ids, then attention_mask or actual_seq_len) and
-cast to int32. Batches are built ahead in a background thread (`prefetch_size` of them), with
-`num_parallel_workers` threads building the samples of a batch.
+cast to int32, except the dense attention mask, which stays bool (`[b, 1, S, S]`, True =
+masked): as int32 it would be four times the bytes, 256 MiB per sample at S = 8192. Batches
+are built ahead in a background thread (`prefetch_size` of them), with `num_parallel_workers`
+threads building the samples of a batch.
+
+Under context parallelism (`context`, a `ContextSplit`; `for_rank` takes it from the plan)
+each rank of a context group reads the same samples (they share the data-parallel rank) but
+keeps only its own tokens, the spans `mf_parallel.sequence.context_spans` gives it for the
+samples' length (causal: chunks r and 2 x CP - 1 - r of 2 x CP; full: the r-th of CP), in span
+order: tokens, labels, loss_mask and position_ids are `[b, S / CP]`, the dense attention mask
+keeps its query rows at those positions and every key column (`[b, 1, S / CP, S]`), and
+`actual_seq_len` stays whole (global document ends, the compact mask every rank reads whole).
+A sequence length the split does not divide is refused with the first batch.
 """
 
 from __future__ import annotations
@@ -34,6 +45,7 @@ import numpy as np
 from mf_config import TrainDatasetConfig
 from mf_parallel import Plan
 
+from .context_split import SEQUENCE_AXIS, ContextSplit, column_dtype, stack_column
 from .errors import DataError
 
 SAMPLE_KEYS = ("tokens", "labels", "loss_mask", "position_ids")
@@ -97,7 +109,8 @@ def _pass_order(num_samples: int, shuffle: bool, seed: int) -> np.ndarray:
 
 
 class BatchLoader:
-    """Micro-batches of `dataset` for one data-parallel rank, as dicts of int32 arrays.
+    """Micro-batches of `dataset` for one data-parallel rank, as dicts of int32 arrays (the
+    dense attention mask bool), only this rank's tokens under context parallelism.
 
     Iterating resumes from `consumed_samples` and advances it (what a checkpoint records).
 
@@ -114,6 +127,8 @@ class BatchLoader:
         epoch: the pass over the dataset, counted from 0.
         num_parallel_workers: threads building the samples of a batch.
         prefetch_size: batches built ahead in a background thread.
+        context: this rank's place in its context-parallel group (None: the whole sequence);
+            the tokens it keeps follow from the samples' own length (`ContextSplit.spans`).
 
     Raises:
         DataError: `rank` is outside `data_parallel`, or `micro_batch_size` is below 1.
@@ -123,7 +138,7 @@ class BatchLoader:
                  rank: int = 0, column_names: Sequence[str] = ("input_ids", "labels"),
                  consumed_samples: int = 0, drop_remainder: bool = True, shuffle: bool = False,
                  seed: int = 0, epoch: int = 0, num_parallel_workers: int = 1,
-                 prefetch_size: int = 1):
+                 prefetch_size: int = 1, context: ContextSplit | None = None):
         if not 0 <= rank < data_parallel:
             raise DataError(f"rank {rank} is outside the data-parallel size {data_parallel}")
         if micro_batch_size < 1:
@@ -140,6 +155,7 @@ class BatchLoader:
         self.epoch = epoch
         self.num_parallel_workers = num_parallel_workers
         self.prefetch_size = prefetch_size
+        self.context = context
         self._indices = micro_batch_indices(len(dataset), consumed_samples, micro_batch_size,
                                             data_parallel, rank, drop_remainder=drop_remainder,
                                             shuffle=shuffle, seed=seed, epoch=epoch)
@@ -150,7 +166,9 @@ class BatchLoader:
                  column_names: Sequence[str] | None = None) -> BatchLoader:
         """The loader of one global rank, as the configuration and the parallel plan say.
 
-        Ranks that differ only in tensor, context or pipeline position get the same batches.
+        Ranks that differ only in tensor, context or pipeline position read the same samples;
+        with `plan.dims.context` > 1 each context rank keeps only its tokens (its place in the
+        plan's context group, split causally when `plan.dims.context_causal`).
 
         Args:
             dataset: the samples.
@@ -166,7 +184,12 @@ class BatchLoader:
         Returns:
             The loader of `rank`'s micro-batches.
         """
-        data_group = plan.mesh.groups_of(rank)["data"]
+        groups = plan.mesh.groups_of(rank)
+        data_group, context_group = groups["data"], groups["context"]
+        context = None
+        if len(context_group) > 1:
+            context = ContextSplit(len(context_group), context_group.index(rank),
+                                   plan.dims.context_causal)
         return cls(dataset, micro_batch_size=plan.batch.micro_batch_size,
                    data_parallel=len(data_group), rank=data_group.index(rank),
                    column_names=column_names or train_dataset.dataloader.column_names,
@@ -174,7 +197,7 @@ class BatchLoader:
                    drop_remainder=train_dataset.drop_remainder,
                    shuffle=train_dataset.dataloader.shuffle, seed=seed, epoch=epoch,
                    num_parallel_workers=train_dataset.num_parallel_workers,
-                   prefetch_size=train_dataset.prefetch_size)
+                   prefetch_size=train_dataset.prefetch_size, context=context)
 
     def __len__(self) -> int:
         """Micro-batches left for this rank."""
@@ -196,10 +219,15 @@ class BatchLoader:
             yield self.collate(samples)
 
     def collate(self, samples: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
-        """Stack samples into named int32 columns, in `column_names` order (stacked first,
-        cast once: a [1, S, S] bool attention mask is cast after stacking, not per sample)."""
+        """Stack samples into named columns in `column_names` order: int32, the dense
+        attention mask bool; under context parallelism only this rank's tokens (each field
+        copied once, straight from the samples into the batch)."""
         keys = _checked_keys(samples[0], self.column_names)
-        return {name: np.stack([sample[key] for sample in samples]).astype(np.int32, copy=False)
+        spans = None
+        if self.context is not None:
+            spans = self.context.spans(len(samples[0]["tokens"]))
+        return {name: stack_column([sample[key] for sample in samples],
+                                   SEQUENCE_AXIS.get(key), spans)
                 for name, key in zip(self.column_names, keys, strict=False)}
 
 
@@ -212,10 +240,10 @@ def sample_columns(sample: dict[str, Any]) -> list[str]:
 
 def named_columns(sample: dict[str, np.ndarray],
                   column_names: Sequence[str]) -> dict[str, np.ndarray]:
-    """The sample's fields named by `column_names` by position, as int32 (what the trainer
-    gets; MindFormers' convention)."""
+    """The sample's fields named by `column_names` by position, as int32 (MindFormers'
+    convention), the dense attention mask bool: the columns of one batch row."""
     keys = _checked_keys(sample, column_names)
-    return {name: np.asarray(sample[key]).astype(np.int32)
+    return {name: np.asarray(sample[key]).astype(column_dtype(np.asarray(sample[key])))
             for name, key in zip(column_names, keys, strict=False)}
 
 

@@ -15,7 +15,7 @@ def format_sample(index: int, split: str, columns: dict[str, np.ndarray],
     """A readable report: each column's shape and values, the decoded text with a tokenizer."""
     lines = [f"{split} sample {index}"]
     for name, values in columns.items():
-        lines.append(f"  {name} {list(values.shape)} int32: {_values(values)}")
+        lines.append(f"  {name} {list(values.shape)} {values.dtype}: {_values(values)}")
     first = next(iter(columns.values()))
     if tokenizer is not None:
         lines.append(f"  text of {next(iter(columns))} (documents end at {EOD_MARK}):")
