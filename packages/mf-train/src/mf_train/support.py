@@ -23,13 +23,13 @@ import attrs
 
 from mf_config import ConfigIssue
 from mf_config.components import KINDS, installed_entry_points, selections, settings_class
+from mf_data.loader_config import megatron_settings
 
-from .micro_batches import TRAINER_COLUMNS
+from .micro_batches import attention_fields
 from .support_rules import (
     Field,
     Rule,
     Target,
-    above_one,
     differs,
     no_effect,
     on_cpu,
@@ -103,14 +103,64 @@ def _without_tensor_parallel(value: Any, target: Target) -> bool:
     return bool(value) and target.config.parallelism.tensor_parallel == 1
 
 
-def _extra_columns(value: list[str], _target: Target) -> bool:
-    return len(value) > len(TRAINER_COLUMNS)
+def _context_setting_unused(name: str) -> Callable[[Any, Target], bool]:
+    return lambda _value, target: (target.written(("parallelism", name))
+                                   and target.config.parallelism.context_parallel == 1)
+
+
+def _ulysses_degree_unused(_value: Any, target: Target) -> bool:
+    parallelism = target.config.parallelism
+    return target.written(("parallelism", "ulysses_degree_in_cp")) and (
+        parallelism.context_parallel == 1 or parallelism.context_parallel_method != "hybrid")
+
+
+def _data_flags(target: Target) -> tuple[bool, bool, bool, bool] | None:
+    """(reset_position_ids, reset_attention_mask, create_attention_mask,
+    create_compressed_eod_mask) of the Megatron loader's settings; None for another loader or
+    settings mf-data refuses (the validation says why)."""
+    try:
+        data = megatron_settings(target.config.train_dataset.dataloader).config
+    except Exception:  # not the Megatron loader, or bad settings reported elsewhere
+        return None
+    return (data.reset_position_ids, data.reset_attention_mask, data.create_attention_mask,
+            data.create_compressed_eod_mask)
+
+
+def _no_document_mask(value: Any, target: Target) -> bool:
+    flags = _data_flags(target)
+    return bool(value) and flags is not None and not (flags[2] or flags[3])
+
+
+def _causal_mask_only(value: Any, target: Target) -> bool:
+    flags = _data_flags(target)
+    written = target.written(("train_dataset", "dataloader", "config", "create_attention_mask"))
+    return bool(value) and written and flags is not None and not (flags[1] or flags[3])
+
+
+def _compact_mask_off(name: str) -> Callable[[Any, Target], bool]:
+    keys = ("train_dataset", "dataloader", "config", name)
+
+    def off(_value: Any, target: Target) -> bool:
+        flags = _data_flags(target)
+        return target.written(keys) and flags is not None and not flags[3]
+    return off
+
+
+def _columns_disagree(value: list[str], target: Target) -> bool:
+    """`column_names` names a position or mask column (by MindFormers' order: tokens, labels,
+    loss_mask, position_ids, then the mask) that the data settings do not make, or leaves out
+    one they make: the model gets what the settings make either way."""
+    flags = _data_flags(target)
+    if flags is None:
+        return False
+    fields = attention_fields(*flags)
+    mask_made = any(name in fields for name in ("actual_seq_len", "attention_mask"))
+    return (len(value) > 4) != mask_made or (len(value) < 4 and "position_ids" in fields)
 
 
 WITHOUT_PIPELINE = "has no effect without pipeline parallelism (pipeline_parallel is 1)"
-NO_CONTEXT = "context parallelism is not run by mf-train yet (context_parallel must be 1)"
-UNUSED_MASKS = ("the models do not take position ids or attention masks yet: packed documents "
-                "still attend to each other and positions run through the whole sequence")
+WITHOUT_CONTEXT = "has no effect without context parallelism (context_parallel is 1)"
+STREAM = "mf_train.micro_batches"
 
 TRAINER = "mf_train.trainer"
 WRITER = "mf_train.checkpoint.writer"
@@ -179,16 +229,29 @@ FIELDS: dict[str, Field] = {
                                                    "mf_train.layouts.sharded"),
     "parallelism.tensor_parallel": reads("mf_parallel.dims", TRAINER),
     "parallelism.context_parallel": reads("mf_parallel.dims", rules=(
-        refused(above_one, f"is {{value}}, but {NO_CONTEXT}; set it to 1",
-                {"parallelism.context_parallel": 2, "parallelism.data_parallel_shard": 1},
-                world_size=2),)),
-    **{f"parallelism.{name}": Field(rules=(
-        no_effect(written(f"parallelism.{name}"), f"has no effect: {NO_CONTEXT}",
-                  {f"parallelism.{name}": value}),))
-       for name, value in (("context_parallel_method", "ulysses"),
-                           ("context_parallel_async", True),
-                           ("ulysses_degree_in_cp", 1),
-                           ("context_parallel_mask_type", "full"))},
+        refused(lambda value, t: value > 1 and t.config.parallelism.pipeline_parallel > 1,
+                "is {value}, but context parallelism with pipeline parallelism is not run by "
+                "mf-train (the stages would exchange sequence chunks); set pipeline_parallel "
+                "or context_parallel to 1",
+                {"parallelism.context_parallel": 2, "parallelism.pipeline_parallel": 2},
+                world_size=4),)),
+    "parallelism.context_parallel_method": reads("mf_parallel.dims", rules=(
+        no_effect(_context_setting_unused("context_parallel_method"), WITHOUT_CONTEXT,
+                  {"parallelism.context_parallel_method": "ulysses"}),)),
+    "parallelism.ulysses_degree_in_cp": reads("mf_parallel.dims", rules=(
+        no_effect(_ulysses_degree_unused, "has no effect: it sets the Ulysses part of "
+                                          "context_parallel_method 'hybrid' only",
+                  {"parallelism.ulysses_degree_in_cp": 1}),)),
+    "parallelism.context_parallel_mask_type": reads("mf_parallel.dims", rules=(
+        no_effect(_context_setting_unused("context_parallel_mask_type"), WITHOUT_CONTEXT,
+                  {"parallelism.context_parallel_mask_type": "full"}),)),
+    "parallelism.context_parallel_async": Field(rules=(
+        no_effect(differs(False), "has no effect: mf-train's context exchanges (all-gather of "
+                                  "keys and values, all-to-all of heads) are blocking "
+                                  "collectives between computations; overlapping them with "
+                                  "attention is not implemented (and on the CPU backend every "
+                                  "collective is synchronous)",
+                  {"parallelism.context_parallel_async": True}),)),
     "parallelism.pipeline_parallel": reads("mf_parallel.dims", rules=(
         refused(_pipeline_of_unsplittable_model,
                 "is {value}, but DeepSeek-V3 is not cut into pipeline stages by mf-train yet "
@@ -260,10 +323,15 @@ FIELDS: dict[str, Field] = {
     "train_dataset.dataloader.type": reads("mf_train.micro_batches"),
     "train_dataset.dataloader.shuffle": reads(LOADER),
     "train_dataset.dataloader.column_names": reads(LOADER, rules=(
-        no_effect(_extra_columns, f"the columns after {', '.join(TRAINER_COLUMNS)} do not "
-                                  f"reach the model: {UNUSED_MASKS}",
+        no_effect(_columns_disagree, "lists {value}, but mf-train takes each sample's fields "
+                                     "by name as the data settings make them, not by these "
+                                     "names: position_ids with reset_position_ids, the "
+                                     "document mask with create_compressed_eod_mask (compact) "
+                                     "or reset_attention_mask and create_attention_mask "
+                                     "(dense); otherwise positions run through the sequence "
+                                     "and attention is causal",
                   {"train_dataset.dataloader.column_names":
-                   ["input_ids", "labels", "loss_mask", "position_ids"]}),)),
+                   ["input_ids", "labels", "loss_mask", "position_ids", "attention_mask"]}),)),
     "train_dataset.dataloader.python_multiprocessing": Field(rules=(
         no_effect(differs(False), "has no effect: mf-data builds batches in threads "
                                   "(num_parallel_workers), not worker processes",
@@ -274,23 +342,24 @@ FIELDS: dict[str, Field] = {
     "train_dataset.numa_enable": Field(rules=(
         no_effect(differs(False), "has no effect: mf-data pins its threads to no NUMA node",
                   {"train_dataset.numa_enable": True}),)),
-    "train_dataset.dataloader.config.reset_attention_mask": Field(rules=(
-        no_effect(lambda value, _t: value is True, f"has no effect on training: "
-                                                   f"{UNUSED_MASKS}",
-                  {"train_dataset.dataloader.config.reset_attention_mask": True}),)),
-    "train_dataset.dataloader.config.reset_position_ids": Field(rules=(
-        no_effect(lambda value, _t: value is True, f"has no effect on training: "
-                                                   f"{UNUSED_MASKS}",
-                  {"train_dataset.dataloader.config.reset_position_ids": True}),)),
-    **{f"train_dataset.dataloader.config.{name}": Field(rules=(
-        no_effect(lambda value, _t: value is True, f"builds a mask the models do not take "
-                                                   f"yet: {UNUSED_MASKS}",
-                  {f"train_dataset.dataloader.config.{name}": True}),))
-       for name in ("create_attention_mask", "create_compressed_eod_mask")},
-    **{f"train_dataset.dataloader.config.{name}": Field(rules=(
-        no_effect(written(f"train_dataset.dataloader.config.{name}"),
-                  "has no effect on training: it sizes the compressed end-of-document mask, "
-                  "which the models do not take yet",
+    "train_dataset.dataloader.config.reset_attention_mask": reads(STREAM, rules=(
+        no_effect(_no_document_mask, "has no effect: no document mask is built "
+                                     "(create_attention_mask and create_compressed_eod_mask "
+                                     "are both false), so packed documents attend to each "
+                                     "other; set one of them",
+                  {"train_dataset.dataloader.config.reset_attention_mask": True,
+                   "train_dataset.dataloader.config.create_attention_mask": False}),)),
+    "train_dataset.dataloader.config.reset_position_ids": reads("mf_data.gpt_dataset", STREAM),
+    "train_dataset.dataloader.config.create_attention_mask": reads(STREAM, rules=(
+        no_effect(_causal_mask_only, "has no effect on training without "
+                                     "reset_attention_mask: the mask would be the causal one "
+                                     "the models apply anyway, so mf-train does not carry it",
+                  {"train_dataset.dataloader.config.create_attention_mask": True}),)),
+    "train_dataset.dataloader.config.create_compressed_eod_mask": reads(STREAM),
+    **{f"train_dataset.dataloader.config.{name}": Field(reads=("mf_data.loader_config",), rules=(
+        no_effect(_compact_mask_off(name), "has no effect: it sizes the compact document mask, "
+                                           "which create_compressed_eod_mask: false does not "
+                                           "build",
                   {f"train_dataset.dataloader.config.{name}": 64}),))
        for name in ("eod_pad_length", "compressed_eod_mask_length")},
     # model

@@ -29,7 +29,17 @@ class Target:
         whether the value differs from its default."""
         if self.source is not None:
             return self.source.written(path)
-        return value_at(self.config, path) != value_at(TrainConfig(), path)
+        try:
+            default = value_at(TrainConfig(), path)
+        except KeyError:  # an open section's key: written when the config has it
+            default = _ABSENT
+        try:
+            return value_at(self.config, path) != default
+        except KeyError:
+            return False
+
+
+_ABSENT = object()
 
 
 @attrs.frozen

@@ -27,7 +27,7 @@ from mf_config.errors import Path
 from mf_config.model_shape import ExpertShape, LatentAttentionShape, ModelSettings, ModelShape
 from mf_config.sections import MAX_DIMENSION, Dtype, TrainConfig, section, setting
 
-from .qwen3 import ulysses_heads_problem
+from .qwen3 import ulysses_degree, ulysses_heads_problem
 
 TOKENIZER = "token ids belong to the tokenizer and the data"
 DTYPES = "compute_dtype and params_dtype decide"
@@ -186,7 +186,9 @@ class DeepseekV3Settings(ModelSettings):
         return []
 
     def config_problems(self, config: TrainConfig, path: Path) -> list[tuple[Path, str]]:
-        return self.tensor_parallel_problems(config.parallelism.tensor_parallel, path)
+        tp = config.parallelism.tensor_parallel
+        return (self.tensor_parallel_problems(tp, path)
+                + self.context_parallel_problems(tp, ulysses_degree(config), path))
 
     def tensor_parallel_problems(self, tp: int, path: Path = ("model",),
                                  ) -> list[tuple[Path, str]]:

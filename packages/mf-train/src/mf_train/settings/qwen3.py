@@ -116,7 +116,9 @@ class Qwen3Settings(ModelSettings):
         return all(size > 0 for size in sizes)
 
     def config_problems(self, config: TrainConfig, path: Path) -> list[tuple[Path, str]]:
-        return self.tensor_parallel_problems(config.parallelism.tensor_parallel, path)
+        tp = config.parallelism.tensor_parallel
+        return (self.tensor_parallel_problems(tp, path)
+                + self.context_parallel_problems(tp, ulysses_degree(config), path))
 
     def tensor_parallel_problems(self, tp: int, path: Path = ("model",),
                                  ) -> list[tuple[Path, str]]:
@@ -169,6 +171,17 @@ class Qwen3Settings(ModelSettings):
 
 REQUIRED = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
             "num_attention_heads")
+
+
+def ulysses_degree(config: TrainConfig) -> int:
+    """Context ranks that swap attention heads all-to-all (mf-parallel's
+    `ParallelDims.context_ulysses`, worked out here without the plan)."""
+    p = config.parallelism
+    if p.context_parallel == 1 or p.context_parallel_method == "colossal":
+        return 1
+    if p.context_parallel_method == "ulysses":
+        return p.context_parallel
+    return p.ulysses_degree_in_cp or 1
 
 
 def ulysses_heads_problem(heads: int, tp: int, ulysses: int) -> str:
