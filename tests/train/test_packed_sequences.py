@@ -19,7 +19,8 @@ from mindspore import Tensor
 from mf_config import ModelConfig
 from mf_train.micro_batches import attention_fields
 from mf_train.models import build_model
-from mf_train.models.attention_inputs import AttentionPlaces
+from mf_train.models.attention_inputs import AttentionPlaces, cumulative_lengths
+from mf_train.models.blocks import AttentionCore
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
@@ -124,3 +125,22 @@ def test_the_stream_carries_what_the_data_settings_ask_for(flags, fields) -> Non
     """(reset_position_ids, reset_attention_mask, create_attention_mask,
     create_compressed_eod_mask) -> the fields beyond tokens, labels and loss mask."""
     assert attention_fields(*flags) == fields
+
+
+def test_a_variable_length_kernel_gets_the_cumulative_document_ends() -> None:
+    """With a fused variable-length kernel (Ascend's flash attention) the compact form is
+    passed on, not turned into a mask: the documents' ends over the batch's tokens laid end to
+    end (TND's actual_seq_qlen), every sample's last document ending at its length."""
+    *_, ends, _, _ = packed_batch()
+    attending = AttentionPlaces(varlen=True).inputs(SEQ, None, Tensor(ends))
+    assert attending.mask is None
+    assert attending.lengths == (5, 12, 16, 21, 28, 32)
+    assert cumulative_lengths(np.array([[3, 8, 8], [8, 8, 8]]), 8) == (3, 8, 16)
+    assert AttentionPlaces().inputs(SEQ, None, Tensor(ends)).lengths is None  # plain path
+
+
+def test_the_plain_path_refuses_document_lengths() -> None:
+    core = AttentionCore(1.0)
+    q = Tensor(np.zeros((1, 1, 4, 2), np.float32))
+    with pytest.raises(ValueError, match="document lengths need the flash kernel"):
+        core(q, q, q, None, (4,))

@@ -15,7 +15,10 @@ Two things move tokens away from "position t of one causal sequence":
 tokens and a boolean mask over (query, key) by global token index, built on the host with
 numpy for each micro-batch (the loader never builds `[S, S]` masks for the compact form). The
 plain causal case without context parallelism gives no mask: the attention core's cached
-causal mask serves it.
+causal mask serves it. Where attention runs a fused variable-length kernel (Ascend's flash
+attention, `varlen=True`) and the whole sequence is here, the compact form is handed on as
+it is instead (`Attending.lengths`: the documents' cumulative ends over the batch's tokens,
+the `actual_seq_qlen` of the kernel's TND layout), and no mask is built.
 """
 
 from __future__ import annotations
@@ -37,7 +40,11 @@ class Attending:
     `[batch, seq]`."""
     mask: Tensor | None
     """Bool `[batch or 1, 1, queries, keys]`, True where a query may not see a key, in the
-    order attention sees them; None: causal over one whole sequence (no context split)."""
+    order attention sees them; None: causal over one whole sequence (no context split), or
+    over each of `lengths`' documents."""
+    lengths: tuple[int, ...] | None = None
+    """For a variable-length kernel: the cumulative ends of the documents over the batch's
+    tokens laid end to end (sample after sample); None: not used."""
 
 
 class AttentionPlaces:
@@ -45,10 +52,13 @@ class AttentionPlaces:
 
     Args:
         context: this rank's context group (None or one rank: the whole sequence is here).
+        varlen: attention runs a variable-length kernel that takes document ends
+            (`AttentionCore.flash`): the compact form is passed on, not turned into a mask.
     """
 
-    def __init__(self, context: ContextGroup | None = None):
+    def __init__(self, context: ContextGroup | None = None, varlen: bool = False):
         self.context = context if context is not None and context.size > 1 else None
+        self.varlen = varlen
         self._orders: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
         self._causal: dict[int, Tensor] = {}
 
@@ -75,6 +85,9 @@ class AttentionPlaces:
         """
         own, queries, keys = self._orders_of(local_seq * self.context_size)
         positions = own if position_ids is None else _host(position_ids).astype(np.int64)
+        if actual_seq_len is not None and self.varlen and self.context is None:
+            return Attending(positions, None, cumulative_lengths(_host(actual_seq_len),
+                                                                 local_seq))
         if actual_seq_len is not None:
             return Attending(positions, Tensor(_document_mask(_host(actual_seq_len), queries,
                                                               keys)))
@@ -125,6 +138,18 @@ class AttentionPlaces:
         rows = Tensor(np.ascontiguousarray(np.moveaxis(mask, -2, 0)).astype(np.float32))
         gathered = self.context.collectives.all_gather(rows, ULYSSES).asnumpy() > 0.5
         return np.moveaxis(gathered, 0, -2)
+
+
+def cumulative_lengths(ends: np.ndarray, seq: int) -> tuple[int, ...]:
+    """The document ends of every sample (MindFormers' `actual_seq_len`, padded with `seq`)
+    as cumulative ends over the samples' tokens laid end to end: the `actual_seq_qlen` of a
+    TND-layout flash attention (each sample's last document ends at its length)."""
+    ends = np.asarray(ends).reshape(len(ends), -1)
+    out: list[int] = []
+    for index, row in enumerate(ends):
+        inside = sorted({int(e) for e in row if 0 < int(e) < seq})
+        out += [index * seq + e for e in (*inside, seq)]
+    return tuple(out)
 
 
 def _host(t: Tensor | np.ndarray) -> np.ndarray:

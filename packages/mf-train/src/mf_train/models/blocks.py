@@ -383,9 +383,17 @@ class AttentionCore:
         self.tile = tiles_broadcasts()
         self._masks: dict[tuple[int, ...], Tensor] = {}
 
-    def __call__(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None) -> Tensor:
+    def __call__(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None = None,
+                 lengths: tuple[int, ...] | None = None) -> Tensor:
+        """`lengths`: documents' cumulative ends over the batch's tokens, for the fused
+        variable-length kernel (`attention_inputs.cumulative_lengths`); only with `flash`."""
         if self.flash:
+            if lengths is not None:
+                return self._flash_varlen(q, k, v, lengths)
             return self._flash(q, k, v, mask)
+        if lengths is not None:
+            raise ValueError("document lengths need the flash kernel; the plain path takes "
+                             "the mask (AttentionPlaces builds it when varlen is off)")
         return self._plain(q, k, v, mask)
 
     def _plain(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None) -> Tensor:
@@ -414,11 +422,29 @@ class AttentionCore:
             return ops.flash_attention_score(q, k, v, q.shape[1], attn_mask=mask.astype(ms.uint8),
                                              scalar_value=self.scale, input_layout="BNSD",
                                              sparse_mode=0)
-        if () not in self._masks:  # sparse_mode 2 takes the compressed 2048 x 2048 mask
-            self._masks[()] = Tensor(np.triu(np.ones((2048, 2048), np.uint8), k=1))
-        return ops.flash_attention_score(q, k, v, q.shape[1], attn_mask=self._masks[()],
+        return ops.flash_attention_score(q, k, v, q.shape[1], attn_mask=self._compressed(),
                                          scalar_value=self.scale, input_layout="BNSD",
                                          sparse_mode=2)
+
+    def _flash_varlen(self, q: Tensor, k: Tensor, v: Tensor,
+                      lengths: tuple[int, ...]) -> Tensor:
+        """Each document causal on its own: the batch's tokens laid end to end (TND layout)
+        with the documents' cumulative ends, `sparse_mode=3` (causal within each sequence,
+        the compressed 2048 x 2048 mask), as MindFormers passes `actual_seq_len`."""
+        b, n, s = q.shape[:3]
+        tokens = [x.transpose(0, 2, 1, 3).reshape(b * s, x.shape[1], x.shape[3])
+                  for x in (q, k, v)]
+        out = ops.flash_attention_score(*tokens, n, attn_mask=self._compressed(),
+                                        actual_seq_qlen=lengths, actual_seq_kvlen=lengths,
+                                        scalar_value=self.scale, input_layout="TND",
+                                        sparse_mode=3)
+        return out.reshape(b, s, n, out.shape[-1]).transpose(0, 2, 1, 3)
+
+    def _compressed(self) -> Tensor:
+        """The compressed causal mask the kernel's sparse modes 2 and 3 take."""
+        if () not in self._masks:
+            self._masks[()] = Tensor(np.triu(np.ones((2048, 2048), np.uint8), k=1))
+        return self._masks[()]
 
 
 class SequenceExchange(nn.Cell):

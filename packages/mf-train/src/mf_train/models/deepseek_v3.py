@@ -171,9 +171,9 @@ class DeepseekV3DecoderLayer(nn.Cell):
                 for param in cell.trainable_params():
                     mark_tensor_partial(param)
 
-    def construct(self, x: Tensor, cos: Tensor, sin: Tensor,
-                  mask: Tensor | None = None) -> tuple[Tensor, Tensor]:
-        h = x + self.attention(self.input_norm(x), cos, sin, mask)
+    def construct(self, x: Tensor, cos: Tensor, sin: Tensor, mask: Tensor | None = None,
+                  lengths: tuple[int, ...] | None = None) -> tuple[Tensor, Tensor]:
+        h = x + self.attention(self.input_norm(x), cos, sin, mask, lengths)
         if not self.is_moe:
             return h + self.mlp(self.post_norm(h)), ops.zeros((), ms.float32)
         out, balance = self.mlp(self.post_norm(h))
@@ -217,7 +217,6 @@ class DeepseekV3ForCausalLM(nn.Cell):
             raise settings_error(found, source)
         s = self.settings = settings
         self.tensor_group, self.context_group = group, context
-        self.places = AttentionPlaces(context)
         self.rotary = RotaryEmbedding(s.qk_rope_head_dim, s.rope_theta,
                                       s.max_position_embeddings)
         self.layer_offset = 0
@@ -235,6 +234,8 @@ class DeepseekV3ForCausalLM(nn.Cell):
             DeepseekV3DecoderLayer(s, index, init, self.compute_dtype, group, expert_group,
                                    context)
             for index in range(s.num_hidden_layers)])
+        flash = any(layer.attention.core.flash for layer in self.decoder_layers)
+        self.places = AttentionPlaces(context, varlen=flash)
         self.final_norm = RMSNorm(s.hidden_size, s.rms_norm_eps)
         if is_sequence_parallel(group):
             mark_tensor_partial(self.final_norm.weight)
@@ -287,7 +288,7 @@ class DeepseekV3ForCausalLM(nn.Cell):
         balance = ops.zeros((), ms.float32)
         cos, sin = self.rotary.at(attending.positions)
         for layer in self.decoder_layers:
-            h, layer_balance = layer(h, cos, sin, attending.mask)
+            h, layer_balance = layer(h, cos, sin, attending.mask, attending.lengths)
             balance = balance + layer_balance
         h = self.final_norm(h)
         if not self.tied:

@@ -112,7 +112,8 @@ class MultiLatentAttention(ms.nn.Cell):
         self.core = AttentionCore(qk_head_dim ** -0.5, use_flash_attention, compute_dtype)
         self.exchange = SequenceExchange(context)
 
-    def construct(self, x: Tensor, cos: Tensor, sin: Tensor, mask: Tensor | None = None) -> Tensor:
+    def construct(self, x: Tensor, cos: Tensor, sin: Tensor, mask: Tensor | None = None,
+                  lengths: tuple[int, ...] | None = None) -> Tensor:
         """`cos`, `sin`: `RotaryEmbedding.at` tables of the `qk_rope_head_dim` rotation for
         this rank's tokens; `mask`: `AttentionCore`'s."""
         batch = x.shape[1]
@@ -139,7 +140,7 @@ class MultiLatentAttention(ms.nn.Cell):
         k = self.exchange.keys(ops.cat((k_nope, k_rope), -1))
         v = self.exchange.keys(v)
         out = self._attend(q.transpose(1, 2, 0, 3), k.transpose(1, 2, 0, 3),
-                           v.transpose(1, 2, 0, 3), mask)            # [b, h', sq, v_dim]
+                           v.transpose(1, 2, 0, 3), mask, lengths)   # [b, h', sq, v_dim]
         out = self.exchange.output(out.transpose(2, 0, 1, 3))        # [s, b, h, v_dim]
         return self.o_proj(out.reshape(seq, batch, self.num_heads * self.v_dim))
 
@@ -156,10 +157,11 @@ class MultiLatentAttention(ms.nn.Cell):
         shape = x.shape
         return x.reshape(*shape[:-1], shape[-1] // 2, 2).swapaxes(-1, -2).reshape(shape)
 
-    def _attend(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None) -> Tensor:
+    def _attend(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None,
+                lengths: tuple[int, ...] | None) -> Tensor:
         qk_dim = q.shape[-1]
         if not self.core.flash or self.v_dim == qk_dim:
-            return self.core(q, k, v, mask)
+            return self.core(q, k, v, mask, lengths)
         # The flash kernel wants one head size: pad v with zeros and drop the padding (as HF).
         padded = ops.cat((v, ops.zeros((*v.shape[:-1], qk_dim - self.v_dim), v.dtype)), -1)
-        return self.core(q, k, padded, mask)[..., :self.v_dim]
+        return self.core(q, k, padded, mask, lengths)[..., :self.v_dim]

@@ -169,7 +169,8 @@ class Qwen3Attention(nn.Cell):
         self.core = core
         self.exchange = SequenceExchange(context)
 
-    def construct(self, x: Tensor, cos: Tensor, sin: Tensor, mask: Tensor | None = None) -> Tensor:
+    def construct(self, x: Tensor, cos: Tensor, sin: Tensor, mask: Tensor | None = None,
+                  lengths: tuple[int, ...] | None = None) -> Tensor:
         qkv = self.qkv(x)
         seq, batch = qkv.shape[0], qkv.shape[1]
         q_size, kv_size = self.heads * self.head_dim, self.kv_heads * self.head_dim
@@ -180,7 +181,7 @@ class Qwen3Attention(nn.Cell):
         v = self._heads(qkv[..., q_size + kv_size:], self.kv_heads)
         q, k, v = self.exchange.queries(q), self.exchange.keys(k), self.exchange.keys(v)
         context = self.core(q.transpose(1, 2, 0, 3), k.transpose(1, 2, 0, 3),
-                            v.transpose(1, 2, 0, 3), mask)
+                            v.transpose(1, 2, 0, 3), mask, lengths)
         context = self.exchange.output(context.transpose(2, 0, 1, 3))
         return self.out(context.reshape(seq, batch, q_size))
 
@@ -208,8 +209,9 @@ class Qwen3DecoderLayer(nn.Cell):
             mark_tensor_partial(self.input_norm.weight)
             mark_tensor_partial(self.post_norm.weight)
 
-    def construct(self, x: Tensor, cos: Tensor, sin: Tensor, mask: Tensor | None = None) -> Tensor:
-        h = x + self.attention(self.input_norm(x), cos, sin, mask)
+    def construct(self, x: Tensor, cos: Tensor, sin: Tensor, mask: Tensor | None = None,
+                  lengths: tuple[int, ...] | None = None) -> Tensor:
+        h = x + self.attention(self.input_norm(x), cos, sin, mask, lengths)
         return h + self.mlp(self.post_norm(h))
 
 
@@ -247,7 +249,6 @@ class Qwen3ForCausalLM(nn.Cell):
             raise settings_error(found, source)
         self.part = part or ModelPart.whole(settings.num_hidden_layers)
         self.settings, self.tensor_group, self.context_group = settings, group, context
-        self.places = AttentionPlaces(context)
         self.layer_ids, self.model_layers = self.part.layers, settings.num_hidden_layers
         self.hf_ignored = ("lm_head.weight",) if settings.tie_word_embeddings else ()
         self.compute_dtype, params_dtype = _dtypes(settings, group, source)
@@ -256,6 +257,7 @@ class Qwen3ForCausalLM(nn.Cell):
                                                settings.max_position_embeddings)
         core = AttentionCore(settings.head_size() ** -0.5, settings.use_flash_attention,
                              self.compute_dtype)
+        self.places = AttentionPlaces(context, varlen=core.flash)
         vocab = (settings.vocab_size, settings.hidden_size)
         self.tied = settings.tie_word_embeddings
         if self.part.embedding or (self.part.head and self.tied):
@@ -330,7 +332,8 @@ class Qwen3ForCausalLM(nn.Cell):
         """`hidden` through the decoder layers of these global ids."""
         cos, sin = self.rotary.at(attending.positions)
         for index in layers:
-            hidden = self.decoder_layers.by_id(index)(hidden, cos, sin, attending.mask)
+            hidden = self.decoder_layers.by_id(index)(hidden, cos, sin, attending.mask,
+                                                      attending.lengths)
         return hidden
 
     def head_loss(self, hidden: Tensor, labels: Tensor, loss_mask: Tensor | None) -> Tensor:
