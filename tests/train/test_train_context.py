@@ -95,13 +95,16 @@ def test_colossal_matches_one_process(single, colossal) -> None:
             "parallel 2 (replicated) over data x context") in log
 
 
-@pytest.mark.parametrize(("method", "packing"), [
-    ("colossal", "compact"), ("ulysses", "plain"), ("ulysses", "dense"),
-    ("hybrid", "compact")])
-def test_each_method_matches_one_process(data_prefix, single, tmp_path, method,
-                                         packing) -> None:
+@pytest.mark.parametrize(("method", "packing", "mask_type"), [
+    ("colossal", "compact", "causal"), ("ulysses", "plain", "full"),
+    ("ulysses", "dense", "causal"), ("hybrid", "compact", "causal")])
+def test_each_method_matches_one_process(data_prefix, single, tmp_path, method, packing,
+                                         mask_type) -> None:
+    """`context_parallel_mask_type: full` splits the sequence into contiguous chunks (no load
+    balancing); attention is still causal, by global token index."""
     nproc, sets = METHODS[method]
-    output = launch(data_prefix, tmp_path, nproc, *sets, *PACKING[packing])
+    output = launch(data_prefix, tmp_path, nproc, *sets, *PACKING[packing],
+                    f"parallelism.context_parallel_mask_type={mask_type}")
     assert_same_run(output, single(packing))
 
 
