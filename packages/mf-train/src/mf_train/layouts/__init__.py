@@ -26,6 +26,7 @@ from .contract import (
     LocalGradients,
     MicroBatch,
     Observers,
+    Problem,
     ReducedGradients,
     StepLayout,
     StepObserver,
@@ -84,6 +85,29 @@ def layout_for(dims: ParallelDims, parallelism: ParallelismConfig) -> type[StepL
         raise RuntimeError(f"step layouts {[cls.__name__ for cls in chosen]} all select "
                            f"{dims.describe()}; exactly one may")
     return chosen[0] if chosen else None
+
+
+def inner_layout(dims: ParallelDims, parallelism: ParallelismConfig,
+                 whole: ParallelDims) -> type[StepLayout]:
+    """The layout a composing layout (pipeline, expert, context) runs inside: the one that
+    selects `dims`, its other degrees.
+
+    Raises:
+        RuntimeError: none does (the pre-launch checks should have refused `whole`).
+    """
+    cls = layout_for(dims, parallelism)
+    if cls is None:
+        raise RuntimeError(f"no step layout runs the other degrees of {whole.describe()}")
+    return cls
+
+
+def inner_problems(dims: ParallelDims, sections: LayoutSections,
+                   checked: ParallelDims | None = None) -> list[Problem]:
+    """What the layout inside a composing layout refuses: the one that selects `dims`,
+    asked about `checked` (default `dims`); none when no layout selects them (what no layout
+    runs is refused by `mf_train.support`)."""
+    cls = layout_for(dims, sections.parallelism)
+    return [] if cls is None else cls.problems(checked or dims, sections)
 
 
 def check_layout(dims: ParallelDims, sections: LayoutSections) -> None:

@@ -62,20 +62,16 @@ class ContextParallel(StepLayout):
 
     @classmethod
     def problems(cls, dims: ParallelDims, sections: LayoutSections) -> list[Problem]:
-        from . import layout_for
+        from . import inner_problems
 
-        inner = layout_for(without_context(dims), sections.parallelism)
-        return [] if inner is None else inner.problems(without_context(dims), sections)
+        return inner_problems(without_context(dims), sections)
 
     @classmethod
     def build(cls, parts: LayoutParts) -> ContextParallel:
-        from . import layout_for
+        from . import inner_layout
 
         folded = without_context(parts.dims)
-        inner_cls = layout_for(folded, parts.parallelism)
-        if inner_cls is None:
-            raise RuntimeError(f"no step layout runs the other degrees of "
-                               f"{parts.dims.describe()}")
+        inner_cls = inner_layout(folded, parts.parallelism, parts.dims)
         collectives = Collectives(parts.collectives.comm.context_as_data())
         inner = inner_cls.build(dataclasses.replace(parts, dims=folded,
                                                    collectives=collectives))

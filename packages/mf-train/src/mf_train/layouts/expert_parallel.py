@@ -114,19 +114,15 @@ class ExpertParallel(StepLayout):
 
     @classmethod
     def problems(cls, dims: ParallelDims, sections: LayoutSections) -> list[Problem]:
-        from . import layout_for
+        from . import inner_problems
 
-        inner = layout_for(without_experts(dims), sections.parallelism)
-        return [] if inner is None else inner.problems(dims, sections)
+        return inner_problems(without_experts(dims), sections, dims)
 
     @classmethod
     def build(cls, parts: LayoutParts) -> ExpertParallel:
-        from . import layout_for
+        from . import inner_layout
 
-        inner_cls = layout_for(without_experts(parts.dims), parts.parallelism)
-        if inner_cls is None:
-            raise RuntimeError(f"no step layout runs the other degrees of "
-                               f"{parts.dims.describe()}")
+        inner_cls = inner_layout(without_experts(parts.dims), parts.parallelism, parts.dims)
         experts = routed_expert_params(parts.model)
         if not experts:
             raise TypeError(f"{type(parts.model).__name__} has no routed experts to split "

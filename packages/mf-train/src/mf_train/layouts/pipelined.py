@@ -78,24 +78,21 @@ class Pipelined(StepLayout):
 
     @classmethod
     def problems(cls, dims: ParallelDims, sections: LayoutSections) -> list[Problem]:
-        from . import layout_for
+        from . import inner_problems
 
-        inner = layout_for(without_pipeline(dims), sections.parallelism)
-        return [] if inner is None else inner.problems(dims, sections)
+        return inner_problems(without_pipeline(dims), sections, dims)
 
     @classmethod
     def build(cls, parts: LayoutParts) -> Pipelined:
-        from . import layout_for
+        from . import inner_layout
 
         if parts.plan is None or parts.plan.layout is None:
             raise ValueError("the pipeline layout needs the plan's stage layout")
         if not isinstance(parts.model, PipelineModel):
             raise TypeError(f"{type(parts.model).__name__} cannot be cut into pipeline stages "
                             "(it has no embed / decoder / head_loss pieces)")
-        inner_cls = layout_for(without_pipeline(parts.dims), parts.parallelism)
-        if inner_cls is None:
-            raise RuntimeError(f"no step layout runs the stages of {parts.dims.describe()}")
-        inner = inner_cls.build(parts)
+        inner = inner_layout(without_pipeline(parts.dims), parts.parallelism,
+                             parts.dims).build(parts)
         comm = parts.collectives.comm
         runner = StageRunner(parts.model, inner.params, parts.plan.layout, parts.plan.schedule,
                              comm.group_rank("pipeline"), comm.group_ranks["pipeline"],
