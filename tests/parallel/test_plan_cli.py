@@ -128,7 +128,7 @@ def test_cli_text(tmp_path, skeleton) -> None:
     assert lines[3].startswith("pipeline: 2 stages, schedule 1f1b, bubble 20.0%")
     assert not any(line.startswith("batch ramp-up") for line in lines)
     assert "rank 3: pipeline 0, replicate 0, shard 1, context 0, tensor 1" in lines
-    assert "  tensor group      [2, 3]" in lines
+    assert "  tensor group          [2, 3]" in lines
 
 
 RAMP = ("--set", "parallelism.tensor_parallel=4", "--set", "training.global_batch_size=64",

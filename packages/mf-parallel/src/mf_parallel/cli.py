@@ -108,7 +108,7 @@ def _rank_lines(plan: Plan, rank: int) -> list[str]:
     coords = ", ".join(f"{k} {v}" for k, v in plan.mesh.coordinates(rank).items())
     lines = [f"rank {rank}: {coords}"]
     for kind, group in plan.mesh.groups_of(rank).items():
-        lines.append(f"  {kind + ' group':<18}{_ranks(group)}")
+        lines.append(f"  {kind + ' group':<22}{_ranks(group)}")
     return lines
 
 
