@@ -13,12 +13,14 @@ that the load of the shared machine falls on all of them. Printed per case (medi
 rounds): ms per forward + backward (median of the measured steps after the warm-up, mean over
 ranks) and its ratio to the one-process run of the same sequence length in this invocation;
 the exchanges' time and share of the step; the CPU time per step summed over the ranks (all
-threads, user + system: the work, against the wall time); the peak resident-memory growth of
+threads, user + system: the work, which the load of a shared machine moves less than the wall
+time) and its ratio to the one process; the peak resident-memory growth of
 each rank (MiB) and the highest rank's ratio to the one-process run. On CPU the two ranks share
 the machine's 2 cores with each other.
 
 Usage: python benchmarks/context_attention.py [--seqs 2048 8192] [--steps 5] [--warmup 1]
        [--rounds 2] [--json FILE] [--keep DIR]   (about 15 minutes)
+       python benchmarks/context_attention.py --from-json FILE
 """
 
 from __future__ import annotations
@@ -92,14 +94,15 @@ def combine(runs: list[dict]) -> dict:
 
 def report(results: dict[int, dict[str, dict]]) -> None:
     print(f"\n{'seq':>5} {'case':14} {'tokens/rank':>11} {'step ms':>9} {'x one':>6} "
-          f"{'exchange ms':>12} {'exch %':>7} {'CPU ms (all ranks)':>19} "
+          f"{'exchange ms':>12} {'exch %':>7} {'CPU ms, ranks':>14} {'x one':>6} "
           f"{'peak MiB/rank':>14} {'x one':>6}")
     for seq, cases in results.items():
         one = cases["one"]
         for name, r in cases.items():
-            print(f"{seq:5} {name:14} {r['tokens']:11} {r['step_ms']:9.1f} "
+            print(f"{seq:>5} {name:14} {r['tokens']:11} {r['step_ms']:9.1f} "
                   f"{r['step_ms'] / one['step_ms']:6.2f} {r['exchange_ms']:12.1f} "
-                  f"{100 * r['exchange_ms'] / r['step_ms']:6.1f}% {r['cpu_ms']:19.0f} "
+                  f"{100 * r['exchange_ms'] / r['step_ms']:6.1f}% {r['cpu_ms']:14.0f} "
+                  f"{r['cpu_ms'] / one['cpu_ms']:6.2f} "
                   f"{' / '.join(f'{p:.0f}' for p in r['peaks_mib']):>14} "
                   f"{r['peak_mib'] / one['peak_mib']:6.2f}")
 
@@ -114,7 +117,12 @@ def main() -> None:
     parser.add_argument("--only", nargs="+", choices=list(CASES), default=list(CASES))
     parser.add_argument("--json", metavar="FILE", help="also write every figure here")
     parser.add_argument("--keep", metavar="DIR", help="keep the cases' directories here")
+    parser.add_argument("--from-json", metavar="FILE",
+                        help="print the table of an earlier run's --json file, run nothing")
     args = parser.parse_args()
+    if args.from_json:
+        report(json.loads(Path(args.from_json).read_text()))
+        return
     if "one" not in args.only:
         parser.error("--only must include 'one' (the baseline of the ratios)")
     with tempfile.TemporaryDirectory(prefix="mf-bench-context-") as tmp:
