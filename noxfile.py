@@ -3,7 +3,8 @@ job: the demo, a short training run of the tiny example), `bench` (side-by-side 
 `megatron_parity`, `bench_data` and `bench_speed` (mf against PyTorch + transformers) also
 install torch (CPU) and run only when named; so do `bench_pipeline` (pipeline schedules on
 2 msrun ranks, about 6-10 minutes) and `bench_experts` (the expert dispatch on 2 and 4 ranks,
-about 5 minutes).
+about 5 minutes) and `bench_context` (one attention block at 2048 and 8192 tokens, one process
+against context parallelism on 2 ranks, about 15 minutes and 10 GB of memory).
 
 Every session installs the packages from this checkout into a fresh virtual environment.
 """
@@ -97,6 +98,15 @@ def bench_experts(session: nox.Session) -> None:
     `nox -s bench_experts -- --no-four`."""
     install_packages(session)
     session.run("python", "benchmarks/expert_dispatch.py", *session.posargs)
+
+
+@nox.session
+def bench_context(session: nox.Session) -> None:
+    """Context parallelism on 2 msrun ranks: one Qwen3 attention block's forward + backward
+    and peak memory at 2048 and 8192 tokens, one process against `colossal` and `ulysses`.
+    `nox -s bench_context -- --seqs 2048 --rounds 1`."""
+    install_packages(session)
+    session.run("python", "benchmarks/context_attention.py", *session.posargs)
 
 
 TORCH_CPU_INDEX = "https://download.pytorch.org/whl/cpu"
