@@ -206,10 +206,10 @@ def test_saved_bytes_match_mindspore_layer_by_layer() -> None:
     where, saved = ["outside"], {}
 
     def attributed(index: int, construct: Any) -> Any:
-        def run(x: Any) -> Any:
+        def run(*inputs: Any) -> Any:
             where[0] = str(index)
             try:
-                return construct(x)
+                return construct(*inputs)
             finally:
                 where[0] = "outside"
         return run

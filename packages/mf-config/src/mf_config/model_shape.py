@@ -117,3 +117,13 @@ class ModelSettings(Section):
     def config_problems(self, config: TrainConfig, path: Path) -> list[tuple[Path, str]]:
         """Problems of these settings together with the rest of `config` (none by default)."""
         return []
+
+
+def ulysses_heads_problem(heads: int, tp: int, ulysses: int) -> str:
+    """Why `heads` attention heads cannot be swapped over `ulysses` context ranks after `tp`
+    tensor ranks took their share (the models' pre-launch check of context parallelism)."""
+    over = f"tensor_parallel ({tp}) x " if tp > 1 else ""
+    return (f"{heads} heads are not divisible by {over}the Ulysses degree ({ulysses}: "
+            "context_parallel with context_parallel_method 'ulysses', ulysses_degree_in_cp "
+            "with 'hybrid'): Ulysses gives each context rank whole heads; use 'colossal' or "
+            "a degree that divides the heads")

@@ -132,6 +132,16 @@ class ParallelismConfig(Section):
             return value
         return [int(part) for part in value.replace("[", "").replace("]", "").split(",")]
 
+    def ulysses_degree(self) -> int:
+        """Context ranks that swap attention heads all-to-all: 1 for `colossal` (or without
+        context parallelism), `context_parallel` for `ulysses`, `ulysses_degree_in_cp` for
+        `hybrid` (1 when it is not set; the rules refuse that)."""
+        if self.context_parallel == 1 or self.context_parallel_method == "colossal":
+            return 1
+        if self.context_parallel_method == "ulysses":
+            return self.context_parallel
+        return self.ulysses_degree_in_cp or 1
+
 
 @section
 class OptimizerConfig(OpenSection):

@@ -125,13 +125,8 @@ class ParallelDims:
 
 
 def _context_ulysses(parallelism: ParallelismConfig) -> int:
-    method, cp = parallelism.context_parallel_method, parallelism.context_parallel
-    if cp == 1 or method == "colossal":
-        return 1
-    if method == "ulysses":
-        return cp
-    ulysses = parallelism.ulysses_degree_in_cp
-    if ulysses is None or ulysses < 1 or cp % ulysses:
+    ulysses, cp = parallelism.ulysses_degree(), parallelism.context_parallel
+    if cp % ulysses:
         raise PlanError(f"ulysses_degree_in_cp ({ulysses}) must divide context_parallel ({cp}) "
                         "for context_parallel_method 'hybrid'")
     return ulysses

@@ -235,10 +235,10 @@ FIELDS: dict[str, Field] = {
                 "or context_parallel to 1",
                 {"parallelism.context_parallel": 2, "parallelism.pipeline_parallel": 2},
                 world_size=4),)),
-    "parallelism.context_parallel_method": reads("mf_parallel.dims", rules=(
+    "parallelism.context_parallel_method": reads("mf_config.sections", rules=(
         no_effect(_context_setting_unused("context_parallel_method"), WITHOUT_CONTEXT,
                   {"parallelism.context_parallel_method": "ulysses"}),)),
-    "parallelism.ulysses_degree_in_cp": reads("mf_parallel.dims", rules=(
+    "parallelism.ulysses_degree_in_cp": reads("mf_config.sections", rules=(
         no_effect(_ulysses_degree_unused, "has no effect: it sets the Ulysses part of "
                                           "context_parallel_method 'hybrid' only",
                   {"parallelism.ulysses_degree_in_cp": 1}),)),

@@ -24,10 +24,14 @@ No `from __future__ import annotations` here: cattrs reads the field types at ru
 from typing import Any, Literal
 
 from mf_config.errors import Path
-from mf_config.model_shape import ExpertShape, LatentAttentionShape, ModelSettings, ModelShape
+from mf_config.model_shape import (
+    ExpertShape,
+    LatentAttentionShape,
+    ModelSettings,
+    ModelShape,
+    ulysses_heads_problem,
+)
 from mf_config.sections import MAX_DIMENSION, Dtype, TrainConfig, section, setting
-
-from .qwen3 import ulysses_degree, ulysses_heads_problem
 
 TOKENIZER = "token ids belong to the tokenizer and the data"
 DTYPES = "compute_dtype and params_dtype decide"
@@ -188,7 +192,7 @@ class DeepseekV3Settings(ModelSettings):
     def config_problems(self, config: TrainConfig, path: Path) -> list[tuple[Path, str]]:
         tp = config.parallelism.tensor_parallel
         return (self.tensor_parallel_problems(tp, path)
-                + self.context_parallel_problems(tp, ulysses_degree(config), path))
+                + self.context_parallel_problems(tp, config.parallelism.ulysses_degree(), path))
 
     def tensor_parallel_problems(self, tp: int, path: Path = ("model",),
                                  ) -> list[tuple[Path, str]]:

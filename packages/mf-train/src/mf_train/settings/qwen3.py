@@ -11,7 +11,7 @@ No `from __future__ import annotations` here: cattrs reads the field types at ru
 from typing import Any, Literal
 
 from mf_config.errors import Path
-from mf_config.model_shape import ModelSettings, ModelShape
+from mf_config.model_shape import ModelSettings, ModelShape, ulysses_heads_problem
 from mf_config.sections import MAX_DIMENSION, Dtype, TrainConfig, section, setting
 
 TOKENIZER = "token ids belong to the tokenizer and the data"
@@ -118,7 +118,7 @@ class Qwen3Settings(ModelSettings):
     def config_problems(self, config: TrainConfig, path: Path) -> list[tuple[Path, str]]:
         tp = config.parallelism.tensor_parallel
         return (self.tensor_parallel_problems(tp, path)
-                + self.context_parallel_problems(tp, ulysses_degree(config), path))
+                + self.context_parallel_problems(tp, config.parallelism.ulysses_degree(), path))
 
     def tensor_parallel_problems(self, tp: int, path: Path = ("model",),
                                  ) -> list[tuple[Path, str]]:
@@ -172,22 +172,3 @@ class Qwen3Settings(ModelSettings):
 REQUIRED = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
             "num_attention_heads")
 
-
-def ulysses_degree(config: TrainConfig) -> int:
-    """Context ranks that swap attention heads all-to-all (mf-parallel's
-    `ParallelDims.context_ulysses`, worked out here without the plan)."""
-    p = config.parallelism
-    if p.context_parallel == 1 or p.context_parallel_method == "colossal":
-        return 1
-    if p.context_parallel_method == "ulysses":
-        return p.context_parallel
-    return p.ulysses_degree_in_cp or 1
-
-
-def ulysses_heads_problem(heads: int, tp: int, ulysses: int) -> str:
-    """Why `heads` attention heads cannot be swapped over `ulysses` context ranks."""
-    over = f"tensor_parallel ({tp}) x " if tp > 1 else ""
-    return (f"{heads} heads are not divisible by {over}the Ulysses degree ({ulysses}: "
-            "context_parallel with context_parallel_method 'ulysses', ulysses_degree_in_cp "
-            "with 'hybrid'): Ulysses gives each context rank whole heads; use 'colossal' or "
-            "a degree that divides the heads")
