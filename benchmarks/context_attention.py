@@ -1,6 +1,8 @@
 """Context parallelism: one Qwen3 attention block at long sequences, one process (the whole
 sequence) against context parallelism 2 on two msrun ranks (each holding S / 2 tokens) with the
-`colossal` (all-gather of keys and values) and `ulysses` (all-to-all of heads) exchanges.
+`colossal` (all-gather of keys and values) and `ulysses` (all-to-all of heads) exchanges, and
+colossal with `context_parallel_async` (the all-gather started, attention over this rank's own
+keys meanwhile, the two parts merged).
 
 Every case runs in a fresh process (or a fresh 2-rank msrun job) with
 `context_attention_worker.py`, which builds a one-layer `Qwen3ForCausalLM` the way the trainer
@@ -49,6 +51,9 @@ CASES = {  # name -> (ranks, overrides)
                          "parallelism.context_parallel_method": "colossal"}),
     "cp2_ulysses": (2, {"parallelism.context_parallel": 2,
                         "parallelism.context_parallel_method": "ulysses"}),
+    "cp2_colossal_async": (2, {"parallelism.context_parallel": 2,
+                               "parallelism.context_parallel_method": "colossal",
+                               "parallelism.context_parallel_async": True}),
 }
 
 
@@ -93,13 +98,13 @@ def combine(runs: list[dict]) -> dict:
 
 
 def report(results: dict[int, dict[str, dict]]) -> None:
-    print(f"\n{'seq':>5} {'case':14} {'tokens/rank':>11} {'step ms':>9} {'x one':>6} "
+    print(f"\n{'seq':>5} {'case':18} {'tokens/rank':>11} {'step ms':>9} {'x one':>6} "
           f"{'exchange ms':>12} {'exch %':>7} {'CPU ms, ranks':>14} {'x one':>6} "
           f"{'peak MiB/rank':>14} {'x one':>6}")
     for seq, cases in results.items():
         one = cases["one"]
         for name, r in cases.items():
-            print(f"{seq:>5} {name:14} {r['tokens']:11} {r['step_ms']:9.1f} "
+            print(f"{seq:>5} {name:18} {r['tokens']:11} {r['step_ms']:9.1f} "
                   f"{r['step_ms'] / one['step_ms']:6.2f} {r['exchange_ms']:12.1f} "
                   f"{100 * r['exchange_ms'] / r['step_ms']:6.1f}% {r['cpu_ms']:14.0f} "
                   f"{r['cpu_ms'] / one['cpu_ms']:6.2f} "

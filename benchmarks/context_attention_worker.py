@@ -18,7 +18,9 @@ Timing: kernels launch synchronously on CPU (the trainer's default there), so a 
 time is its work. The exchanges are timed by wrapping what they call: mf-parallel's
 `sequence_to_heads` / `heads_to_sequence` (Ulysses, forward and backward) and
 `Collectives.all_gather` / `reduce_scatter` (the colossal all-gather and its backward); nested
-calls count once.
+calls count once. With `context_parallel_async` the all-gather is started
+(`Collectives.start_all_gather`) and waited for (`PendingGather.wait`): both are timed, so
+the figure is the time the exchanges hold the step up, not the time they are under way.
 
 Memory: the high-water mark of resident memory (`VmHWM` of /proc/self/status, reset with
 `/proc/self/clear_refs` "5" just before the first step) minus the resident memory then
@@ -45,7 +47,7 @@ from mindspore import Tensor
 from mf_config import load_config
 from mf_config.components import sequence_length
 from mf_parallel.runtime import context_parallel
-from mf_parallel.runtime.collectives import Collectives
+from mf_parallel.runtime.collectives import Collectives, PendingGather
 from mf_parallel.runtime.comm import init_communication
 from mf_parallel.runtime.context_parallel import ContextGroup
 from mf_train.job import make_job_plan
@@ -75,8 +77,9 @@ def timed_exchange(fn):
 
 for _name in ("sequence_to_heads", "heads_to_sequence"):  # looked up at call time by the cells
     setattr(context_parallel, _name, timed_exchange(getattr(context_parallel, _name)))
-for _name in ("all_gather", "reduce_scatter"):
+for _name in ("all_gather", "reduce_scatter", "start_all_gather"):
     setattr(Collectives, _name, timed_exchange(getattr(Collectives, _name)))
+PendingGather.wait = timed_exchange(PendingGather.wait)
 
 
 def status_kib(field: str) -> int:
@@ -95,7 +98,8 @@ def build(config_path: str, overrides: list[str], world: int):
     comm = init_communication(plan, "CPU")
     launch_synchronously_on_cpu("CPU")
     ms.set_seed(config.training.seed)
-    context = (ContextGroup(Collectives(comm), plan.dims.context_causal)
+    context = (ContextGroup(Collectives(comm), plan.dims.context_causal,
+                            plan.dims.context_overlap)
                if plan.dims.context > 1 else None)
     model = Qwen3ForCausalLM.from_config(config.model, seed=config.training.seed,
                                          context_group=context)
@@ -141,7 +145,8 @@ def main() -> None:
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / f"rank_{comm.rank}.json").write_text(json.dumps({
         "rank": comm.rank, "world": world,
-        "method": "one" if context is None else context.method(),
+        "method": ("one" if context is None
+                   else context.method() + (" async" if context.overlap else "")),
         "tokens": int(x.shape[0]), "step_ms": 1e3 * statistics.median(times),
         "steps_ms": [1e3 * t for t in times],
         "exchange_ms": 1e3 * statistics.median(exchanges),

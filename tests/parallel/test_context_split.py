@@ -54,3 +54,18 @@ def test_ulysses_and_colossal_degrees() -> None:
     assert colossal.dims.context_ulysses == 1
     assert colossal.groups("context_ring") == [[0, 1], [2, 3]]
     assert "keys and values all-gathered over 2 (colossal)" in colossal.dims.describe()
+
+
+def test_overlap_needs_a_key_value_gather() -> None:
+    """`context_parallel_async` overlaps the ring's all-gather; pure Ulysses has none."""
+    colossal = mesh(2, context_parallel=2, context_parallel_async=True).dims
+    assert colossal.context_overlap
+    assert ("keys and values all-gathered over 2, overlapped with attention over this rank's "
+            "keys (colossal)") in colossal.describe()
+    hybrid = mesh(4, context_parallel=4, context_parallel_method="hybrid",
+                  ulysses_degree_in_cp=2, context_parallel_async=True).dims
+    assert hybrid.context_overlap and "overlapped" in hybrid.describe()
+    ulysses = mesh(2, context_parallel=2, context_parallel_method="ulysses",
+                   context_parallel_async=True).dims
+    assert not ulysses.context_overlap and "overlapped" not in ulysses.describe()
+    assert not mesh(2, context_parallel=2).dims.context_overlap

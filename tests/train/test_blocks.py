@@ -14,7 +14,7 @@ import mindspore as ms
 from mindspore import Tensor
 
 from mf_config import ConfigError
-from mf_train.models import blocks
+from mf_train.models import blocks, context_attention
 
 ms.set_context(mode=ms.PYNATIVE_MODE)
 ms.set_device("CPU")
@@ -82,12 +82,15 @@ def test_rotary_takes_a_custom_frequency_rule_and_scaling() -> None:
 
 # --- attention -------------------------------------------------------------------------------
 
-def numpy_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, scale: float) -> np.ndarray:
+def numpy_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, scale: float,
+                    mask: np.ndarray | None = None) -> np.ndarray:
+    """Softmax attention; `mask` True = hidden (None: causal)."""
     group = q.shape[1] // k.shape[1]
     k, v = np.repeat(k, group, axis=1), np.repeat(v, group, axis=1)  # HF repeat_kv
     scores = q @ k.swapaxes(-1, -2) * scale
     seq = q.shape[2]
-    scores = np.where(np.triu(np.ones((seq, seq), bool), 1), -np.inf, scores)
+    hidden = np.triu(np.ones((seq, seq), bool), 1) if mask is None else mask
+    scores = np.where(hidden, -np.inf, scores)
     return softmax(scores) @ v
 
 
@@ -119,6 +122,35 @@ def test_flash_attention_on_cpu_falls_back_to_the_plain_path_and_says_so_once(ca
     q = f32(1, 2, 4, 8)
     np.testing.assert_allclose(first(Tensor(q), Tensor(q), Tensor(q)).asnumpy(),
                                numpy_attention(q, q, q, 0.3), rtol=1e-5, atol=1e-6)
+
+
+def test_partials_over_two_key_sets_merge_to_attention_over_all_keys() -> None:
+    """The overlapped context attention's arithmetic: attention over some keys and over the
+    rest, merged by log-sum-exp, is attention over all of them, in value and gradient, also
+    for queries that see none of one set's keys (the early chunk's queries and later keys)."""
+    q, k, v = f32(2, 4, 6, 8), f32(2, 2, 10, 8), f32(2, 2, 10, 5)
+    mask = RNG.random((2, 1, 6, 10)) < 0.4
+    mask[:, :, :, 0] = False                       # every query sees some key
+    mask[:, :, 1, 4:] = True                       # query 1 sees none of the second set
+    core = blocks.AttentionCore(0.3)
+    want = numpy_attention(q, k, v, 0.3, mask)
+
+    def merged(q, k, v):
+        first = core.partial(q, k[:, :, :4], v[:, :, :4], Tensor(mask[..., :4]))
+        second = core.partial(q, k[:, :, 4:], v[:, :, 4:], Tensor(mask[..., 4:]))
+        return context_attention.merge_partials(first, second, ms.float32)
+
+    def whole(q, k, v):
+        return core(q, k, v, Tensor(mask))
+
+    inputs = [Tensor(x) for x in (q, k, v)]
+    np.testing.assert_allclose(merged(*inputs).asnumpy(), want, rtol=1e-5, atol=1e-6)
+    weights = Tensor(f32(2, 4, 6, 5))
+    grads = ms.grad(lambda *x: (merged(*x) * weights).sum(), (0, 1, 2))(*inputs)
+    expected = ms.grad(lambda *x: (whole(*x) * weights).sum(), (0, 1, 2))(*inputs)
+    for got, reference in zip(grads, expected, strict=True):
+        assert np.isfinite(got.asnumpy()).all()
+        np.testing.assert_allclose(got.asnumpy(), reference.asnumpy(), rtol=1e-4, atol=1e-5)
 
 
 # --- MLP and fused rows ----------------------------------------------------------------------

@@ -160,12 +160,12 @@ def rules() -> list[Any]:
 
 
 def target_of(overrides: dict[str, Any], world_size: int = 1,
-              example: Path = EXAMPLE) -> Target:
+              example: Path = EXAMPLE, device: str = "CPU") -> Target:
     sets = [f"{key}={json.dumps(value)}" for key, value in overrides.items()]
     source = load_source(example, sets)
     config = config_from_source(source)
     plan = make_job_plan(config, world_size, source)
-    return Target(config, world_size, "CPU", source, plan.dims.data_shard)
+    return Target(config, world_size, device, source, plan.dims.data_shard)
 
 
 def test_the_example_triggers_no_rule() -> None:
@@ -175,7 +175,7 @@ def test_the_example_triggers_no_rule() -> None:
 @pytest.mark.parametrize(("path", "rule"), rules())
 def test_each_rule_applies_to_its_example(path: str, rule: Rule) -> None:
     example = EXAMPLE.parent / rule.config
-    target = target_of(rule.example, rule.world_size, example)
+    target = target_of(rule.example, rule.world_size, example, rule.device)
     issues = [issue for issue in support_issues(target) if issue.path == path]
     assert len(issues) == 1, (path, support_issues(target))
     (issue,) = issues

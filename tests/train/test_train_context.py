@@ -95,17 +95,23 @@ def test_colossal_matches_one_process(single, colossal) -> None:
             "parallel 2 (replicated) over data x context") in log
 
 
-@pytest.mark.parametrize(("method", "packing", "mask_type"), [
-    ("colossal", "compact", "causal"), ("ulysses", "plain", "full"),
-    ("ulysses", "dense", "causal"), ("hybrid", "compact", "causal")])
+@pytest.mark.parametrize(("method", "packing", "mask_type", "overlap"), [
+    ("colossal", "compact", "causal", True), ("ulysses", "plain", "full", False),
+    ("ulysses", "dense", "causal", False), ("hybrid", "compact", "causal", True)])
 def test_each_method_matches_one_process(data_prefix, single, tmp_path, method, packing,
-                                         mask_type) -> None:
+                                         mask_type, overlap) -> None:
     """`context_parallel_mask_type: full` splits the sequence into contiguous chunks (no load
-    balancing); attention is still causal, by global token index."""
+    balancing); attention is still causal, by global token index. `context_parallel_async`
+    attends to this rank's keys while the others' are gathered and merges the two parts
+    (the blocking gather runs in the other tests: colossal, CP x DP, CP x TP)."""
     nproc, sets = METHODS[method]
     output = launch(data_prefix, tmp_path, nproc, *sets, *PACKING[packing],
-                    f"parallelism.context_parallel_mask_type={mask_type}")
+                    f"parallelism.context_parallel_mask_type={mask_type}",
+                    f"parallelism.context_parallel_async={str(overlap).lower()}")
     assert_same_run(output, single(packing))
+    if overlap:
+        log = (output / "logs" / "worker_0.log").read_text()
+        assert "overlapped with attention over this rank's keys" in log
 
 
 def test_context_and_data_parallel_on_four_ranks(data_prefix, single, tmp_path) -> None:

@@ -101,7 +101,8 @@ class ParallelismConfig(Section):
     context_parallel: int = setting(1, "Context-parallel degree.", ge=1)
     context_parallel_method: Literal["colossal", "ulysses", "hybrid"] = setting(
         "colossal", "Context-parallel implementation.")
-    context_parallel_async: bool = setting(False, "Asynchronous context-parallel hook.")
+    context_parallel_async: bool = setting(
+        False, "Overlap the key/value all-gather with attention over this rank's own keys.")
     ulysses_degree_in_cp: int | None = setting(
         None, "Ulysses degree inside context parallelism; required for hybrid.", ge=1)
     context_parallel_mask_type: Literal["causal", "full"] = setting(

@@ -51,6 +51,9 @@ class ParallelDims:
     context_causal: bool = True
     """`context_parallel_mask_type` is causal: the sequence is cut into 2 x context chunks,
     each rank holding an early and a late one (causal load balancing)."""
+    context_overlap: bool = False
+    """`context_parallel_async` with a key/value all-gather to overlap (colossal, hybrid):
+    attention over this rank's own keys runs while the other ranks' are gathered."""
 
     @property
     def data(self) -> int:
@@ -97,7 +100,9 @@ class ParallelDims:
                    expert_span=_expert_span(ep, shard, cp, tp),
                    expert_node=_expert_node(parallelism, ep),
                    context_ulysses=_context_ulysses(parallelism),
-                   context_causal=parallelism.context_parallel_mask_type == "causal")
+                   context_causal=parallelism.context_parallel_mask_type == "causal",
+                   context_overlap=(parallelism.context_parallel_async
+                                    and _context_ulysses(parallelism) < cp))
 
     def describe(self) -> str:
         """One line: `world 8 = pipeline 2 x data 2 (replicate 1 x shard 2) x context 1 x ...`."""
@@ -118,10 +123,12 @@ class ParallelDims:
         ring = self.context // self.context_ulysses
         if ring == 1:
             return f"heads all-to-all over {self.context_ulysses} (ulysses)"
+        gathered = f"keys and values all-gathered over {ring}"
+        if self.context_overlap:
+            gathered += ", overlapped with attention over this rank's keys"
         if self.context_ulysses == 1:
-            return f"keys and values all-gathered over {ring} (colossal)"
-        return (f"heads all-to-all over {self.context_ulysses}, keys and values all-gathered "
-                f"over {ring} (hybrid)")
+            return f"{gathered} (colossal)"
+        return f"heads all-to-all over {self.context_ulysses}, {gathered} (hybrid)"
 
 
 def _context_ulysses(parallelism: ParallelismConfig) -> int:

@@ -115,6 +115,7 @@ def plan_summary(plan: Plan, rank: int | None = None) -> dict[str, Any]:
         "context_parallel": d.context,
         "context_ulysses": d.context_ulysses,
         "context_load_balanced": d.context > 1 and d.context_causal,
+        "context_overlap": d.context_overlap,
         "pipeline_parallel": d.pipeline,
         "expert_parallel": d.expert,
         "expert_span": list(d.expert_span.split("_")),

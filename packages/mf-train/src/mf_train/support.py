@@ -108,6 +108,29 @@ def _context_setting_unused(name: str) -> Callable[[Any, Target], bool]:
                                    and target.config.parallelism.context_parallel == 1)
 
 
+def _overlap_without_gather(value: Any, target: Target) -> bool:
+    parallelism = target.config.parallelism
+    return (value and parallelism.context_parallel > 1
+            and parallelism.ulysses_degree() == parallelism.context_parallel)
+
+
+def _overlap_on_cpu(value: Any, target: Target) -> bool:
+    parallelism = target.config.parallelism
+    return (value and target.device == "CPU"
+            and parallelism.ulysses_degree() < parallelism.context_parallel)
+
+
+def _overlap_with_flash(value: Any, target: Target) -> bool:
+    """The overlap wanted where the model's attention runs the fused kernel (not on CPU)."""
+    parallelism = target.config.parallelism
+    try:
+        flash = value_at(target.config, ("model", "use_flash_attention"))
+    except KeyError:
+        flash = False
+    return (value and target.device != "CPU" and bool(flash)
+            and parallelism.ulysses_degree() < parallelism.context_parallel)
+
+
 def _ulysses_degree_unused(_value: Any, target: Target) -> bool:
     parallelism = target.config.parallelism
     return target.written(("parallelism", "ulysses_degree_in_cp")) and (
@@ -245,13 +268,33 @@ FIELDS: dict[str, Field] = {
     "parallelism.context_parallel_mask_type": reads("mf_parallel.dims", rules=(
         no_effect(_context_setting_unused("context_parallel_mask_type"), WITHOUT_CONTEXT,
                   {"parallelism.context_parallel_mask_type": "full"}),)),
-    "parallelism.context_parallel_async": Field(rules=(
-        no_effect(differs(False), "has no effect: mf-train's context exchanges (all-gather of "
-                                  "keys and values, all-to-all of heads) are blocking "
-                                  "collectives between computations; overlapping them with "
-                                  "attention is not implemented (and on the CPU backend every "
-                                  "collective is synchronous)",
-                  {"parallelism.context_parallel_async": True}),)),
+    "parallelism.context_parallel_async": reads("mf_parallel.dims", rules=(
+        no_effect(_context_setting_unused("context_parallel_async"), WITHOUT_CONTEXT,
+                  {"parallelism.context_parallel_async": True}),
+        no_effect(_overlap_without_gather, "has no effect with context_parallel_method "
+                                           "'ulysses': it overlaps the all-gather of keys and "
+                                           "values (colossal, hybrid), and Ulysses' all-to-alls "
+                                           "feed attention directly",
+                  {"parallelism.context_parallel_async": True,
+                   "parallelism.context_parallel": 2,
+                   "parallelism.context_parallel_method": "ulysses"}, world_size=2),
+        no_effect(_overlap_on_cpu, "does not speed anything up on the CPU backend: MindSpore "
+                                   "runs a collective there in kernel order, on the launching "
+                                   "thread, so the all-gather does not overlap attention "
+                                   "(measured: starting it took the whole exchange and the "
+                                   "wait none); the overlapped order still runs (attention "
+                                   "over this rank's keys, then the others', merged), as on "
+                                   "Ascend and GPU, where the gather runs on the "
+                                   "communication stream",
+                  {"parallelism.context_parallel_async": True,
+                   "parallelism.context_parallel": 2}, world_size=2),
+        no_effect(_overlap_with_flash, "has no effect with use_flash_attention: the fused "
+                                       "kernel attends to all keys at once, so the keys and "
+                                       "values are gathered before it (the overlap runs the "
+                                       "plain attention in two parts)",
+                  {"parallelism.context_parallel_async": True,
+                   "parallelism.context_parallel": 2, "model.use_flash_attention": True},
+                  world_size=2, device="Ascend"),)),
     "parallelism.pipeline_parallel": reads("mf_parallel.dims", rules=(
         refused(_pipeline_of_unsplittable_model,
                 "is {value}, but DeepSeek-V3 is not cut into pipeline stages by mf-train yet "
@@ -496,6 +539,8 @@ def support_table() -> str:
                 example += f" ({rule.world_size} ranks)"
             if rule.config != "qwen3_tiny.yaml":
                 example += f" in {rule.config}"
+            if rule.device != "CPU":
+                example += f" on {rule.device}"
             rows.append(f"| `{path}` | `{example}` | {what} | "
                         f"{rule.message.format(value=value)} |")
     for kind, name, key, reason in _no_effect_keys():

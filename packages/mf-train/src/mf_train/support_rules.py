@@ -57,6 +57,8 @@ class Rule:
     world_size: int = 1
     config: str = "qwen3_tiny.yaml"
     """The example configuration (in examples/) the overrides apply to."""
+    device: str = "CPU"
+    """The backend the example runs on."""
 
 
 @attrs.frozen
@@ -73,8 +75,8 @@ def reads(*modules: str, rules: tuple[Rule, ...] = ()) -> Field:
 
 
 def no_effect(when: Callable[[Any, Target], bool], message: str, example: dict[str, Any],
-              world_size: int = 1, config: str = "qwen3_tiny.yaml") -> Rule:
-    return Rule(False, when, message, example, world_size, config)
+              world_size: int = 1, config: str = "qwen3_tiny.yaml", device: str = "CPU") -> Rule:
+    return Rule(False, when, message, example, world_size, config, device)
 
 
 def refused(when: Callable[[Any, Target], bool], message: str, example: dict[str, Any],

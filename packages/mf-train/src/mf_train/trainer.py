@@ -235,7 +235,8 @@ class Trainer:
         self.expert_group = (ExpertGroup(self.collectives,
                                          config.parallelism.moe_token_dispatcher_type)
                              if self.plan.dims.expert > 1 else None)
-        self.context_group = (ContextGroup(self.collectives, self.plan.dims.context_causal)
+        self.context_group = (ContextGroup(self.collectives, self.plan.dims.context_causal,
+                                           self.plan.dims.context_overlap)
                               if self.plan.dims.context > 1 else None)
         self.model = build_model(config.model, tensor_group=self.tensor_group, source=source,
                                  seed=config.training.seed,

@@ -13,12 +13,17 @@ not reduce-scatter, all-to-all or send/recv (see shared/reference/mindspore-cpu.
 Ascend and GPU use the real operations. Every input is made contiguous first: the CPU backend
 silently reduces wrong values from non-contiguous tensors (the transposed weight's gradient).
 All operations are out of place and return new tensors.
+
+`start_all_gather` launches an all-gather without waiting for it (MindSpore's `async_op`
+collectives: on Ascend and GPU on the communication stream, on CPU the emulation's all-reduce)
+and returns a `PendingGather` whose `wait` gives the result: the caller computes something
+else in between.
 """
 
 from __future__ import annotations
 
 import mindspore as ms
-from mindspore import communication, ops
+from mindspore import communication, mint, ops
 
 from .comm import Communication
 
@@ -73,6 +78,24 @@ class Collectives:
         size, me = self.comm.group_size(kind), self.comm.group_rank(kind)
         parts = [tensor if index == me else ops.zeros_like(tensor) for index in range(size)]
         return ops.AllReduce(op="sum", group=group)(ops.cat(parts))
+
+    def start_all_gather(self, tensor: ms.Tensor, kind: str) -> PendingGather:
+        """Launch `all_gather(tensor, kind)` and return at once; `wait()` on the result gives
+        the gathered tensor. Not differentiated: the caller attaches the gradient (a gather's
+        backward is a reduce-scatter)."""
+        group = self.comm.group(kind)
+        tensor = ops.stop_gradient(tensor).contiguous()
+        if group is None:
+            return PendingGather(tensor, None)
+        size, me = self.comm.group_size(kind), self.comm.group_rank(kind)
+        if self.comm.device_target in FULL_BACKENDS:
+            out = ops.zeros((size * tensor.shape[0], *tensor.shape[1:]), tensor.dtype)
+            handle = mint.distributed.all_gather_into_tensor(out, tensor, group=group,
+                                                             async_op=True)
+            return PendingGather(out, handle)
+        parts = [tensor if index == me else ops.zeros_like(tensor) for index in range(size)]
+        out = ops.cat(parts).contiguous()
+        return PendingGather(out, mint.distributed.all_reduce(out, group=group, async_op=True))
 
     def reduce_scatter(self, tensor: ms.Tensor, kind: str) -> ms.Tensor:
         """Sum over the group, then this rank's equal slice of dim 0."""
@@ -143,6 +166,20 @@ class Collectives:
             communication.create_group(name, ranks)
             self._pairs.add(name)
         return name
+
+
+class PendingGather:
+    """An all-gather under way (`Collectives.start_all_gather`)."""
+
+    def __init__(self, buffer: ms.Tensor, handle: object | None):
+        self._buffer, self._handle = buffer, handle
+
+    def wait(self) -> ms.Tensor:
+        """Block until the gather is done; the gathered tensor (rank after rank, dim 0)."""
+        if self._handle is not None:
+            self._handle.wait()
+            self._handle = None
+        return self._buffer
 
 
 _LOCAL_REDUCTIONS = {

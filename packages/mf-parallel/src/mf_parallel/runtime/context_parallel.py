@@ -13,6 +13,11 @@ exchanges along the sequence dimension (dim 0 of `[seq, batch, heads, head_dim]`
 - `hybrid`: Ulysses inside blocks of `context_ulysses` ranks (`context_ulysses` groups), then
   keys and values all-gathered over the blocks (`context_ring` groups).
 
+With `overlap` (`context_parallel_async`) the all-gather of keys and values is started
+without waiting (`start_gather`) so that attention over this rank's own keys runs while the
+other ranks' keys are under way; `JoinGathered` then attaches the gathered tensor to the
+gradient (its backward is the reduce-scatter, as `GatherSequence`'s).
+
 The exchanged tokens arrive in group-rank order, so the keys of the gathered sequence are in
 the order `key_order` gives (each rank's spans, rank after rank), not 0..seq-1: attention
 masks by global token index, never by place.
@@ -23,10 +28,10 @@ kernels there); on Ascend and GPU the native collectives.
 
 from __future__ import annotations
 
-from mindspore import Tensor, nn
+from mindspore import Tensor, nn, ops
 
 from ..sequence import context_spans
-from .collectives import Collectives
+from .collectives import Collectives, PendingGather
 
 KIND, ULYSSES, RING = "context", "context_ulysses", "context_ring"
 
@@ -39,15 +44,18 @@ class ContextGroup:
             `context_ring` groups are used).
         causal: whether the sequence is split with causal load balancing
             (`context_parallel_mask_type: causal`).
+        overlap: start the all-gather of keys and values without waiting and attend to this
+            rank's own keys meanwhile (`context_parallel_async`).
     """
 
-    def __init__(self, collectives: Collectives, causal: bool = True):
+    def __init__(self, collectives: Collectives, causal: bool = True, overlap: bool = False):
         comm = collectives.comm
         self.collectives = collectives
         self.causal = causal
+        self.overlap = overlap
         self.size, self.rank = comm.group_size(KIND), comm.group_rank(KIND)
         self.ulysses, self.ulysses_rank = comm.group_size(ULYSSES), comm.group_rank(ULYSSES)
-        self.ring = comm.group_size(RING)
+        self.ring, self.ring_rank = comm.group_size(RING), comm.group_rank(RING)
 
     def method(self) -> str:
         """`colossal`, `ulysses` or `hybrid`, from the sub-group sizes."""
@@ -78,6 +86,11 @@ class ContextGroup:
         """Sum over the context group (the loss's token count)."""
         return self.collectives.all_reduce(x, KIND)
 
+    def start_gather(self, x: Tensor) -> PendingGather:
+        """Start the all-gather of `x` along dim 0 over the `context_ring` group; attach its
+        result with `JoinGathered` for the gradient."""
+        return self.collectives.start_all_gather(x, RING)
+
 
 def _indices(spans_of_ranks) -> list[int]:
     return [index for spans in spans_of_ranks for span in spans for index in span]
@@ -100,6 +113,20 @@ class GatherSequence(_Exchange):
 
     def bprop(self, x: Tensor, out: Tensor, dout: Tensor) -> tuple[Tensor]:
         return (self.group.collectives.reduce_scatter(dout, RING),)
+
+
+class JoinGathered(_Exchange):
+    """`(x, gathered) -> gathered`, where `gathered` is `x` all-gathered over the
+    `context_ring` group by `ContextGroup.start_gather`: the forward passes the finished
+    buffer on, the backward gives `x` the reduce-scatter of its gradient (as `GatherSequence`).
+    """
+
+    def construct(self, x: Tensor, gathered: Tensor) -> Tensor:
+        return gathered
+
+    def bprop(self, x: Tensor, gathered: Tensor, out: Tensor,
+              dout: Tensor) -> tuple[Tensor, Tensor]:
+        return (self.group.collectives.reduce_scatter(dout, RING), ops.zeros_like(gathered))
 
 
 def sequence_to_heads(collectives: Collectives, x: Tensor, ways: int) -> Tensor:

@@ -31,9 +31,9 @@ the down projections on the sequence slice and gathers their smaller outputs ins
 result is the same, this way gathers one tensor, not three.
 
 Context parallelism (a `ContextGroup`): queries, keys (`[k_nope; k_rope]` per head) and values
-go through the context exchanges after the rotation (`blocks.SequenceExchange`); the rotary
-tables of this rank's tokens come from the model (`RotaryEmbedding.at`), so one rotation serves
-every layer and positions may restart inside packed samples.
+go through the context exchanges after the rotation (`context_attention.SequenceExchange`);
+the rotary tables of this rank's tokens come from the model (`RotaryEmbedding.at`), so one
+rotation serves every layer and positions may restart inside packed samples.
 """
 
 from __future__ import annotations
@@ -51,7 +51,6 @@ from .blocks import (
     AttentionCore,
     Linear,
     RMSNorm,
-    SequenceExchange,
     apply_rotary,
     head_entry,
     is_parallel,
@@ -61,6 +60,7 @@ from .blocks import (
     tensor_size,
     tiles_broadcasts,
 )
+from .context_attention import SequenceExchange
 
 Normal = Callable[[str, tuple[int, ...]], np.ndarray]
 """Draws the initial `[out, in]` weight of the sub-cell named by its Hugging Face suffix."""
@@ -110,7 +110,7 @@ class MultiLatentAttention(ms.nn.Cell):
                 mark_tensor_partial(cell.weight)
         self.tile = tiles_broadcasts()
         self.core = AttentionCore(qk_head_dim ** -0.5, use_flash_attention, compute_dtype)
-        self.exchange = SequenceExchange(context)
+        self.exchange = SequenceExchange(context, self.core)
 
     def construct(self, x: Tensor, cos: Tensor, sin: Tensor, mask: Tensor | None = None,
                   lengths: tuple[int, ...] | None = None) -> Tensor:
@@ -136,12 +136,8 @@ class MultiLatentAttention(ms.nn.Cell):
         q_rope = apply_rotary(self._rope_layout(q_rope), cos, sin, self.tile)
         k_rope = apply_rotary(self._rope_layout(k_rope), cos, sin, self.tile)
         k_rope = ops.broadcast_to(k_rope, (seq, batch, self.num_heads, self.rope_dim))
-        q = self.exchange.queries(ops.cat((q_nope, q_rope), -1))
-        k = self.exchange.keys(ops.cat((k_nope, k_rope), -1))
-        v = self.exchange.keys(v)
-        out = self._attend(q.transpose(1, 2, 0, 3), k.transpose(1, 2, 0, 3),
-                           v.transpose(1, 2, 0, 3), mask, lengths)   # [b, h', sq, v_dim]
-        out = self.exchange.output(out.transpose(2, 0, 1, 3))        # [s, b, h, v_dim]
+        out = self.exchange.attend(ops.cat((q_nope, q_rope), -1), ops.cat((k_nope, k_rope), -1),
+                                   v, mask, lengths, self._attend)   # [s, b, h, v_dim]
         return self.o_proj(out.reshape(seq, batch, self.num_heads * self.v_dim))
 
     @staticmethod

@@ -41,7 +41,6 @@ from .blocks import (
     ParamInit,
     RMSNorm,
     RotaryEmbedding,
-    SequenceExchange,
     SwiGLU,
     apply_rotary,
     causal_lm_loss,
@@ -58,6 +57,7 @@ from .blocks import (
     row_linear,
     tensor_size,
 )
+from .context_attention import SequenceExchange
 from .hf_weights import WeightMap
 from .parts import LayerStack, ModelPart
 
@@ -166,8 +166,7 @@ class Qwen3Attention(nn.Cell):
             mark_tensor_partial(self.q_norm.weight)
             mark_tensor_partial(self.k_norm.weight)
         self.tile = rotary.tile
-        self.core = core
-        self.exchange = SequenceExchange(context)
+        self.exchange = SequenceExchange(context, core)
 
     def construct(self, x: Tensor, cos: Tensor, sin: Tensor, mask: Tensor | None = None,
                   lengths: tuple[int, ...] | None = None) -> Tensor:
@@ -179,10 +178,7 @@ class Qwen3Attention(nn.Cell):
         k = apply_rotary(self._heads(qkv[..., q_size:q_size + kv_size], self.kv_heads,
                                      self.k_norm), cos, sin, self.tile)
         v = self._heads(qkv[..., q_size + kv_size:], self.kv_heads)
-        q, k, v = self.exchange.queries(q), self.exchange.keys(k), self.exchange.keys(v)
-        context = self.core(q.transpose(1, 2, 0, 3), k.transpose(1, 2, 0, 3),
-                            v.transpose(1, 2, 0, 3), mask, lengths)
-        context = self.exchange.output(context.transpose(2, 0, 1, 3))
+        context = self.exchange.attend(q, k, v, mask, lengths)
         return self.out(context.reshape(seq, batch, q_size))
 
     def _heads(self, x: Tensor, count: int, norm: nn.Cell | None = None) -> Tensor:
