@@ -136,8 +136,12 @@ def _only_this_hosts_scheduler_failed(msrun_log: Path, nodes: Nodes) -> bool:
         text = msrun_log.read_text(encoding="utf-8", errors="replace")
     except OSError:
         return False
-    return (re.search(r"Scheduler process \d+ exit with exception", text) is not None
-            and re.search(r"Worker process \d+ exit with exception", text) is None)
+    # msrun's own error lines (its log also holds copies of the worker logs)
+    return (re.search(_MSRUN_ERROR.format("Scheduler"), text, re.M) is not None
+            and re.search(_MSRUN_ERROR.format("Worker"), text, re.M) is None)
+
+
+_MSRUN_ERROR = r"^\[ERROR\] ME\(\d+:.* {} process \d+ exit with exception"
 
 
 def failure_message(result: LaunchResult, ranks: Sequence[int]) -> str:
