@@ -15,6 +15,7 @@ import pytest
 from mf_parallel.errors import PlanError
 from mf_parallel.launch import LaunchError, run_ranks
 from mf_parallel.msrun import free_port, msrun_command
+from mf_parallel.nodes import Nodes
 from mf_parallel.rank_watch import LogScan, RankWatch, rank_failure_message
 
 WORKERS = Path(__file__).resolve().parent / "workers"
@@ -28,6 +29,33 @@ def test_msrun_command(tmp_path) -> None:
                            f"--log_dir={tmp_path}", "--join=True", "train.py", "--x", "1"]
     with pytest.raises(PlanError, match="must be >= 1, got 0"):
         msrun_command("train.py", 0, log_dir=tmp_path, port=1)
+
+
+def test_msrun_command_for_one_node_of_several(tmp_path) -> None:
+    """Node 1 of 2 with 2 ranks each: msrun gets the whole job's size, this host's share and
+    the node rank; this host's ranks are 2 and 3, and msrun's log is named for the node."""
+    pytest.importorskip("mindspore")
+    nodes = Nodes(count=2, rank=1, master_addr="10.0.0.1", master_port=8118)
+    command = msrun_command("train.py", 2, log_dir=tmp_path, port=8118, nodes=nodes)
+    assert command[1:] == ["--worker_num=4", "--local_worker_num=2", "--node_rank=1",
+                           "--master_addr=10.0.0.1", "--master_port=8118",
+                           "--cluster_time_out=120", f"--log_dir={tmp_path}", "--join=True",
+                           "train.py"]
+    assert list(nodes.local_ranks(2)) == [2, 3]
+    assert nodes.msrun_log == "msrun_node1.log"
+
+
+@pytest.mark.parametrize(("fields", "message"), [
+    ({"count": 0}, "the number of nodes must be >= 1, got 0"),
+    ({"count": 2, "rank": 2, "master_port": 1}, "the node rank must be between 0 and 1 (a job "
+                                                "of 2 nodes), got 2"),
+    ({"count": 2, "rank": 1}, "a job over several nodes needs a master port every node knows"),
+    ({"master_port": 70000}, "the master port must be between 1 and 65535, got 70000"),
+])
+def test_nodes_refuse_a_place_that_cannot_be(fields, message) -> None:
+    with pytest.raises(ValueError) as exc:
+        Nodes(**fields)
+    assert str(exc.value) == message
 
 
 def test_free_port_is_bindable() -> None:
@@ -124,7 +152,8 @@ def test_rank_0_is_echoed_while_the_job_runs(tmp_path) -> None:
 
 
 def test_echo_rank_must_be_a_rank_of_the_job(tmp_path) -> None:
-    with pytest.raises(ValueError, match=r"echo_rank must be a rank of the job \(0 to 1\), got 2"):
+    with pytest.raises(ValueError,
+                       match=r"echo_rank must be a rank of this host \(0 to 1\), got 2"):
         run_ranks("train.py", 2, log_dir=tmp_path, timeout=10, echo_rank=2)
 
 
@@ -224,7 +253,7 @@ def test_msrun_reports_a_worker_the_watch_never_saw(tmp_path) -> None:
     line (recorded from msrun 2.10; a line in a copied worker log, with another PID, does not
     count) says how it ended, and the logs say which rank it was."""
     (tmp_path / "msrun.log").write_text(MSRUN_LOG)
-    watch = RankWatch(4865, tmp_path, 2)
+    watch = RankWatch(4865, tmp_path, range(2))
     assert watch.failure() == (
         f"a worker (pid 4897) was killed by SIGKILL and no rank logged a Python error; "
         f"see {tmp_path}")

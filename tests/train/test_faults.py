@@ -66,7 +66,7 @@ def rank_pid(output: Path, rank: int) -> int | None:
             environ = (entry / "environ").read_bytes().split(b"\0")
         except OSError:
             continue
-        if (any(part.endswith(b"rank_worker.py") for part in cmdline)
+        if (any(part.endswith(b"/mf-train-rank") for part in cmdline)
                 and str(output).encode() in cmdline
                 and f"RANK_ID={rank}".encode() in environ):
             return int(entry.name)

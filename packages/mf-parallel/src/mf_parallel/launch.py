@@ -1,5 +1,8 @@
 """Start ranks on this host with msrun, watch them, and say which rank failed: `run_ranks`.
 
+The ranks are the whole job, or this host's share of a job over several hosts (`Nodes`: msrun
+then runs on every host with the same master address and port, and a different node rank).
+
 msrun (installed with MindSpore) starts one scheduler and N workers and sets the environment
 `mindspore.communication.init()` reads. `run_ranks` adds what a job runner needs around it:
 a free port on 127.0.0.1 (`msrun`); a watch on the workers while msrun runs, which ends the
@@ -14,6 +17,7 @@ Pure Python: it starts MindSpore in other processes but never imports it here.
 
 from __future__ import annotations
 
+import re
 import subprocess
 import time
 from collections.abc import Sequence
@@ -25,9 +29,10 @@ import attrs
 from .errors import LaunchError
 from .log_echo import echoing
 from .msrun import child_env, free_port, kill_group, msrun_command
+from .nodes import Nodes
 from .rank_watch import TIMED_OUT, traceback_tail, watch
 
-__all__ = ["LaunchError", "LaunchResult", "failure_message", "run_ranks"]
+__all__ = ["LaunchError", "LaunchResult", "Nodes", "failure_message", "run_ranks"]
 
 
 @attrs.frozen(kw_only=True)
@@ -45,12 +50,13 @@ class LaunchResult:
 
 def run_ranks(script: str | Path, nproc: int, *, log_dir: str | Path, timeout: float,
               args: Sequence[str] = (), env: dict[str, str] | None = None,
-              echo_rank: int | None = None, echo_to: TextIO | None = None) -> LaunchResult:
+              echo_rank: int | None = None, echo_to: TextIO | None = None,
+              nodes: Nodes | None = None) -> LaunchResult:
     """Run `script` on `nproc` ranks of this host through msrun and wait for them.
 
     Args:
         script: the Python script each rank runs, with `args` as its arguments.
-        nproc: the number of ranks.
+        nproc: the number of ranks of this host.
         log_dir: where msrun writes `msrun.log` and `worker_<rank>.log` (created if needed).
         timeout: seconds after which every process of the job is killed.
         env: variables the ranks get on top of this process's environment.
@@ -58,6 +64,9 @@ def run_ranks(script: str | Path, nproc: int, *, log_dir: str | Path, timeout: f
             prefixed `[rank N] `; the ranks then run with PYTHONUNBUFFERED=1 (unless the
             environment sets it) so that their prints reach the log when they happen.
         echo_to: the stream for `echo_rank` (default: sys.stdout).
+        nodes: this host's place in a job over several hosts (default: the only node, on
+            127.0.0.1 and a free port). Its ranks are `nodes.local_ranks(nproc)`; `echo_rank`
+            must be one of them.
 
     Returns:
         The finished job: exit status 0, log directory, seconds taken.
@@ -68,55 +77,86 @@ def run_ranks(script: str | Path, nproc: int, *, log_dir: str | Path, timeout: f
             seconds have passed, or when the log directory cannot be written.
     """
     log_dir = Path(log_dir)
-    if echo_rank is not None and not 0 <= echo_rank < nproc:
-        raise ValueError(f"echo_rank must be a rank of the job (0 to {nproc - 1}), "
-                         f"got {echo_rank}")
+    nodes = nodes or Nodes()
+    ranks = nodes.local_ranks(nproc)
+    if echo_rank is not None and echo_rank not in ranks:
+        raise ValueError(f"echo_rank must be a rank of this host ({ranks[0]} to "
+                         f"{ranks[-1]}), got {echo_rank}")
     failure, returncode, seconds = _run_msrun(script, nproc, log_dir, timeout, args, env,
-                                              echo_rank, echo_to)
+                                              (echo_rank, echo_to), nodes)
     if failure == TIMED_OUT:
         raise LaunchError(f"{nproc}-rank job {Path(script).name} did not finish in "
                           f"{timeout:.0f} s and was killed; logs in {log_dir}")
     if failure is not None:
         raise LaunchError(failure)
+    if returncode != 0 and _only_this_hosts_scheduler_failed(log_dir / nodes.msrun_log, nodes):
+        returncode = 0
     result = LaunchResult(returncode=returncode, log_dir=log_dir, seconds=seconds)
     if result.returncode != 0:
-        raise LaunchError(failure_message(result, nproc))
+        raise LaunchError(failure_message(result, ranks))
     return result
 
 
 def _run_msrun(script: str | Path, nproc: int, log_dir: Path, timeout: float,
-               args: Sequence[str], env: dict[str, str] | None, echo_rank: int | None,
-               echo_to: TextIO | None) -> tuple[str | None, int, float]:
+               args: Sequence[str], env: dict[str, str] | None,
+               echo: tuple[int | None, TextIO | None],
+               nodes: Nodes) -> tuple[str | None, int, float]:
     """Run msrun until it exits, a rank fails or the time is up, then end every process of
     the job. Returns the watch's failure (see `rank_watch.watch`), msrun's exit status and
     the seconds since msrun started."""
-    msrun_log = _open_log_dir(log_dir, nproc)
-    with msrun_log, echoing(log_dir, echo_rank, echo_to):
-        command = msrun_command(script, nproc, log_dir=log_dir, port=free_port(), args=args,
-                                cluster_timeout=max(30, int(timeout)))
+    ranks = nodes.local_ranks(nproc)
+    msrun_log = _open_log_dir(log_dir, ranks, nodes.msrun_log)
+    port = nodes.master_port if nodes.master_port is not None else free_port()
+    with msrun_log, echoing(log_dir, *echo):
+        command = msrun_command(script, nproc, log_dir=log_dir, port=port, args=args,
+                                cluster_timeout=max(30, int(timeout)), nodes=nodes)
         start = time.monotonic()
         process = subprocess.Popen(command, stdout=msrun_log, stderr=subprocess.STDOUT,
-                                   env=child_env(env, echo=echo_rank is not None),
+                                   env=child_env(env, echo=echo[0] is not None),
                                    start_new_session=True)
         try:
-            failure = watch(process, log_dir, nproc, deadline=start + timeout)
+            failure = watch(process, log_dir, ranks, deadline=start + timeout,
+                            msrun_log=nodes.msrun_log)
         finally:
             kill_group(process)  # the other ranks, and workers left behind by msrun, if any
     return failure, process.returncode, time.monotonic() - start
 
 
-def failure_message(result: LaunchResult, nproc: int) -> str:
-    """Which rank failed first (by its log), and the last line of its traceback."""
-    for rank in range(nproc):
+def _only_this_hosts_scheduler_failed(msrun_log: Path, nodes: Nodes) -> bool:
+    """Whether msrun failed only because of a scheduler it started on a node other than 0.
+
+    msrun starts a scheduler on every node whose addresses include the master address. When
+    several nodes of a job share one host, each does: node 0's scheduler takes the port and
+    serves the job, the others cannot bind it and exit with an error, and msrun reports that
+    after its workers have all succeeded. Such a node did its part.
+    """
+    if nodes.rank == 0:
+        return False
+    try:
+        text = msrun_log.read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return False
+    # msrun's own error lines (its log also holds copies of the worker logs)
+    return (re.search(_MSRUN_ERROR.format("Scheduler"), text, re.M) is not None
+            and re.search(_MSRUN_ERROR.format("Worker"), text, re.M) is None)
+
+
+_MSRUN_ERROR = r"^\[ERROR\] ME\(\d+:.* {} process \d+ exit with exception"
+
+
+def failure_message(result: LaunchResult, ranks: Sequence[int]) -> str:
+    """Which of this host's `ranks` failed first (by its log), and the last line of its
+    traceback."""
+    for rank in ranks:
         error = traceback_tail(result.worker_log(rank))
         if error:
             return f"rank {rank} failed: {error} (log: {result.worker_log(rank)})"
-    return (f"the {nproc}-rank job exited with status {result.returncode}; no rank logged a "
-            f"Python error; see {result.log_dir}")
+    return (f"the {len(ranks)}-rank job exited with status {result.returncode}; no rank logged "
+            f"a Python error; see {result.log_dir}")
 
 
-def _open_log_dir(log_dir: Path, nproc: int) -> BinaryIO:
-    """Create `log_dir`, remove the worker logs of an earlier run there, open msrun.log.
+def _open_log_dir(log_dir: Path, ranks: Sequence[int], msrun_log: str) -> BinaryIO:
+    """Create `log_dir`, remove the worker logs of an earlier run there, open msrun's log.
 
     msrun would overwrite those worker logs anyway; removing them first keeps the watch from
     reading an old run's traceback before msrun has started the new ranks.
@@ -128,9 +168,9 @@ def _open_log_dir(log_dir: Path, nproc: int) -> BinaryIO:
                           f"{_why_unwritable(log_dir, exc)}; choose a log directory in a "
                           "place you can write to") from None
     try:
-        for rank in range(nproc):
+        for rank in ranks:
             (log_dir / f"worker_{rank}.log").unlink(missing_ok=True)
-        return open(log_dir / "msrun.log", "wb")  # closed by run_ranks
+        return open(log_dir / msrun_log, "wb")  # closed by run_ranks
     except OSError as exc:
         raise LaunchError(f"cannot write to the log directory {log_dir}: "
                           f"{_why_unwritable(log_dir, exc)}; choose a log directory you can "

@@ -1,4 +1,5 @@
-"""The msrun command for N ranks on this host, and ending every process it started.
+"""The msrun command for N ranks on this host (one node of a job, or the whole job), and ending
+every process it started.
 
 msrun (installed with MindSpore) starts one scheduler and N workers and sets the environment
 `mindspore.communication.init()` reads. It puts its workers in sessions of their own, so
@@ -20,6 +21,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from .errors import LaunchError, PlanError
+from .nodes import Nodes
 
 #: Seconds a process has to exit after SIGTERM before it gets SIGKILL.
 KILL_GRACE_SECONDS = 3.0
@@ -33,15 +35,26 @@ def free_port() -> int:
 
 
 def msrun_command(script: str | Path, nproc: int, *, log_dir: Path, port: int,
-                  args: Sequence[str] = (), cluster_timeout: int = 120) -> list[str]:
-    """The msrun command line for `nproc` ranks on this host."""
+                  args: Sequence[str] = (), cluster_timeout: int = 120,
+                  nodes: Nodes | None = None) -> list[str]:
+    """The msrun command line for `nproc` ranks on this host.
+
+    Args:
+        script: what each rank runs: a Python file (msrun runs `python script args`).
+        nproc: the ranks of this host.
+        port: the scheduler's port (on `nodes.master_addr`).
+        nodes: this host's place in a job over several hosts (default: the only node, on
+            127.0.0.1); the job then has `nodes.count * nproc` ranks.
+    """
     if nproc < 1:
         raise PlanError(f"the number of processes must be >= 1, got {nproc}")
+    nodes = nodes or Nodes()
     msrun = shutil.which("msrun", path=path_with_interpreter())
     if msrun is None:
         raise LaunchError("msrun is not installed beside this Python (it comes with mindspore)")
-    return [msrun, f"--worker_num={nproc}", f"--local_worker_num={nproc}",
-            "--master_addr=127.0.0.1", f"--master_port={port}",
+    node_rank = [f"--node_rank={nodes.rank}"] if nodes.count > 1 else []
+    return [msrun, f"--worker_num={nodes.count * nproc}", f"--local_worker_num={nproc}",
+            *node_rank, f"--master_addr={nodes.master_addr}", f"--master_port={port}",
             f"--cluster_time_out={cluster_timeout}", f"--log_dir={log_dir}", "--join=True",
             str(script), *args]
 

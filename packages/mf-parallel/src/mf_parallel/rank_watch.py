@@ -16,6 +16,7 @@ import re
 import signal
 import subprocess
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 from .msrun import children
@@ -30,15 +31,16 @@ _MSRUN_WORKER_EXIT = (r"^\[ERROR\] ME\({pid}:.*Worker process (\d+) exit with ex
 _EXCEPTION_LINE = re.compile(r"^(\w+(?:\.\w+)*(?:Error|Exception|Interrupt)\b.*)$", re.M)
 
 
-def watch(process: subprocess.Popen[bytes], log_dir: Path, nproc: int, *,
-          deadline: float) -> str | None:
+def watch(process: subprocess.Popen[bytes], log_dir: Path, ranks: Sequence[int], *,
+          deadline: float, msrun_log: str = "msrun.log") -> str | None:
     """Wait for msrun; stop early with the first failed rank's message, or `TIMED_OUT`.
 
-    None means msrun exited by itself (its status says whether the job succeeded).
+    `ranks` are the global ranks msrun runs on this host; `msrun_log` names msrun's own log in
+    `log_dir`. None means msrun exited by itself (its status says whether the job succeeded).
     """
-    ranks = RankWatch(process.pid, log_dir, nproc)
+    workers = RankWatch(process.pid, log_dir, ranks, msrun_log=msrun_log)
     while process.poll() is None:
-        failure = ranks.failure()
+        failure = workers.failure()
         if failure is not None:
             return failure
         if time.monotonic() >= deadline:
@@ -84,21 +86,21 @@ class RankWatch:
       `logging.exception` inside a function does not count.
     """
 
-    def __init__(self, msrun_pid: int, log_dir: Path, nproc: int) -> None:
+    def __init__(self, msrun_pid: int, log_dir: Path, ranks: Sequence[int], *,
+                 msrun_log: str = "msrun.log") -> None:
         self.msrun_pid = msrun_pid
         self.log_dir = log_dir
-        self.nproc = nproc
         self.pid_rank: dict[int, int] = {}
-        self.logs = [LogScan(log_dir / f"worker_{rank}.log") for rank in range(nproc)]
-        self.log_rank = {str(log.path.resolve()): rank for rank, log in enumerate(self.logs)}
+        self.logs = {rank: LogScan(log_dir / f"worker_{rank}.log") for rank in ranks}
+        self.log_rank = {str(log.path.resolve()): rank for rank, log in self.logs.items()}
         # msrun's own log lines carry its PID; its copies of the worker logs do not
-        self.msrun_log = _Lines(log_dir / "msrun.log")
+        self.msrun_log = _Lines(log_dir / msrun_log)
         self.msrun_exit = re.compile(_MSRUN_WORKER_EXIT.format(pid=msrun_pid))
         self.reported: list[tuple[int, int]] = []
 
     def failure(self) -> str | None:
         """The message of the first failed rank found now, or None while all is well."""
-        if len(self.pid_rank) < self.nproc:
+        if len(self.pid_rank) < len(self.logs):
             self._find_workers()
         reported = self._msrun_reported_exits()
         if reported:
@@ -108,7 +110,7 @@ class RankWatch:
             returncode = _zombie_returncode(pid)
             if returncode:
                 return self._message(rank, returncode, pid)
-        for rank, log in enumerate(self.logs):
+        for rank, log in self.logs.items():
             if log.uncaught_traceback():
                 return rank_failure_message(rank, None, log.path)
         return None
@@ -132,7 +134,7 @@ class RankWatch:
     def _message(self, rank: int | None, returncode: int, pid: int) -> str:
         if rank is not None:
             return rank_failure_message(rank, returncode, self.logs[rank].path)
-        for rank, log in enumerate(self.logs):  # a worker that ended before it was seen
+        for rank, log in self.logs.items():  # a worker that ended before it was seen
             if traceback_tail(log.path):
                 return rank_failure_message(rank, None, log.path)
         how = (f"was killed by {_signal_name(-returncode)}" if returncode < 0

@@ -1,4 +1,5 @@
-"""`mf-train --config FILE [--set key.path=value ...] [--output-dir DIR] [--nproc N]`.
+"""`mf-train --config FILE [--set key.path=value ...] [--output-dir DIR] [--nproc N]
+[--nnodes N --node-rank R --master-addr HOST [--master-port P]]`.
 
 The whole configuration is validated first (mf-config, then mf-parallel's plan for the world
 size), and only then are devices, data and the model touched. A bad file exits with status 2
@@ -6,9 +7,11 @@ and every problem with its path and line; a failure while training exits with st
 
 With `--nproc N` the launcher starts N ranks on this host through msrun (mf_parallel.launch:
 127.0.0.1, a free port, the whole process group killed on failure or timeout); each rank runs
-`rank_worker.py` and writes its log to `DIR/logs/worker_<rank>.log`, and rank 0's lines are
-shown on the console as they come (`[rank 0] ...`). When a rank fails or is killed, the job
-stops within a second or so and the launcher prints that rank's error and the path of its log.
+the `mf-train-rank` entry point (`rank_worker`) and writes its log to
+`DIR/logs/worker_<rank>.log`, and the host's first rank's lines are shown on the console as
+they come (`[rank 0] ...`). When a rank fails or is killed, the job stops within a second or
+so and the launcher prints that rank's error and the path of its log. With `--nnodes`, this
+host is one node of a job over several hosts (`node_flags`): every check sees the whole job.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ import argparse
 import json
 import logging
 import os
+import shutil
 import sys
 import time
 from collections.abc import Sequence
@@ -29,9 +33,11 @@ from mf_config.validate import config_from_source, load_source
 from mf_config.yaml_source import Source, UnreadableFile
 from mf_data.errors import DataError
 from mf_parallel import PlanError
-from mf_parallel.launch import LaunchError, run_ranks
+from mf_parallel.launch import LaunchError, Nodes, run_ranks
+from mf_parallel.msrun import path_with_interpreter
 
 from .monitor.tensorboard import event_dir
+from .node_flags import NODE_OPTIONS, FlagError, add_node_flags, nodes_from
 from .run_directory import Claim, RunDirectoryError, claim
 from .summary import summary_lines
 
@@ -52,6 +58,7 @@ def _parser() -> argparse.ArgumentParser:
                              "process trains)")
     parser.add_argument("--timeout", type=float, default=0, metavar="SECONDS",
                         help="with --nproc: stop the job after this long (default: no limit)")
+    add_node_flags(parser)
     return parser
 
 
@@ -61,39 +68,66 @@ def run(argv: Sequence[str] | None = None) -> int:
     if args.nproc < 1:
         print(f"mf-train: --nproc must be >= 1, got {args.nproc}", file=sys.stderr)
         return 2
-    if args.nproc > 1:
-        return launch(args, list(argv if argv is not None else sys.argv[1:]))
+    try:
+        nodes = nodes_from(args)
+    except FlagError as exc:
+        print(f"mf-train: {exc}", file=sys.stderr)
+        return 2
+    if nodes.count * args.nproc > 1:
+        return launch(args, list(argv if argv is not None else sys.argv[1:]), nodes)
     return run_training(argv if argv is not None else sys.argv[1:], world_size=1)
 
 
-def launch(args: argparse.Namespace, argv: list[str]) -> int:
-    """Validate for `--nproc` ranks here, claim the output directory for the whole job, then
-    run the ranks through msrun and print the run's summary."""
-    validated = _validated(args, args.nproc, say_warnings=True)
+RANK_ENTRY_POINT = "mf-train-rank"
+"""The console script msrun starts on each rank (`rank_worker.main`)."""
+
+
+def launch(args: argparse.Namespace, argv: list[str], nodes: Nodes) -> int:
+    """Validate for the whole job's ranks here, claim the output directory (node 0 holds its
+    lock), then run this host's ranks through msrun and print the run's summary."""
+    validated = _validated(args, nodes.count * args.nproc, say_warnings=True)
     if validated is None:
         return 2
-    owned = _claimed(args.output_dir, validated[0])
+    worker = shutil.which(RANK_ENTRY_POINT, path=path_with_interpreter())
+    if worker is None:
+        print(f"mf-train: {RANK_ENTRY_POINT}, the command msrun starts on each rank, is not "
+              f"installed beside {sys.executable}; install mf-train into this environment "
+              "(pip install mf-train, or pip install -e packages/mf-train)", file=sys.stderr)
+        return 1
+    owned = _claimed(args.output_dir, validated[0], lock=nodes.rank == 0)
     if owned is None:
         return 2
     logs = Path(args.output_dir) / "logs"
-    worker = Path(__file__).with_name("rank_worker.py")
     rank_args = [*_without_launcher_options(argv), *_decided(owned)]
     timeout = args.timeout if args.timeout > 0 else 365 * 24 * 3600.0
-    print(f"mf-train: starting {args.nproc} ranks; logs in {logs}/worker_<rank>.log",
-          file=sys.stderr)
+    ranks = nodes.local_ranks(args.nproc)
+    print(f"mf-train: starting {_ranks_phrase(nodes, ranks)}; logs in "
+          f"{logs}/worker_<rank>.log", file=sys.stderr)
     start = time.monotonic()
     # MindSpore's C++ warnings would crowd rank 0's lines on the console (GLOG_v 3: errors)
     quiet = {} if "GLOG_v" in os.environ else {"GLOG_v": "3"}
     try:
         run_ranks(worker, args.nproc, log_dir=logs, timeout=timeout, args=rank_args,
-                  env={LAUNCHED: "1", **quiet}, echo_rank=0, echo_to=sys.stdout)
+                  env={LAUNCHED: "1", **quiet}, echo_rank=ranks[0], echo_to=sys.stdout,
+                  nodes=nodes)
     except LaunchError as exc:
         print(f"mf-train: {exc}", file=sys.stderr)
         return 1
     finally:
         owned.release()
-    _summarise(validated[0], owned, time.monotonic() - start)
+    if nodes.rank == 0:  # rank 0 writes the metrics
+        _summarise(validated[0], owned, time.monotonic() - start)
+    else:
+        print(f"mf-train: node {nodes.rank} finished its ranks {ranks[0]}-{ranks[-1]} in "
+              f"{time.monotonic() - start:.0f} s; node 0 has the metrics", file=sys.stderr)
     return 0
+
+
+def _ranks_phrase(nodes: Nodes, ranks: range) -> str:
+    if nodes.count == 1:
+        return f"{len(ranks)} ranks"
+    return (f"ranks {ranks[0]}-{ranks[-1]} of {nodes.count * len(ranks)} as node "
+            f"{nodes.rank} of {nodes.count} (master {nodes.master_addr}:{nodes.master_port})")
 
 
 LAUNCHED = "MF_TRAIN_LAUNCHED"
@@ -130,16 +164,18 @@ def _summarise(config: TrainConfig, owned: Claim, seconds: float) -> None:
 
 
 def _without_launcher_options(argv: list[str]) -> list[str]:
-    """`argv` without --nproc/--timeout (and their values), for the ranks."""
+    """`argv` without the launcher's options (--nproc, --timeout, the node flags) and their
+    values, for the ranks."""
+    options = ("--nproc", "--timeout", *NODE_OPTIONS)
     out, skip = [], False
     for arg in argv:
         if skip:
             skip = False
             continue
-        if arg in ("--nproc", "--timeout"):
+        if arg in options:
             skip = True
             continue
-        if arg.startswith(("--nproc=", "--timeout=")):
+        if arg.startswith(tuple(f"{option}=" for option in options)):
             continue
         out.append(arg)
     return out

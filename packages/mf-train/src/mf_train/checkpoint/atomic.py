@@ -2,6 +2,10 @@
 the target (`os.replace` is atomic on POSIX), so a reader sees the old file or the new one,
 never a torn one. Directory entries are fsynced too, so a rename survives a power loss, not
 only a killed process.
+
+Every file gets the mode any file this process creates gets (0666 less the umask: 0644 under
+the usual 022), as `torch.save` gives Megatron's checkpoints; safetensors alone writes 0600,
+which would hide a run's checkpoints from the group that may read its directory.
 """
 
 from __future__ import annotations
@@ -49,7 +53,31 @@ def _part_path(path: Path) -> Path:
 def _commit(part: Path, path: Path) -> None:
     with open(part, "rb+") as handle:
         os.fsync(handle.fileno())
+    os.chmod(part, 0o666 & ~_umask())
     os.replace(part, path)
+
+
+def _umask() -> int:
+    """The process's umask, read without changing it (`os.umask` can only be read by setting
+    it, which would race with the files other threads create meanwhile)."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as status:
+            for line in status:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except OSError:
+        pass
+    return _UMASK_AT_IMPORT
+
+
+def _umask_at_import() -> int:
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+_UMASK_AT_IMPORT = _umask_at_import()
+"""The umask when this module was imported: for systems without /proc/self/status."""
 
 
 def write_safetensors(path: Path, arrays: Mapping[str, np.ndarray],

@@ -6,6 +6,8 @@
 * `train_state.TrainStateMonitor`: local/device losses and gradient norms (every rank).
 * `moe.MoeMonitor`: tokens per expert of MoE layers every N steps (every rank).
 * `health.EmbeddingHealthMonitor`: the embedding's local gradient norm against its threshold.
+* `wandb.WandbWriter`: the same scalars as TensorBoard in a Weights & Biases run (rank 0),
+  only when a `callbacks:` item names `type: wandb` (it needs `mf-train[wandb]`).
 
 `standard_callbacks(monitor, user)` is the list a run uses: collectors, then the user's
 callbacks, then the writers (see `mf_train.callbacks` for the hook points and the order).
