@@ -242,9 +242,10 @@ WARNED = [("--keep-newlines",), ("--lang", "english"), ("--partitions", "1"),
 REFUSED = [(("--split-sentences",), "--split-sentences: mf-data does not split sentences"),
            (("--partitions", "4"), "--partitions 4: not supported, use --workers"),
            (("--dataset-impl", "lazy"), "--dataset-impl lazy: mf-data writes the mmap format"),
-           (("--vocab-file", "v.txt"), "--vocab-file v.txt: it configures Megatron's BERT"),
-           (("--merge-file", "m.txt"), "--merge-file m.txt: it configures"),
-           (("--vocab-size", "100"), "--vocab-size 100: it configures")]
+           (("--vocab-file", "v.txt"), "--vocab-file v.txt: mf-data reads no separate "
+                                       "vocabulary files"),
+           (("--merge-file", "m.txt"), "--merge-file m.txt: mf-data reads no separate"),
+           (("--vocab-size", "100"), "--vocab-size 100: it sizes Megatron's Null and TikToken")]
 
 
 def test_every_megatron_flag_is_tested() -> None:

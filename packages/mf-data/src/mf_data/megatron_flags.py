@@ -15,9 +15,12 @@ from typing import Any
 _SPLIT = ("mf-data does not split sentences (Megatron does it with nltk); give each document "
           "as a JSON list of sentence strings: each becomes one sequence, as in Megatron's "
           "split output")
-_TOKENIZER_FILES = ("it configures Megatron's BERT, GPT-2 BPE, TikToken or Null tokenizers, "
-                    "which mf-data does not have; use --tokenizer-type HuggingFaceTokenizer "
-                    "--tokenizer-model DIR (a directory with tokenizer.json)")
+_USE_HF = ("use --tokenizer-type HuggingFaceTokenizer --tokenizer-model DIR (a directory with "
+           "tokenizer.json)")
+_TOKENIZER_FILES = ("mf-data reads no separate vocabulary files (Megatron's BERT and GPT-2 BPE "
+                    f"types read them, or they replace a Hugging Face model's own); {_USE_HF}")
+_VOCAB_SIZE = ("it sizes Megatron's Null and TikToken tokenizers, which mf-data does not have; "
+               f"{_USE_HF}")
 
 # flag: (argparse keywords, whether a given value is refused, the reason)
 FLAGS: dict[str, tuple[dict[str, Any], Callable[[Any], bool], str]] = {
@@ -40,7 +43,7 @@ FLAGS: dict[str, tuple[dict[str, Any], Callable[[Any], bool], str]] = {
                        "Megatron reads"),
     "--vocab-file": ({"metavar": "FILE"}, lambda value: True, _TOKENIZER_FILES),
     "--merge-file": ({"metavar": "FILE"}, lambda value: True, _TOKENIZER_FILES),
-    "--vocab-size": ({"type": int, "metavar": "N"}, lambda value: True, _TOKENIZER_FILES),
+    "--vocab-size": ({"type": int, "metavar": "N"}, lambda value: True, _VOCAB_SIZE),
     "--rank": ({"type": int, "metavar": "N"}, lambda value: False,
                "Megatron's preprocessing does not use it either"),
     "--make-vocab-size-divisible-by": ({"type": int, "metavar": "N"}, lambda value: False,
@@ -59,7 +62,7 @@ def _dest(flag: str) -> str:
 def add_megatron_flags(parser: argparse.ArgumentParser) -> None:
     """Register the flags of ``FLAGS`` in their own help group (all default to unset)."""
     group = parser.add_argument_group(
-        "Megatron preprocess_data.py flags without an effect here",
+        "Megatron preprocess_data.py flags mf-data does not honour",
         "accepted so that a Megatron command runs unchanged: each warns once, or is refused "
         "with the reason when it would change the output")
     for flag, (keywords, _, reason) in FLAGS.items():

@@ -7,9 +7,10 @@ A text may be a string (one sequence) or a list of strings (one sequence each, a
 a document with no tokens gets no sequence and no EOD, exactly as in Megatron. Tokenizing may
 run in worker processes (``workers``); the output is the same bytes for any number of them.
 
-Unlike Megatron, an input with no tokens at all (an empty file, only blank lines, or documents
-that are all empty) is an error naming the file, and nothing is written: Megatron writes an
-empty dataset there, which only fails later, when training samples from it.
+Unlike Megatron, an input with no tokens at all under some key (an empty file, only blank
+lines, or documents that are all empty) is an error naming the file and the key, and nothing is
+written: Megatron writes an empty dataset there, which only fails later, when training samples
+from it.
 """
 
 from __future__ import annotations
