@@ -13,7 +13,7 @@ writing. Both sides' files are checked to be the same bytes. Each case is repeat
 and the median.
 
 Usage (needs torch, megatron-core and transformers: ``nox -s bench_data``):
-  python benchmarks/data_preprocess.py [--copies 10] [--repeats 3] [--keys text]
+  python benchmarks/data_preprocess.py [--copies 20] [--repeats 5] [--keys text]
 """
 
 from __future__ import annotations
@@ -59,8 +59,8 @@ def tokens_written(prefix: Path, keys: list[str]) -> int:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--copies", type=int, default=10, help="corpus size in topic copies")
-    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--copies", type=int, default=20, help="corpus size in topic copies")
+    parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--keys", nargs="+", default=["text"])
     args = parser.parse_args()
     # Imported here, not at the top: mf-data's workers are spawned processes, which import

@@ -10,6 +10,7 @@ and forking a process that has threads can deadlock the child.
 from __future__ import annotations
 
 import multiprocessing
+import os
 from collections import deque
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
@@ -108,6 +109,10 @@ _worker_encoder: ChunkEncoder | None = None
 
 def _start_worker(encoder: ChunkEncoder) -> None:
     global _worker_encoder
+    # One thread per worker: the workers share the cores, and a Hugging Face tokenizer's own
+    # thread pool in each would only oversubscribe them. (In this process, with one worker,
+    # encode_batch keeps its threads.)
+    os.environ["TOKENIZERS_PARALLELISM"] = "false"
     _worker_encoder = encoder
 
 
