@@ -176,6 +176,13 @@ def test_bad_or_empty_gzip_names_the_file(tmp_path: Path, content: bytes, proble
     assert sorted(p.name for p in tmp_path.iterdir()) == ["in.jsonl.gz"]
 
 
+def test_gzip_without_the_gz_name_is_named_as_such(tmp_path: Path) -> None:
+    (tmp_path / "in.jsonl").write_bytes(gzip.compress(b'{"text": "abc"}\n'))
+    with pytest.raises(DataError, match=r"in\.jsonl:1: not UTF-8 text: the file is "
+                                        r"gzip-compressed; a gzip input must be named \.gz"):
+        preprocess_jsonl(tmp_path / "in.jsonl", tmp_path / "c", ByteTokenizer(), progress=None)
+
+
 def test_empty_input_with_megatron_flags_names_the_file(tmp_path: Path) -> None:
     (tmp_path / "empty.jsonl").write_text("", encoding="utf-8")
     result = mf_data("preprocess", "--input", "empty.jsonl", "--output-prefix", "c",

@@ -74,6 +74,9 @@ def parse_record(path: str, line_number: int, line: bytes,
     try:
         record = json.loads(line.rstrip(b"\r\n"))
     except UnicodeDecodeError as error:
+        if line_number == 1 and line.startswith(b"\x1f\x8b"):
+            raise DataError(f"{where}: not UTF-8 text: the file is gzip-compressed; a gzip "
+                            "input must be named .gz (e.g. .jsonl.gz)") from None
         raise DataError(f"{where}: not UTF-8 text ({error.reason})") from None
     except json.JSONDecodeError as error:
         raise DataError(f"{where}: not valid JSON: {error.msg} at column {error.colno}") from None
