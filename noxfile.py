@@ -126,15 +126,17 @@ def install_torch_cpu(session: nox.Session, *extra: str) -> None:
 
 
 def install_megatron(session: nox.Session, *extra: str) -> None:
-    """torch 2.13.0 (CPU build), megatron-core 0.16.1 and mf-data with what it needs."""
-    install_torch_cpu(session, "megatron-core==0.16.1", "numpy", *extra,
-                      *(f"-e{ROOT / 'packages' / name}"
+    """torch 2.13.0 (CPU build), megatron-core 0.16.1, transformers 4.57.6 (the tokenizer
+    megatron-core's HuggingFaceTokenizer loads) and mf-data with its tokenizers extra."""
+    install_torch_cpu(session, "megatron-core==0.16.1", "numpy", "transformers==4.57.6", *extra,
+                      *(f"-e{ROOT / 'packages' / name}{'[hf]' if name == 'mf-data' else ''}"
                         for name in ("mf-config", "mf-parallel", "mf-data")))
 
 
 @nox.session
 def megatron_parity(session: nox.Session) -> None:
-    """mf-data against real megatron-core 0.16.1 (torch CPU): compare bit for bit.
+    """mf-data against real megatron-core 0.16.1 (torch CPU): compare bit for bit (datasets,
+    samples and blends; then `mf-data preprocess` against Megatron's preprocessing).
 
     `nox -s megatron_parity` checks; `nox -s megatron_parity -- --write` also rewrites the
     goldens in tests/data/golden/ (then run tests/data/test_megatron_golden.py).
@@ -145,14 +147,17 @@ def megatron_parity(session: nox.Session) -> None:
                 "numpy.__version__)")
     session.run("python", "tests/data/parity/generate_golden.py", "--check",
                 *session.posargs)
+    session.run("python", "tests/data/parity/preprocess_parity.py")
 
 
 @nox.session
 def bench_data(session: nox.Session) -> None:
     """mf-data against megatron-core 0.16.1 (torch CPU) in one run: index build, sample reads,
-    the batch loader. `nox -s bench_data -- --scale 0.25` for a smaller corpus."""
+    the batch loader; then preprocessing tokens/s with 1 and 2 workers.
+    `nox -s bench_data -- --scale 0.25` for a smaller corpus (data.py's options)."""
     install_megatron(session)
     session.run("python", "benchmarks/data.py", *session.posargs)
+    session.run("python", "benchmarks/data_preprocess.py")
 
 
 @nox.session

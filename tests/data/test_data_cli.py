@@ -81,7 +81,7 @@ def test_data_errors_exit_1_with_a_message_and_no_traceback(tmp_path: Path) -> N
                   cwd=tmp_path)
     assert bad.returncode == 1
     assert bad.stderr == ("mf-data: error: bad.jsonl:2: no key 'text' (keys present: 'body'); "
-                          "choose the key with --json-key\n")
+                          "choose the key with --json-keys\n")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["bad.jsonl"]
 
 
@@ -90,7 +90,7 @@ def test_data_errors_exit_1_with_a_message_and_no_traceback(tmp_path: Path) -> N
          "'text'"),
     ('{"text": ""}\n{"text": ""}\n', "no tokens: 'text' is empty or tokenizes to nothing in "
                                      "all 2 documents; a dataset needs at least one token (is "
-                                     "'text' the key that holds the text? see --json-key)"),
+                                     "'text' the key that holds the text? see --json-keys)"),
 ])
 def test_preprocess_of_nothing_exits_1_and_writes_nothing(tmp_path: Path, content: str,
                                                           problem: str) -> None:

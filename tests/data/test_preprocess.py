@@ -100,7 +100,7 @@ def test_dtype_choice(tmp_path: Path) -> None:
 @pytest.mark.parametrize(("line", "message"), [
     ('{"text": "ok"', r"in\.jsonl:3: not valid JSON: Expecting ',' delimiter at column 14"),
     ('{"txt": "x", "n": 2}', r"in\.jsonl:3: no key 'text' \(keys present: 'txt', 'n'\); "
-                             r"choose the key with --json-key"),
+                             r"choose the key with --json-keys"),
     ('["text"]', r"in\.jsonl:3: expected a JSON object with key 'text', got list"),
     ('{"text": 5}', r"in\.jsonl:3: 'text' must be a string or a list of strings, got int"),
 ])
@@ -138,7 +138,7 @@ def test_failed_run_keeps_the_previous_output(tmp_path: Path) -> None:
 
 NO_DOCUMENTS = "give one JSON object per line, its text under 'text'; nothing was written"
 NO_TOKENS = ("a dataset needs at least one token (is 'text' the key that holds the text? see "
-             "--json-key); nothing was written")
+             "--json-keys); nothing was written")
 
 
 @pytest.mark.parametrize(("text", "problem"), [

@@ -4,4 +4,5 @@ from __future__ import annotations
 
 from mf_data.cli import run
 
-raise SystemExit(run())
+if __name__ == "__main__":  # not when a spawned worker process imports it
+    raise SystemExit(run())

@@ -13,6 +13,7 @@ import json
 import os
 import sys
 from collections.abc import Callable, Sequence
+from typing import Any
 
 from mf_data.errors import DataError
 
@@ -30,45 +31,108 @@ def _non_negative_int(text: str) -> int:
     return value
 
 
-def _preprocess(args: argparse.Namespace) -> int:
-    from mf_data.preprocess import preprocess_jsonl
-    from mf_data.text_tokenizer import load_tokenizer
+def _positive_int(text: str) -> int:
+    value = _non_negative_int(text)
+    if value == 0:
+        raise argparse.ArgumentTypeError("must be >= 1, got 0")
+    return value
 
-    tokenizer = load_tokenizer(args.tokenizer, args.eod)
-    summary = preprocess_jsonl(args.input, args.output_prefix, tokenizer, json_key=args.json_key,
-                               dtype=args.dtype, progress=None if args.quiet else sys.stderr)
-    print(f"wrote {summary.prefix}.bin and {summary.prefix}.idx: {summary.documents:,} "
-          f"documents, {summary.sequences:,} sequences, {summary.tokens:,} tokens "
-          f"({summary.dtype.name}; tokenizer {tokenizer.name}, EOD {tokenizer.eod}) "
-          f"in {summary.seconds:.2f} s")
-    if summary.empty_documents:
-        print(f"note: {summary.empty_documents:,} of the documents produced no tokens; they "
-              f"are kept as documents without sequences, as Megatron does")
+
+def _preprocess_tokenizer(args: argparse.Namespace) -> Any:
+    """The tokenizer of the legacy ``--tokenizer FILE`` or of Megatron's ``--tokenizer-type``
+    and ``--tokenizer-model``; usage errors exit 2."""
+    from mf_data.text_tokenizer import (
+        TOKENIZER_TYPES,
+        load_tokenizer,
+        tokenizer_of_type,
+        unknown_type_message,
+    )
+
+    if args.tokenizer is not None and (args.tokenizer_type or args.tokenizer_model):
+        args.parser.error("--tokenizer FILE is short for --tokenizer-type HuggingFaceTokenizer "
+                          "--tokenizer-model FILE; give one form, not both")
+    if args.tokenizer_type is None:
+        if args.tokenizer_model is not None:
+            args.parser.error("--tokenizer-model needs --tokenizer-type (allowed: "
+                              f"{', '.join(TOKENIZER_TYPES)})")
+        return load_tokenizer(args.tokenizer, args.eod)
+    if args.tokenizer_type not in TOKENIZER_TYPES:
+        args.parser.error(unknown_type_message(args.tokenizer_type))
+    return tokenizer_of_type(args.tokenizer_type, args.tokenizer_model, args.eod)
+
+
+def _preprocess(args: argparse.Namespace) -> int:
+    from mf_data.megatron_flags import check_megatron_flags
+    from mf_data.preprocess import megatron_prefixes, preprocess
+
+    refusal = check_megatron_flags(
+        args, lambda message: print(f"{PROGRAM} preprocess: warning: {message}",
+                                    file=sys.stderr))
+    if refusal is not None:
+        args.parser.error(refusal)
+    if args.json_keys is not None and len(set(args.json_keys)) != len(args.json_keys):
+        args.parser.error(f"--json-keys {' '.join(args.json_keys)}: a key is repeated")
+    tokenizer = _preprocess_tokenizer(args)
+    outputs = (megatron_prefixes(args.output_prefix, args.json_keys) if args.json_keys
+               else {args.json_key: args.output_prefix})
+    summaries = preprocess(args.input, outputs, tokenizer, dtype=args.dtype,
+                           progress=None if args.quiet else sys.stderr,
+                           append_eod=args.append_eod, workers=args.workers)
+    eod = f"EOD {tokenizer.eod}" if args.append_eod else "no EOD"
+    for summary in summaries:
+        print(f"wrote {summary.prefix}.bin and {summary.prefix}.idx: {summary.documents:,} "
+              f"documents, {summary.sequences:,} sequences, {summary.tokens:,} tokens "
+              f"({summary.dtype.name}; tokenizer {tokenizer.name}, {eod}) in "
+              f"{summary.seconds:.2f} s")
+        if summary.empty_documents:
+            print(f"note: {summary.empty_documents:,} of the documents produced no tokens "
+                  f"under {summary.json_key!r}; they are kept as documents without sequences, "
+                  "as Megatron does")
     return 0
 
 
 def add_preprocess(subparsers: argparse._SubParsersAction) -> None:
+    from mf_data.megatron_flags import add_megatron_flags
+
     parser = subparsers.add_parser(
-        "preprocess", help="tokenize JSON Lines into PREFIX.bin/PREFIX.idx",
-        description="Tokenize one JSON object per line into a Megatron indexed dataset; each "
-                    "document ends with the EOD token (Megatron's --append-eod).")
+        "preprocess", help="tokenize JSON Lines into Megatron .bin/.idx datasets",
+        description="Tokenize one JSON object per line into Megatron indexed datasets, taking "
+                    "Megatron-LM's tools/preprocess_data.py flags. Unlike Megatron, each "
+                    "document ends with the EOD token unless --no-append-eod.")
     parser.add_argument("--input", required=True, metavar="FILE.jsonl",
-                        help="JSON Lines input, one document per line")
+                        help="JSON Lines input, one document per line; .jsonl.gz is read as "
+                             "gzip")
     parser.add_argument("--output-prefix", required=True, metavar="PREFIX",
-                        help="writes PREFIX.bin and PREFIX.idx")
+                        help="with --json-keys: writes PREFIX_{KEY}_document.bin/.idx per key, "
+                             "as Megatron; else PREFIX.bin and PREFIX.idx")
+    keys = parser.add_mutually_exclusive_group()
+    keys.add_argument("--json-keys", nargs="+", metavar="KEY",
+                      help="keys to tokenize, one dataset each, named as Megatron names them")
+    keys.add_argument("--json-key", default="text", metavar="KEY",
+                      help="one key, written to PREFIX.bin/.idx exactly (default: text)")
+    parser.add_argument("--append-eod", action=argparse.BooleanOptionalAction, default=True,
+                        help="end each document with the EOD token (default: on; Megatron's "
+                             "default is off, --no-append-eod gives it)")
+    parser.add_argument("--workers", type=_positive_int, default=1, metavar="N",
+                        help="tokenizing processes (default 1); the output is the same bytes "
+                             "for any N")
+    parser.add_argument("--tokenizer-type", metavar="TYPE",
+                        help="ByteTokenizer (the default: UTF-8 bytes, ids 0-255, EOD 256) or "
+                             "HuggingFaceTokenizer (needs mf-data[hf] and --tokenizer-model)")
+    parser.add_argument("--tokenizer-model", metavar="DIR",
+                        help="a Hugging Face model directory with tokenizer.json, or the file")
     parser.add_argument("--tokenizer", metavar="tokenizer.json",
-                        help="Hugging Face tokenizer.json (needs mf-data[hf]); default: UTF-8 "
-                             "bytes, ids 0-255, EOD 256")
+                        help="short for --tokenizer-type HuggingFaceTokenizer --tokenizer-model "
+                             "tokenizer.json")
     parser.add_argument("--eod", type=_non_negative_int, metavar="ID",
                         help="end-of-document token id (default: 256 for bytes, else the "
                              "tokenizer's eos token)")
-    parser.add_argument("--json-key", default="text", metavar="KEY",
-                        help="key holding the text (default: text)")
     parser.add_argument("--dtype", choices=DTYPE_NAMES,
                         help="token dtype in .bin (default: uint16 if the vocabulary is below "
                              "65500, else int32)")
     parser.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
-    parser.set_defaults(handler=_preprocess)
+    add_megatron_flags(parser)
+    parser.set_defaults(handler=_preprocess, parser=parser)
 
 
 def _inspect(args: argparse.Namespace) -> int:

@@ -299,6 +299,33 @@ class IndexedDatasetBuilder:
             start += length
         self.end_document()
 
+    def add_documents(self, tokens: np.ndarray | Sequence[int], sequence_lengths: Sequence[int],
+                      sequences_per_document: Sequence[int]) -> None:
+        """Append many documents in one write: the same bytes as ``add_document`` per document.
+
+        Args:
+            tokens: every sequence's tokens back to back.
+            sequence_lengths: the length of each sequence, in order.
+            sequences_per_document: how many of those sequences each document has (0: a
+                document without sequences).
+        """
+        values = self._as_tokens(tokens)
+        if sum(sequence_lengths) != len(values) or any(n < 0 for n in sequence_lengths) or \
+                sum(sequences_per_document) != len(sequence_lengths):
+            raise DataError(f"{self.bin_path}: {len(sequence_lengths)} sequence lengths adding "
+                            f"up to {sum(sequence_lengths)} do not match {len(values)} tokens "
+                            f"in documents of {sum(sequences_per_document)} sequences")
+        if self._stream.closed:
+            raise DataError(f"{self.bin_path}: builder already finalized or discarded")
+        if any(n > _INT32_MAX for n in sequence_lengths):
+            raise DataError(f"{self.bin_path}: a sequence of {max(sequence_lengths)} tokens "
+                            f"exceeds the format's int32 length limit")
+        self._stream.write(np.ascontiguousarray(values).tobytes())
+        start = len(self._sequence_lengths)
+        self._sequence_lengths.extend(sequence_lengths)
+        self._document_indices.extend(start + int(end) for end in
+                                      np.cumsum(sequences_per_document, dtype=np.int64))
+
     def finalize(self, idx_path: str | os.PathLike) -> None:
         """Move the `.bin` into place and write the `.idx` (both atomically)."""
         if self._stream.closed:

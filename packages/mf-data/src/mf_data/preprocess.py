@@ -1,38 +1,50 @@
-"""JSON Lines to a Megatron ``.bin``/``.idx`` pair, as Megatron's ``preprocess_data.py
---append-eod`` does: each document's tokens followed by EOD.
+"""JSON Lines (plain or ``.gz``) to Megatron ``.bin``/``.idx`` pairs, one per JSON key, as
+Megatron's ``preprocess_data.py`` writes them: each document's tokens, followed by EOD with
+``append_eod``.
 
 A text may be a string (one sequence) or a list of strings (one sequence each, as Megatron's
 ``--split-sentences`` output; EOD ends the last). Parts that tokenize to nothing are dropped and
-a document with no tokens gets no sequence and no EOD, exactly as in Megatron.
+a document with no tokens gets no sequence and no EOD, exactly as in Megatron. Tokenizing may
+run in worker processes (``workers``); the output is the same bytes for any number of them.
 
-Unlike Megatron, an input with no tokens at all (an empty file, only blank lines, or documents
-that are all empty) is an error naming the file, and nothing is written: Megatron writes an
-empty dataset there, which only fails later, when training samples from it.
+Unlike Megatron, an input with no tokens at all under some key (an empty file, only blank
+lines, or documents that are all empty) is an error naming the file and the key, and nothing is
+written: Megatron writes an empty dataset there, which only fails later, when training samples
+from it.
 """
 
 from __future__ import annotations
 
-import json
 import os
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Mapping, Sequence
+from contextlib import ExitStack
 from dataclasses import dataclass
 from typing import Any, TextIO
 
 import numpy as np
 
+from mf_data.chunk_encoder import ChunkEncoder, EncodedDocuments, encode_chunks
 from mf_data.errors import DataError
 from mf_data.indexed import DType, IndexedDatasetBuilder, data_path, index_path
+from mf_data.jsonl_input import is_gzip, read_chunks
 from mf_data.text_tokenizer import TextTokenizer
 
-_BATCH = 256  # documents encoded together (Hugging Face tokenizers encode a batch in parallel)
+_BATCH = 256  # lines encoded together (Hugging Face tokenizers encode a batch in parallel)
+
+
+def megatron_prefixes(output_prefix: str | os.PathLike,
+                      json_keys: Sequence[str]) -> dict[str, str]:
+    """Megatron's output names: ``{output_prefix}_{key}_document`` for each key."""
+    return {key: f"{os.fspath(output_prefix)}_{key}_document" for key in json_keys}
 
 
 @dataclass(frozen=True)
 class PreprocessSummary:
     input: str
     prefix: str
+    json_key: str
     documents: int
     empty_documents: int  # documents whose text produced no tokens (no sequence written)
     sequences: int
@@ -62,174 +74,138 @@ class ProgressPrinter:
               f"input, {documents / elapsed:,.0f} docs/s", file=self._stream, flush=True)
 
 
-def _parts_of(path: str, line_number: int, line: bytes, json_key: str) -> list[str]:
-    """The text parts of one JSON Lines record, or a DataError naming file:line."""
-    where = f"{path}:{line_number}"
+def preprocess_jsonl(input_path: str | os.PathLike, output_prefix: str | os.PathLike,
+                     tokenizer: TextTokenizer, json_key: str = "text", dtype: Any = None,
+                     progress: TextIO | None = sys.stderr, progress_seconds: float = 5.0,
+                     append_eod: bool = True, workers: int = 1) -> PreprocessSummary:
+    """Tokenize the text under one key into ``output_prefix.bin``/``.idx`` (that name
+    exactly); see ``preprocess`` for everything else."""
+    return preprocess(input_path, {json_key: os.fspath(output_prefix)}, tokenizer, dtype=dtype,
+                      progress=progress, progress_seconds=progress_seconds,
+                      append_eod=append_eod, workers=workers)[0]
+
+
+def preprocess(input_path: str | os.PathLike, outputs: Mapping[str, str],
+               tokenizer: TextTokenizer, dtype: Any = None,
+               progress: TextIO | None = sys.stderr, progress_seconds: float = 5.0,
+               append_eod: bool = True, workers: int = 1) -> list[PreprocessSummary]:
+    """Tokenize a JSON-lines corpus into Megatron indexed datasets, one per JSON key, a document
+    per record.
+
+    Output appears only when every dataset is complete; on any error nothing is left behind,
+    not even the directories made for it.
+
+    Args:
+        input_path: the ``.jsonl`` file, or a gzip ``.jsonl.gz``.
+        outputs: the JSON key of each dataset and its prefix (``megatron_prefixes`` gives
+            Megatron's names).
+        tokenizer: encodes the text; its EOD id ends each document with ``append_eod``.
+        dtype: the token dtype; None: Megatron's optimal one (uint16 below a 65500-token
+            vocabulary, else int32).
+        progress: where a status line goes, at most every ``progress_seconds``; None: nowhere.
+        append_eod: end every document that has tokens with EOD (Megatron's ``--append-eod``).
+        workers: processes that tokenize (1: this one); the output does not depend on it.
+
+    Returns:
+        What was written per key: documents (empty ones too), sequences, tokens, dtype, time.
+
+    Raises:
+        DataError: the input is missing or empty, a record cannot be read, a key has no
+            tokens at all, or the dtype is too narrow.
+    """
+    path = os.fspath(input_path)
+    if not os.path.isfile(path):
+        raise DataError(f"{path}: input file not found")
+    if workers < 1:
+        raise DataError(f"--workers {workers}: needs at least one worker process")
+    if not outputs:
+        raise DataError("no JSON keys to read; give at least one with --json-keys")
+    token_dtype = _token_dtype(dtype, tokenizer)
+    made = [d for prefix in outputs.values() for d in _make_parent_directories(prefix)]
+    printer = ProgressPrinter(progress, os.path.getsize(path), progress_seconds)
+    started = time.monotonic()
+    encoder = ChunkEncoder(path, tokenizer, list(outputs), append_eod, token_dtype)
     try:
-        record = json.loads(line.rstrip(b"\r\n"))
-    except UnicodeDecodeError as error:
-        raise DataError(f"{where}: not UTF-8 text ({error.reason})") from None
-    except json.JSONDecodeError as error:
-        raise DataError(f"{where}: not valid JSON: {error.msg} at column {error.colno}") from None
-    if not isinstance(record, dict):
-        raise DataError(f"{where}: expected a JSON object with key {json_key!r}, got "
-                        f"{type(record).__name__}")
-    if json_key not in record:
-        keys = ", ".join(repr(k) for k in list(record)[:10]) or "none"
-        raise DataError(f"{where}: no key {json_key!r} (keys present: {keys}); choose the key "
-                        f"with --json-key")
-    text = record[json_key]
-    if isinstance(text, str):
-        return [text]
-    if isinstance(text, list) and all(isinstance(part, str) for part in text):
-        return text
-    raise DataError(f"{where}: {json_key!r} must be a string or a list of strings, got "
-                    f"{type(text).__name__}")
-
-
-def _records(path: str, json_key: str) -> Iterator[tuple[int, list[str]]]:
-    """(bytes read so far, text parts) for each non-blank line."""
-    bytes_read = 0
-    with open(path, "rb") as stream:
-        for line_number, line in enumerate(stream, start=1):
-            bytes_read += len(line)
-            if line.strip():
-                yield bytes_read, _parts_of(path, line_number, line, json_key)
-
-
-def _encode_all(tokenizer: TextTokenizer, texts: list[str]) -> list[list[int]]:
-    encode_batch = getattr(tokenizer, "encode_batch", None)
-    if encode_batch is not None:
-        return encode_batch(texts)
-    return [tokenizer.encode(text) for text in texts]
+        counts, bytes_read = _write_datasets(path, outputs, encoder, workers, printer)
+    except BaseException:
+        _remove_empty_directories(made)
+        raise
+    seconds = time.monotonic() - started
+    printer.update(counts[0].documents, sum(c.tokens for c in counts), bytes_read, final=True)
+    return [count.summary(path, key, prefix, token_dtype, seconds)
+            for count, (key, prefix) in zip(counts, outputs.items(), strict=True)]
 
 
 def _token_dtype(dtype: Any, tokenizer: TextTokenizer) -> np.dtype:
     """The dtype asked for, or Megatron's optimal one; either must hold every id."""
     chosen = DType.optimal(tokenizer.vocab_size) if dtype is None else \
         DType.dtype_of(DType.code_of(dtype))
-    _check_dtype(chosen, tokenizer)
+    if chosen.kind in "iu" and tokenizer.vocab_size - 1 > np.iinfo(chosen).max:
+        raise DataError(f"--dtype {chosen.name}: holds ids up to {np.iinfo(chosen).max} but the "
+                        f"tokenizer's ids reach {tokenizer.vocab_size - 1}; choose a wider dtype")
     return chosen
 
 
-def _check_dtype(dtype: np.dtype, tokenizer: TextTokenizer) -> None:
-    if dtype.kind in "iu" and tokenizer.vocab_size - 1 > np.iinfo(dtype).max:
-        raise DataError(f"--dtype {dtype.name}: holds ids up to {np.iinfo(dtype).max} but the "
-                        f"tokenizer's ids reach {tokenizer.vocab_size - 1}; choose a wider dtype")
+def _write_datasets(path: str, outputs: Mapping[str, str], encoder: ChunkEncoder,
+                    workers: int, printer: ProgressPrinter) -> tuple[list[_Counts], int]:
+    """Encode the input chunk by chunk into one builder per key; (counts per key, bytes read).
+
+    The builders' ``.bin`` files have temporary names until ``finalize``, and an error raised
+    inside the ``with`` deletes them, so a failure leaves no file behind.
+    """
+    bytes_read = lines = 0
+    counts = [_Counts() for _ in outputs]
+    with ExitStack() as stack:
+        builders = [stack.enter_context(IndexedDatasetBuilder(data_path(prefix), encoder.dtype))
+                    for prefix in outputs.values()]
+        for chunk in encode_chunks(encoder, read_chunks(path, _BATCH), workers):
+            for builder, count, documents in zip(builders, counts, chunk.keys, strict=True):
+                builder.add_documents(documents.tokens, documents.sequence_lengths,
+                                      documents.sequences_per_document)
+                count.add(documents)
+            lines += chunk.lines
+            bytes_read = chunk.bytes_read
+            printer.update(counts[0].documents, sum(c.tokens for c in counts), bytes_read)
+        for key, count in zip(outputs, counts, strict=True):
+            if count.tokens == 0:
+                raise _no_tokens(path, key, count.documents, lines)
+        for builder, prefix in zip(builders, outputs.values(), strict=True):
+            builder.finalize(index_path(prefix))
+    return counts, bytes_read
 
 
-class _DocumentWriter:
-    """Adds encoded documents to the builder, appending EOD, and counts what it wrote."""
+class _Counts:
+    """What has been written to one dataset."""
 
-    def __init__(self, builder: IndexedDatasetBuilder, eod: int) -> None:
-        self._builder, self._eod = builder, eod
+    def __init__(self) -> None:
         self.documents = self.empty = self.sequences = self.tokens = 0
 
-    def add(self, parts: list[list[int]]) -> None:
-        parts = [part for part in parts if len(part) > 0]
-        self.documents += 1
-        if not parts:
-            self.empty += 1
-            self._builder.end_document()
-            return
-        lengths = [len(part) for part in parts]
-        lengths[-1] += 1
-        tokens = [token for part in parts for token in part]
-        tokens.append(self._eod)
-        self._builder.add_document(tokens, lengths)
-        self.sequences += len(lengths)
-        self.tokens += len(tokens)
+    def add(self, documents: EncodedDocuments) -> None:
+        self.documents += len(documents.sequences_per_document)
+        self.empty += documents.sequences_per_document.count(0)
+        self.sequences += len(documents.sequence_lengths)
+        self.tokens += len(documents.tokens)
 
-    def summary(self, path: str, prefix: str, dtype: np.dtype,
+    def summary(self, path: str, key: str, prefix: str, dtype: np.dtype,
                 seconds: float) -> PreprocessSummary:
-        return PreprocessSummary(input=path, prefix=prefix, documents=self.documents,
-                                 empty_documents=self.empty, sequences=self.sequences,
-                                 tokens=self.tokens, dtype=dtype, seconds=seconds)
+        return PreprocessSummary(input=path, prefix=prefix, json_key=key,
+                                 documents=self.documents, empty_documents=self.empty,
+                                 sequences=self.sequences, tokens=self.tokens, dtype=dtype,
+                                 seconds=seconds)
 
 
-def preprocess_jsonl(input_path: str | os.PathLike, output_prefix: str | os.PathLike,
-                     tokenizer: TextTokenizer, json_key: str = "text", dtype: Any = None,
-                     progress: TextIO | None = sys.stderr,
-                     progress_seconds: float = 5.0) -> PreprocessSummary:
-    """Tokenize a JSON-lines corpus into a Megatron indexed dataset, a document per record.
-
-    Output appears only when complete; on any error nothing is left behind, not even the
-    directories made for it.
-
-    Args:
-        input_path: the ``.jsonl`` file.
-        output_prefix: where ``.bin``/``.idx`` go.
-        tokenizer: encodes the text; its EOD id ends each document.
-        json_key: the record's field holding the text (a string or a list of strings).
-        dtype: the token dtype; None: Megatron's optimal one (uint16 below a 65500-token
-            vocabulary, else int32).
-        progress: where a status line goes, at most every ``progress_seconds``; None: nowhere.
-
-    Returns:
-        What was written: documents (empty ones too), sequences, tokens, dtype and time.
-
-    Raises:
-        DataError: the input is missing, a record cannot be read, or the dtype is too narrow.
-    """
-    path, prefix = os.fspath(input_path), os.fspath(output_prefix)
-    if not os.path.isfile(path):
-        raise DataError(f"{path}: input file not found")
-    token_dtype = _token_dtype(dtype, tokenizer)
-    made = _make_parent_directories(prefix)
-    printer = ProgressPrinter(progress, os.path.getsize(path), progress_seconds)
-    started = time.monotonic()
-    try:
-        writer, bytes_read = _write_dataset(path, prefix, tokenizer, json_key, token_dtype,
-                                            printer)
-    except BaseException:
-        _remove_empty_directories(made)
-        raise
-    printer.update(writer.documents, writer.tokens, bytes_read, final=True)
-    return writer.summary(path, prefix, token_dtype, time.monotonic() - started)
-
-
-def _write_dataset(path: str, prefix: str, tokenizer: TextTokenizer, json_key: str,
-                   token_dtype: np.dtype, printer: ProgressPrinter
-                   ) -> tuple[_DocumentWriter, int]:
-    """Encode the records in batches into the builder; (what was written, bytes read).
-
-    The builder's ``.bin`` has a temporary name until ``finalize``, and an error raised inside
-    the ``with`` deletes it, so a failure leaves no file behind.
-    """
-    bytes_read = 0
-    with IndexedDatasetBuilder(data_path(prefix), token_dtype) as builder:
-        writer = _DocumentWriter(builder, tokenizer.eod)
-        batch: list[list[str]] = []
-
-        def flush(bytes_read: int) -> None:
-            texts = [text for parts in batch for text in parts]
-            encoded = iter(_encode_all(tokenizer, texts))
-            for parts in batch:
-                writer.add([next(encoded) for _ in parts])
-            batch.clear()
-            printer.update(writer.documents, writer.tokens, bytes_read)
-
-        for bytes_read, parts in _records(path, json_key):
-            batch.append(parts)
-            if len(batch) >= _BATCH:
-                flush(bytes_read)
-        flush(bytes_read)
-        if writer.tokens == 0:
-            raise _no_tokens(path, json_key, writer.documents)
-        builder.finalize(index_path(prefix))
-    return writer, bytes_read
-
-
-def _no_tokens(path: str, json_key: str, documents: int) -> DataError:
+def _no_tokens(path: str, json_key: str, documents: int, lines: int) -> DataError:
     """The error for an input that would make a dataset with nothing to train on."""
     if documents == 0:
-        what = "the file is empty" if os.path.getsize(path) == 0 else "only blank lines"
+        what = "the file is empty" if lines == 0 else "only blank lines"
+        if lines == 0 and is_gzip(path):
+            what = "the file decompresses to nothing"
         return DataError(f"{path}: no documents ({what}); give one JSON object per line, its "
                          f"text under {json_key!r}; nothing was written")
     where = "its only document" if documents == 1 else f"all {documents:,} documents"
     return DataError(f"{path}: no tokens: {json_key!r} is empty or tokenizes to nothing in "
                      f"{where}; a dataset needs at least one token (is {json_key!r} the key "
-                     "that holds the text? see --json-key); nothing was written")
+                     "that holds the text? see --json-keys); nothing was written")
 
 
 def _make_parent_directories(prefix: str) -> list[str]:

@@ -70,13 +70,26 @@ def _configured_eos(tokenizer_path: str) -> str | None:
     return token if isinstance(token, str) else None
 
 
+def _tokenizer_file(path: str) -> str:
+    """``path`` itself, or the ``tokenizer.json`` in it when it is a directory (a Hugging Face
+    model directory, as Megatron's ``--tokenizer-model`` takes)."""
+    if not os.path.isdir(path):
+        return path
+    inside = os.path.join(path, "tokenizer.json")
+    if not os.path.isfile(inside):
+        raise DataError(f"{path}: no tokenizer.json in this directory; mf-data reads Hugging "
+                        "Face fast tokenizers (tokenizer.json), not vocab/merges files or "
+                        "sentencepiece models")
+    return inside
+
+
 class HuggingFaceTokenizer:
     """A Hugging Face ``tokenizer.json``. Special tokens from the post-processor (e.g. a BOS)
     are not added unless asked: a document is its text's tokens followed by EOD."""
 
     def __init__(self, path: str | os.PathLike, eod: int | None = None,
                  add_special_tokens: bool = False) -> None:
-        self.path = os.fspath(path)
+        self.path = _tokenizer_file(os.fspath(path))
         tokenizers = _import_tokenizers(self.path)
         if not os.path.isfile(self.path):
             raise DataError(f"{self.path}: tokenizer file not found")
@@ -112,6 +125,42 @@ class HuggingFaceTokenizer:
 
     def decode(self, ids: Sequence[int]) -> str:
         return self._tokenizer.decode(list(ids), skip_special_tokens=False)
+
+
+TOKENIZER_TYPES = ("ByteTokenizer", "HuggingFaceTokenizer")
+"""The values of ``--tokenizer-type``; Megatron's other types are refused by name."""
+
+
+def unknown_type_message(kind: str) -> str:
+    return (f"--tokenizer-type {kind}: not supported; allowed: {', '.join(TOKENIZER_TYPES)} "
+            "(Megatron's BERT, GPT-2 BPE, SentencePiece, TikToken and Null types are not; a "
+            "Hugging Face model directory with tokenizer.json covers most models)")
+
+
+def tokenizer_of_type(kind: str, model: str | os.PathLike | None = None,
+                      eod: int | None = None) -> ByteTokenizer | HuggingFaceTokenizer:
+    """The tokenizer named by Megatron-style ``--tokenizer-type`` / ``--tokenizer-model``.
+
+    Args:
+        kind: ``ByteTokenizer`` (needs no model) or ``HuggingFaceTokenizer`` (needs one).
+        model: a Hugging Face model directory holding ``tokenizer.json``, or that file.
+        eod: the end-of-document id; None: the tokenizer's own.
+
+    Raises:
+        DataError: an unknown type (listing the allowed ones), a model missing or given where
+            none is read, or the tokenizer cannot be loaded.
+    """
+    if kind not in TOKENIZER_TYPES:
+        raise DataError(unknown_type_message(kind))
+    if kind == "ByteTokenizer":
+        if model is not None:
+            raise DataError(f"--tokenizer-model {model}: the ByteTokenizer reads no model; "
+                            "drop it, or use --tokenizer-type HuggingFaceTokenizer")
+        return load_tokenizer(None, eod)
+    if model is None:
+        raise DataError("--tokenizer-type HuggingFaceTokenizer needs --tokenizer-model: a "
+                        "Hugging Face model directory with tokenizer.json, or the file")
+    return HuggingFaceTokenizer(model, eod)
 
 
 def load_tokenizer(path: str | os.PathLike | None = None,
