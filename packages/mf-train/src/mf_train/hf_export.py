@@ -88,7 +88,9 @@ def export_hf(checkpoint: str | os.PathLike[str], config_file: str | os.PathLike
     try:
         weights = gather_hf_state(entries, arrays)
     except HFWeightsError as exc:
-        raise ExportError(f"{directory}: {exc}") from None
+        raise ExportError(f"{directory} (saved by {world_size} rank(s); tensor ranks read: "
+                          f"{ranks}; does {config_file} give the run's parallelism?): "
+                          f"{exc}") from None
     dtype = dtype or str(model.settings.params_dtype)
     return write_hf_directory(output, weights, hf_config(config.model, model.settings, dtype),
                               dtype=dtype, max_shard_size=max_shard_size, force=force)
