@@ -240,11 +240,19 @@ class _TensorRank:
                                     ["parallelism.data_parallel_shard_strategy="
                                      "optim_grads_params"]], ids=["tensor", "fsdp"])
 def test_two_rank_exports_give_back_every_rank_s_arrays(data_prefix, qwen3_export, tmp_path,
-                                                        layout) -> None:
+                                                        layout, capsys) -> None:
     """Re-sharded by the import's own code, the export of a 2-rank run is each rank's saved
-    arrays exactly; and it is the 1-process run's export up to the runs' rounding."""
+    arrays exactly; and it is the 1-process run's export up to the runs' rounding. Exported
+    with a configuration that lacks the run's tensor parallelism, it is refused."""
     checkpoint = train(QWEN3, data_prefix, tmp_path / "run", QWEN3_SHAPE, *layout,
                        "--nproc", "2", "--timeout", "300")
+    if "tensor" in layout[0]:
+        capsys.readouterr()
+        assert export(QWEN3, checkpoint, tmp_path / "wrong", *sets(QWEN3_SHAPE)) == 2
+        err = capsys.readouterr().err
+        assert "saved by 2 rank(s)" in err
+        assert "embedding.weight: shape (256, 32), expected (512, 32)" in err
+        assert not (tmp_path / "wrong").exists()
     assert export(QWEN3, checkpoint, tmp_path / "hf", *sets([*QWEN3_SHAPE, *layout])) == 0
     exported = load_hf_weights(tmp_path / "hf")
     entries = build_model(model_config(QWEN3, QWEN3_SHAPE), seed=0).weight_maps()

@@ -47,7 +47,7 @@ def compare(name: str, example: Path, shape: list[str], prefix: str, work: Path)
     apply_model_params(model.parameters_and_names(),
                        load_checkpoint(work / name / "ckpt", load_optimizer=False).model_params)
     ours = model.logits(Tensor(INPUT_IDS.astype(np.int32))).asnumpy()
-    hf = AutoModelForCausalLM.from_pretrained(exported, torch_dtype=torch.float32,
+    hf = AutoModelForCausalLM.from_pretrained(exported, dtype=torch.float32,
                                               attn_implementation="eager").eval()
     with torch.no_grad():
         theirs = hf(torch.from_numpy(INPUT_IDS)).logits.numpy()

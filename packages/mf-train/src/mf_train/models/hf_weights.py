@@ -111,13 +111,18 @@ def gather_hf_state(entries: list[WeightMap],
                 if entry.ours not in arrays]
     if problems:
         raise HFWeightsError("the arrays do not hold the model:\n  " + "\n  ".join(problems))
-    state = {}
+    state, problems = {}, []
     for entry in entries:
         pieces = [np.asarray(arrays[entry.ours]) for arrays in ranks]
         split = entry.axis is not None and len(pieces) > 1
         full = np.concatenate(pieces, axis=entry.axis) if split else pieces[0]
+        whole = (sum(entry.rows()), *entry.shapes[0][1:])
+        if full.shape != whole:
+            problems.append(f"{entry.ours}: shape {full.shape}, expected {whole} (for "
+                            f"{', '.join(entry.hf)})")
+            continue
         state.update(hf_parts(entry, full, len(pieces) if split else 1))
-    problems = _shape_problems(entries, state)
+    problems += _shape_problems(entries, state) if not problems else []
     if problems:
         raise HFWeightsError("the gathered weights do not have Hugging Face's shapes:\n  "
                              + "\n  ".join(problems))
