@@ -235,6 +235,30 @@ class _TensorRank:
         return np.split(full, self.size, axis=axis)[self.rank]
 
 
+def assert_reshards_to_ranks(example: Path, shape: list[str], checkpoint: Path,
+                             exported: dict[str, np.ndarray], tensor: int) -> None:
+    """The import's `local_value` turns the export back into each of 2 ranks' saved arrays."""
+    entries = build_model(model_config(example, shape), seed=0).weight_maps()
+    for rank in range(2):
+        saved = load_checkpoint(checkpoint, rank, load_optimizer=False).model_params
+        group = _TensorRank(tensor, rank) if tensor > 1 else None
+        for entry in entries:
+            value = local_value(entry, [exported[name] for name in entry.hf], group)
+            np.testing.assert_array_equal(value, saved[entry.ours], err_msg=entry.ours)
+
+
+@pytest.mark.ranks
+def test_deepseek_v3_tensor_parallel_export_gives_back_each_rank_s_shard(data_prefix,
+                                                                         tmp_path) -> None:
+    """Multi-head latent attention, experts and router of a TP 2 DeepSeek-V3 run."""
+    layout = "parallelism.tensor_parallel=2"
+    checkpoint = train(DEEPSEEK, data_prefix, tmp_path / "run", DEEPSEEK_SHAPE, layout,
+                       "--nproc", "2", "--timeout", "300")
+    assert export(DEEPSEEK, checkpoint, tmp_path / "hf", *sets([*DEEPSEEK_SHAPE, layout])) == 0
+    assert_reshards_to_ranks(DEEPSEEK, DEEPSEEK_SHAPE, checkpoint,
+                             load_hf_weights(tmp_path / "hf"), 2)
+
+
 @pytest.mark.ranks
 @pytest.mark.parametrize("layout", [["parallelism.tensor_parallel=2"],
                                     ["parallelism.data_parallel_shard_strategy="
@@ -255,14 +279,8 @@ def test_two_rank_exports_give_back_every_rank_s_arrays(data_prefix, qwen3_expor
         assert not (tmp_path / "wrong").exists()
     assert export(QWEN3, checkpoint, tmp_path / "hf", *sets([*QWEN3_SHAPE, *layout])) == 0
     exported = load_hf_weights(tmp_path / "hf")
-    entries = build_model(model_config(QWEN3, QWEN3_SHAPE), seed=0).weight_maps()
-    tensor = 2 if "tensor" in layout[0] else 1
-    for rank in range(2):
-        saved = load_checkpoint(checkpoint, rank, load_optimizer=False).model_params
-        group = _TensorRank(tensor, rank) if tensor > 1 else None
-        for entry in entries:
-            value = local_value(entry, [exported[name] for name in entry.hf], group)
-            np.testing.assert_array_equal(value, saved[entry.ours], err_msg=entry.ours)
+    assert_reshards_to_ranks(QWEN3, QWEN3_SHAPE, checkpoint, exported,
+                             2 if "tensor" in layout[0] else 1)
     single = load_hf_weights(qwen3_export)
     for name, value in single.items():
         np.testing.assert_allclose(exported[name], value, rtol=1e-4, atol=1e-5, err_msg=name)
