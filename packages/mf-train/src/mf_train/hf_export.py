@@ -30,7 +30,7 @@ from mf_config.yaml_source import UnreadableFile
 from mf_parallel import PlanError
 
 from .checkpoint import layout
-from .checkpoint.hf_write import write_hf_directory
+from .checkpoint.hf_write import check_output, parse_size, write_hf_directory
 from .checkpoint.reader import load_checkpoint
 
 MF_ONLY = frozenset({"compute_dtype", "params_dtype", "seq_length", "use_flash_attention",
@@ -67,6 +67,8 @@ def export_hf(checkpoint: str | os.PathLike[str], config_file: str | os.PathLike
     from .models import build_model
     from .models.hf_weights import HFWeightsError, gather_hf_state
 
+    check_output(output, force)
+    parse_size(max_shard_size)
     directory = layout.find_checkpoint(checkpoint)
     if directory is None:
         raise ExportError(f"{checkpoint} holds no complete checkpoint")

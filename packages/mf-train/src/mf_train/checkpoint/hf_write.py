@@ -83,6 +83,18 @@ def shard_plan(sizes: Mapping[str, int], max_bytes: int) -> list[list[str]]:
     return files
 
 
+def check_output(output: str | os.PathLike[str], force: bool) -> Path:
+    """`output` as a Path, or CheckpointError when it is a file, or a non-empty directory
+    and not `force` (checked before any work, and again when writing)."""
+    output = Path(output)
+    if output.exists() and not output.is_dir():
+        raise CheckpointError(f"--output {output} exists and is not a directory")
+    if output.is_dir() and any(output.iterdir()) and not force:
+        raise CheckpointError(f"--output {output} is not empty; choose another directory or "
+                              "pass --force to replace it")
+    return output
+
+
 def write_hf_directory(output: str | os.PathLike[str], weights: Mapping[str, np.ndarray],
                        config: Mapping[str, Any], *, dtype: str, max_shard_size: str | int,
                        force: bool = False) -> Path:
@@ -95,12 +107,7 @@ def write_hf_directory(output: str | os.PathLike[str], weights: Mapping[str, np.
     if dtype not in DTYPES:
         raise CheckpointError(f"--dtype {dtype!r}: expected one of {', '.join(DTYPES)}")
     limit = parse_size(max_shard_size)
-    output = Path(output)
-    if output.exists() and not output.is_dir():
-        raise CheckpointError(f"--output {output} exists and is not a directory")
-    if output.is_dir() and any(output.iterdir()) and not force:
-        raise CheckpointError(f"--output {output} is not empty; choose another directory or "
-                              "pass --force to replace it")
+    output = check_output(output, force)
     output.parent.mkdir(parents=True, exist_ok=True)
     staging = output.with_name(f".{output.name}.tmp-{os.getpid()}")
     if staging.exists():
