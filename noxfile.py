@@ -1,10 +1,11 @@
 """Sessions: `tests` (the whole suite), `lint` (ruff + the layering contract), `train` (the main
 job: the demo, a short training run of the tiny example), `bench` (side-by-side measurements).
-`megatron_parity`, `bench_data` and `bench_speed` (mf against PyTorch + transformers) also
-install torch (CPU) and run only when named; so do `bench_pipeline` (pipeline schedules on
-2 msrun ranks, about 6-10 minutes) and `bench_experts` (the expert dispatch on 2 and 4 ranks,
-about 5 minutes) and `bench_context` (one attention block at 2048 and 8192 tokens, one process
-against context parallelism on 2 ranks, about 15 minutes and 10 GB of memory).
+`megatron_parity`, `bench_data`, `bench_speed` and `export_parity` (mf against PyTorch +
+transformers) also install torch (CPU) and run only when named; so do `bench_pipeline`
+(pipeline schedules on 2 msrun ranks, about 6-10 minutes) and `bench_experts` (the expert
+dispatch on 2 and 4 ranks, about 5 minutes) and `bench_context` (one attention block at 2048
+and 8192 tokens, one process against context parallelism on 2 ranks, about 15 minutes and
+10 GB of memory).
 
 Every session installs the packages from this checkout into a fresh virtual environment.
 """
@@ -148,6 +149,16 @@ def megatron_parity(session: nox.Session) -> None:
     session.run("python", "tests/data/parity/generate_golden.py", "--check",
                 *session.posargs)
     session.run("python", "tests/data/parity/preprocess_parity.py")
+
+
+@nox.session
+def export_parity(session: nox.Session) -> None:
+    """`mf-train export-hf` against transformers 4.57.6 (torch CPU): the tiny Qwen3 and
+    DeepSeek-V3, trained 2 steps and exported, load with `AutoModelForCausalLM` and give mf's
+    logits to 1e-5."""
+    install_packages(session)
+    install_torch_cpu(session, "transformers==4.57.6")
+    session.run("python", "tests/train/parity/export_parity.py")
 
 
 @nox.session

@@ -1,5 +1,6 @@
 """`mf-train --config FILE [--set key.path=value ...] [--output-dir DIR] [--nproc N]
-[--nnodes N --node-rank R --master-addr HOST [--master-port P]]`.
+[--nnodes N --node-rank R --master-addr HOST [--master-port P]]`, and
+`mf-train export-hf ...` (a checkpoint as a Hugging Face directory: `export_command`).
 
 The whole configuration is validated first (mf-config, then mf-parallel's plan for the world
 size), and only then are devices, data and the model touched. A bad file exits with status 2
@@ -36,6 +37,7 @@ from mf_parallel import PlanError
 from mf_parallel.launch import LaunchError, Nodes, run_ranks
 from mf_parallel.msrun import path_with_interpreter
 
+from . import export_command
 from .monitor.tensorboard import event_dir
 from .node_flags import NODE_OPTIONS, FlagError, add_node_flags, nodes_from
 from .run_directory import Claim, RunDirectoryError, claim
@@ -63,7 +65,10 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def run(argv: Sequence[str] | None = None) -> int:
-    """Entry point of the `mf-train` script."""
+    """Entry point of the `mf-train` script (`mf-train export-hf ...`: `export_command`)."""
+    given = list(argv if argv is not None else sys.argv[1:])
+    if given[:1] == [export_command.COMMAND]:
+        return export_command.main(given[1:])
     args = _parser().parse_args(argv)
     if args.nproc < 1:
         print(f"mf-train: --nproc must be >= 1, got {args.nproc}", file=sys.stderr)

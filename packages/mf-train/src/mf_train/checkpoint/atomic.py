@@ -50,7 +50,8 @@ def _part_path(path: Path) -> Path:
     return path.with_name(f"{path.name}.part-{os.getpid()}")
 
 
-def _commit(part: Path, path: Path) -> None:
+def commit_file(part: Path, path: Path) -> None:
+    """Flush `part` to disk, give it the usual file mode and rename it to `path`."""
     with open(part, "rb+") as handle:
         os.fsync(handle.fileno())
     os.chmod(part, 0o666 & ~_umask())
@@ -86,14 +87,14 @@ def write_safetensors(path: Path, arrays: Mapping[str, np.ndarray],
     part = _part_path(path)
     save_file({name: np.ascontiguousarray(array) for name, array in arrays.items()},
               str(part), metadata=metadata)
-    _commit(part, path)
+    commit_file(part, path)
 
 
 def write_text(path: Path, text: str) -> None:
     """`text` (UTF-8) at `path`, atomically."""
     part = _part_path(path)
     part.write_text(text, encoding="utf-8")
-    _commit(part, path)
+    commit_file(part, path)
 
 
 def write_json(path: Path, data: Any) -> None:

@@ -10,12 +10,15 @@ TensorGroup) and may list `hf_ignored` names (HF weights it accepts and does not
 `lm_head.weight` when the head is tied to the embedding) and, through `hf_skipped(names)`,
 whole groups of HF weights it recognises and does not train (DeepSeek-V3's multi-token
 prediction layers): those are left out with one log line saying how many and why.
+
+Export runs the other way on the same table: `gather_hf_state` concatenates the tensor-parallel
+ranks' shards along each entry's axis and splits fused parameters back into their HF parts.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -82,9 +85,47 @@ def hf_state(model: Any) -> dict[str, np.ndarray]:
     params = dict(model.parameters_and_names())
     state = {}
     for entry in model.weight_maps():
-        value = params[entry.ours].astype(ms.float32).asnumpy()
-        parts = split_rows(value, entry.rows()) if len(entry.hf) > 1 else [value]
-        state.update(zip(entry.hf, parts, strict=True))
+        state.update(hf_parts(entry, params[entry.ours].astype(ms.float32).asnumpy()))
+    return state
+
+
+def hf_parts(entry: WeightMap, full: np.ndarray, shards: int = 1) -> dict[str, np.ndarray]:
+    """The HF weights of `entry` from its parameter's whole value (the inverse of the fusing
+    in `local_value`): fused parts split back, rank-interleaved when the value was gathered
+    from `shards` column-parallel ranks."""
+    if len(entry.hf) == 1:
+        return {entry.hf[0]: full}
+    parts = split_rows(full, entry.rows(), shards if entry.axis == 0 else 1)
+    return dict(zip(entry.hf, parts, strict=True))
+
+
+def gather_hf_state(entries: list[WeightMap],
+                    ranks: Sequence[Mapping[str, np.ndarray]]) -> dict[str, np.ndarray]:
+    """Whole HF-named arrays from the arrays (under our names) of the ranks of one
+    tensor-parallel group, in tensor-rank order; one mapping when there is no tensor
+    parallelism. The inverse of `load_hf_state`: the shards are concatenated along each
+    entry's split axis, then fused parts split back. `HFWeightsError` lists every parameter
+    missing from a rank and every weight whose gathered shape is not the HF one."""
+    problems = [f"{entry.ours}: missing from tensor rank {rank}'s arrays"
+                for entry in entries for rank, arrays in enumerate(ranks)
+                if entry.ours not in arrays]
+    if problems:
+        raise HFWeightsError("the arrays do not hold the model:\n  " + "\n  ".join(problems))
+    state, problems = {}, []
+    for entry in entries:
+        pieces = [np.asarray(arrays[entry.ours]) for arrays in ranks]
+        split = entry.axis is not None and len(pieces) > 1
+        full = np.concatenate(pieces, axis=entry.axis) if split else pieces[0]
+        whole = (sum(entry.rows()), *entry.shapes[0][1:])
+        if full.shape != whole:
+            problems.append(f"{entry.ours}: shape {full.shape}, expected {whole} (for "
+                            f"{', '.join(entry.hf)})")
+            continue
+        state.update(hf_parts(entry, full, len(pieces) if split else 1))
+    problems += _shape_problems(entries, state) if not problems else []
+    if problems:
+        raise HFWeightsError("the gathered weights do not have Hugging Face's shapes:\n  "
+                             + "\n  ".join(problems))
     return state
 
 

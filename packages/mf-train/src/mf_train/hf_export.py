@@ -1,0 +1,132 @@
+"""An mf checkpoint as a Hugging Face model directory (`mf-train export-hf`).
+
+The checkpoint's `common.json` gives the world size of the run that saved it; the training
+configuration gives its parallel degrees, so the parallel plan (`make_job_plan`) says which
+rank files hold what. Data-parallel ranks, ZeRO and FSDP included, save the whole model
+(FSDP gathers it before a save), and context-parallel ranks hold the same parameters: their
+first rank's file is the model. Tensor-parallel ranks each hold a shard: the files of the
+first tensor group are gathered along each parameter's split axis (`gather_hf_state`, the
+inverse of the import's name table). Pipeline stages and expert-parallel ranks each hold
+only part of the layers or experts; those layouts are refused, by name.
+
+The Hugging Face names, shapes and the fused parameters' parts come from the model's own
+`weight_maps()` (the table the import uses); `config.json` is the model section's settings
+under their Hugging Face names, with mf's own keys left out and the defaults made explicit.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import attrs
+import numpy as np
+
+from mf_config import ConfigError
+from mf_config.validate import config_from_source, load_source
+from mf_config.yaml_source import UnreadableFile
+from mf_parallel import PlanError
+
+from .checkpoint import layout
+from .checkpoint.hf_write import check_output, parse_size, write_hf_directory
+from .checkpoint.reader import load_checkpoint
+
+MF_ONLY = frozenset({"compute_dtype", "params_dtype", "seq_length", "use_flash_attention",
+                     "moe_router_enable_expert_bias", "moe_router_bias_update_rate",
+                     "torch_dtype", "dtype", "transformers_version"})
+"""Model settings that are mf's (or that the export rewrites), not `config.json` keys."""
+
+
+class ExportError(ValueError):
+    """A checkpoint or configuration that cannot be exported, with the reason."""
+
+
+def export_hf(checkpoint: str | os.PathLike[str], config_file: str | os.PathLike[str],
+              output: str | os.PathLike[str], *, dtype: str | None = None,
+              max_shard_size: str | int = "5GB", force: bool = False,
+              overrides: Sequence[str] = ()) -> Path:
+    """Write the model of an mf checkpoint as a Hugging Face directory.
+
+    Args:
+        checkpoint: a save root (its newest complete iteration) or one iteration directory.
+        config_file: the training configuration of the run (its model and parallelism).
+        output: the directory to write (replaced only with `force` when not empty).
+        dtype: float32, bfloat16 or float16 (default: the model's `params_dtype`).
+        max_shard_size: above this the weights are split into several files.
+        overrides: `--set` overrides applied to the configuration.
+
+    Returns:
+        The directory written.
+
+    Raises:
+        ExportError, CheckpointError: what cannot be exported and why.
+    """
+    from .job import make_job_plan  # MindSpore
+    from .models import build_model
+    from .models.hf_weights import HFWeightsError, gather_hf_state
+
+    check_output(output, force)
+    parse_size(max_shard_size)
+    directory = layout.find_checkpoint(checkpoint)
+    if directory is None:
+        raise ExportError(f"{checkpoint} holds no complete checkpoint")
+    world_size = int(layout.read_common(directory).get("world_size", 1))
+    try:
+        config = config_from_source(load_source(str(config_file), list(overrides)))
+        plan = make_job_plan(config, world_size)
+    except (ConfigError, UnreadableFile, PlanError) as exc:
+        raise ExportError(f"{config_file}: {exc}") from None
+    ranks = tensor_ranks(plan, directory)
+    model = build_model(config.model, seed=0)
+    entries = model.weight_maps()
+    arrays = [load_checkpoint(directory, rank, load_optimizer=False).model_params
+              for rank in ranks]
+    unmapped = sorted(set(arrays[0]) - {entry.ours for entry in entries})
+    if unmapped:
+        raise ExportError(f"{directory}: parameters without a Hugging Face name: "
+                          + ", ".join(unmapped))
+    try:
+        weights = gather_hf_state(entries, arrays)
+    except HFWeightsError as exc:
+        raise ExportError(f"{directory} (saved by {world_size} rank(s); tensor ranks read: "
+                          f"{ranks}; does {config_file} give the run's parallelism?): "
+                          f"{exc}") from None
+    dtype = dtype or str(model.settings.params_dtype)
+    return write_hf_directory(output, weights, hf_config(config.model, model.settings, dtype),
+                              dtype=dtype, max_shard_size=max_shard_size, force=force)
+
+
+def tensor_ranks(plan: Any, directory: Path) -> list[int]:
+    """The ranks whose files together hold the whole model: the first tensor group."""
+    dims = plan.dims
+    refused = [(dims.pipeline, "pipeline_parallel", "each stage's files hold only its layers"),
+               (dims.expert, "expert_model_parallel", "each rank's files hold only its experts")]
+    for degree, key, why in refused:
+        if degree > 1:
+            raise ExportError(f"{directory} was saved with parallelism.{key} = {degree}: "
+                              f"{why}; exporting that layout is not supported (export is "
+                              "supported for data, ZeRO/FSDP, context and tensor parallelism)")
+    return plan.mesh.groups("tensor")[0]
+
+
+def hf_config(model_config: Any, settings: Any, dtype: str) -> dict[str, Any]:
+    """`config.json`: the architecture, the model type, every setting under its Hugging Face
+    name (head width and key/value heads resolved, not left to transformers' defaults) and
+    `torch_dtype`."""
+    values = {name: value for name, value in attrs.asdict(settings, recurse=False).items()
+              if name not in MF_ONLY}
+    if "head_dim" in values and values["head_dim"] is None and hasattr(settings, "head_size"):
+        values["head_dim"] = settings.head_size()
+    if values.get("num_key_value_heads") is None and hasattr(settings, "kv_heads"):
+        values["num_key_value_heads"] = settings.kv_heads()
+    architecture = model_config.architecture()
+    return {"architectures": [architecture] if architecture else None,
+            "model_type": model_config.model_type, **_plain(values), "torch_dtype": dtype}
+
+
+def _plain(values: dict[str, Any]) -> dict[str, Any]:
+    """JSON-ready values (numpy scalars as Python numbers)."""
+    return {name: value.item() if isinstance(value, np.generic) else value
+            for name, value in values.items()}

@@ -1,0 +1,286 @@
+"""`mf-train export-hf`: tiny Qwen3 and DeepSeek-V3 runs of 2 steps exported as Hugging Face
+directories. The export, read back through mf's own Hugging Face import, gives the logits of
+the model loaded from the mf checkpoint; its names and shapes are Hugging Face's (the golden
+file transformers wrote); 2-rank FSDP and tensor-parallel checkpoints export to weights that
+the import turns back into every rank's saved arrays; bfloat16 bytes are float32 rounded to
+nearest even; what cannot be exported is refused with the reason."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+pytest.importorskip("mindspore")
+
+from mindspore import Tensor
+
+from mf_config.validate import config_from_source, load_source
+from mf_train.checkpoint import load_checkpoint, load_hf_weights
+from mf_train.checkpoint.hf_write import parse_size
+from mf_train.checkpoint.params import apply_model_params
+from mf_train.cli import run
+from mf_train.models import build_model, load_hf_state
+from mf_train.models.hf_weights import local_value
+
+ROOT = Path(__file__).resolve().parents[2]
+QWEN3 = ROOT / "examples" / "qwen3_tiny.yaml"
+DEEPSEEK = ROOT / "examples" / "deepseek_v3_tiny.yaml"
+GOLDEN = ROOT / "tests" / "train" / "golden" / "qwen3_hf.npz"
+# the tied model of golden/qwen3_tiny.py, with the example's byte vocabulary (512)
+QWEN3_SHAPE = ["model.hidden_size=32", "model.intermediate_size=48", "model.num_hidden_layers=2",
+               "model.num_attention_heads=4", "model.num_key_value_heads=2", "model.head_dim=12",
+               "model.max_position_embeddings=32", "recompute.mode=None",
+               "recompute.select_module=null"]
+DEEPSEEK_SHAPE = ["model.seq_length=32", "model.max_position_embeddings=32"]
+INPUT_IDS = np.random.default_rng(5).integers(0, 256, (2, 16)).astype(np.int32)
+
+
+def settings(prefix: str, output: Path, shape: list[str]) -> list[str]:
+    return [f"train_dataset.dataloader.config.data_path=['1','{prefix}']", "training.steps=2",
+            "train_dataset.dataloader.config.seq_length=32", "lr_scheduler.warmup_steps=1",
+            f"checkpoint.save_path={output / 'ckpt'}", *shape]
+
+
+def sets(values: list[str]) -> list[str]:
+    return [arg for value in values for arg in ("--set", value)]
+
+
+def train(example: Path, prefix: str, output: Path, shape: list[str], *more: str) -> Path:
+    """A 2-step run; returns its checkpoint root."""
+    args = ["--config", str(example), "--output-dir", str(output),
+            *sets(settings(prefix, output, [*shape, *more[:1]] if more else shape))]
+    assert run([*args, *more[1:]]) == 0
+    return output / "ckpt"
+
+
+def export(example: Path, checkpoint: Path, output: Path, *more: str) -> int:
+    return run(["export-hf", "--checkpoint", str(checkpoint), "--config", str(example),
+                "--output", str(output), *more])
+
+
+def model_config(example: Path, shape: list[str]):
+    return config_from_source(load_source(str(example), shape)).model
+
+
+def logits(model) -> np.ndarray:
+    return model.logits(Tensor(INPUT_IDS)).asnumpy()
+
+
+def assert_round_trip(example: Path, shape: list[str], checkpoint: Path, exported: Path) -> None:
+    """The export, through mf's Hugging Face import, gives the checkpoint's logits."""
+    config = model_config(example, shape)
+    saved = build_model(config, seed=1)
+    apply_model_params(saved.parameters_and_names(),
+                       load_checkpoint(checkpoint, load_optimizer=False).model_params)
+    imported = build_model(config, seed=2)
+    load_hf_state(imported, load_hf_weights(exported))
+    np.testing.assert_allclose(logits(imported), logits(saved), rtol=0, atol=1e-6)
+
+
+@pytest.fixture(scope="module")
+def qwen3_run(data_prefix, tmp_path_factory) -> Path:
+    return train(QWEN3, data_prefix, tmp_path_factory.mktemp("qwen3"), QWEN3_SHAPE)
+
+
+@pytest.fixture(scope="module")
+def qwen3_export(qwen3_run, tmp_path_factory) -> Path:
+    output = tmp_path_factory.mktemp("qwen3_hf") / "hf"
+    assert export(QWEN3, qwen3_run, output, *sets(QWEN3_SHAPE)) == 0
+    return output
+
+
+def test_qwen3_export_gives_the_checkpoint_logits(qwen3_run, qwen3_export) -> None:
+    assert sorted(path.name for path in qwen3_export.iterdir()) == ["config.json",
+                                                                   "model.safetensors"]
+    assert_round_trip(QWEN3, QWEN3_SHAPE, qwen3_run, qwen3_export)
+
+
+def test_qwen3_export_has_hugging_face_names_shapes_and_config(qwen3_export) -> None:
+    golden = np.load(GOLDEN)
+    names = [str(name) for name in golden["tied/names"]]
+    shapes = [[512 if size == 64 else size for size in shape]  # golden vocabulary: 64
+              for shape in json.loads(str(golden["tied/shapes"]))]
+    weights = load_hf_weights(qwen3_export)
+    assert sorted(weights) == names
+    assert [list(weights[name].shape) for name in names] == shapes
+    config = json.loads((qwen3_export / "config.json").read_text())
+    assert config["architectures"] == ["Qwen3ForCausalLM"]
+    assert config["model_type"] == "qwen3"
+    assert config["torch_dtype"] == "float32"
+    assert (config["hidden_size"], config["head_dim"], config["num_key_value_heads"]) == (32, 12, 2)
+    assert config["tie_word_embeddings"] is True
+    assert not {"compute_dtype", "params_dtype", "seq_length"} & set(config)
+
+
+def test_deepseek_v3_export_gives_the_checkpoint_logits(data_prefix, tmp_path) -> None:
+    checkpoint = train(DEEPSEEK, data_prefix, tmp_path / "run", DEEPSEEK_SHAPE)
+    assert export(DEEPSEEK, checkpoint, tmp_path / "hf", *sets(DEEPSEEK_SHAPE)) == 0
+    config = json.loads((tmp_path / "hf" / "config.json").read_text())
+    assert (config["architectures"], config["model_type"]) == (["DeepseekV3ForCausalLM"],
+                                                               "deepseek_v3")
+    names = set(load_hf_weights(tmp_path / "hf"))
+    assert "model.layers.0.self_attn.kv_a_proj_with_mqa.weight" in names
+    assert "model.layers.1.mlp.experts.0.gate_proj.weight" in names
+    assert "model.layers.1.mlp.gate.e_score_correction_bias" in names
+    assert_round_trip(DEEPSEEK, DEEPSEEK_SHAPE, checkpoint, tmp_path / "hf")
+
+
+def bfloat16_reference(values: np.ndarray) -> np.ndarray:
+    """Each float32's nearest bfloat16 (ties to the even pattern), chosen by comparing the
+    two bfloat16 neighbours' distances in float64: an independent check of the bit rounding."""
+    bits = values.astype(np.float32).view(np.uint32)
+    low = (bits >> 16).astype(np.uint32)
+    high = low + 1
+
+    def as_float(top: np.ndarray) -> np.ndarray:
+        return (top << 16).astype(np.uint32).view(np.float32).astype(np.float64)
+
+    exact = values.astype(np.float64)
+    below, above = np.abs(exact - as_float(low)), np.abs(as_float(high) - exact)
+    pick_high = (above < below) | ((above == below) & (low % 2 == 1))
+    return np.where(pick_high, high, low).astype(np.uint16)
+
+
+def raw_tensors(path: Path) -> dict[str, tuple[str, list[int], bytes]]:
+    data = path.read_bytes()
+    length = int.from_bytes(data[:8], "little")
+    header = json.loads(data[8:8 + length])
+    body = data[8 + length:]
+    return {name: (info["dtype"], info["shape"], body[slice(*info["data_offsets"])])
+            for name, info in header.items() if name != "__metadata__"}
+
+
+def test_bfloat16_export_is_float32_rounded_to_nearest_even(qwen3_run, qwen3_export,
+                                                             tmp_path) -> None:
+    assert export(QWEN3, qwen3_run, tmp_path / "bf16", *sets(QWEN3_SHAPE),
+                  "--dtype", "bfloat16") == 0
+    full = raw_tensors(qwen3_export / "model.safetensors")
+    half = raw_tensors(tmp_path / "bf16" / "model.safetensors")
+    assert full.keys() == half.keys()
+    for name, (dtype, shape, data) in half.items():
+        assert dtype == "BF16" and shape == full[name][1]
+        values = np.frombuffer(full[name][2], "<f4")
+        assert np.frombuffer(data, "<u2").tolist() == bfloat16_reference(values).tolist(), name
+    assert json.loads((tmp_path / "bf16" / "config.json").read_text())["torch_dtype"] == \
+        "bfloat16"
+
+
+def test_sharded_files_hold_the_same_weights(qwen3_run, qwen3_export, tmp_path) -> None:
+    assert export(QWEN3, qwen3_run, tmp_path / "sharded", *sets(QWEN3_SHAPE),
+                  "--max-shard-size", "20KB") == 0
+    index = json.loads((tmp_path / "sharded" / "model.safetensors.index.json").read_text())
+    files = sorted(set(index["weight_map"].values()))
+    assert len(files) > 2 and files[0] == f"model-00001-of-{len(files):05d}.safetensors"
+    for file in files:  # within the limit, unless one tensor alone exceeds it (the embedding)
+        tensors = raw_tensors(tmp_path / "sharded" / file)
+        held = sum(len(data) for _, _, data in tensors.values())
+        assert held <= 20_000 or len(tensors) == 1, file
+    whole, sharded = load_hf_weights(qwen3_export), load_hf_weights(tmp_path / "sharded")
+    assert sorted(index["weight_map"]) == sorted(whole)
+    assert index["metadata"]["total_size"] == sum(value.nbytes for value in whole.values())
+    for name, value in whole.items():
+        np.testing.assert_array_equal(sharded[name], value, err_msg=name)
+
+
+def test_sizes_are_read_as_transformers_writes_them() -> None:
+    assert parse_size("5GB") == 5 * 10**9
+    assert parse_size("500MiB") == 500 * 2**20
+    assert parse_size("1000") == 1000
+
+
+def test_refusals_say_what_is_wrong(qwen3_run, qwen3_export, tmp_path, capsys) -> None:
+    def refused(*args: str) -> str:
+        capsys.readouterr()
+        assert export(QWEN3, *args) == 2
+        return capsys.readouterr().err
+
+    before = (qwen3_export / "model.safetensors").read_bytes()
+    err = refused(qwen3_run, qwen3_export, *sets(QWEN3_SHAPE))
+    assert f"--output {qwen3_export} is not empty" in err and "--force" in err
+    assert (qwen3_export / "model.safetensors").read_bytes() == before
+    assert "expected a size such as 5GB" in refused(qwen3_run, tmp_path / "a", *sets(QWEN3_SHAPE),
+                                                    "--max-shard-size", "big")
+    assert "holds no complete checkpoint" in refused(tmp_path, tmp_path / "b")
+    # a pipeline checkpoint's common.json: 2 ranks, run with pipeline_parallel 2
+    pipeline = tmp_path / "pipeline" / "iteration_00000002"
+    shutil.copytree(qwen3_run / "iteration_00000002", pipeline)
+    common = json.loads((pipeline / "common.json").read_text())
+    (pipeline / "common.json").write_text(json.dumps({**common, "world_size": 2}))
+    err = refused(pipeline, tmp_path / "c", *sets([*QWEN3_SHAPE,
+                                                   "parallelism.pipeline_parallel=2"]))
+    assert "parallelism.pipeline_parallel = 2" in err and "not supported" in err
+    assert not (tmp_path / "a").exists() and not (tmp_path / "c").exists()
+
+
+def test_force_replaces_the_output(qwen3_run, qwen3_export, tmp_path) -> None:
+    target = tmp_path / "out"
+    target.mkdir()
+    (target / "stale.txt").write_text("old")
+    assert export(QWEN3, qwen3_run, target, *sets(QWEN3_SHAPE), "--force") == 0
+    assert sorted(path.name for path in target.iterdir()) == ["config.json", "model.safetensors"]
+    assert [path.name for path in tmp_path.iterdir()] == ["out"]
+
+
+class _TensorRank:
+    """Rank `rank` of a tensor group of `size` as `local_value` sees one: equal slices."""
+
+    def __init__(self, size: int, rank: int):
+        self.size, self.rank = size, rank
+
+    def shard(self, full: np.ndarray, axis: int) -> np.ndarray:
+        return np.split(full, self.size, axis=axis)[self.rank]
+
+
+def assert_reshards_to_ranks(example: Path, shape: list[str], checkpoint: Path,
+                             exported: dict[str, np.ndarray], tensor: int) -> None:
+    """The import's `local_value` turns the export back into each of 2 ranks' saved arrays."""
+    entries = build_model(model_config(example, shape), seed=0).weight_maps()
+    for rank in range(2):
+        saved = load_checkpoint(checkpoint, rank, load_optimizer=False).model_params
+        group = _TensorRank(tensor, rank) if tensor > 1 else None
+        for entry in entries:
+            value = local_value(entry, [exported[name] for name in entry.hf], group)
+            np.testing.assert_array_equal(value, saved[entry.ours], err_msg=entry.ours)
+
+
+@pytest.mark.ranks
+def test_deepseek_v3_tensor_parallel_export_gives_back_each_rank_s_shard(data_prefix,
+                                                                         tmp_path) -> None:
+    """Multi-head latent attention, experts and router of a TP 2 DeepSeek-V3 run."""
+    layout = "parallelism.tensor_parallel=2"
+    checkpoint = train(DEEPSEEK, data_prefix, tmp_path / "run", DEEPSEEK_SHAPE, layout,
+                       "--nproc", "2", "--timeout", "300")
+    assert export(DEEPSEEK, checkpoint, tmp_path / "hf", *sets([*DEEPSEEK_SHAPE, layout])) == 0
+    assert_reshards_to_ranks(DEEPSEEK, DEEPSEEK_SHAPE, checkpoint,
+                             load_hf_weights(tmp_path / "hf"), 2)
+
+
+@pytest.mark.ranks
+@pytest.mark.parametrize("layout", [["parallelism.tensor_parallel=2"],
+                                    ["parallelism.data_parallel_shard_strategy="
+                                     "optim_grads_params"]], ids=["tensor", "fsdp"])
+def test_two_rank_exports_give_back_every_rank_s_arrays(data_prefix, qwen3_export, tmp_path,
+                                                        layout, capsys) -> None:
+    """Re-sharded by the import's own code, the export of a 2-rank run is each rank's saved
+    arrays exactly; and it is the 1-process run's export up to the runs' rounding. Exported
+    with a configuration that lacks the run's tensor parallelism, it is refused."""
+    checkpoint = train(QWEN3, data_prefix, tmp_path / "run", QWEN3_SHAPE, *layout,
+                       "--nproc", "2", "--timeout", "300")
+    if "tensor" in layout[0]:
+        capsys.readouterr()
+        assert export(QWEN3, checkpoint, tmp_path / "wrong", *sets(QWEN3_SHAPE)) == 2
+        err = capsys.readouterr().err
+        assert "saved by 2 rank(s)" in err
+        assert "embedding.weight: shape (256, 32), expected (512, 32)" in err
+        assert not (tmp_path / "wrong").exists()
+    assert export(QWEN3, checkpoint, tmp_path / "hf", *sets([*QWEN3_SHAPE, *layout])) == 0
+    exported = load_hf_weights(tmp_path / "hf")
+    assert_reshards_to_ranks(QWEN3, QWEN3_SHAPE, checkpoint, exported,
+                             2 if "tensor" in layout[0] else 1)
+    single = load_hf_weights(qwen3_export)
+    for name, value in single.items():
+        np.testing.assert_allclose(exported[name], value, rtol=1e-4, atol=1e-5, err_msg=name)
