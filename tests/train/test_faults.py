@@ -75,15 +75,21 @@ def rank_pid(output: Path, rank: int) -> int | None:
 
 def kill_at(output: Path, after_step: int, delay: float, job: subprocess.Popen) -> int:
     """SIGKILL rank 1 `delay` seconds after step `after_step` is logged and a checkpoint is
-    complete (before it, a rerun has nothing to resume and is refused); its PID."""
-    deadline = time.monotonic() + 600
+    complete (before it, a rerun has nothing to resume and is refused), or as soon as the
+    last step but one is logged, whichever comes first (on a fast machine the last steps
+    take less than the delay, and the job must still be running); its PID."""
+    deadline, pid = time.monotonic() + 600, None
     while (steps := logged(output))[0] < after_step or steps[1] == 0:
         assert job.poll() is None, "the job ended before the kill"
         assert time.monotonic() < deadline
+        pid = pid or rank_pid(output, 1)
         time.sleep(0.2)
-    time.sleep(delay)
-    pid = rank_pid(output, 1)
+    end = time.monotonic() + delay
+    while time.monotonic() < end and logged(output)[0] < STEPS - 1:
+        time.sleep(0.05)
+    pid = pid or rank_pid(output, 1)
     assert pid is not None, "rank 1 not found"
+    assert job.poll() is None, "the job ended before the kill"
     os.kill(pid, signal.SIGKILL)
     return pid
 
