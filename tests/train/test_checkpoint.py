@@ -648,7 +648,7 @@ def test_hf_bf16_f16_f32_shards_are_read_as_float32(tmp_path):
 
     resumed = resume(CheckpointConfig(load_path=str(tmp_path), no_load_optim=True))
     assert resumed.kind == "hf" and resumed.state is None
-    assert sorted(resumed.model_params) == sorted(tensors)
+    assert sorted(resumed.model_params.names) == sorted(tensors)
     with pytest.raises(ConfigError, match=r"checkpoint\.no_load_optim: Resume training "
                                           r"\(no_load_optim=False\) is not supported for "
                                           r"HuggingFace checkpoints"):

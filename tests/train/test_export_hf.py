@@ -8,6 +8,7 @@ nearest even; what cannot be exported is refused with the reason."""
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -19,7 +20,7 @@ pytest.importorskip("mindspore")
 from mindspore import Tensor
 
 from mf_config.validate import config_from_source, load_source
-from mf_train.checkpoint import load_checkpoint, load_hf_weights
+from mf_train.checkpoint import HFCheckpoint, load_checkpoint, load_hf_weights
 from mf_train.checkpoint.hf_write import parse_size
 from mf_train.checkpoint.params import apply_model_params
 from mf_train.cli import run
@@ -226,25 +227,24 @@ def test_force_replaces_the_output(qwen3_run, qwen3_export, tmp_path) -> None:
 
 
 class _TensorRank:
-    """Rank `rank` of a tensor group of `size` as `local_value` sees one: equal slices."""
+    """Rank `rank` of a tensor group of `size` as `local_value` sees one: its index."""
 
     def __init__(self, size: int, rank: int):
         self.size, self.rank = size, rank
 
-    def shard(self, full: np.ndarray, axis: int) -> np.ndarray:
-        return np.split(full, self.size, axis=axis)[self.rank]
-
 
 def assert_reshards_to_ranks(example: Path, shape: list[str], checkpoint: Path,
-                             exported: dict[str, np.ndarray], tensor: int) -> None:
-    """The import's `local_value` turns the export back into each of 2 ranks' saved arrays."""
+                             exported: Path, tensor: int) -> None:
+    """The import's `local_value`, reading each rank's slices from the exported files, gives
+    back each of 2 ranks' saved arrays."""
     entries = build_model(model_config(example, shape), seed=0).weight_maps()
-    for rank in range(2):
-        saved = load_checkpoint(checkpoint, rank, load_optimizer=False).model_params
-        group = _TensorRank(tensor, rank) if tensor > 1 else None
-        for entry in entries:
-            value = local_value(entry, [exported[name] for name in entry.hf], group)
-            np.testing.assert_array_equal(value, saved[entry.ours], err_msg=entry.ours)
+    with HFCheckpoint(exported) as source:
+        for rank in range(2):
+            saved = load_checkpoint(checkpoint, rank, load_optimizer=False).model_params
+            group = _TensorRank(tensor, rank) if tensor > 1 else None
+            for entry in entries:
+                value = local_value(entry, source, group)
+                np.testing.assert_array_equal(value, saved[entry.ours], err_msg=entry.ours)
 
 
 @pytest.mark.ranks
@@ -255,8 +255,7 @@ def test_deepseek_v3_tensor_parallel_export_gives_back_each_rank_s_shard(data_pr
     checkpoint = train(DEEPSEEK, data_prefix, tmp_path / "run", DEEPSEEK_SHAPE, layout,
                        "--nproc", "2", "--timeout", "300")
     assert export(DEEPSEEK, checkpoint, tmp_path / "hf", *sets([*DEEPSEEK_SHAPE, layout])) == 0
-    assert_reshards_to_ranks(DEEPSEEK, DEEPSEEK_SHAPE, checkpoint,
-                             load_hf_weights(tmp_path / "hf"), 2)
+    assert_reshards_to_ranks(DEEPSEEK, DEEPSEEK_SHAPE, checkpoint, tmp_path / "hf", 2)
 
 
 @pytest.mark.ranks
@@ -279,8 +278,36 @@ def test_two_rank_exports_give_back_every_rank_s_arrays(data_prefix, qwen3_expor
         assert not (tmp_path / "wrong").exists()
     assert export(QWEN3, checkpoint, tmp_path / "hf", *sets([*QWEN3_SHAPE, *layout])) == 0
     exported = load_hf_weights(tmp_path / "hf")
-    assert_reshards_to_ranks(QWEN3, QWEN3_SHAPE, checkpoint, exported,
+    assert_reshards_to_ranks(QWEN3, QWEN3_SHAPE, checkpoint, tmp_path / "hf",
                              2 if "tensor" in layout[0] else 1)
     single = load_hf_weights(qwen3_export)
     for name, value in single.items():
         np.testing.assert_allclose(exported[name], value, rtol=1e-4, atol=1e-5, err_msg=name)
+
+
+def step_losses(output: Path) -> list[float]:
+    lines = [json.loads(line) for line in (output / "metrics.jsonl").read_text().splitlines()]
+    return [line["loss"] for line in lines if "event" not in line]
+
+
+@pytest.mark.ranks
+def test_a_tensor_parallel_run_starts_from_a_sharded_bfloat16_export(data_prefix, qwen3_run,
+                                                                    tmp_path) -> None:
+    """The export in bfloat16, split over several files, is where two runs start: one process,
+    and two tensor-parallel ranks that each read only their slices (the log says how much).
+    Their losses agree as tensor parallelism's rounding allows."""
+    exported = tmp_path / "hf"
+    assert export(QWEN3, qwen3_run, exported, "--dtype", "bfloat16", "--max-shard-size",
+                  "20KB", *sets(QWEN3_SHAPE)) == 0
+    assert len(list(exported.glob("*.safetensors"))) > 1
+    start = [*QWEN3_SHAPE, f"checkpoint.load_path={exported}", "checkpoint.no_load_optim=True"]
+    train(QWEN3, data_prefix, tmp_path / "one", start)
+    train(QWEN3, data_prefix, tmp_path / "two", start, "parallelism.tensor_parallel=2",
+          "--nproc", "2", "--timeout", "300")
+    one, two = step_losses(tmp_path / "one"), step_losses(tmp_path / "two")
+    assert len(one) == len(two) == 2
+    np.testing.assert_allclose(two, one, rtol=1e-5)
+    log = (tmp_path / "two" / "logs" / "worker_1.log").read_text()
+    read, total = (float(size) for size in re.search(
+        r"this rank read ([\d.]+) KiB of the ([\d.]+) KiB there", log).groups())
+    assert total / 2 < read < total  # half of the split weights, all of the norms

@@ -25,6 +25,7 @@ Megatron does (`mf_train.expert_bias` says why).
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import random
@@ -40,6 +41,7 @@ from mindspore import nn
 
 from mf_config import TrainConfig
 from mf_config.yaml_source import Source
+from mf_memory.cli import size
 from mf_memory.recompute import apply_recompute, apply_recompute_comm
 from mf_memory.swap import ActivationSwap
 from mf_parallel import Plan
@@ -59,6 +61,7 @@ from .checkpoint import (
     restore_rng_state,
     resume,
 )
+from .checkpoint.reading import read_ahead
 from .compiled_layers import CompileReport, compile_layers
 from .expert_bias import ExpertBiasUpdate, NoExpertBiasUpdate
 from .gradient_norm import clip_coefficient
@@ -317,9 +320,13 @@ class Trainer:
 
     def _apply_resumed(self, resumed: Resumed) -> None:
         if resumed.kind == "hf":
-            load_hf_state(self.model, resumed.model_params)
+            workers = self.config.checkpoint.load_worker_number
+            with resumed.model_params as weights:
+                load_hf_state(self.model, weights,
+                              read_ahead=functools.partial(read_ahead, workers=workers))
             self.optimizer.reload_main_params_from_model()
-            LOG.info("loaded Hugging Face weights from %s", resumed.path)
+            LOG.info("loaded Hugging Face weights from %s: this rank read %s of the %s there",
+                     resumed.path, size(weights.bytes_read), size(weights.nbytes))
             return
         apply_model_params(self.model.parameters_and_names(), resumed.model_params)
         if resumed.optimizer_state is None:

@@ -18,8 +18,9 @@ Resuming::
         if resumed.optimizer_state is None: optimizer.reload_main_params_from_model()
         else: optimizer.load_state_dict(resumed.optimizer_state)
         restore_rng_state(resumed.state.rng)
-    elif resumed:                       # Hugging Face weights
-        load_hf_state(model, resumed.model_params)
+    elif resumed:                       # Hugging Face weights, read slice by slice
+        with resumed.model_params as weights:
+            load_hf_state(model, weights)
         optimizer.reload_main_params_from_model()
 
 The layout is described in `layout`, the save protocol in `writer`, the dtype policy
@@ -27,7 +28,7 @@ The layout is described in `layout`, the save protocol in `writer`, the dtype po
 """
 
 from .errors import CheckpointError, CorruptCheckpointError
-from .hf import is_hf_checkpoint, load_hf_weights, read_safetensors
+from .hf import HFCheckpoint, is_hf_checkpoint, load_hf_weights
 from .layout import (
     candidates,
     check_complete,
@@ -45,6 +46,7 @@ __all__ = [
     "CheckpointError",
     "CheckpointManager",
     "CorruptCheckpointError",
+    "HFCheckpoint",
     "LoadedCheckpoint",
     "Resumed",
     "RunProgress",
@@ -58,7 +60,6 @@ __all__ = [
     "load_checkpoint",
     "load_hf_weights",
     "model_arrays",
-    "read_safetensors",
     "read_tracker",
     "restore_rng_state",
     "resume",

@@ -4,9 +4,10 @@ DeepSeek-V3's Hugging Face checkpoint stores most linear weights as safetensors 
 `F8_E4M3` (float8 e4m3fn) and, beside each such `<name>`, a float32 `<name>_scale_inv` of shape
 `[ceil(rows / 128), ceil(cols / 128)]`: the weight's value is `fp8 * scale_inv` of its block
 (DeepSeek's `weight_dequant`; the block is config.json's
-`quantization_config.weight_block_size`, [128, 128]). Training needs the dequantised values, so
-the reader keeps FP8 tensors as their raw bytes (in the `FP8_E4M3` marker dtype, one byte per
-value) and `dequantize_fp8` turns each into float32 with its scales, which it consumes.
+`quantization_config.weight_block_size`, [128, 128]). Training needs the dequantised values:
+the reader checks every weight's scales from the headers (`check_scales`), then turns the raw
+bytes of the region a rank reads into float32 with their blocks' scales
+(`dequantize_region`); the scales are consumed, not loaded as weights.
 
 numpy has no float8. An e4m3fn byte is: sign bit, 4 exponent bits (bias 7), 3 mantissa bits;
 exponent 0 is subnormal (`mantissa / 8 * 2**-6`); there is no infinity, and only
@@ -17,7 +18,6 @@ exact in float32, so decoding is one lookup in `E4M3FN`.
 from __future__ import annotations
 
 import json
-import logging
 import math
 from collections.abc import Mapping
 from pathlib import Path
@@ -26,10 +26,6 @@ import numpy as np
 
 from .errors import CheckpointError
 
-LOG = logging.getLogger(__name__)
-
-FP8_E4M3 = np.dtype([("e4m3fn", "u1")])
-"""The raw bytes of an `F8_E4M3` safetensors tensor, marked as such until dequantised."""
 SCALE_SUFFIX = "_scale_inv"
 DEFAULT_BLOCK = (128, 128)
 
@@ -54,7 +50,7 @@ E4M3FN = _e4m3fn_table()
 
 
 def decode_e4m3fn(raw: np.ndarray) -> np.ndarray:
-    """float32 values of e4m3fn bytes (`uint8` or `FP8_E4M3` array), same shape."""
+    """float32 values of e4m3fn bytes (a `uint8` array), same shape."""
     return E4M3FN[np.asarray(raw).view(np.uint8)]
 
 
@@ -82,50 +78,50 @@ def weight_block_size(checkpoint: str | Path) -> tuple[int, int]:
     return block[0], block[1]
 
 
-def dequantize_fp8(tensors: Mapping[str, np.ndarray], block: tuple[int, int] = DEFAULT_BLOCK,
-                   ) -> dict[str, np.ndarray]:
-    """The tensors with every FP8 weight dequantised to float32 and its `_scale_inv` consumed.
+def check_scales(fp8: Mapping[str, tuple[int, ...]], scales: Mapping[str, tuple[int, ...]],
+                 block: tuple[int, int]) -> None:
+    """Check, from the headers alone, that every FP8 weight has block scales of its shape.
 
     Args:
-        tensors: HF name -> array, FP8 weights in the `FP8_E4M3` dtype (as `hf.py` reads them).
+        fp8: HF name -> shape of each `F8_E4M3` weight.
+        scales: HF name -> shape of each `<weight>_scale_inv` tensor.
         block: rows and columns of one scale block.
 
-    Returns:
-        A new dict without the `_scale_inv` tensors; other tensors as they were.
-
     Raises:
-        CheckpointError: an FP8 tensor without its scales, scales of the wrong shape or for
-            no FP8 tensor, or an FP8 tensor that is not a matrix.
+        CheckpointError: an FP8 weight without its scales or not a matrix, scales of the wrong
+            shape, or scales for no FP8 weight.
     """
-    fp8 = sorted(name for name, value in tensors.items() if value.dtype == FP8_E4M3)
-    scales = {name for name in tensors if name.endswith(SCALE_SUFFIX)}
-    orphans = sorted(scales - {name + SCALE_SUFFIX for name in fp8})
+    orphans = sorted(set(scales) - {name + SCALE_SUFFIX for name in fp8})
     if orphans:
         raise CheckpointError("block scales for no FP8 (F8_E4M3) weight: "
                               + ", ".join(orphans[:10]))
-    out = {name: value for name, value in tensors.items() if name not in scales}
-    for name in fp8:
-        out[name] = dequantize_blocks(name, tensors[name], tensors.get(name + SCALE_SUFFIX), block)
-    if fp8:
-        LOG.info("dequantised %d FP8 (e4m3fn) weights to float32 with their %dx%d block scales "
-                 "(%d _scale_inv tensors consumed)", len(fp8), *block, len(fp8))
-    return out
+    for name, shape in sorted(fp8.items()):
+        scale = scales.get(name + SCALE_SUFFIX)
+        if scale is None:
+            raise CheckpointError(f"{name}: an FP8 (F8_E4M3) weight without "
+                                  f"{name}{SCALE_SUFFIX}; its values cannot be recovered")
+        if len(shape) != 2:
+            raise CheckpointError(f"{name}: FP8 weights must be matrices for block scales, "
+                                  f"got shape {shape}")
+        rows, cols = shape
+        expected = (math.ceil(rows / block[0]), math.ceil(cols / block[1]))
+        if tuple(scale) != expected:
+            raise CheckpointError(f"{name}{SCALE_SUFFIX}: shape {tuple(scale)}, expected "
+                                  f"{expected} for a {rows}x{cols} weight in "
+                                  f"{block[0]}x{block[1]} blocks")
 
 
-def dequantize_blocks(name: str, raw: np.ndarray, scale_inv: np.ndarray | None,
-                      block: tuple[int, int]) -> np.ndarray:
-    """One FP8 weight `[rows, cols]` times its block's scale, as float32."""
-    if scale_inv is None:
-        raise CheckpointError(f"{name}: an FP8 (F8_E4M3) weight without {name}{SCALE_SUFFIX}; "
-                              "its values cannot be recovered")
-    if raw.ndim != 2:
-        raise CheckpointError(f"{name}: FP8 weights must be matrices for block scales, got "
-                              f"shape {raw.shape}")
-    rows, cols = raw.shape
-    expected = (math.ceil(rows / block[0]), math.ceil(cols / block[1]))
-    if tuple(scale_inv.shape) != expected:
-        raise CheckpointError(f"{name}{SCALE_SUFFIX}: shape {tuple(scale_inv.shape)}, expected "
-                              f"{expected} for a {rows}x{cols} weight in {block[0]}x{block[1]} "
-                              "blocks")
-    scale = np.repeat(np.repeat(np.asarray(scale_inv, np.float32), block[0], 0), block[1], 1)
-    return decode_e4m3fn(raw) * scale[:rows, :cols]
+def dequantize_region(raw: np.ndarray, scale_inv: np.ndarray, block: tuple[int, int],
+                      start: tuple[int, int] = (0, 0)) -> np.ndarray:
+    """float32 values of a region of an FP8 weight: each byte times its block's scale.
+
+    Args:
+        raw: the region's e4m3fn bytes, `[rows, cols]`.
+        scale_inv: the whole weight's block scales (checked by `check_scales`).
+        block: rows and columns of one scale block.
+        start: the region's first row and column in the whole weight.
+    """
+    rows = (start[0] + np.arange(raw.shape[0])) // block[0]
+    cols = (start[1] + np.arange(raw.shape[1])) // block[1]
+    scale = np.asarray(scale_inv, np.float32)[np.ix_(rows, cols)]
+    return decode_e4m3fn(raw) * scale

@@ -19,7 +19,7 @@ from mf_config.yaml_source import Source
 from . import layout
 from .atomic import bytes_digest
 from .errors import CheckpointError, CorruptCheckpointError
-from .hf import is_hf_checkpoint, load_hf_weights
+from .hf import HFCheckpoint, is_hf_checkpoint
 from .progress import RunProgress
 from .reading import read_files
 
@@ -35,12 +35,12 @@ class LoadedCheckpoint(NamedTuple):
 class Resumed(NamedTuple):
     """What `checkpoint.load_path` gave: an mf checkpoint (`kind == "mf"`: arrays under mf's
     parameter names, optimizer state unless `no_load_optim`, run state) or Hugging Face
-    weights (`kind == "hf"`: arrays under HF names for `load_hf_state`; no optimizer state,
-    no run state)."""
+    weights (`kind == "hf"`: the checkpoint opened for `load_hf_state` to read each rank's
+    slices from, to be closed after; no optimizer state, no run state)."""
 
     path: Path
     kind: str
-    model_params: dict[str, np.ndarray]
+    model_params: dict[str, np.ndarray] | HFCheckpoint
     optimizer_state: dict[str, np.ndarray] | None
     state: RunProgress | None
 
@@ -130,7 +130,7 @@ def _hf_weights(path: Path, config: CheckpointConfig, source: Source | None) -> 
                                "Resume training (no_load_optim=False) is not supported for "
                                f"HuggingFace checkpoints ({path}); set no_load_optim: True "
                                "to load its weights only")], source)
-    return Resumed(path, "hf", load_hf_weights(path, config.load_worker_number), None, None)
+    return Resumed(path, "hf", HFCheckpoint(path), None, None)
 
 
 def _load_agreed(directory: Path, config: CheckpointConfig, rank: int, world_size: int,

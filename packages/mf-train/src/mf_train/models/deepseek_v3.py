@@ -100,7 +100,7 @@ from .blocks import (
     resolve_compute_dtype,
     tensor_size,
 )
-from .hf_weights import WeightMap
+from .hf_weights import WeightMap, WeightSource
 from .hf_weights import hf_names as _hf_names
 from .hf_weights import hf_state as _hf_state
 from .hf_weights import load_hf_state as _load_hf_state
@@ -388,8 +388,9 @@ class DeepseekV3ForCausalLM(nn.Cell):
     def hf_names(self) -> dict[str, tuple[str, ...]]:
         return _hf_names(self)
 
-    def load_hf_state(self, tensors: dict[str, np.ndarray], strict: bool = True) -> None:
-        _load_hf_state(self, tensors, strict)
+    def load_hf_state(self, weights: WeightSource | Mapping[str, np.ndarray],
+                      strict: bool = True) -> None:
+        _load_hf_state(self, weights, strict)
 
     def hf_state(self) -> dict[str, np.ndarray]:
         return _hf_state(self)

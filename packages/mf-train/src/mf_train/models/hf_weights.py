@@ -1,4 +1,4 @@
-"""Our parameter names <-> Hugging Face weight names, and loading a model from HF arrays.
+"""Our parameter names <-> Hugging Face weight names, and loading a model from HF weights.
 
 A model describes itself by `weight_maps()`: one `WeightMap` per parameter, naming the HF
 weights it holds (several when fused, such as `qkv` = q_proj, k_proj, v_proj stacked by rows),
@@ -11,6 +11,11 @@ TensorGroup) and may list `hf_ignored` names (HF weights it accepts and does not
 whole groups of HF weights it recognises and does not train (DeepSeek-V3's multi-token
 prediction layers): those are left out with one log line saying how many and why.
 
+Loading reads from a `WeightSource` (a checkpoint opened by `mf_train.checkpoint.HFCheckpoint`,
+or arrays in memory): the names and shapes are checked first, then each parameter's HF parts
+are read one parameter at a time, and only this rank's slice of each (`local_value`), so a
+rank never holds the whole model in float32 beside its own parameters.
+
 Export runs the other way on the same table: `gather_hf_state` concatenates the tensor-parallel
 ranks' shards along each entry's axis and splits fused parameters back into their HF parts.
 """
@@ -18,15 +23,15 @@ ranks' shards along each entry's axis and splits fused parameters back into thei
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import mindspore as ms
 import numpy as np
 from mindspore import Tensor
 
-from .blocks import fuse_rows, split_rows, tensor_size
+from .blocks import split_rows, tensor_size
 
 LOG = logging.getLogger(__name__)
 
@@ -53,27 +58,76 @@ def hf_names(model: Any) -> dict[str, tuple[str, ...]]:
     return {entry.ours: entry.hf for entry in model.weight_maps()}
 
 
-def load_hf_state(model: Any, tensors: Mapping[str, np.ndarray], strict: bool = True) -> None:
-    """Fill `model`'s parameters from HF-named full arrays (this rank's shards under tensor
-    parallelism). Every problem is reported at once: missing names, wrong shapes, and (when
-    `strict`) names the model does not use. Values are cast to each parameter's dtype."""
-    tensors = _without_skipped(model, tensors)
+class WeightSource(Protocol):
+    """HF-named weights to load from: their names and shapes known up front, each read
+    whole or one region at a time (`mf_train.checkpoint.HFCheckpoint` reads them from a
+    checkpoint's files; `ArraysSource` wraps arrays already in memory)."""
+
+    @property
+    def names(self) -> Collection[str]: ...
+
+    def shape(self, name: str) -> tuple[int, ...]: ...
+
+    def read(self, name: str, region: tuple[slice, ...] | None = None) -> np.ndarray: ...
+
+
+class ArraysSource:
+    """Whole arrays in memory, by HF name, as a `WeightSource`."""
+
+    def __init__(self, arrays: Mapping[str, np.ndarray]):
+        self.arrays = arrays
+
+    @property
+    def names(self) -> Collection[str]:
+        return self.arrays.keys()
+
+    def shape(self, name: str) -> tuple[int, ...]:
+        return tuple(np.shape(self.arrays[name]))
+
+    def read(self, name: str, region: tuple[slice, ...] | None = None) -> np.ndarray:
+        """A copy: a parameter loaded from it must not share the caller's array."""
+        value = np.asarray(self.arrays[name])
+        return np.array(value if region is None else value[region])
+
+
+def load_hf_state(model: Any, weights: WeightSource | Mapping[str, np.ndarray],
+                  strict: bool = True,
+                  read_ahead: Callable[[Callable, Iterable], Iterable] = map) -> None:
+    """Fill `model`'s parameters from HF-named weights, reading only this rank's part of
+    each: its tensor-parallel slice of the parameters it holds (its pipeline stage's layers,
+    its experts); weights it does not hold are not read. Every problem is reported at once,
+    from the names and shapes alone, before anything is read: missing names, wrong shapes,
+    and (when `strict`) names the model does not use. One parameter's slice is in memory at
+    a time (`read_ahead`, such as `checkpoint.reading.read_ahead` with workers, may read a few
+    ahead); values are cast to each parameter's dtype.
+
+    Args:
+        model: a model with `weight_maps()` and `tensor_group`.
+        weights: a `WeightSource`, or whole arrays by HF name.
+        strict: refuse HF names the model does not use.
+        read_ahead: maps a read over the parameters in order (`map`: one after another).
+
+    Raises:
+        HFWeightsError: the weights do not fit the model (every problem listed).
+    """
+    source = ArraysSource(weights) if isinstance(weights, Mapping) else weights
+    names = set(source.names) - _skipped(model, source.names)
     entries = model.weight_maps()
-    problems = _shape_problems(entries, tensors)
+    problems = _shape_problems(entries, names, source.shape)
     if strict:
         known = {name for entry in entries for name in entry.hf}
         known |= set(getattr(model, "hf_ignored", ()))
         problems += [f"{name}: not a weight of {type(model).__name__}"
-                     for name in sorted(set(tensors) - known)]
+                     for name in sorted(names - known)]
     if problems:
         raise HFWeightsError("Hugging Face weights do not fit the model:\n  "
                              + "\n  ".join(problems))
     params = dict(model.parameters_and_names())
     group = model.tensor_group
-    for entry in entries:
-        value = local_value(entry, [tensors[name] for name in entry.hf], group)
-        param = params[entry.ours]
-        param.set_data(Tensor(value).astype(param.dtype))
+    values = read_ahead(lambda entry: local_value(entry, source, group), entries)
+    for entry, value in zip(entries, values, strict=True):
+        param = params[entry.ours]  # `value` is this read's own array: shared, not copied
+        param.set_data(Tensor.from_numpy(value).astype(param.dtype))
 
 
 def hf_state(model: Any) -> dict[str, np.ndarray]:
@@ -122,43 +176,57 @@ def gather_hf_state(entries: list[WeightMap],
                             f"{', '.join(entry.hf)})")
             continue
         state.update(hf_parts(entry, full, len(pieces) if split else 1))
-    problems += _shape_problems(entries, state) if not problems else []
+    problems += (_shape_problems(entries, state.keys(), lambda name: state[name].shape)
+                 if not problems else [])
     if problems:
         raise HFWeightsError("the gathered weights do not have Hugging Face's shapes:\n  "
                              + "\n  ".join(problems))
     return state
 
 
-def _without_skipped(model: Any, tensors: Mapping[str, np.ndarray]) -> Mapping[str, np.ndarray]:
-    """`tensors` without those the model's `hf_skipped` names, logged once with its reason."""
+def _skipped(model: Any, names: Collection[str]) -> set[str]:
+    """The names among `names` the model's `hf_skipped` leaves out, logged once with its
+    reason."""
     skip = getattr(model, "hf_skipped", None)
     if skip is None:
-        return tensors
-    skipped, reason = skip(tensors.keys())
-    if not skipped:
-        return tensors
-    LOG.info("Hugging Face weights: skipped %d tensors: %s", len(skipped), reason)
-    return {name: value for name, value in tensors.items() if name not in skipped}
+        return set()
+    skipped, reason = skip(names)
+    if skipped:
+        LOG.info("Hugging Face weights: skipped %d tensors: %s", len(skipped), reason)
+    return set(skipped)
 
 
-def _shape_problems(entries: list[WeightMap], tensors: Mapping[str, np.ndarray]) -> list[str]:
+def _shape_problems(entries: list[WeightMap], names: Collection[str],
+                    shape_of: Callable[[str], tuple[int, ...]]) -> list[str]:
     problems = []
     for entry in entries:
         for name, shape in zip(entry.hf, entry.shapes, strict=True):
-            if name not in tensors:
+            if name not in names:
                 problems.append(f"{name}: missing (needed for {entry.ours}, shape {shape})")
-            elif tuple(np.shape(tensors[name])) != shape:
-                problems.append(f"{name}: shape {tuple(np.shape(tensors[name]))}, expected "
-                                f"{shape} (for {entry.ours})")
+            elif shape_of(name) != shape:
+                problems.append(f"{name}: shape {shape_of(name)}, expected {shape} (for "
+                                f"{entry.ours})")
     return problems
 
 
-def local_value(entry: WeightMap, arrays: list[np.ndarray], group: Any) -> np.ndarray:
-    """This rank's value of `entry`'s parameter from its full HF `arrays`: the parts fused
-    (rank-interleaved when column parallel), then this rank's slice along the split axis."""
-    arrays = [np.asarray(array, np.float32) for array in arrays]
+def local_value(entry: WeightMap, source: WeightSource, group: Any) -> np.ndarray:
+    """This rank's value of `entry`'s parameter, as float32: each HF part's slice along the
+    split axis (the whole part without tensor parallelism), read alone and stacked by rows,
+    which is this rank's block of the rank-interleaved fusing (`blocks.fuse_rows`)."""
+    parts = [source.read(name, _region(name, shape, entry.axis, group))
+             for name, shape in zip(entry.hf, entry.shapes, strict=True)]
+    parts = [np.ascontiguousarray(part, np.float32) for part in parts]
+    return parts[0] if len(parts) == 1 else np.concatenate(parts, axis=0)
+
+
+def _region(name: str, shape: tuple[int, ...], axis: int | None,
+            group: Any) -> tuple[slice, ...] | None:
+    """This tensor rank's slice of an HF weight: an equal block along `axis`."""
     shards = tensor_size(group)
-    full = fuse_rows(arrays, shards if entry.axis == 0 else 1) if len(arrays) > 1 else arrays[0]
-    if shards == 1 or entry.axis is None:
-        return full
-    return group.shard(full, entry.axis)
+    if shards == 1 or axis is None:
+        return None
+    if shape[axis] % shards:
+        raise HFWeightsError(f"{name}: dimension {axis} of shape {shape} is not divisible by "
+                             f"tensor_parallel ({shards})")
+    size = shape[axis] // shards
+    return (slice(None),) * axis + (slice(group.rank * size, (group.rank + 1) * size),)
