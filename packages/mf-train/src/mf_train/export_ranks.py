@@ -16,7 +16,8 @@ expert parallelism (each rank keeps its experts whole), so no expert sharding is
 `source_ranks` takes, in rank order, each rank that holds a (weight, tensor place) no earlier
 one does: one rank per stage, expert share and tensor place. `tensor_places` merges their
 arrays into one mapping per tensor place for `gather_hf_state`; a weight two of them hold
-(a tied embedding on the first and last stage) must be equal in both.
+(a tied embedding on the first and last stage, a norm on two tensor ranks) must be equal in
+both.
 """
 
 from __future__ import annotations
