@@ -101,6 +101,16 @@ def test_expert_groups() -> None:
     assert mesh.groups("expert_data") == [[r] for r in range(8)]
 
 
+def test_each_rank_holds_the_experts_of_its_place_in_its_expert_group() -> None:
+    mesh = RankMesh(dims(8, tensor_parallel=2, expert_parallel=2))  # groups [0, 2], [1, 3], ...
+    assert [mesh.experts_of(rank, 8) for rank in range(4)] == [range(0, 4), range(0, 4),
+                                                               range(4, 8), range(4, 8)]
+    assert RankMesh(dims(8)).experts_of(5, 8) == range(8)  # no expert parallelism
+    with pytest.raises(PlanError, match="6 routed experts cannot be split evenly over "
+                                        "expert_parallel 4 ranks"):
+        RankMesh(dims(8, expert_parallel=4)).experts_of(0, 6)
+
+
 def test_device_groups_of_the_deredundant_dispatcher() -> None:
     d = dims(8, expert_parallel=8, moe_token_dispatcher_type="alltoall_deredundancy",
              npu_nums_per_device=4)

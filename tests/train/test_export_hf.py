@@ -1,9 +1,11 @@
 """`mf-train export-hf`: tiny Qwen3 and DeepSeek-V3 runs of 2 steps exported as Hugging Face
 directories. The export, read back through mf's own Hugging Face import, gives the logits of
 the model loaded from the mf checkpoint; its names and shapes are Hugging Face's (the golden
-file transformers wrote); 2-rank FSDP and tensor-parallel checkpoints export to weights that
-the import turns back into every rank's saved arrays; bfloat16 bytes are float32 rounded to
-nearest even; what cannot be exported is refused with the reason."""
+file transformers wrote); 2-rank FSDP, tensor-parallel, expert-parallel and interleaved
+pipeline checkpoints export to weights that the import turns back into every rank's saved
+arrays; bfloat16 bytes are float32 rounded to nearest even; what cannot be exported (a
+configuration that is not the run's, a pipeline of a model mf-train does not cut) is refused
+with the reason."""
 
 from __future__ import annotations
 
@@ -24,7 +26,7 @@ from mf_train.checkpoint import HFCheckpoint, load_checkpoint, load_hf_weights
 from mf_train.checkpoint.hf_write import parse_size
 from mf_train.checkpoint.params import apply_model_params
 from mf_train.cli import run
-from mf_train.models import build_model, load_hf_state
+from mf_train.models import ModelPart, build_model, load_hf_state
 from mf_train.models.hf_weights import local_value
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -51,11 +53,21 @@ def sets(values: list[str]) -> list[str]:
 
 
 def train(example: Path, prefix: str, output: Path, shape: list[str], *more: str) -> Path:
-    """A 2-step run; returns its checkpoint root."""
+    """A 2-step run (`more`: launch arguments); returns its checkpoint root."""
     args = ["--config", str(example), "--output-dir", str(output),
-            *sets(settings(prefix, output, [*shape, *more[:1]] if more else shape))]
-    assert run([*args, *more[1:]]) == 0
+            *sets(settings(prefix, output, shape))]
+    assert run([*args, *more]) == 0
     return output / "ckpt"
+
+
+def two_ranks(example: Path, prefix: str, output: Path, shape: list[str]) -> Path:
+    return train(example, prefix, output, shape, "--nproc", "2", "--timeout", "300")
+
+
+def rank_arrays(checkpoint: Path, world: int) -> list[dict[str, np.ndarray]]:
+    """Each rank's saved model arrays."""
+    return [load_checkpoint(checkpoint, rank, load_optimizer=False).model_params
+            for rank in range(world)]
 
 
 def export(example: Path, checkpoint: Path, output: Path, *more: str) -> int:
@@ -71,12 +83,16 @@ def logits(model) -> np.ndarray:
     return model.logits(Tensor(INPUT_IDS)).asnumpy()
 
 
-def assert_round_trip(example: Path, shape: list[str], checkpoint: Path, exported: Path) -> None:
-    """The export, through mf's Hugging Face import, gives the checkpoint's logits."""
+def assert_round_trip(example: Path, shape: list[str], checkpoint: Path, exported: Path,
+                      world: int = 1) -> None:
+    """The export, through mf's Hugging Face import, gives the logits of the one-process model
+    that the checkpoint's rank files together hold (every parameter in one of them)."""
     config = model_config(example, shape)
     saved = build_model(config, seed=1)
-    apply_model_params(saved.parameters_and_names(),
-                       load_checkpoint(checkpoint, load_optimizer=False).model_params)
+    union = {name: value for arrays in rank_arrays(checkpoint, world)
+             for name, value in arrays.items()}
+    assert union.keys() == {name for name, _ in saved.parameters_and_names()}
+    apply_model_params(saved.parameters_and_names(), union)
     imported = build_model(config, seed=2)
     load_hf_state(imported, load_hf_weights(exported))
     np.testing.assert_allclose(logits(imported), logits(saved), rtol=0, atol=1e-6)
@@ -206,15 +222,26 @@ def test_refusals_say_what_is_wrong(qwen3_run, qwen3_export, tmp_path, capsys) -
     assert "expected a size such as 5GB" in refused(qwen3_run, tmp_path / "a", *sets(QWEN3_SHAPE),
                                                     "--max-shard-size", "big")
     assert "holds no complete checkpoint" in refused(tmp_path, tmp_path / "b")
-    # a pipeline checkpoint's common.json: 2 ranks, run with pipeline_parallel 2
+    assert not (tmp_path / "a").exists()
+
+
+def test_a_pipeline_of_a_model_training_does_not_cut_is_refused(qwen3_run, tmp_path,
+                                                                capsys) -> None:
+    """DeepSeek-V3 is not cut into pipeline stages: a configuration saying it was is refused
+    by name before any rank file is read (the files here are a 1-rank Qwen3's, said to be 2
+    ranks')."""
     pipeline = tmp_path / "pipeline" / "iteration_00000002"
     shutil.copytree(qwen3_run / "iteration_00000002", pipeline)
     common = json.loads((pipeline / "common.json").read_text())
     (pipeline / "common.json").write_text(json.dumps({**common, "world_size": 2}))
-    err = refused(pipeline, tmp_path / "c", *sets([*QWEN3_SHAPE,
-                                                   "parallelism.pipeline_parallel=2"]))
-    assert "parallelism.pipeline_parallel = 2" in err and "not supported" in err
-    assert not (tmp_path / "a").exists() and not (tmp_path / "c").exists()
+    capsys.readouterr()
+    assert export(DEEPSEEK, pipeline, tmp_path / "hf",
+                  *sets([*DEEPSEEK_SHAPE, "parallelism.pipeline_parallel=2"])) == 2
+    assert capsys.readouterr().err == (
+        "mf-train export-hf: DeepseekV3ForCausalLM is not cut into pipeline stages by mf-train "
+        "(no run of it saves a pipeline_parallel > 1 checkpoint); set "
+        "parallelism.pipeline_parallel to the run's value\n")
+    assert not (tmp_path / "hf").exists()
 
 
 def test_force_replaces_the_output(qwen3_run, qwen3_export, tmp_path) -> None:
@@ -252,8 +279,7 @@ def test_deepseek_v3_tensor_parallel_export_gives_back_each_rank_s_shard(data_pr
                                                                          tmp_path) -> None:
     """Multi-head latent attention, experts and router of a TP 2 DeepSeek-V3 run."""
     layout = "parallelism.tensor_parallel=2"
-    checkpoint = train(DEEPSEEK, data_prefix, tmp_path / "run", DEEPSEEK_SHAPE, layout,
-                       "--nproc", "2", "--timeout", "300")
+    checkpoint = two_ranks(DEEPSEEK, data_prefix, tmp_path / "run", [*DEEPSEEK_SHAPE, layout])
     assert export(DEEPSEEK, checkpoint, tmp_path / "hf", *sets([*DEEPSEEK_SHAPE, layout])) == 0
     assert_reshards_to_ranks(DEEPSEEK, DEEPSEEK_SHAPE, checkpoint, tmp_path / "hf", 2)
 
@@ -267,8 +293,7 @@ def test_two_rank_exports_give_back_every_rank_s_arrays(data_prefix, qwen3_expor
     """Re-sharded by the import's own code, the export of a 2-rank run is each rank's saved
     arrays exactly; and it is the 1-process run's export up to the runs' rounding. Exported
     with a configuration that lacks the run's tensor parallelism, it is refused."""
-    checkpoint = train(QWEN3, data_prefix, tmp_path / "run", QWEN3_SHAPE, *layout,
-                       "--nproc", "2", "--timeout", "300")
+    checkpoint = two_ranks(QWEN3, data_prefix, tmp_path / "run", [*QWEN3_SHAPE, *layout])
     if "tensor" in layout[0]:
         capsys.readouterr()
         assert export(QWEN3, checkpoint, tmp_path / "wrong", *sets(QWEN3_SHAPE)) == 2
@@ -302,8 +327,7 @@ def test_a_tensor_parallel_run_starts_from_a_sharded_bfloat16_export(data_prefix
     assert len(list(exported.glob("*.safetensors"))) > 1
     start = [*QWEN3_SHAPE, f"checkpoint.load_path={exported}", "checkpoint.no_load_optim=True"]
     train(QWEN3, data_prefix, tmp_path / "one", start)
-    train(QWEN3, data_prefix, tmp_path / "two", start, "parallelism.tensor_parallel=2",
-          "--nproc", "2", "--timeout", "300")
+    two_ranks(QWEN3, data_prefix, tmp_path / "two", [*start, "parallelism.tensor_parallel=2"])
     one, two = step_losses(tmp_path / "one"), step_losses(tmp_path / "two")
     assert len(one) == len(two) == 2
     np.testing.assert_allclose(two, one, rtol=1e-5)
@@ -311,3 +335,77 @@ def test_a_tensor_parallel_run_starts_from_a_sharded_bfloat16_export(data_prefix
     read, total = (float(size) for size in re.search(
         r"this rank read ([\d.]+) KiB of the ([\d.]+) KiB there", log).groups())
     assert total / 2 < read < total  # half of the split weights, all of the norms
+
+
+QWEN3_FOUR_LAYERS = [*QWEN3_SHAPE[:2], "model.num_hidden_layers=4", *QWEN3_SHAPE[3:]]
+PIPELINE = ["parallelism.pipeline_parallel=2"]
+INTERLEAVED = [*PIPELINE, "parallelism.pipeline_parallel_schedule=interleaved_1f1b",
+               "parallelism.pipeline_parallel_interleave_num=2"]
+
+
+@pytest.mark.ranks
+def test_interleaved_pipeline_export_gives_back_each_stage_s_arrays(data_prefix, tmp_path,
+                                                                    capsys) -> None:
+    """2 stages x 2 virtual chunks of a 4-layer tied Qwen3: stage 0 saved layers 0 and 2 and
+    the embedding, stage 1 layers 1 and 3, the final norm and its copy of the tied embedding.
+    The export, imported into each stage's part, is that stage's saved arrays exactly, and it
+    gives the logits of the model the two files hold together. Exported with a configuration
+    that lacks the interleaving, the files are refused: they do not hold what it says."""
+    shape = [*QWEN3_FOUR_LAYERS, *INTERLEAVED]
+    checkpoint = two_ranks(QWEN3, data_prefix, tmp_path / "run", shape)
+    capsys.readouterr()
+    assert export(QWEN3, checkpoint, tmp_path / "wrong",
+                  *sets([*QWEN3_FOUR_LAYERS, *PIPELINE])) == 2
+    err = capsys.readouterr().err
+    assert "does it give the run's parallelism?" in err
+    assert "rank 0: decoder_layers.1.mlp.down.weight missing" in err
+    assert "rank 0: decoder_layers.2.mlp.down.weight saved, but the plan puts it on other " \
+        "ranks" in err
+    assert not (tmp_path / "wrong").exists()
+    assert export(QWEN3, checkpoint, tmp_path / "hf", *sets(shape)) == 0
+    exported = load_hf_weights(tmp_path / "hf")
+    config = model_config(QWEN3, QWEN3_FOUR_LAYERS)
+    parts = [ModelPart((0, 2), embedding=True, head=False),
+             ModelPart((1, 3), embedding=False, head=True)]
+    for part, saved in zip(parts, rank_arrays(checkpoint, 2), strict=True):
+        stage = build_model(config, seed=3, part=part)
+        load_hf_state(stage, exported)
+        params = {name: param.asnumpy() for name, param in stage.parameters_and_names()}
+        assert params.keys() == saved.keys()
+        for name, value in saved.items():
+            np.testing.assert_array_equal(params[name], value, err_msg=name)
+    assert_round_trip(QWEN3, QWEN3_FOUR_LAYERS, checkpoint, tmp_path / "hf", world=2)
+
+
+def routed_experts(arrays: dict[str, np.ndarray]) -> set[int]:
+    return {int(name.split(".mlp.experts.")[1].split(".")[0]) for name in arrays
+            if ".mlp.experts." in name}
+
+
+@pytest.mark.ranks
+def test_expert_parallel_export_gives_back_each_rank_s_experts(data_prefix, tmp_path,
+                                                               capsys) -> None:
+    """Expert parallel 2 DeepSeek-V3 (4 routed experts; rank 0 saved experts 0-1, rank 1
+    experts 2-3): the export, re-sharded by the import's code, is each rank's saved arrays
+    exactly, and gives the logits of the model the two files hold together. Exported with a
+    configuration without expert parallelism, rank 0's file is refused: it lacks experts."""
+    layout = [*DEEPSEEK_SHAPE, "parallelism.expert_parallel=2"]
+    checkpoint = two_ranks(DEEPSEEK, data_prefix, tmp_path / "run", layout)
+    saved = rank_arrays(checkpoint, 2)
+    assert [routed_experts(arrays) for arrays in saved] == [{0, 1}, {2, 3}]
+    capsys.readouterr()
+    assert export(DEEPSEEK, checkpoint, tmp_path / "wrong", *sets(DEEPSEEK_SHAPE)) == 2
+    err = capsys.readouterr().err
+    assert "rank 0: decoder_layers.1.mlp.experts.2.down.weight missing" in err
+    assert "rank 1:" not in err and not (tmp_path / "wrong").exists()
+    assert export(DEEPSEEK, checkpoint, tmp_path / "hf", *sets(layout)) == 0
+    exported = load_hf_weights(tmp_path / "hf")
+    assert "model.layers.2.mlp.experts.3.up_proj.weight" in exported
+    entries = build_model(model_config(DEEPSEEK, DEEPSEEK_SHAPE), seed=0).weight_maps()
+    with HFCheckpoint(tmp_path / "hf") as source:
+        for arrays in saved:
+            for entry in entries:
+                if entry.ours in arrays:
+                    value = local_value(entry, source, None)
+                    np.testing.assert_array_equal(value, arrays[entry.ours], err_msg=entry.ours)
+    assert_round_trip(DEEPSEEK, DEEPSEEK_SHAPE, checkpoint, tmp_path / "hf", world=2)

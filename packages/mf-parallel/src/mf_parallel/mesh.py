@@ -11,7 +11,8 @@ group of plain data parallelism); `loss` (replicate x shard x context: every ran
 different part of the global batch, so the loss is averaged over it); `shard_context` (shard x
 context: what FSDP and ZeRO shard over under context parallelism, as torchtitan's
 `dp_shard_cp`, since context ranks hold the same parameters); `expert` (ranks that
-split the experts between them: they exchange tokens) and `expert_data` (every rank of the
+split the experts between them: they exchange tokens; member r holds the r-th run of
+consecutive experts, `experts_of`) and `expert_data` (every rank of the
 pipeline stage holding the same experts: the expert-data-parallel group over which the experts'
 gradients are reduced, world / (pipeline x expert) ranks, as Megatron-LM's expert-data-parallel
 group with expert tensor parallelism 1: experts are not split by tensor parallelism, so the
@@ -118,6 +119,16 @@ class RankMesh:
         self._check_rank(rank)
         return {kind: _group_index(self, kind)[rank] for kind in GROUP_KINDS}
 
+    def experts_of(self, rank: int, n_experts: int) -> range:
+        """The global indices of the routed experts `rank` holds: its share by its place in
+        its `expert` group (`expert_share`; every expert without expert parallelism).
+
+        Raises:
+            PlanError: the rank is not in the world, or the experts do not divide evenly.
+        """
+        group = self.groups_of(rank)["expert"]
+        return expert_share(n_experts, len(group), group.index(rank))
+
     def _groups_over(self, varying: Sequence[str]) -> list[list[int]]:
         sizes = dict(zip(DIMENSIONS, self.shape, strict=True))
         fixed = [name for name in DIMENSIONS if name not in varying]
@@ -166,6 +177,20 @@ class RankMesh:
     def _check_rank(self, rank: int) -> None:
         if not 0 <= rank < self.dims.world_size:
             raise PlanError(f"rank {rank} is outside the world (0..{self.dims.world_size - 1})")
+
+
+def expert_share(n_experts: int, size: int, position: int) -> range:
+    """The routed experts held by member `position` of an expert group of `size` ranks:
+    `n_experts / size` consecutive global indices (member r: `r * local .. (r + 1) * local - 1`).
+
+    Raises:
+        PlanError: the experts do not divide evenly over the group.
+    """
+    if n_experts % size:
+        raise PlanError(f"{n_experts} routed experts cannot be split evenly over "
+                        f"expert_parallel {size} ranks")
+    local = n_experts // size
+    return range(position * local, (position + 1) * local)
 
 
 @functools.cache

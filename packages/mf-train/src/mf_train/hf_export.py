@@ -2,12 +2,12 @@
 
 The checkpoint's `common.json` gives the world size of the run that saved it; the training
 configuration gives its parallel degrees, so the parallel plan (`make_job_plan`) says which
-rank files hold what. Data-parallel ranks, ZeRO and FSDP included, save the whole model
-(FSDP gathers it before a save), and context-parallel ranks hold the same parameters: their
-first rank's file is the model. Tensor-parallel ranks each hold a shard: the files of the
-first tensor group are gathered along each parameter's split axis (`gather_hf_state`, the
-inverse of the import's name table). Pipeline stages and expert-parallel ranks each hold
-only part of the layers or experts; those layouts are refused, by name.
+rank files hold what (`export_ranks`): each pipeline stage's files hold its layers, each
+expert-parallel rank's its share of the routed experts, each tensor-parallel rank's its slice
+of the split weights; data-parallel ranks (ZeRO and FSDP included) and context-parallel ranks
+hold what their peers hold. One file per stage, expert share and tensor place is read; the
+slices of each tensor group are concatenated along each parameter's split axis
+(`gather_hf_state`, the inverse of the import's name table).
 
 The Hugging Face names, shapes and the fused parameters' parts come from the model's own
 `weight_maps()` (the table the import uses); `config.json` is the model section's settings
@@ -65,7 +65,6 @@ def export_hf(checkpoint: str | os.PathLike[str], config_file: str | os.PathLike
     """
     from .job import make_job_plan  # MindSpore
     from .models import build_model
-    from .models.hf_weights import HFWeightsError, gather_hf_state
 
     check_output(output, force)
     parse_size(max_shard_size)
@@ -78,37 +77,41 @@ def export_hf(checkpoint: str | os.PathLike[str], config_file: str | os.PathLike
         plan = make_job_plan(config, world_size)
     except (ConfigError, UnreadableFile, PlanError) as exc:
         raise ExportError(f"{config_file}: {exc}") from None
-    ranks = tensor_ranks(plan, directory)
     model = build_model(config.model, seed=0)
-    entries = model.weight_maps()
-    arrays = [load_checkpoint(directory, rank, load_optimizer=False).model_params
-              for rank in ranks]
-    unmapped = sorted(set(arrays[0]) - {entry.ours for entry in entries})
-    if unmapped:
-        raise ExportError(f"{directory}: parameters without a Hugging Face name: "
-                          + ", ".join(unmapped))
-    try:
-        weights = gather_hf_state(entries, arrays)
-    except HFWeightsError as exc:
-        raise ExportError(f"{directory} (saved by {world_size} rank(s); tensor ranks read: "
-                          f"{ranks}; does {config_file} give the run's parallelism?): "
-                          f"{exc}") from None
+    weights = gathered_weights(directory, config, plan, model, str(config_file))
     dtype = dtype or str(model.settings.params_dtype)
     return write_hf_directory(output, weights, hf_config(config.model, model.settings, dtype),
                               dtype=dtype, max_shard_size=max_shard_size, force=force)
 
 
-def tensor_ranks(plan: Any, directory: Path) -> list[int]:
-    """The ranks whose files together hold the whole model: the first tensor group."""
-    dims = plan.dims
-    refused = [(dims.pipeline, "pipeline_parallel", "each stage's files hold only its layers"),
-               (dims.expert, "expert_model_parallel", "each rank's files hold only its experts")]
-    for degree, key, why in refused:
-        if degree > 1:
-            raise ExportError(f"{directory} was saved with parallelism.{key} = {degree}: "
-                              f"{why}; exporting that layout is not supported (export is "
-                              "supported for data, ZeRO/FSDP, context and tensor parallelism)")
-    return plan.mesh.groups("tensor")[0]
+def gathered_weights(directory: Path, config: Any, plan: Any, model: Any,
+                     config_file: str) -> dict[str, np.ndarray]:
+    """The whole model's weights under their Hugging Face names, gathered from the rank files
+    the plan says hold them (`export_ranks`)."""
+    from .export_ranks import check_files, holdings, source_ranks, tensor_places  # MindSpore
+    from .models.hf_weights import HFWeightsError, gather_hf_state
+
+    entries = model.weight_maps()
+    try:
+        chosen = source_ranks(holdings(config, plan, model), entries, plan.dims.tensor)
+    except PlanError as exc:
+        raise ExportError(f"{config_file}: {exc}") from None
+    arrays = {holding.rank: load_checkpoint(directory, holding.rank,
+                                            load_optimizer=False).model_params
+              for holding in chosen}
+    unmapped = sorted(set().union(*arrays.values()) - {entry.ours for entry in entries})
+    if unmapped:
+        raise ExportError(f"{directory}: parameters without a Hugging Face name: "
+                          + ", ".join(unmapped))
+    check_files(directory, chosen, arrays, config_file)
+    try:
+        return gather_hf_state(entries, tensor_places(chosen, arrays, entries,
+                                                      plan.dims.tensor))
+    except HFWeightsError as exc:
+        ranks = [holding.rank for holding in chosen]
+        raise ExportError(f"{directory} (saved by {plan.dims.world_size} rank(s); ranks read: "
+                          f"{ranks}; does {config_file} give the run's parallelism?): "
+                          f"{exc}") from None
 
 
 def hf_config(model_config: Any, settings: Any, dtype: str) -> dict[str, Any]:

@@ -40,6 +40,7 @@ import mindspore as ms
 import numpy as np
 from mindspore import Tensor, ops
 
+from ..mesh import expert_share
 from .collectives import Collectives
 from .expert_exchange import Exchange, GatherRows, ScatterRows, counts_tensor, take_rows
 
@@ -75,13 +76,9 @@ class ExpertGroup:
         """The global indices of the experts this rank holds.
 
         Raises:
-            ValueError: the experts do not divide evenly over the group.
+            PlanError: the experts do not divide evenly over the group.
         """
-        if n_experts % self.size:
-            raise ValueError(f"{n_experts} routed experts cannot be split evenly over "
-                             f"expert_parallel {self.size} ranks")
-        local = n_experts // self.size
-        return range(self.rank * local, (self.rank + 1) * local)
+        return expert_share(n_experts, self.size, self.rank)
 
     def routing_tables(self, indices: np.ndarray) -> np.ndarray:
         """Every group rank's expert indices, `[size, tokens, top_k]` (an all-gather; sent as

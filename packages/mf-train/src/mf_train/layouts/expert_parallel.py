@@ -57,6 +57,14 @@ EXPERT_MARK = ".mlp.experts."
 STATE_PREFIX = "experts."
 
 
+def expert_index(name: str) -> int | None:
+    """The global index of the routed expert a parameter belongs to (5 for
+    `decoder_layers.3.mlp.experts.5.down.weight`); None for every other parameter."""
+    if EXPERT_MARK not in name:
+        return None
+    return int(name.split(EXPERT_MARK)[1].split(".")[0])
+
+
 def without_experts(dims: ParallelDims) -> ParallelDims:
     """The degrees the inner layout is chosen by."""
     return attrs.evolve(dims, expert=1, expert_span="shard_context", expert_node=1)
@@ -135,7 +143,7 @@ class ExpertParallel(StepLayout):
         return cls(inner, experts, optimizer, parts.collectives, parts.parallelism, parts.dims)
 
     def describe(self) -> str:
-        held = sorted({int(p.name.split(EXPERT_MARK)[1].split(".")[0]) for p in self.experts})
+        held = sorted({expert_index(p.name) for p in self.experts})
         total = len(held) * self.dims.expert
         dispatch = ("all-to-all" if self.dispatcher == "alltoall"
                     else f"deredundant, devices of {self.dims.expert_node}")

@@ -155,11 +155,12 @@ def hf_parts(entry: WeightMap, full: np.ndarray, shards: int = 1) -> dict[str, n
 
 def gather_hf_state(entries: list[WeightMap],
                     ranks: Sequence[Mapping[str, np.ndarray]]) -> dict[str, np.ndarray]:
-    """Whole HF-named arrays from the arrays (under our names) of the ranks of one
-    tensor-parallel group, in tensor-rank order; one mapping when there is no tensor
-    parallelism. The inverse of `load_hf_state`: the shards are concatenated along each
-    entry's split axis, then fused parts split back. `HFWeightsError` lists every parameter
-    missing from a rank and every weight whose gathered shape is not the HF one."""
+    """Whole HF-named arrays from the arrays (under our names) of each place of a
+    tensor-parallel group, in place order (a rank's file, or several ranks' merged: pipeline
+    stages, expert shares); one mapping when there is no tensor parallelism. The inverse of
+    `load_hf_state`: the shards are concatenated along each entry's split axis, then fused
+    parts split back. `HFWeightsError` lists every parameter missing from a place and every
+    weight whose gathered shape is not the HF one."""
     problems = [f"{entry.ours}: missing from tensor rank {rank}'s arrays"
                 for entry in entries for rank, arrays in enumerate(ranks)
                 if entry.ours not in arrays]
