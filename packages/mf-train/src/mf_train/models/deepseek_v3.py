@@ -18,8 +18,9 @@ key of DeepSeek's own config.json (Megatron calls it `moe_aux_loss_coeff`); it d
 
 The `model` keys are `settings.deepseek_v3.DeepseekV3Settings` (MindSpore-free, so that
 `mf-config validate` checks them). Not implemented, rejected at the configuration:
-multi-token prediction (`num_nextn_predict_layers`/`mtp_num_layers` > 0), YaRN (`rope_scaling`
-not null) and expert parallelism (mf-train refuses it before launch). The auxiliary-loss-free
+multi-token prediction (`num_nextn_predict_layers`/`mtp_num_layers` > 0) and YaRN
+(`rope_scaling` not null). Expert parallelism (an `ExpertGroup`) builds only this rank's routed
+experts and dispatches tokens to the others' (moe.py). The auxiliary-loss-free
 bias (`e_score_correction_bias`, a non-trainable Parameter saved with the model) chooses the
 experts; with `moe_router_enable_expert_bias` and `moe_router_bias_update_rate` > 0 the trainer
 moves it after every step (`update_expert_bias`, driven by `mf_train.expert_bias`).
