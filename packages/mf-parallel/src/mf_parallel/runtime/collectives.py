@@ -75,9 +75,8 @@ class Collectives:
             return tensor
         if self._native_everywhere(group):
             return ops.AllGather(group=group)(tensor.contiguous())
-        size, me = self.comm.group_size(kind), self.comm.group_rank(kind)
-        parts = [tensor if index == me else ops.zeros_like(tensor) for index in range(size)]
-        return ops.AllReduce(op="sum", group=group)(ops.cat(parts))
+        placed = _placed(tensor, self.comm.group_size(kind), self.comm.group_rank(kind))
+        return ops.AllReduce(op="sum", group=group)(placed)
 
     def start_all_gather(self, tensor: ms.Tensor, kind: str) -> PendingGather:
         """Launch `all_gather(tensor, kind)` and return at once; `wait()` on the result gives
@@ -93,8 +92,7 @@ class Collectives:
             handle = mint.distributed.all_gather_into_tensor(out, tensor, group=group,
                                                              async_op=True)
             return PendingGather(out, handle)
-        parts = [tensor if index == me else ops.zeros_like(tensor) for index in range(size)]
-        out = ops.cat(parts).contiguous()
+        out = _placed(tensor, size, me).contiguous()
         return PendingGather(out, mint.distributed.all_reduce(out, group=group, async_op=True))
 
     def reduce_scatter(self, tensor: ms.Tensor, kind: str) -> ms.Tensor:
@@ -187,6 +185,12 @@ _LOCAL_REDUCTIONS = {
     "min": lambda stacked: stacked.min(axis=0),
     "prod": lambda stacked: stacked.prod(axis=0),
 }
+
+
+def _placed(tensor: ms.Tensor, size: int, me: int) -> ms.Tensor:
+    """`tensor` as block `me` of `size` blocks along dim 0, zeros in the others: summed over
+    the group (an all-reduce), it is the all-gather, where no native one runs."""
+    return ops.cat([tensor if index == me else ops.zeros_like(tensor) for index in range(size)])
 
 
 def _divisible(tensor: ms.Tensor, size: int, operation: str) -> int:
