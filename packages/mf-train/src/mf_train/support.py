@@ -108,27 +108,29 @@ def _context_setting_unused(name: str) -> Callable[[Any, Target], bool]:
                                    and target.config.parallelism.context_parallel == 1)
 
 
-def _overlap_without_gather(value: Any, target: Target) -> bool:
+def _gathers_keys(target: Target) -> bool:
+    """Whether context parallelism all-gathers keys and values (colossal, hybrid): the ring
+    part of the context group is more than one rank (as `ParallelDims.context_overlap`)."""
     parallelism = target.config.parallelism
-    return (value and parallelism.context_parallel > 1
-            and parallelism.ulysses_degree() == parallelism.context_parallel)
+    return parallelism.ulysses_degree() < parallelism.context_parallel
+
+
+def _overlap_without_gather(value: Any, target: Target) -> bool:
+    return (value and target.config.parallelism.context_parallel > 1
+            and not _gathers_keys(target))
 
 
 def _overlap_on_cpu(value: Any, target: Target) -> bool:
-    parallelism = target.config.parallelism
-    return (value and target.device == "CPU"
-            and parallelism.ulysses_degree() < parallelism.context_parallel)
+    return value and target.device == "CPU" and _gathers_keys(target)
 
 
 def _overlap_with_flash(value: Any, target: Target) -> bool:
     """The overlap wanted where the model's attention runs the fused kernel (not on CPU)."""
-    parallelism = target.config.parallelism
     try:
         flash = value_at(target.config, ("model", "use_flash_attention"))
     except KeyError:
         flash = False
-    return (value and target.device != "CPU" and bool(flash)
-            and parallelism.ulysses_degree() < parallelism.context_parallel)
+    return value and target.device != "CPU" and bool(flash) and _gathers_keys(target)
 
 
 def _ulysses_degree_unused(_value: Any, target: Target) -> bool:
