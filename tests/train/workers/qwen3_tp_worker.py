@@ -24,7 +24,7 @@ from mf_parallel.runtime import Collectives, init_communication
 from mf_parallel.runtime.tensor_parallel import TensorGroup, reduce_sequence_parallel_grads
 from mf_train.models import build_model
 from mf_train.models.blocks import split_rows
-from mf_train.models.hf_weights import local_value
+from mf_train.models.hf_weights import ArraysSource, local_value
 
 out_dir = Path(sys.argv[1])
 world = int(os.environ["MS_WORKER_NUM"])
@@ -65,7 +65,7 @@ for case, (sequence_parallel, overrides) in CASES.items():
     for entry in model.weight_maps():
         full = twin_grad[entry.ours]
         parts = split_rows(full, entry.rows()) if len(entry.hf) > 1 else [full]
-        want = local_value(entry, parts, group)
+        want = local_value(entry, ArraysSource(dict(zip(entry.hf, parts, strict=True))), group)
         grad_diff[entry.ours] = float(np.abs(grad[entry.ours] - want).max())
     logits = model.logits(Tensor(ids)).asnumpy()
     twin_logits = np.split(twin.logits(Tensor(ids)).asnumpy(), world, axis=-1)[group.rank]
