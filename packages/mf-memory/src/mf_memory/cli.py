@@ -20,11 +20,11 @@ from mf_parallel import PlanError, make_plan
 from mf_parallel.job_cli import EXIT_INVALID, EXIT_OK, job_parser, run_job
 
 from .estimate import (
-    MIB,
     EstimateError,
     LayerActivation,
     MemoryEstimate,
     estimate,
+    size,
     suggestions,
 )
 
@@ -63,15 +63,6 @@ def _parser() -> argparse.ArgumentParser:
     where.add_argument("--stage", type=int, metavar="S",
                        help="estimate pipeline stage S (default: the largest stage)")
     return parser
-
-
-def size(nbytes: int) -> str:
-    """`12.34 GiB` from 1 GiB, `1,234.5 MiB` from 1 MiB, `48.6 KiB` below."""
-    if abs(nbytes) >= 1024 * MIB:
-        return f"{nbytes / (1024 * MIB):,.2f} GiB"
-    if abs(nbytes) >= MIB:
-        return f"{nbytes / MIB:,.1f} MiB"
-    return f"{nbytes / 1024:,.1f} KiB"
 
 
 def describe(result: MemoryEstimate, tips: Sequence[tuple[str, int]] = ()) -> str:

@@ -69,6 +69,16 @@ OPTIMIZER_STATES = {"adamw": 2, "adam": 2, "muon": 1, "sgd": 1}
 """float32 buffers per parameter: Adam's two moments, Muon's / SGD's momentum."""
 GIB, MIB = 1024**3, 1024**2
 
+
+def size(nbytes: int) -> str:
+    """`12.34 GiB` from 1 GiB, `1,234.5 MiB` from 1 MiB, `48.6 KiB` below: bytes as the
+    summaries print them (`mf-memory estimate`, mf-train's logs)."""
+    if abs(nbytes) >= GIB:
+        return f"{nbytes / GIB:,.2f} GiB"
+    if abs(nbytes) >= MIB:
+        return f"{nbytes / MIB:,.1f} MiB"
+    return f"{nbytes / 1024:,.1f} KiB"
+
 def dtype_bytes(name: str, path: str) -> int:
     """Bytes per element of a dtype name; `EstimateError` naming `path` otherwise."""
     try:

@@ -41,7 +41,7 @@ from mindspore import nn
 
 from mf_config import TrainConfig
 from mf_config.yaml_source import Source
-from mf_memory.cli import size
+from mf_memory.estimate import size
 from mf_memory.recompute import apply_recompute, apply_recompute_comm
 from mf_memory.swap import ActivationSwap
 from mf_parallel import Plan
