@@ -7,21 +7,30 @@ dispatch on 2 and 4 ranks, about 5 minutes) and `bench_context` (one attention b
 and 8192 tokens, one process against context parallelism on 2 ranks, about 15 minutes and
 10 GB of memory).
 
-Every session installs the packages from this checkout into a fresh virtual environment.
+Environments are made with uv where it is installed (`pip install nox uv`, or nox's own
+`uv` extra), else with virtualenv and pip; installs show their progress. Every session but
+`train` installs the packages from this checkout into a fresh environment; `train` keeps its
+environment and reinstalls only when a package's pyproject.toml has changed (the packages are
+installed editable, so source changes need no reinstall). The torch sessions use pip: they
+take the CPU build of torch from the machine's pip configuration (an extra index or a local
+wheel), which uv does not read.
 """
 
 from __future__ import annotations
 
+import hashlib
 from pathlib import Path
 
 import nox
 
 ROOT = Path(__file__).parent
 PACKAGES = ["mf-config", "mf-parallel", "mf-memory", "mf-data", "mf-train"]
-TEST_REQUIREMENTS = ["pytest>=8", "hypothesis>=6.100", "jsonschema>=4.20"]
+TEST_REQUIREMENTS = ["pytest>=8", "pytest-xdist>=3.5", "filelock>=3.12", "hypothesis>=6.100",
+                     "jsonschema>=4.20"]
 
 nox.options.sessions = ["lint", "tests"]
 nox.options.reuse_existing_virtualenvs = False
+nox.options.default_venv_backend = "uv|virtualenv"
 
 
 EXTRAS = {"mf-parallel": "[runtime]", "mf-data": "[hf,mindspore]"}
@@ -29,25 +38,54 @@ EXTRAS = {"mf-parallel": "[runtime]", "mf-data": "[hf,mindspore]"}
 tokenizers and the MindSpore dataset adapter of mf-data)."""
 
 
-def install_packages(session: nox.Session) -> None:
-    session.install(*(f"-e{ROOT / 'packages' / name}{EXTRAS.get(name, '')}"
-                      for name in PACKAGES))
+def package_requirements(extras: dict[str, str] | None = None) -> list[str]:
+    """The five packages of this checkout, editable, with `EXTRAS` (and `extras` on top)."""
+    chosen = {**EXTRAS, **(extras or {})}
+    return [f"-e{ROOT / 'packages' / name}{chosen.get(name, '')}" for name in PACKAGES]
+
+
+def install(session: nox.Session, *requirements: str) -> None:
+    """One install call for all `requirements`, its progress shown (uv or pip)."""
+    session.install(*requirements, silent=False)
+
+
+def install_packages(session: nox.Session, *more: str,
+                     extras: dict[str, str] | None = None) -> None:
+    install(session, *package_requirements(extras), *more)
+
+
+def installed_stamp() -> str:
+    """What decides whether an environment's install is current: every package's
+    pyproject.toml and the extras installed."""
+    digest = hashlib.sha256(repr(sorted(EXTRAS.items())).encode())
+    for name in PACKAGES:
+        digest.update((ROOT / "packages" / name / "pyproject.toml").read_bytes())
+    return digest.hexdigest()
+
+
+def install_packages_once(session: nox.Session) -> None:
+    """`install_packages` in a reused environment only when `installed_stamp` changed."""
+    stamp_file = Path(session.virtualenv.location) / ".mf-installed"
+    stamp = installed_stamp()
+    if stamp_file.is_file() and stamp_file.read_text() == stamp:
+        session.log("the packages are installed and current: nothing to install")
+        return
+    install_packages(session)
+    stamp_file.write_text(stamp)
 
 
 @nox.session
 def tests(session: nox.Session) -> None:
     """The whole test suite, with mf-train's optional wandb callback (installing wandb took
     12 s and 125 MB in a fresh environment; without it, the tests that need it skip)."""
-    install_packages(session)
-    session.install(*TEST_REQUIREMENTS, f"-e{ROOT / 'packages' / 'mf-train'}[wandb]")
+    install_packages(session, *TEST_REQUIREMENTS, extras={"mf-train": "[wandb]"})
     session.run("pytest", *session.posargs)
 
 
 @nox.session
 def lint(session: nox.Session) -> None:
     """ruff, and the import-linter contract that keeps the package stack strict."""
-    install_packages(session)
-    session.install("ruff>=0.6", "import-linter>=2.1")
+    install_packages(session, "ruff>=0.6", "import-linter>=2.1")
     session.run("ruff", "check", ".")
     session.run("lint-imports")
 
@@ -55,12 +93,13 @@ def lint(session: nox.Session) -> None:
 CORPUS = "output/data/python_docs_text_document"
 
 
-@nox.session
+@nox.session(reuse_venv=True)
 def train(session: nox.Session) -> None:
     """The main job: validate the examples, build the demo corpus (the Python docs' help topics,
     no download) and train `examples/qwen3_tiny.yaml` on it (about 25 s on 2 CPU cores).
-    `nox -s train -- examples/deepseek_v3_tiny.yaml` trains another example."""
-    install_packages(session)
+    `nox -s train -- examples/deepseek_v3_tiny.yaml` trains another example. The environment
+    is kept between runs (`install_packages_once`)."""
+    install_packages_once(session)
     examples = sorted(str(path) for path in (ROOT / "examples").glob("*.yaml"))
     session.run("mf-config", "validate", *examples)
     session.run("python", "examples/data/make_corpus.py", "output/data/python_docs.jsonl")
@@ -113,6 +152,8 @@ def bench_context(session: nox.Session) -> None:
 
 
 TORCH_CPU_INDEX = "https://download.pytorch.org/whl/cpu"
+TORCH_BACKEND = "virtualenv"
+"""The torch sessions' backend: pip, which reads the machine's pip configuration."""
 
 
 def install_torch_cpu(session: nox.Session, *extra: str) -> None:
@@ -135,7 +176,7 @@ def install_megatron(session: nox.Session, *extra: str) -> None:
                         for name in ("mf-config", "mf-parallel", "mf-data")))
 
 
-@nox.session
+@nox.session(venv_backend=TORCH_BACKEND)
 def megatron_parity(session: nox.Session) -> None:
     """mf-data against real megatron-core 0.16.1 (torch CPU): compare bit for bit (datasets,
     samples and blends; then `mf-data preprocess` against Megatron's preprocessing).
@@ -152,7 +193,7 @@ def megatron_parity(session: nox.Session) -> None:
     session.run("python", "tests/data/parity/preprocess_parity.py")
 
 
-@nox.session
+@nox.session(venv_backend=TORCH_BACKEND)
 def export_parity(session: nox.Session) -> None:
     """`mf-train export-hf` against transformers 4.57.6 (torch CPU): the tiny Qwen3 and
     DeepSeek-V3, trained 2 steps and exported, load with `AutoModelForCausalLM` and give mf's
@@ -162,7 +203,7 @@ def export_parity(session: nox.Session) -> None:
     session.run("python", "tests/train/parity/export_parity.py")
 
 
-@nox.session
+@nox.session(venv_backend=TORCH_BACKEND)
 def bench_data(session: nox.Session) -> None:
     """mf-data against megatron-core 0.16.1 (torch CPU) in one run: index build, sample reads,
     the batch loader; then preprocessing tokens/s with 1 and 2 workers.
@@ -172,7 +213,7 @@ def bench_data(session: nox.Session) -> None:
     session.run("python", "benchmarks/data_preprocess.py")
 
 
-@nox.session
+@nox.session(venv_backend=TORCH_BACKEND)
 def bench_speed(session: nox.Session) -> None:
     """Training speed of mf (`mf-train`) against PyTorch eager + Hugging Face transformers'
     Qwen3ForCausalLM (torch 2.13.0 CPU, transformers 4.57.6), side by side, on the tiny Qwen3
