@@ -1,7 +1,9 @@
-"""Fixtures shared by the trainer's tests."""
+"""Fixtures shared by the trainer's tests: the tiny corpus and the session's trainer runs
+(tests/train/runs.py)."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -11,12 +13,35 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 
 
+def session_directory(tmp_path_factory) -> Path:
+    """A directory every process of this pytest session sees: under pytest-xdist each worker
+    has a base temporary directory of its own, inside one that they share."""
+    base = tmp_path_factory.getbasetemp()
+    return base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+
+
 @pytest.fixture(scope="session")
 def data_prefix(tmp_path_factory) -> str:
     """examples/data/tiny.jsonl preprocessed by `mf-data preprocess` (byte tokens, EOD 256):
     the prefix of its .bin/.idx pair."""
-    prefix = tmp_path_factory.mktemp("data") / "tiny_text_document"
-    subprocess.run([sys.executable, "-m", "mf_data", "preprocess", "--input",
-                    str(ROOT / "examples" / "data" / "tiny.jsonl"), "--output-prefix",
-                    str(prefix)], check=True, capture_output=True)
-    return str(prefix)
+    from runs import shared_directory
+
+    def preprocess(directory: Path) -> None:
+        directory.mkdir(parents=True)
+        subprocess.run([sys.executable, "-m", "mf_data", "preprocess", "--input",
+                        str(ROOT / "examples" / "data" / "tiny.jsonl"), "--output-prefix",
+                        str(directory / "tiny_text_document")], check=True,
+                       capture_output=True)
+
+    data = shared_directory(session_directory(tmp_path_factory) / "data", preprocess)
+    return str(data / "tiny_text_document")
+
+
+@pytest.fixture(scope="session")
+def runs(data_prefix, tmp_path_factory):
+    """The session's trainer runs: `runs(config, *sets, nproc=N)` -> output directory."""
+    from runs import Runs
+
+    base = session_directory(tmp_path_factory) / "runs"
+    base.mkdir(exist_ok=True)
+    return Runs(base, data_prefix)

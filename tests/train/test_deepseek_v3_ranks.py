@@ -14,59 +14,36 @@ import pytest
 
 pytest.importorskip("mindspore")
 
-from safetensors.numpy import load_file
+from runs import DEEPSEEK, PREFIXES, SHORT, rank_arrays, steps, train
 
-from mf_train.checkpoint.layout import iteration_name, rank_file
-from mf_train.cli import run
-
-ROOT = Path(__file__).resolve().parents[2]
-EXAMPLE = ROOT / "examples" / "deepseek_v3_tiny.yaml"
 LAYOUTS = {"replicated": "parallelism.data_parallel_shard=1",
            "fsdp": "parallelism.data_parallel_shard_strategy=optim_grads_params",
            "expert": "parallelism.expert_parallel=2"}
+SETTINGS = (*SHORT, "model.seq_length=32", "model.moe_router_bias_update_rate=0.01",
+            "model.n_group=1", "model.topk_group=1",
+            "monitor.moe_monitor.save_tokens_per_expert_interval=1",
+            "checkpoint.save_interleaved_steps=4")
+"""4 steps of the tiny DeepSeek-V3 (global batch 4, sequences of 32), a faster bias (0.01) so
+that it moves visibly, no group limit (with the example's two groups of two experts the loads
+come in pairs and the bias here swings back to 0 every other step), tokens per expert recorded
+every step, a checkpoint at step 4."""
 pytestmark = pytest.mark.ranks
 
 
-def arguments(prefix: str, output: Path, *more: str) -> list[str]:
-    """4 steps of the tiny DeepSeek-V3 (global batch 4, sequences of 32), a faster bias
-    (0.01) so that it moves visibly, no group limit (with the example's two groups of two
-    experts the loads come in pairs and the bias here swings back to 0 every other step),
-    tokens per expert recorded every step, a checkpoint at step 4."""
-    settings = [f"train_dataset.dataloader.config.data_path=['1','{prefix}']",
-                "training.steps=4", "train_dataset.dataloader.config.seq_length=32",
-                "model.seq_length=32", "model.max_position_embeddings=32",
-                "lr_scheduler.warmup_steps=1", "model.moe_router_bias_update_rate=0.01",
-                "model.n_group=1", "model.topk_group=1",
-                "monitor.moe_monitor.save_tokens_per_expert_interval=1",
-                f"checkpoint.save_path={output / 'ckpt'}", "checkpoint.save_interleaved_steps=4",
-                *more]
-    return ["--config", str(EXAMPLE), "--output-dir", str(output),
-            *[arg for value in settings for arg in ("--set", value)]]
-
-
-def steps(output: Path) -> list[dict]:
-    lines = [json.loads(line) for line in (output / "metrics.jsonl").read_text().splitlines()]
-    return [line for line in lines if "event" not in line]
-
-
 def biases(output: Path, rank: int, world: int) -> dict[str, np.ndarray]:
-    directory = output / "ckpt" / iteration_name(4)
-    model = load_file(str(directory / rank_file("deepseek_v3_tiny", "model", rank, world)))
+    model = rank_arrays(output, 4, "model", rank, world, PREFIXES[DEEPSEEK])
     return {name: array for name, array in model.items()
             if name.endswith("e_score_correction_bias")}
 
 
 @pytest.fixture(scope="module")
-def single(data_prefix, tmp_path_factory) -> Path:
-    output = tmp_path_factory.mktemp("single")
-    assert run(arguments(data_prefix, output)) == 0
-    return output
+def single(runs) -> Path:
+    return runs(DEEPSEEK, *SETTINGS)
 
 
 @pytest.mark.parametrize("layout", list(LAYOUTS))
 def test_two_ranks_move_the_bias_as_one_process(data_prefix, single, tmp_path, layout) -> None:
-    assert run([*arguments(data_prefix, tmp_path, LAYOUTS[layout]), "--nproc", "2",
-                "--timeout", "300"]) == 0
+    train(DEEPSEEK, tmp_path, data_prefix, *SETTINGS, LAYOUTS[layout], nproc=2, timeout=300)
     one, two = steps(single), steps(tmp_path)
     assert len(one) == len(two) == 4
     assert [s["loss"] for s in two] == pytest.approx([s["loss"] for s in one], rel=1e-5,

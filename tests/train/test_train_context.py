@@ -13,16 +13,23 @@ import pytest
 
 pytest.importorskip("mindspore")
 
-from test_train_pipeline import assert_same_run
-from test_train_sharded import steps
+from runs import (
+    DATA,
+    DEEPSEEK,
+    DEEPSEEK_3_LAYERS,
+    QWEN3,
+    QWEN3_2_LAYERS,
+    assert_resumed_exactly,
+    assert_same_run,
+    rank_arrays,
+    steps,
+    train,
+    worker_log,
+)
 
-from mf_train.checkpoint.layout import iteration_name, rank_file
+from mf_train.checkpoint.layout import iteration_name
 from mf_train.cli import run
 
-ROOT = Path(__file__).resolve().parents[2]
-QWEN3 = ROOT / "examples" / "qwen3_tiny.yaml"
-DEEPSEEK = ROOT / "examples" / "deepseek_v3_tiny.yaml"
-DATA = "train_dataset.dataloader.config."
 PACKING = {
     "plain": [],
     "compact": [f"{DATA}reset_position_ids=true", f"{DATA}reset_attention_mask=true",
@@ -37,47 +44,26 @@ METHODS = {
     "hybrid": (4, ["parallelism.context_parallel=4", "parallelism.context_parallel_method=hybrid",
                    "parallelism.ulysses_degree_in_cp=2"]),
 }
+SIZES = {QWEN3: QWEN3_2_LAYERS, DEEPSEEK: DEEPSEEK_3_LAYERS}
+"""A tiny model (Qwen3: 2 layers, 4 heads of 8, 2 key/value heads) on sequences of 32, 4 steps,
+a checkpoint at steps 2 and 4."""
 pytestmark = pytest.mark.ranks
 
 
-def arguments(prefix: str, output: Path, *more: str, config: Path = QWEN3) -> list[str]:
-    """A tiny model (Qwen3: 2 layers, 4 heads of 8, 2 key/value heads) on sequences of 32,
-    4 steps, a checkpoint at steps 2 and 4."""
-    sizes = (["model.hidden_size=32", "model.intermediate_size=64", "model.head_dim=8",
-              "model.num_hidden_layers=2", "recompute.mode=None",
-              "recompute.select_module=null"] if config == QWEN3 else ["model.seq_length=32"])
-    sets = [f"{DATA}data_path=['1','{prefix}']", "training.steps=4", f"{DATA}seq_length=32",
-            "model.max_position_embeddings=32", "lr_scheduler.warmup_steps=1",
-            f"checkpoint.save_path={output / 'ckpt'}", "checkpoint.save_interleaved_steps=2",
-            *sizes, *more]
-    return ["--config", str(config), "--output-dir", str(output),
-            *[arg for value in sets for arg in ("--set", value)]]
-
-
 def launch(prefix: str, output: Path, nproc: int, *more: str, config: Path = QWEN3) -> Path:
-    extra = ["--nproc", str(nproc), "--timeout", "600"] if nproc > 1 else []
-    assert run([*arguments(prefix, output, *more, config=config), *extra]) == 0
-    return output
+    return train(config, output, prefix, *SIZES[config], *more, nproc=nproc)
 
 
 @pytest.fixture(scope="module")
-def single(data_prefix, tmp_path_factory):
+def single(runs):
     """The one-process run of each packing, launched once on first use."""
-    outputs: dict[str, Path] = {}
-
-    def output_of(packing: str) -> Path:
-        if packing not in outputs:
-            outputs[packing] = launch(data_prefix, tmp_path_factory.mktemp(packing), 1,
-                                      *PACKING[packing])
-        return outputs[packing]
-
-    return output_of
+    return lambda packing: runs(QWEN3, *QWEN3_2_LAYERS, *PACKING[packing])
 
 
 @pytest.fixture(scope="module")
-def colossal(data_prefix, tmp_path_factory) -> Path:
+def colossal(runs) -> Path:
     """Colossal CP 2 on plain sequences: the run the resume test continues."""
-    return launch(data_prefix, tmp_path_factory.mktemp("colossal"), 2, *METHODS["colossal"][1])
+    return runs(QWEN3, *QWEN3_2_LAYERS, *METHODS["colossal"][1], nproc=2)
 
 
 def test_packing_changes_the_loss(single) -> None:
@@ -90,7 +76,7 @@ def test_packing_changes_the_loss(single) -> None:
 
 def test_colossal_matches_one_process(single, colossal) -> None:
     assert_same_run(colossal, single("plain"))
-    log = (colossal / "logs" / "worker_0.log").read_text()
+    log = worker_log(colossal)
     assert ("context parallel 2 (keys and values all-gathered over 2 (colossal)) x data "
             "parallel 2 (replicated) over data x context") in log
 
@@ -110,8 +96,7 @@ def test_each_method_matches_one_process(data_prefix, single, tmp_path, method, 
                     f"parallelism.context_parallel_async={str(overlap).lower()}")
     assert_same_run(output, single(packing))
     if overlap:
-        log = (output / "logs" / "worker_0.log").read_text()
-        assert "overlapped with attention over this rank's keys" in log
+        assert "overlapped with attention over this rank's keys" in worker_log(output)
 
 
 def test_context_and_data_parallel_on_four_ranks(data_prefix, single, tmp_path) -> None:
@@ -124,28 +109,19 @@ def test_context_and_data_parallel_on_four_ranks(data_prefix, single, tmp_path) 
 def test_a_context_parallel_run_resumes_bit_for_bit(data_prefix, colossal, tmp_path) -> None:
     launch(data_prefix, tmp_path, 2, *METHODS["colossal"][1],
            f"checkpoint.load_path={colossal / 'ckpt' / iteration_name(2)}")
-    again, reference = steps(tmp_path), steps(colossal)[2:]
-    assert [s["step"] for s in again] == [3, 4]
-    assert [(s["loss"], s["grad_norm"]) for s in again] == \
-        [(s["loss"], s["grad_norm"]) for s in reference]
+    assert_resumed_exactly(tmp_path, colossal)
     for rank in (0, 1):
-        name = rank_file("qwen3_tiny", "model", rank, 2)
-        got = load(tmp_path / "ckpt" / iteration_name(4) / name)
-        want = load(colossal / "ckpt" / iteration_name(4) / name)
+        got = rank_arrays(tmp_path, 4, "model", rank, 2)
+        want = rank_arrays(colossal, 4, "model", rank, 2)
         for key in want:
             np.testing.assert_array_equal(got[key], want[key], err_msg=key)
 
 
-def load(path: Path) -> dict[str, np.ndarray]:
-    from safetensors.numpy import load_file
-    return load_file(str(path))
-
-
-def test_deepseek_v3_with_context_parallel(data_prefix, tmp_path) -> None:
+def test_deepseek_v3_with_context_parallel(data_prefix, runs, tmp_path) -> None:
     """MLA's heads exchanged (ulysses), the balance loss counted over the whole sequences
     (a coefficient large enough to move the gradients), packed documents."""
     sets = ["model.aux_loss_alpha=0.1", *PACKING["compact"]]
-    one = launch(data_prefix, tmp_path / "one", 1, *sets, config=DEEPSEEK)
+    one = runs(DEEPSEEK, *DEEPSEEK_3_LAYERS, *sets)
     two = launch(data_prefix, tmp_path / "two", 2, *sets, *METHODS["ulysses"][1],
                  config=DEEPSEEK)
     assert_same_run(two, one)
@@ -163,9 +139,9 @@ def test_context_parallel_with_tensor_or_fsdp_on_four_ranks(data_prefix, single,
 
 
 @pytest.mark.slow
-def test_deepseek_v3_with_context_and_expert_parallel(data_prefix, tmp_path) -> None:
+def test_deepseek_v3_with_context_and_expert_parallel(data_prefix, runs, tmp_path) -> None:
     sets = ["model.aux_loss_alpha=0.1"]
-    one = launch(data_prefix, tmp_path / "one", 1, *sets, config=DEEPSEEK)
+    one = runs(DEEPSEEK, *DEEPSEEK_3_LAYERS, *sets)
     four = launch(data_prefix, tmp_path / "four", 4, *sets, "parallelism.context_parallel=2",
                   "parallelism.expert_parallel=2", config=DEEPSEEK)
     assert_same_run(four, one)

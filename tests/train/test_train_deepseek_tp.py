@@ -6,7 +6,6 @@ rank starts."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np
@@ -14,39 +13,17 @@ import pytest
 
 pytest.importorskip("mindspore")
 
-from safetensors.numpy import load_file
+from runs import DEEPSEEK, DEEPSEEK_3_LAYERS, PREFIXES, arguments, rank_arrays, steps, worker_log
 
-from mf_train.checkpoint.layout import iteration_name, rank_file
 from mf_train.cli import run
 from mf_train.models.blocks import fuse_rows
 from mf_train.models.deepseek_v3 import hf_parameter_names, tensor_split_axis
 
-ROOT = Path(__file__).resolve().parents[2]
-EXAMPLE = ROOT / "examples" / "deepseek_v3_tiny.yaml"
-PREFIX = "deepseek_v3_tiny"
 pytestmark = pytest.mark.ranks
 
 
-def arguments(prefix: str, output: Path, *more: str) -> list[str]:
-    """The example (3 layers: one dense, two MoE; balance loss on), 4 steps of 2 micro-batches
-    of 2 x 32 tokens, checkpoints at steps 2 and 4 under `output/ckpt`."""
-    settings = [f"train_dataset.dataloader.config.data_path=['1','{prefix}']", "training.steps=4",
-                "train_dataset.dataloader.config.seq_length=32", "model.seq_length=32",
-                "model.max_position_embeddings=32", "lr_scheduler.warmup_steps=1",
-                f"checkpoint.save_path={output / 'ckpt'}", "checkpoint.save_interleaved_steps=2",
-                *more]
-    return ["--config", str(EXAMPLE), "--output-dir", str(output),
-            *[arg for value in settings for arg in ("--set", value)]]
-
-
-def steps(output: Path) -> list[dict]:
-    lines = [json.loads(line) for line in (output / "metrics.jsonl").read_text().splitlines()]
-    return [line for line in lines if "event" not in line]
-
-
 def model_file(output: Path, rank: int, world: int) -> dict[str, np.ndarray]:
-    directory = output / "ckpt" / iteration_name(4)
-    return load_file(str(directory / rank_file(PREFIX, "model", rank, world)))
+    return rank_arrays(output, 4, "model", rank, world, PREFIXES[DEEPSEEK])
 
 
 def merge_tensor_shards(shards: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
@@ -71,30 +48,24 @@ def merge_tensor_shards(shards: list[dict[str, np.ndarray]]) -> dict[str, np.nda
 
 
 @pytest.fixture(scope="module")
-def single(data_prefix, tmp_path_factory) -> Path:
-    output = tmp_path_factory.mktemp("single")
-    assert run(arguments(data_prefix, output)) == 0
-    return output
+def single(runs) -> Path:
+    """The example (3 layers: one dense, two MoE; balance loss on), 4 steps of 2 micro-batches
+    of 2 x 32 tokens, checkpoints at steps 2 and 4."""
+    return runs(DEEPSEEK, *DEEPSEEK_3_LAYERS)
 
 
 @pytest.fixture(scope="module")
-def tensor_parallel(data_prefix, tmp_path_factory) -> Path:
+def tensor_parallel(runs) -> Path:
     """Tensor parallel 2 on 2 ranks (sequence parallel; no data parallelism)."""
-    output = tmp_path_factory.mktemp("tp2")
-    assert run([*arguments(data_prefix, output, "parallelism.tensor_parallel=2"),
-                "--nproc", "2", "--timeout", "300"]) == 0
-    return output
+    return runs(DEEPSEEK, *DEEPSEEK_3_LAYERS, "parallelism.tensor_parallel=2", nproc=2)
 
 
 @pytest.fixture(scope="module")
-def with_fsdp(data_prefix, tmp_path_factory) -> Path:
+def with_fsdp(runs) -> Path:
     """Tensor parallel 2 x FSDP 2 on 4 ranks (tensor innermost: ranks 0 and 1 a tensor
     group, 0 and 2 a shard group)."""
-    output = tmp_path_factory.mktemp("tp2_fsdp2")
-    assert run([*arguments(data_prefix, output, "parallelism.tensor_parallel=2",
-                           "parallelism.data_parallel_shard_strategy=optim_grads_params"),
-                "--nproc", "4", "--timeout", "600"]) == 0
-    return output
+    return runs(DEEPSEEK, *DEEPSEEK_3_LAYERS, "parallelism.tensor_parallel=2",
+                "parallelism.data_parallel_shard_strategy=optim_grads_params", nproc=4)
 
 
 def assert_same_steps(one: list[dict], other: list[dict]) -> None:
@@ -120,7 +91,7 @@ def assert_same_weights(single: Path, output: Path, world: int) -> None:
 
 def test_tensor_parallel_matches_one_process(single, tensor_parallel) -> None:
     assert_same_steps(steps(single), steps(tensor_parallel))
-    assert "tensor parallel 2" in (tensor_parallel / "logs" / "worker_0.log").read_text()
+    assert "tensor parallel 2" in worker_log(tensor_parallel)
 
 
 def test_tensor_parallel_weights_merge_into_the_one_process_weights(single,
@@ -130,8 +101,7 @@ def test_tensor_parallel_weights_merge_into_the_one_process_weights(single,
 
 def test_tensor_parallel_with_fsdp_matches_one_process(single, with_fsdp) -> None:
     assert_same_steps(steps(single), steps(with_fsdp))
-    assert ("FSDP over 2 ranks, tensor parallel 2 (sequence parallel)" in
-            (with_fsdp / "logs" / "worker_0.log").read_text())
+    assert "FSDP over 2 ranks, tensor parallel 2 (sequence parallel)" in worker_log(with_fsdp)
 
 
 def test_tensor_parallel_with_fsdp_weights_merge_into_the_one_process_weights(
@@ -141,8 +111,8 @@ def test_tensor_parallel_with_fsdp_weights_merge_into_the_one_process_weights(
 
 def test_a_tensor_size_not_dividing_the_heads_is_refused_before_the_ranks_start(
         data_prefix, tmp_path, capsys) -> None:
-    args = arguments(data_prefix, tmp_path, "parallelism.tensor_parallel=2",
-                     "model.num_attention_heads=3")
+    args = arguments(DEEPSEEK, tmp_path, data_prefix, [*DEEPSEEK_3_LAYERS,
+                     "parallelism.tensor_parallel=2", "model.num_attention_heads=3"])
     assert run([*args, "--nproc", "2", "--timeout", "60"]) == 2
     assert ("model.num_attention_heads: 3 is not divisible by parallelism.tensor_parallel (2)"
             in capsys.readouterr().err)

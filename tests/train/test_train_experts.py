@@ -11,16 +11,19 @@ import pytest
 
 pytest.importorskip("mindspore")
 
-from safetensors.numpy import load_file
-from test_train_pipeline import assert_same_run
-from test_train_sharded import steps
+from runs import (
+    DEEPSEEK,
+    DEEPSEEK_3_LAYERS,
+    PREFIXES,
+    assert_resumed_exactly,
+    assert_same_run,
+    rank_arrays,
+    train,
+    worker_log,
+)
 
-from mf_train.checkpoint.layout import iteration_name, rank_file
-from mf_train.cli import run
+from mf_train.checkpoint.layout import iteration_name
 
-ROOT = Path(__file__).resolve().parents[2]
-EXAMPLE = ROOT / "examples" / "deepseek_v3_tiny.yaml"
-PREFIX = "deepseek_v3_tiny"
 DISPATCHERS = {
     "alltoall": [],
     "alltoall_deredundancy": ["parallelism.moe_token_dispatcher_type=alltoall_deredundancy",
@@ -29,26 +32,14 @@ DISPATCHERS = {
 pytestmark = pytest.mark.ranks
 
 
-def arguments(prefix: str, output: Path, *more: str) -> list[str]:
-    """The tiny DeepSeek-V3 (3 layers: one dense, two with 4 routed experts, top 2) on
-    sequences of 32, 4 steps, a checkpoint at steps 2 and 4."""
-    sets = [f"train_dataset.dataloader.config.data_path=['1','{prefix}']", "training.steps=4",
-            "train_dataset.dataloader.config.seq_length=32", "model.seq_length=32",
-            "model.max_position_embeddings=32", "lr_scheduler.warmup_steps=1",
-            f"checkpoint.save_path={output / 'ckpt'}", "checkpoint.save_interleaved_steps=2",
-            *more]
-    return ["--config", str(EXAMPLE), "--output-dir", str(output),
-            *[arg for value in sets for arg in ("--set", value)]]
-
-
 def ranks(prefix: str, output: Path, nproc: int, *more: str) -> None:
-    assert run([*arguments(prefix, output, *more), "--nproc", str(nproc),
-                "--timeout", "600"]) == 0
+    """The tiny DeepSeek-V3 (3 layers: one dense, two with 4 routed experts, top 2) on
+    sequences of 32, 4 steps, a checkpoint at steps 2 and 4, on `nproc` ranks."""
+    train(DEEPSEEK, output, prefix, *DEEPSEEK_3_LAYERS, *more, nproc=nproc)
 
 
 def model_file(output: Path, step: int, rank: int, world: int) -> dict[str, np.ndarray]:
-    directory = output / "ckpt" / iteration_name(step)
-    return load_file(str(directory / rank_file(PREFIX, "model", rank, world)))
+    return rank_arrays(output, step, "model", rank, world, PREFIXES[DEEPSEEK])
 
 
 def experts_in(arrays: dict[str, np.ndarray]) -> set[int]:
@@ -73,26 +64,15 @@ def assert_same_weights(got: Path, want: Path, world: int) -> None:
 
 
 @pytest.fixture(scope="module")
-def single(data_prefix, tmp_path_factory) -> Path:
-    output = tmp_path_factory.mktemp("single")
-    assert run(arguments(data_prefix, output)) == 0
-    return output
+def single(runs) -> Path:
+    return runs(DEEPSEEK, *DEEPSEEK_3_LAYERS)
 
 
 @pytest.fixture(scope="module")
-def two_ranks(data_prefix, tmp_path_factory):
+def two_ranks(runs):
     """Each dispatcher's expert-parallel 2 run, launched once on first use."""
-    outputs: dict[str, Path] = {}
-
-    def output_of(dispatcher: str) -> Path:
-        if dispatcher not in outputs:
-            output = tmp_path_factory.mktemp(dispatcher)
-            ranks(data_prefix, output, 2, "parallelism.expert_parallel=2",
-                  *DISPATCHERS[dispatcher])
-            outputs[dispatcher] = output
-        return outputs[dispatcher]
-
-    return output_of
+    return lambda dispatcher: runs(DEEPSEEK, *DEEPSEEK_3_LAYERS, "parallelism.expert_parallel=2",
+                                   *DISPATCHERS[dispatcher], nproc=2)
 
 
 @pytest.mark.parametrize("dispatcher", list(DISPATCHERS))
@@ -101,7 +81,7 @@ def test_expert_parallel_matches_one_process(single, two_ranks, dispatcher) -> N
     assert_same_run(output, single)
     assert_same_weights(output, single, 2)
     assert [experts_in(model_file(output, 4, rank, 2)) for rank in (0, 1)] == [{0, 1}, {2, 3}]
-    log = (output / "logs" / "worker_0.log").read_text()
+    log = worker_log(output)
     dispatch = "all-to-all" if dispatcher == "alltoall" else "deredundant, devices of 1"
     assert f"expert parallel 2 (experts 0-1 of 4 here, {dispatch}) x FSDP over 2 ranks" in log
 
@@ -112,10 +92,7 @@ def test_expert_parallel_resumes_bit_for_bit(data_prefix, two_ranks, tmp_path) -
     whole = two_ranks("alltoall")
     ranks(data_prefix, tmp_path, 2, "parallelism.expert_parallel=2",
           f"checkpoint.load_path={whole / 'ckpt' / iteration_name(2)}")
-    again, reference = steps(tmp_path), steps(whole)[2:]
-    assert [s["step"] for s in again] == [3, 4]
-    assert [(s["loss"], s["grad_norm"]) for s in again] == \
-        [(s["loss"], s["grad_norm"]) for s in reference]
+    assert_resumed_exactly(tmp_path, whole)
     for rank in (0, 1):
         got, want = model_file(tmp_path, 4, rank, 2), model_file(whole, 4, rank, 2)
         assert got.keys() == want.keys()
@@ -141,9 +118,8 @@ def test_tensor_fsdp_and_expert_parallel_on_four_ranks(data_prefix, single, tmp_
     ranks(data_prefix, tmp_path, 4, "parallelism.expert_parallel=2",
           "parallelism.tensor_parallel=2")
     assert_same_run(tmp_path, single)
-    log = (tmp_path / "logs" / "worker_0.log").read_text()
     assert ("expert parallel 2 (experts 0-1 of 4 here, all-to-all) x FSDP over 2 ranks, "
-            "tensor parallel 2 (sequence parallel)") in log
+            "tensor parallel 2 (sequence parallel)") in worker_log(tmp_path)
 
 
 def test_expert_parallel_over_the_tensor_ranks(data_prefix, single, tmp_path) -> None:

@@ -12,13 +12,10 @@ import pytest
 
 pytest.importorskip("mindspore")
 
-from test_train_sharded import checkpoint_files, steps
+from runs import QWEN3, QWEN3_4_LAYERS, assert_resumed_exactly, assert_same_run, rank_arrays, train
 
 from mf_train.checkpoint.layout import iteration_name
-from mf_train.cli import run
 
-ROOT = Path(__file__).resolve().parents[2]
-EXAMPLE = ROOT / "examples" / "qwen3_tiny.yaml"
 SCHEDULES = {
     "gpipe": ["parallelism.pipeline_parallel_schedule=gpipe"],
     "1f1b": [],
@@ -30,58 +27,26 @@ STAGE_LAYERS = {"gpipe": ([0, 1], [2, 3]), "1f1b": ([0, 1], [2, 3]),
 pytestmark = pytest.mark.ranks
 
 
-def arguments(prefix: str, output: Path, *more: str) -> list[str]:
-    """The tiny Qwen3 (4 layers, tied embeddings) shrunk as in test_train_ranks.py: 4 steps of
-    2 micro-batches, a checkpoint at steps 2 and 4."""
-    sets = [f"train_dataset.dataloader.config.data_path=['1','{prefix}']", "training.steps=4",
-            "model.hidden_size=32", "model.intermediate_size=64", "model.head_dim=8",
-            "train_dataset.dataloader.config.seq_length=32", "model.max_position_embeddings=32",
-            "recompute.mode=None", "recompute.select_module=null", "lr_scheduler.warmup_steps=1",
-            f"checkpoint.save_path={output / 'ckpt'}", "checkpoint.save_interleaved_steps=2",
-            *more]
-    return ["--config", str(EXAMPLE), "--output-dir", str(output),
-            *[arg for value in sets for arg in ("--set", value)]]
-
-
 def ranks(prefix: str, output: Path, nproc: int, *more: str) -> None:
-    assert run([*arguments(prefix, output, *more), "--nproc", str(nproc),
-                "--timeout", "600"]) == 0
+    """The tiny Qwen3 (4 layers, tied embeddings) narrowed: 4 steps of 2 micro-batches, a
+    checkpoint at steps 2 and 4, on `nproc` ranks."""
+    train(QWEN3, output, prefix, *QWEN3_4_LAYERS, *more, nproc=nproc)
 
 
 def model_file(output: Path, step: int, rank: int, world: int) -> dict[str, np.ndarray]:
-    return checkpoint_files(output, step, "model", rank, world)
-
-
-def assert_same_run(got: Path, want: Path, rel: float = 1e-5) -> None:
-    one, other = steps(want), steps(got)
-    assert len(one) == len(other) == 4
-    assert [s["loss"] for s in other] == pytest.approx([s["loss"] for s in one], rel=rel)
-    assert [s["grad_norm"] for s in other] == pytest.approx([s["grad_norm"] for s in one],
-                                                            rel=rel)
-    assert one[-1]["loss"] < one[0]["loss"]
+    return rank_arrays(output, step, "model", rank, world)
 
 
 @pytest.fixture(scope="module")
-def single(data_prefix, tmp_path_factory) -> Path:
-    output = tmp_path_factory.mktemp("single")
-    assert run(arguments(data_prefix, output)) == 0
-    return output
+def single(runs) -> Path:
+    return runs(QWEN3, *QWEN3_4_LAYERS)
 
 
 @pytest.fixture(scope="module")
-def pipelined(data_prefix, tmp_path_factory):
+def pipelined(runs):
     """Each schedule's 2-stage run, launched once on first use."""
-    outputs: dict[str, Path] = {}
-
-    def output_of(schedule: str) -> Path:
-        if schedule not in outputs:
-            output = tmp_path_factory.mktemp(schedule)
-            ranks(data_prefix, output, 2, "parallelism.pipeline_parallel=2",
-                  *SCHEDULES[schedule])
-            outputs[schedule] = output
-        return outputs[schedule]
-
-    return output_of
+    return lambda schedule: runs(QWEN3, *QWEN3_4_LAYERS, "parallelism.pipeline_parallel=2",
+                                 *SCHEDULES[schedule], nproc=2)
 
 
 @pytest.mark.parametrize("schedule", list(SCHEDULES))
@@ -120,10 +85,7 @@ def test_a_pipelined_run_resumes_bit_for_bit(data_prefix, pipelined, tmp_path) -
     resumed = tmp_path / "resumed"
     ranks(data_prefix, resumed, 2, "parallelism.pipeline_parallel=2",
           f"checkpoint.load_path={whole / 'ckpt' / iteration_name(2)}")
-    again, reference = steps(resumed), steps(whole)[2:]
-    assert [s["step"] for s in again] == [3, 4]
-    assert [(s["loss"], s["grad_norm"]) for s in again] == \
-        [(s["loss"], s["grad_norm"]) for s in reference]
+    assert_resumed_exactly(resumed, whole)
     for rank in (0, 1):
         got, want = model_file(resumed, 4, rank, 2), model_file(whole, 4, rank, 2)
         assert got.keys() == want.keys()

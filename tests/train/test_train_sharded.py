@@ -6,7 +6,6 @@ is refused before any rank starts."""
 from __future__ import annotations
 
 import functools
-import json
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -15,17 +14,24 @@ import pytest
 
 pytest.importorskip("mindspore")
 
-from safetensors.numpy import load_file
+from runs import (
+    QWEN3,
+    QWEN3_2_LAYERS,
+    arguments,
+    assert_resumed_exactly,
+    rank_arrays,
+    steps,
+    train,
+    worker_log,
+)
 
 from mf_config import load_config
 from mf_parallel.runtime.tensor_parallel import TensorGroup
-from mf_train.checkpoint.layout import iteration_name, rank_file
+from mf_train.checkpoint.layout import iteration_name
 from mf_train.checkpoint.params import apply_model_params, model_arrays
 from mf_train.cli import run
 from mf_train.models import build_model, hf_state, load_hf_state
 
-ROOT = Path(__file__).resolve().parents[2]
-EXAMPLE = ROOT / "examples" / "qwen3_tiny.yaml"
 FSDP_STRATEGY = "optim_grads_params"
 STRATEGIES = {"optim": "ZeRO-1 over 2 ranks", "optim_grads": "ZeRO-2 over 2 ranks",
               "optim_grads_params": "FSDP over 2 ranks, reshard policy default",
@@ -33,63 +39,31 @@ STRATEGIES = {"optim": "ZeRO-1 over 2 ranks", "optim_grads": "ZeRO-2 over 2 rank
 pytestmark = pytest.mark.ranks
 
 
-
-def overrides(prefix: str, output: Path, *more: str) -> list[str]:
-    """The tiny qwen3 of test_train_ranks.py (2 layers), 4 steps, a checkpoint at steps 2
-    and 4 under `output/ckpt`."""
-    return [f"train_dataset.dataloader.config.data_path=['1','{prefix}']", "training.steps=4",
-            "model.hidden_size=32", "model.intermediate_size=64", "model.head_dim=8",
-            "model.num_hidden_layers=2", "train_dataset.dataloader.config.seq_length=32",
-            "model.max_position_embeddings=32", "recompute.mode=None",
-            "recompute.select_module=null", "lr_scheduler.warmup_steps=1",
-            f"checkpoint.save_path={output / 'ckpt'}", "checkpoint.save_interleaved_steps=2",
-            *more]
-
-
-def arguments(prefix: str, output: Path, *more: str) -> list[str]:
-    """`mf-train`'s arguments for `overrides`."""
-    return ["--config", str(EXAMPLE), "--output-dir", str(output),
-            *[arg for value in overrides(prefix, output, *more) for arg in ("--set", value)]]
-
-
-def two_ranks(prefix: str, output: Path, *more: str) -> None:
-    assert run([*arguments(prefix, output, *more), "--nproc", "2", "--timeout", "300"]) == 0
-
-
-def steps(output: Path) -> list[dict]:
-    lines = [json.loads(line) for line in (output / "metrics.jsonl").read_text().splitlines()]
-    return [line for line in lines if "event" not in line]
+def strategy_setting(strategy: str) -> str:
+    """The setting of a strategy; `replicated`: shard degree 1, plain data parallelism."""
+    return ("parallelism.data_parallel_shard=1" if strategy == "replicated"
+            else f"parallelism.data_parallel_shard_strategy={strategy}")
 
 
 def checkpoint_files(output: Path, step: int, kind: str, rank: int,
                      world: int = 2) -> dict[str, np.ndarray]:
-    directory = output / "ckpt" / iteration_name(step)
-    return load_file(str(directory / rank_file("qwen3_tiny", kind, rank, world)))
+    return rank_arrays(output, step, kind, rank, world)
 
 
 @pytest.fixture(scope="module")
-def single(data_prefix, tmp_path_factory) -> Path:
-    output = tmp_path_factory.mktemp("single")
-    assert run(arguments(data_prefix, output)) == 0
-    return output
+def single(runs) -> Path:
+    """The 2-layer tiny Qwen3, 4 steps, checkpoints at steps 2 and 4 (tests/train/runs.py)."""
+    return runs(QWEN3, *QWEN3_2_LAYERS)
 
 
 @pytest.fixture(scope="module")
-def sharded(data_prefix, tmp_path_factory):
-    """Each strategy's 2-rank run (`replicated`: shard degree 1, plain data parallelism),
-    launched once on first use."""
-    outputs: dict[str, Path] = {}
+def sharded(runs):
+    """Each strategy's 2-rank run, launched once on first use."""
+    return lambda strategy: runs(QWEN3, *QWEN3_2_LAYERS, strategy_setting(strategy), nproc=2)
 
-    def output_of(strategy: str) -> Path:
-        if strategy not in outputs:
-            output = tmp_path_factory.mktemp(strategy)
-            two_ranks(data_prefix, output, "parallelism.data_parallel_shard=1"
-                      if strategy == "replicated"
-                      else f"parallelism.data_parallel_shard_strategy={strategy}")
-            outputs[strategy] = output
-        return outputs[strategy]
 
-    return output_of
+def two_ranks(prefix: str, output: Path, *more: str) -> None:
+    train(QWEN3, output, prefix, *QWEN3_2_LAYERS, *more, nproc=2, timeout=300)
 
 
 @pytest.mark.parametrize("strategy", list(STRATEGIES))
@@ -102,7 +76,7 @@ def test_each_strategy_matches_one_process(single, sharded, strategy) -> None:
                                                           rel=1e-5)
     assert one[-1]["loss"] < one[0]["loss"]
     assert one[0]["grad_norm"] > 1.0  # max_norm 1: the first steps are clipped
-    assert STRATEGIES[strategy] in (output / "logs" / "worker_0.log").read_text()
+    assert STRATEGIES[strategy] in worker_log(output)
 
 
 @pytest.mark.parametrize("strategy", ["optim", "optim_grads_params"])
@@ -138,10 +112,7 @@ def test_fsdp_resumes_exactly(data_prefix, sharded, tmp_path) -> None:
                                     "optim_grads_params",
               f"checkpoint.load_path={whole / 'ckpt' / 'iteration_00000002'}",
               "checkpoint.enable_save=false")
-    again, reference = steps(resumed), steps(whole)[2:]
-    assert [s["step"] for s in again] == [3, 4]
-    assert [s["loss"] for s in again] == [s["loss"] for s in reference]
-    assert [s["grad_norm"] for s in again] == [s["grad_norm"] for s in reference]
+    assert_resumed_exactly(resumed, whole)
 
 
 def test_fsdp_loads_weights_saved_by_zero(data_prefix, single, sharded, tmp_path) -> None:
@@ -152,8 +123,8 @@ def test_fsdp_loads_weights_saved_by_zero(data_prefix, single, sharded, tmp_path
               "training.steps=2")
     one, two = tmp_path / "one", tmp_path / "two"
     saved_by_one = single / "ckpt" / iteration_name(2)
-    assert run(arguments(data_prefix, one, f"checkpoint.load_path={saved_by_one}",
-                         *common)) == 0
+    train(QWEN3, one, data_prefix, *QWEN3_2_LAYERS, f"checkpoint.load_path={saved_by_one}",
+          *common)
     saved_by_zero = sharded("optim") / "ckpt" / iteration_name(2)
     two_ranks(data_prefix, two, f"checkpoint.load_path={saved_by_zero}",
               "parallelism.data_parallel_shard_strategy=optim_grads_params", *common)
@@ -170,27 +141,23 @@ TP_STRATEGIES = {"optim": "ZeRO-1 over 2 ranks, tensor parallel 2 (sequence para
                                        "parallel), reshard policy default"}
 
 
+def with_tensor_parallel_settings(strategy: str) -> tuple[str, ...]:
+    """Data parallel (sharded by `strategy`) x tensor parallel 2."""
+    return (*QWEN3_2_LAYERS, "parallelism.tensor_parallel=2",
+            f"parallelism.data_parallel_shard_strategy={strategy}")
+
+
 def run_with_tensor_parallel(prefix: str, output: Path, strategy: str, *more: str,
                              nproc: int = 4) -> None:
     """`nproc` ranks as data parallel (sharded by `strategy`) x tensor parallel 2."""
-    assert run([*arguments(prefix, output, "parallelism.tensor_parallel=2",
-                           f"parallelism.data_parallel_shard_strategy={strategy}", *more),
-                "--nproc", str(nproc), "--timeout", "600"]) == 0
+    train(QWEN3, output, prefix, *with_tensor_parallel_settings(strategy), *more, nproc=nproc)
 
 
 @pytest.fixture(scope="module")
-def with_tensor_parallel(data_prefix, tmp_path_factory):
+def with_tensor_parallel(runs):
     """Each strategy's 4-rank run (data parallel 2 x tensor parallel 2), launched once on
     first use: ranks 0 and 1 form a tensor group, 0 and 2 a shard group."""
-    outputs: dict[str, Path] = {}
-
-    def output_of(strategy: str) -> Path:
-        if strategy not in outputs:
-            outputs[strategy] = tmp_path_factory.mktemp(f"tp_{strategy}")
-            run_with_tensor_parallel(data_prefix, outputs[strategy], strategy)
-        return outputs[strategy]
-
-    return output_of
+    return lambda strategy: runs(QWEN3, *with_tensor_parallel_settings(strategy), nproc=4)
 
 
 def tensor_rank(rank: int, size: int) -> SimpleNamespace:
@@ -204,7 +171,8 @@ def as_tensor_shards(whole: dict[str, np.ndarray], data_prefix: str,
                      size: int) -> list[dict[str, np.ndarray]]:
     """A one-process checkpoint's weights cut as each tensor rank holds them: the model's own
     Hugging Face weight maps say how (fused projections interleave the ranks' rows)."""
-    config = load_config(EXAMPLE, overrides(data_prefix, Path("unused")))
+    config = load_config(QWEN3, [f"train_dataset.dataloader.config.data_path=['1','{data_prefix}']",
+                                 *QWEN3_2_LAYERS])
     model = build_model(config.model)
     apply_model_params(model.parameters_and_names(), whole)
     weights = hf_state(model)
@@ -242,7 +210,7 @@ def test_sharding_with_tensor_parallelism_matches_one_process(single, with_tenso
                                                               strategy) -> None:
     output = with_tensor_parallel(strategy)
     assert_same_steps(steps(single), steps(output))
-    assert TP_STRATEGIES[strategy] in (output / "logs" / "worker_0.log").read_text()
+    assert TP_STRATEGIES[strategy] in worker_log(output)
 
 
 @pytest.mark.parametrize("strategy", ["optim_grads", "optim_grads_params"])
@@ -279,18 +247,17 @@ def test_fsdp_with_tensor_parallelism_resumes_exactly(data_prefix, with_tensor_p
         [(s["loss"], s["grad_norm"]) for s in reference]
 
 
-def test_hsdp_with_tensor_parallelism_matches_one_process(data_prefix, tmp_path) -> None:
+def test_hsdp_with_tensor_parallelism_matches_one_process(data_prefix, runs, tmp_path) -> None:
     """8 ranks: data parallel 4 = replicate 2 x shard 2 (FSDP), x tensor parallel 2, one
     sample per data-parallel rank, against one process taking the same 4 samples one by
     one; the final weights too."""
-    one, eight = tmp_path / "one", tmp_path / "eight"
+    eight = tmp_path / "eight"
     batch = "training.local_batch_size=1"
-    assert run(arguments(data_prefix, one, batch)) == 0
+    one = runs(QWEN3, *QWEN3_2_LAYERS, batch)
     run_with_tensor_parallel(data_prefix, eight, FSDP_STRATEGY, batch,
                              "parallelism.data_parallel_shard=2", nproc=8)
     assert_same_steps(steps(one), steps(eight))
-    assert ("FSDP over 2 ranks x 2 replicas, tensor parallel 2" in
-            (eight / "logs" / "worker_0.log").read_text())
+    assert "FSDP over 2 ranks x 2 replicas, tensor parallel 2" in worker_log(eight)
     assert_tensor_shards_of(one, eight, data_prefix, world=8)
 
 
@@ -313,7 +280,7 @@ REFUSED = {
 def test_what_cannot_be_sharded_is_refused_before_the_ranks_start(data_prefix, tmp_path, capsys,
                                                                   case) -> None:
     ranks, settings, message = REFUSED[case]
-    args = arguments(data_prefix, tmp_path, *settings)
+    args = arguments(QWEN3, tmp_path, data_prefix, [*QWEN3_2_LAYERS, *settings])
     assert run([*args, "--nproc", str(ranks), "--timeout", "60"]) == 2
     assert message in capsys.readouterr().err
     assert not (tmp_path / "logs").exists()

@@ -1,0 +1,148 @@
+"""Trainer runs the tests share, and what the tests read of a finished run.
+
+A run is `mf-train` on an example with `--set` settings and a rank count. The `runs` fixture
+(tests/train/conftest.py) trains each distinct run once per pytest session, however many test
+modules compare against it: `runs(QWEN3, *QWEN3_2_LAYERS, nproc=2)` is the same directory for
+every caller. Settings are compared as settings (the last value of each key counts, their order
+does not), so two modules that describe the same run in another order share it. When pytest-xdist
+runs the suite in several worker processes, the workers share the runs too: a run's directory
+is named from its settings, and a file lock lets one worker train it while another that needs
+it waits (`shared_directory`).
+
+Every run here reads the session's tiny corpus (`data_prefix`) and saves its checkpoints under
+`<output>/ckpt`; the settings below shrink the examples so that a step takes well under a
+second on 2 CPU cores.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import numpy as np
+import pytest
+from filelock import FileLock
+from safetensors.numpy import load_file
+
+from mf_train.checkpoint.layout import iteration_name, rank_file
+from mf_train.cli import run
+
+ROOT = Path(__file__).resolve().parents[2]
+QWEN3 = ROOT / "examples" / "qwen3_tiny.yaml"
+DEEPSEEK = ROOT / "examples" / "deepseek_v3_tiny.yaml"
+DATA = "train_dataset.dataloader.config."
+PREFIXES = {QWEN3: "qwen3_tiny", DEEPSEEK: "deepseek_v3_tiny"}
+"""The checkpoint file prefix of each example."""
+
+SHORT = (f"{DATA}seq_length=32", "model.max_position_embeddings=32", "training.steps=4",
+         "lr_scheduler.warmup_steps=1", "checkpoint.save_interleaved_steps=2")
+"""4 steps of sequences of 32 tokens, a checkpoint at steps 2 and 4."""
+QWEN3_4_LAYERS = (*SHORT, "model.hidden_size=32", "model.intermediate_size=64",
+                  "model.head_dim=8", "recompute.mode=None", "recompute.select_module=null")
+"""The tiny Qwen3 (4 layers, 4 heads of 8, 2 key/value heads, tied embeddings) narrowed."""
+QWEN3_2_LAYERS = (*QWEN3_4_LAYERS, "model.num_hidden_layers=2")
+DEEPSEEK_3_LAYERS = (*SHORT, "model.seq_length=32")
+"""The tiny DeepSeek-V3 (3 layers: one dense, two with 4 routed experts, top 2)."""
+
+
+def arguments(config: Path, output: Path, prefix: str, sets: Sequence[str]) -> list[str]:
+    """`mf-train`'s arguments: `config` on the corpus at `prefix`, writing to `output`
+    (checkpoints in `output/ckpt`), each of `sets` as a `--set`."""
+    values = [f"{DATA}data_path=['1','{prefix}']", f"checkpoint.save_path={output / 'ckpt'}",
+              *sets]
+    return ["--config", str(config), "--output-dir", str(output),
+            *[arg for value in values for arg in ("--set", value)]]
+
+
+def train(config: Path, output: Path, prefix: str, *sets: str, nproc: int = 1,
+          timeout: int = 600) -> Path:
+    """Train `config` with `sets` on `nproc` ranks (msrun when more than one) into `output`,
+    which it returns; the run must succeed."""
+    launch = ["--nproc", str(nproc), "--timeout", str(timeout)] if nproc > 1 else []
+    assert run([*arguments(config, output, prefix, sets), *launch]) == 0
+    return output
+
+
+def _key(config: Path, sets: Sequence[str], nproc: int) -> str:
+    settings: dict[str, str] = {}
+    for value in sets:
+        key, _, setting = value.partition("=")
+        settings.pop(key, None)
+        settings[key] = setting
+    return repr((Path(config).name, sorted(settings.items()), nproc))
+
+
+def shared_directory(directory: Path, make: Callable[[Path], object]) -> Path:
+    """`directory`, made by `make(directory)` unless a process of this session (an xdist
+    worker, or this one) has made it already; a file lock beside it keeps two processes from
+    making it at once. A directory left half made by a failed `make` is made again."""
+    done = directory.with_name(directory.name + ".done")
+    with FileLock(str(directory.with_name(directory.name + ".lock"))):
+        if not done.exists():
+            shutil.rmtree(directory, ignore_errors=True)
+            make(directory)
+            done.touch()
+    return directory
+
+
+class Runs:
+    """The session's trainer runs, each trained on first use (see the module docstring).
+
+    Args:
+        base: a directory every worker process of the session sees.
+        prefix: the corpus every run reads.
+    """
+
+    def __init__(self, base: Path, prefix: str):
+        self.base, self.prefix = base, prefix
+
+    def __call__(self, config: Path, *sets: str, nproc: int = 1) -> Path:
+        """The output directory of `config` with `sets` on `nproc` ranks, trained now if no
+        test has asked for that run before."""
+        key = _key(config, sets, nproc)
+        digest = hashlib.sha256(key.encode()).hexdigest()[:12]
+        output = self.base / f"{Path(config).stem}-{nproc}-{digest}"
+        return shared_directory(output, lambda directory: train(
+            config, directory, self.prefix, *sets, nproc=nproc))
+
+
+# ------------------------------------------------------------------ reading a finished run
+
+def steps(output: Path) -> list[dict]:
+    """metrics.jsonl's step records, in order (events left out)."""
+    lines = [json.loads(line) for line in (output / "metrics.jsonl").read_text().splitlines()]
+    return [line for line in lines if "event" not in line]
+
+
+def rank_arrays(output: Path, step: int, kind: str, rank: int, world: int,
+                prefix: str = PREFIXES[QWEN3]) -> dict[str, np.ndarray]:
+    """One rank's saved `kind` ("model" or "opt") file of the step-`step` checkpoint."""
+    directory = output / "ckpt" / iteration_name(step)
+    return load_file(str(directory / rank_file(prefix, kind, rank, world)))
+
+
+def worker_log(output: Path, rank: int = 0) -> str:
+    return (output / "logs" / f"worker_{rank}.log").read_text()
+
+
+def assert_same_run(got: Path, want: Path, rel: float = 1e-5, count: int = 4) -> None:
+    """`got` logged the losses and gradient norms of `want` within `rel`, `count` steps, and
+    the loss fell."""
+    one, other = steps(want), steps(got)
+    assert len(one) == len(other) == count
+    assert [s["loss"] for s in other] == pytest.approx([s["loss"] for s in one], rel=rel)
+    assert [s["grad_norm"] for s in other] == pytest.approx([s["grad_norm"] for s in one],
+                                                            rel=rel)
+    assert one[-1]["loss"] < one[0]["loss"]
+
+
+def assert_resumed_exactly(resumed: Path, whole: Path) -> None:
+    """`resumed` ran steps 3-4 from `whole`'s step-2 checkpoint with `whole`'s losses and
+    gradient norms, bit for bit."""
+    again, reference = steps(resumed), steps(whole)[2:]
+    assert [s["step"] for s in again] == [3, 4]
+    assert [(s["loss"], s["grad_norm"]) for s in again] == \
+        [(s["loss"], s["grad_norm"]) for s in reference]
