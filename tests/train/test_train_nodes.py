@@ -12,23 +12,18 @@ import time
 from pathlib import Path
 
 import pytest
+from runs import QWEN3, QWEN3_4_LAYERS
+from runs import arguments as train_arguments
 
 from mf_parallel.msrun import free_port, kill_group
 from mf_train.cli import run
 
-ROOT = Path(__file__).resolve().parents[2]
-EXAMPLE = ROOT / "examples" / "qwen3_tiny.yaml"
-SETS = ["training.steps=3", "model.hidden_size=32", "model.intermediate_size=64",
-        "model.head_dim=8", "train_dataset.dataloader.config.seq_length=32",
-        "model.max_position_embeddings=32", "recompute.mode=None", "recompute.select_module=null",
-        "lr_scheduler.warmup_steps=1", "checkpoint.enable_save=false",
-        "parallelism.data_parallel_shard=1"]
+SETS = (*QWEN3_4_LAYERS, "training.steps=3", "checkpoint.enable_save=false",
+        "parallelism.data_parallel_shard=1")
 
 
 def arguments(prefix: str, output: Path) -> list[str]:
-    sets = [f"train_dataset.dataloader.config.data_path=['1','{prefix}']", *SETS]
-    return ["--config", str(EXAMPLE), "--output-dir", str(output),
-            *[arg for value in sets for arg in ("--set", value)]]
+    return train_arguments(QWEN3, output, prefix, SETS)
 
 
 def losses(output: Path) -> list[float]:

@@ -13,22 +13,17 @@ import pytest
 
 pytest.importorskip("mindspore")
 
+from runs import QWEN3, QWEN3_4_LAYERS
+from runs import arguments as train_arguments
+
 from mf_train.callbacks import StepRecord, TrainContext
 from mf_train.cli import run
 
-ROOT = Path(__file__).resolve().parents[2]
-EXAMPLE = ROOT / "examples" / "qwen3_tiny.yaml"
-SETS = ["training.steps=3", "model.hidden_size=32", "model.intermediate_size=64",
-        "model.head_dim=8", "train_dataset.dataloader.config.seq_length=32",
-        "model.max_position_embeddings=32", "recompute.mode=None", "recompute.select_module=null",
-        "lr_scheduler.warmup_steps=1", "checkpoint.enable_save=false"]
+SETS = (*QWEN3_4_LAYERS, "training.steps=3", "checkpoint.enable_save=false")
 
 
 def arguments(prefix: str, output: Path, callback: str) -> list[str]:
-    sets = [f"train_dataset.dataloader.config.data_path=['1','{prefix}']", *SETS,
-            f"callbacks=[{callback}]"]
-    return ["--config", str(EXAMPLE), "--output-dir", str(output),
-            *[arg for value in sets for arg in ("--set", value)]]
+    return train_arguments(QWEN3, output, prefix, [*SETS, f"callbacks=[{callback}]"])
 
 
 @pytest.fixture
@@ -146,7 +141,7 @@ def test_a_missing_wandb_package_is_one_error_before_anything_starts(data_prefix
     monkeypatch.setitem(sys.modules, "wandb", None)
     assert run(arguments(data_prefix, tmp_path / "out", "{type: wandb}")) == 2
     assert capsys.readouterr().err == (
-        f"mf-train: 1 problem in the configuration:\n  {EXAMPLE} (--set callbacks=[{{type: "
+        f"mf-train: 1 problem in the configuration:\n  {QWEN3} (--set callbacks=[{{type: "
         "wandb}]): callbacks[0].type: the wandb callback needs the wandb package, which is not "
         "installed in this environment: pip install 'mf-train[wandb]'\n")
     assert not (tmp_path / "out").exists()
