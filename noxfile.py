@@ -74,12 +74,18 @@ def install_packages_once(session: nox.Session) -> None:
     stamp_file.write_text(stamp)
 
 
+PYTEST_OPTIONS = ["--durations=25"]
+"""The 25 slowest tests listed in every run. One pytest process: with two pytest-xdist
+workers (`-- -n 2 --dist loadfile`) the fast tier takes about half the time, but the whole
+suite took longer (40 min against 38), two multi-rank jobs at once overloading 2 cores."""
+
+
 @nox.session
 def tests(session: nox.Session) -> None:
     """The whole test suite, with mf-train's optional wandb callback (installing wandb took
     12 s and 125 MB in a fresh environment; without it, the tests that need it skip)."""
     install_packages(session, *TEST_REQUIREMENTS, extras={"mf-train": "[wandb]"})
-    session.run("pytest", *session.posargs)
+    session.run("pytest", *PYTEST_OPTIONS, *session.posargs)
 
 
 @nox.session
