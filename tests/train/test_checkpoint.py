@@ -19,9 +19,11 @@ from pathlib import Path
 import mindspore as ms
 import numpy as np
 import pytest
+from checkpoint_samples import SHAPES, arrays, config, optimizer_state, save, train_state
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from mindspore import Parameter, Tensor
+from safetensors_files import write_safetensors_by_hand
 
 from mf_config import CheckpointConfig, ConfigError, ModelConfig, OptimizerConfig
 from mf_train.checkpoint import (
@@ -46,36 +48,6 @@ from mf_train.models import build_model, hf_state, load_hf_state
 from mf_train.optim import build_optimizer
 
 ms.set_context(mode=ms.PYNATIVE_MODE)
-
-SHAPES = {"embed.weight": (10, 4), "layers.0.mlp.down.weight": (4, 6), "norm.weight": (4,)}
-
-
-def config(root: Path, **overrides) -> CheckpointConfig:
-    return CheckpointConfig(save_path=str(root), **overrides)
-
-
-def arrays(seed: int) -> dict[str, np.ndarray]:
-    rng = np.random.default_rng(seed)
-    values = {name: rng.standard_normal(shape).astype(np.float32)
-              for name, shape in SHAPES.items()}
-    values["norm.weight"][:2] = [-0.0, np.float32(np.nan)]  # bit patterns a cast could change
-    return values
-
-
-def optimizer_state(seed: int) -> dict[str, np.ndarray]:
-    state = {f"adam_m.{name}": value * 0.5 for name, value in arrays(seed + 100).items()}
-    state["global_step"] = np.array([seed], dtype=np.int64)
-    return state
-
-
-def train_state(step: int, rng: dict | None = None) -> RunProgress:
-    return RunProgress(global_step=step, consumed_samples=8 * step, global_batch_size=8,
-                      step_num=100, rng=rng if rng is not None else {"python": step},
-                      extra={"skipped_steps": 1})
-
-
-def save(manager: CheckpointManager, step: int) -> None:
-    manager.save(step, arrays(step), optimizer_state(step), train_state(step))
 
 
 def assert_same_bits(left: dict[str, np.ndarray], right: dict[str, np.ndarray]) -> None:
@@ -602,17 +574,6 @@ def test_config_errors(tmp_path):
 
 
 # ----- Hugging Face safetensors -----
-
-def write_safetensors_by_hand(path: Path, tensors: dict[str, tuple[str, tuple, bytes]]) -> None:
-    """The format written out: u64 header length, JSON header, concatenated data."""
-    header, data = {"__metadata__": {"format": "pt"}}, b""
-    for name, (dtype, shape, payload) in tensors.items():
-        header[name] = {"dtype": dtype, "shape": list(shape),
-                        "data_offsets": [len(data), len(data) + len(payload)]}
-        data += payload
-    raw = json.dumps(header).encode()
-    path.write_bytes(struct.pack("<Q", len(raw)) + raw + data)
-
 
 def bf16_value(bits: int) -> float:
     """bfloat16 decoded from its fields: sign, 8 exponent bits (bias 127), 7 mantissa bits."""

@@ -9,7 +9,7 @@ import stat
 from pathlib import Path
 
 import pytest
-from test_checkpoint import config, save
+from checkpoint_samples import config, save
 
 from mf_train.checkpoint import CheckpointManager
 

@@ -13,6 +13,7 @@ import pytest
 pytest.importorskip("mindspore")
 
 from mindspore import Tensor
+from runs import steps
 
 from mf_config import load_config
 from mf_train.compiled_layers import compile_layers, graphs_compiled
@@ -30,25 +31,24 @@ def _train(prefix: str, tmp_path: Path, *more: str) -> tuple[Trainer, list[dict]
                                    "training.steps=20", "checkpoint.enable_save=false", *more])
     trainer = Trainer(config, output_dir=tmp_path)
     trainer.train()
-    lines = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
-    return trainer, [line for line in lines if "event" not in line]
+    return trainer, steps(tmp_path)
 
 
 @pytest.mark.parametrize("compiled", [False, True], ids=["pynative", "compiled"])
 def test_losses_equal_the_path_before_the_speed_work(data_prefix, tmp_path, compiled) -> None:
     """The example as written (recompute of attention 0-1 and mlp 3 included)."""
-    trainer, steps = _train(data_prefix, tmp_path, f"context.compile={str(compiled).lower()}")
-    losses = np.array([line["loss"] for line in steps])
+    trainer, logged = _train(data_prefix, tmp_path, f"context.compile={str(compiled).lower()}")
+    losses = np.array([line["loss"] for line in logged])
     np.testing.assert_allclose(losses, GOLDEN["losses"], rtol=1e-5, atol=0)
     assert trainer.compiled.enabled is compiled
-    compiled_at = [line["step"] for line in steps if "compiled_graphs" in line]
+    compiled_at = [line["step"] for line in logged if "compiled_graphs" in line]
     if not compiled:
         assert compiled_at == [] and trainer.compiled.graphs == 0
         return
     # one graph per layer (and its gradient) at step 1; nothing compiled in steps 2-20
     assert compiled_at == [1]
-    assert steps[0]["compiled_graphs"] == trainer.compiled.graphs >= 4
-    assert 0 < steps[0]["compile_time"] <= steps[0]["step_time"]
+    assert logged[0]["compiled_graphs"] == trainer.compiled.graphs >= 4
+    assert 0 < logged[0]["compile_time"] <= logged[0]["step_time"]
     assert trainer.compiled.compiled == ["decoder layers 0-3"]
 
 

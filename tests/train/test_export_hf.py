@@ -20,6 +20,8 @@ import pytest
 pytest.importorskip("mindspore")
 
 from mindspore import Tensor
+from runs import DEEPSEEK, QWEN3, ROOT, steps
+from tensor_groups import tensor_group
 
 from mf_config.validate import config_from_source, load_source
 from mf_train.checkpoint import HFCheckpoint, load_checkpoint, load_hf_weights
@@ -29,9 +31,6 @@ from mf_train.cli import run
 from mf_train.models import ModelPart, build_model, load_hf_state
 from mf_train.models.hf_weights import local_value
 
-ROOT = Path(__file__).resolve().parents[2]
-QWEN3 = ROOT / "examples" / "qwen3_tiny.yaml"
-DEEPSEEK = ROOT / "examples" / "deepseek_v3_tiny.yaml"
 GOLDEN = ROOT / "tests" / "train" / "golden" / "qwen3_hf.npz"
 # the tied model of golden/qwen3_tiny.py, with the example's byte vocabulary (512)
 QWEN3_SHAPE = ["model.hidden_size=32", "model.intermediate_size=48", "model.num_hidden_layers=2",
@@ -253,13 +252,6 @@ def test_force_replaces_the_output(qwen3_run, qwen3_export, tmp_path) -> None:
     assert [path.name for path in tmp_path.iterdir()] == ["out"]
 
 
-class _TensorRank:
-    """Rank `rank` of a tensor group of `size` as `local_value` sees one: its index."""
-
-    def __init__(self, size: int, rank: int):
-        self.size, self.rank = size, rank
-
-
 def assert_reshards_to_ranks(example: Path, shape: list[str], checkpoint: Path,
                              exported: Path, tensor: int) -> None:
     """The import's `local_value`, reading each rank's slices from the exported files, gives
@@ -268,7 +260,7 @@ def assert_reshards_to_ranks(example: Path, shape: list[str], checkpoint: Path,
     with HFCheckpoint(exported) as source:
         for rank in range(2):
             saved = load_checkpoint(checkpoint, rank, load_optimizer=False).model_params
-            group = _TensorRank(tensor, rank) if tensor > 1 else None
+            group = tensor_group(rank, tensor) if tensor > 1 else None
             for entry in entries:
                 value = local_value(entry, source, group)
                 np.testing.assert_array_equal(value, saved[entry.ours], err_msg=entry.ours)
@@ -311,8 +303,7 @@ def test_two_rank_exports_give_back_every_rank_s_arrays(data_prefix, qwen3_expor
 
 
 def step_losses(output: Path) -> list[float]:
-    lines = [json.loads(line) for line in (output / "metrics.jsonl").read_text().splitlines()]
-    return [line["loss"] for line in lines if "event" not in line]
+    return [step["loss"] for step in steps(output)]
 
 
 @pytest.mark.ranks

@@ -11,15 +11,13 @@ import pytest
 
 pytest.importorskip("mindspore")
 
+from runs import DEEPSEEK, QWEN3
+
 from mf_config.validate import config_from_source, load_source
 from mf_train.export_ranks import holdings, source_ranks, tensor_places
 from mf_train.hf_export import ExportError
 from mf_train.job import make_job_plan
 from mf_train.models import build_model
-
-ROOT = Path(__file__).resolve().parents[2]
-QWEN3 = ROOT / "examples" / "qwen3_tiny.yaml"
-DEEPSEEK = ROOT / "examples" / "deepseek_v3_tiny.yaml"
 
 
 def sources(example: Path, world: int, *overrides: str):

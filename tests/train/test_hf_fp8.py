@@ -4,9 +4,7 @@ prediction layers skipped with one log line, on small synthetic checkpoints writ
 
 from __future__ import annotations
 
-import json
 import logging
-import struct
 import sys
 from pathlib import Path
 
@@ -24,43 +22,8 @@ from mf_train.models.hf_weights import HFWeightsError
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import deepseek_v3_reference as ref
-
-NAN_BYTES = (0x7F, 0xFF)
-
-
-def write_safetensors(path: Path, tensors: dict[str, tuple[str, tuple, bytes]]) -> None:
-    """u64 header length, the JSON header, the concatenated data."""
-    header, data = {}, b""
-    for name, (dtype, shape, payload) in tensors.items():
-        header[name] = {"dtype": dtype, "shape": list(shape),
-                        "data_offsets": [len(data), len(data) + len(payload)]}
-        data += payload
-    raw = json.dumps(header).encode()
-    path.write_bytes(struct.pack("<Q", len(raw)) + raw + data)
-
-
-def write_config(directory: Path, block: list[int]) -> None:
-    (directory / "config.json").write_text(json.dumps({
-        "model_type": "deepseek_v3", "num_nextn_predict_layers": 1,
-        "quantization_config": {"activation_scheme": "dynamic", "fmt": "e4m3",
-                                "quant_method": "fp8", "weight_block_size": block}}))
-
-
-def e4m3fn_reference(raw: np.ndarray) -> np.ndarray:
-    """Vectorised from the fields: (-1)^s * 2^(e-7) * (1 + m/8), subnormal 2^-6 * m/8."""
-    raw = raw.astype(np.int64)
-    sign = np.where(raw & 0x80, -1.0, 1.0)
-    exponent, mantissa = (raw >> 3) & 0xF, raw & 0x7
-    value = np.where(exponent == 0, np.ldexp(mantissa / 8.0, -6),
-                     np.ldexp(1.0 + mantissa / 8.0, exponent - 7))
-    value = np.where((exponent == 15) & (mantissa == 7), np.nan, value)
-    return (sign * value).astype(np.float32)
-
-
-def random_fp8(rng: np.random.Generator, shape: tuple[int, ...]) -> np.ndarray:
-    raw = rng.integers(0, 256, shape, dtype=np.uint8)
-    raw[np.isin(raw, NAN_BYTES)] = 0x38
-    return raw
+from fp8_samples import e4m3fn_reference, random_fp8, write_fp8_config
+from safetensors_files import write_safetensors_by_hand
 
 
 def test_e4m3fn_bytes_by_hand() -> None:
@@ -83,11 +46,11 @@ def test_fp8_block_dequantisation_across_files(tmp_path: Path) -> None:
     raw = random_fp8(rng, (130, 260))
     scale = rng.uniform(0.5, 2.0, (2, 3)).astype(np.float32)
     other = rng.standard_normal(5).astype(np.float32)
-    write_safetensors(tmp_path / "model-00001-of-00002.safetensors", {
+    write_safetensors_by_hand(tmp_path / "model-00001-of-00002.safetensors", {
         "w.weight": ("F8_E4M3", raw.shape, raw.tobytes()), "b": ("F32", (5,), other.tobytes())})
-    write_safetensors(tmp_path / "model-00002-of-00002.safetensors", {
+    write_safetensors_by_hand(tmp_path / "model-00002-of-00002.safetensors", {
         "w.weight_scale_inv": ("F32", scale.shape, scale.tobytes())})
-    write_config(tmp_path, [128, 128])
+    write_fp8_config(tmp_path, [128, 128])
     tensors = load_hf_weights(tmp_path)
     assert sorted(tensors) == ["b", "w.weight"]
     rows, cols = np.indices(raw.shape)
@@ -99,19 +62,19 @@ def test_fp8_block_dequantisation_across_files(tmp_path: Path) -> None:
 
 def test_fp8_scale_errors(tmp_path: Path) -> None:
     raw = np.full((4, 4), 0x38, np.uint8)
-    write_safetensors(tmp_path / "a.safetensors", {
+    write_safetensors_by_hand(tmp_path / "a.safetensors", {
         "w.weight": ("F8_E4M3", (4, 4), raw.tobytes()),
         "w.weight_scale_inv": ("F32", (2, 2), np.ones((2, 2), np.float32).tobytes())})
     with pytest.raises(CheckpointError, match=r"w\.weight_scale_inv: shape \(2, 2\), expected "
                                               r"\(1, 1\) for a 4x4 weight in 128x128 blocks"):
         load_hf_weights(tmp_path / "a.safetensors")
-    write_config(tmp_path, [2, 2])  # beside the file: its block size applies
+    write_fp8_config(tmp_path, [2, 2])  # beside the file: its block size applies
     assert load_hf_weights(tmp_path / "a.safetensors")["w.weight"].tolist() == [[1.0] * 4] * 4
-    write_config(tmp_path, [128])
+    write_fp8_config(tmp_path, [128])
     with pytest.raises(CheckpointError, match="weight_block_size must be two positive ints"):
         load_hf_weights(tmp_path / "a.safetensors")
     (tmp_path / "config.json").unlink()
-    write_safetensors(tmp_path / "b.safetensors", {
+    write_safetensors_by_hand(tmp_path / "b.safetensors", {
         "v.weight_scale_inv": ("F32", (1, 1), np.ones((1, 1), np.float32).tobytes())})
     with pytest.raises(CheckpointError, match=r"block scales for no FP8 \(F8_E4M3\) weight: "
                                               r"v\.weight_scale_inv"):
@@ -160,8 +123,8 @@ def test_deepseek_v3_checkpoint_with_mtp_and_fp8_weights(tmp_path: Path, caplog)
             expected[name] = value
     fp8 = sum(dtype == "F8_E4M3" for dtype, _, _ in files.values())
     assert fp8 > 20 and any(n.endswith("eh_proj.weight_scale_inv") for n in files)
-    write_safetensors(tmp_path / "model.safetensors", files)
-    write_config(tmp_path, [block, block])
+    write_safetensors_by_hand(tmp_path / "model.safetensors", files)
+    write_fp8_config(tmp_path, [block, block])
 
     caplog.set_level(logging.INFO)
     tensors = load_hf_weights(tmp_path)

@@ -14,23 +14,16 @@ import pytest
 
 pytest.importorskip("mindspore")
 
-from test_checkpoint import write_safetensors_by_hand
-from test_hf_fp8 import e4m3fn_reference, random_fp8, write_config
-from test_model_parts import PARTS
-from test_model_parts import model as qwen3_model
+from fp8_samples import e4m3fn_reference, random_fp8, write_fp8_config
+from qwen3_parts import PARTS, qwen3_model
+from safetensors_files import write_safetensors_by_hand
+from tensor_groups import tensor_group
 
 from mf_train.checkpoint import CheckpointError, HFCheckpoint, load_hf_weights
 from mf_train.checkpoint.hf_write import bfloat16_bits
 from mf_train.models import HFWeightsError, hf_state, load_hf_state
 from mf_train.models.blocks import fuse_rows
 from mf_train.models.hf_weights import local_value
-
-
-class TensorRank:
-    """Rank `rank` of a tensor group of `size`, as `local_value` sees one."""
-
-    def __init__(self, size: int, rank: int):
-        self.size, self.rank = size, rank
 
 
 def bf16_file(path: Path, state: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -86,7 +79,7 @@ def test_fp8_regions_take_their_own_blocks_scales(tmp_path: Path) -> None:
     write_safetensors_by_hand(tmp_path / "w.safetensors", {
         "w": ("F8_E4M3", raw.shape, raw.tobytes()),
         "w_scale_inv": ("F32", scale.shape, scale.tobytes())})
-    write_config(tmp_path, [8, 8])
+    write_fp8_config(tmp_path, [8, 8])
     rows, cols = np.indices(raw.shape)
     whole = e4m3fn_reference(raw) * scale[rows // 8, cols // 8]
     with HFCheckpoint(tmp_path / "w.safetensors") as checkpoint:
@@ -110,7 +103,7 @@ def test_a_tensor_rank_reads_its_share_and_gets_the_fused_then_split_values(
                      for name in entry.hf)
     assert split and replicated
     for rank in range(2):
-        group = TensorRank(2, rank)
+        group = tensor_group(rank, 2)
         with HFCheckpoint(tmp_path / "model.safetensors") as checkpoint:
             for entry in entries:
                 parts = [exact[name] for name in entry.hf]
@@ -122,7 +115,7 @@ def test_a_tensor_rank_reads_its_share_and_gets_the_fused_then_split_values(
     with (HFCheckpoint(tmp_path / "model.safetensors") as checkpoint,
           pytest.raises(HFWeightsError, match=r"dimension 0 of shape \(\d+, \d+\) is not "
                                               r"divisible by tensor_parallel \(7\)")):
-        local_value(entries[0], checkpoint, TensorRank(7, 0))
+        local_value(entries[0], checkpoint, tensor_group(0, 7))
 
 
 def test_the_whole_model_streams_to_what_the_whole_arrays_give(tmp_path: Path) -> None:

@@ -14,7 +14,7 @@ import pytest
 pytest.importorskip("mindspore")
 
 import mindspore as ms
-from test_train_step import Regression, batch
+from regression_model import Regression, batch
 
 from mf_config import (
     OptimizerConfig,

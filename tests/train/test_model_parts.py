@@ -11,19 +11,9 @@ pytest.importorskip("mindspore")
 
 import mindspore as ms
 from mindspore import Tensor
+from qwen3_parts import PARTS, SIZES, qwen3_model
 
-from mf_config import ModelConfig
-from mf_train.models import ModelPart, PipelineModel, build_model, hf_state, load_hf_state
-
-SIZES = {"vocab_size": 96, "hidden_size": 32, "intermediate_size": 48, "num_hidden_layers": 4,
-         "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 8,
-         "max_position_embeddings": 16, "tie_word_embeddings": True}
-PARTS = [ModelPart((0, 2), embedding=True, head=False), ModelPart((1, 3), embedding=False,
-                                                                  head=True)]
-
-
-def model(part: ModelPart | None = None, seed: int = 7):
-    return build_model(ModelConfig(model_type="qwen3", extras=SIZES), seed=seed, part=part)
+from mf_train.models import PipelineModel, hf_state, load_hf_state
 
 
 def batch() -> tuple[Tensor, Tensor]:
@@ -33,8 +23,8 @@ def batch() -> tuple[Tensor, Tensor]:
 
 def test_parts_hold_the_whole_models_parameters_under_its_names() -> None:
     ms.set_context(mode=ms.PYNATIVE_MODE)
-    whole = {name: p.asnumpy() for name, p in model().parameters_and_names()}
-    first, last = (dict(model(part).parameters_and_names()) for part in PARTS)
+    whole = {name: p.asnumpy() for name, p in qwen3_model().parameters_and_names()}
+    first, last = (dict(qwen3_model(part).parameters_and_names()) for part in PARTS)
     assert sorted({n.split(".")[1] for n in first if n.startswith("decoder_layers")}) == ["0", "2"]
     assert "final_norm.weight" in last and "final_norm.weight" not in first
     assert "embedding.weight" in first and "embedding.weight" in last  # the tied copy
@@ -45,7 +35,7 @@ def test_parts_hold_the_whole_models_parameters_under_its_names() -> None:
 
 def test_the_pieces_in_interleaved_order_give_the_whole_models_loss() -> None:
     """Virtual stages 0-3 on two stages (layers 0, 1, 2, 3 on stages 0, 1, 0, 1)."""
-    whole, (first, last) = model(), [model(part) for part in PARTS]
+    whole, (first, last) = qwen3_model(), [qwen3_model(part) for part in PARTS]
     assert isinstance(first, PipelineModel)
     ids, labels = batch()
     hidden = first.embed(ids)
@@ -58,13 +48,13 @@ def test_the_pieces_in_interleaved_order_give_the_whole_models_loss() -> None:
 
 def test_a_stage_loads_its_share_of_a_whole_hugging_face_checkpoint() -> None:
     """Weights of another seed, loaded strictly: the other stage's weights are not errors."""
-    other = model(seed=11)
+    other = qwen3_model(seed=11)
     source, want = hf_state(other), dict(other.parameters_and_names())
     for part in PARTS:
-        stage = model(part)
+        stage = qwen3_model(part)
         load_hf_state(stage, source)
         for name, param in stage.parameters_and_names():
             np.testing.assert_array_equal(param.asnumpy(), want[name].asnumpy(), err_msg=name)
     with pytest.raises(ValueError, match=r"model\.layers\.9\.mlp\.up_proj\.weight: not a weight"):
-        load_hf_state(model(PARTS[0]), {**source, "model.layers.9.mlp.up_proj.weight":
-                                        np.zeros((2, 2), np.float32)})
+        load_hf_state(qwen3_model(PARTS[0]), {**source, "model.layers.9.mlp.up_proj.weight":
+                                              np.zeros((2, 2), np.float32)})

@@ -10,7 +10,6 @@ import logging
 import re
 import sys
 from pathlib import Path
-from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -19,11 +18,12 @@ pytest.importorskip("mindspore")
 
 import mindspore as ms
 from mindspore import Tensor
+from tensor_groups import tensor_group
 
 from mf_config import ConfigError, LayerSpec, ModelConfig, RecomputeCommConfig, RecomputeConfig
 from mf_memory.layers import decoder_layers, layer_offset, resolve_module
 from mf_memory.recompute import apply_recompute, apply_recompute_comm
-from mf_parallel.runtime.tensor_parallel import SEQUENCE_PARALLEL_ATTRIBUTE, TensorGroup
+from mf_parallel.runtime.tensor_parallel import SEQUENCE_PARALLEL_ATTRIBUTE
 from mf_train.models import HFWeightsError, build_model, hf_names, hf_state, load_hf_state
 from mf_train.models.qwen3 import Qwen3ForCausalLM, qwen3_settings
 
@@ -343,15 +343,9 @@ def test_seed_defaults_to_mindsporess_global_seed() -> None:
 
 # --- tensor-parallel construction (no communication happens while building) --------------
 
-def fake_group(rank: int, size: int = 2, sequence_parallel: bool = True) -> SimpleNamespace:
-    group = SimpleNamespace(rank=rank, size=size, sequence_parallel=sequence_parallel)
-    group.shard = lambda full, axis: TensorGroup.shard(group, full, axis)
-    return group
-
-
 def test_tensor_parallel_shards_put_together_equal_the_single_process_weights() -> None:
     single = build_model(config(attention_bias=True), seed=2)
-    ranks = [build_model(config(attention_bias=True), seed=2, tensor_group=fake_group(r))
+    ranks = [build_model(config(attention_bias=True), seed=2, tensor_group=tensor_group(r))
              for r in range(2)]
     weights = hf_state(single)
     for rank, model in enumerate(ranks):
@@ -378,7 +372,8 @@ def test_tensor_parallel_shards_put_together_equal_the_single_process_weights() 
 @pytest.mark.parametrize("sequence_parallel", [True, False])
 def test_tensor_parallel_marks_the_parameters_whose_gradients_need_a_sum(
         sequence_parallel) -> None:
-    model = build_model(config(), tensor_group=fake_group(0, sequence_parallel=sequence_parallel))
+    group = tensor_group(0, sequence_parallel=sequence_parallel)
+    model = build_model(config(), tensor_group=group)
     marked = {name for name, param in model.parameters_and_names()
               if getattr(param, SEQUENCE_PARALLEL_ATTRIBUTE, False)}
     per_head = {f"decoder_layers.{i}.attention.{n}_norm.weight" for i in range(2) for n in "qk"}
@@ -388,7 +383,7 @@ def test_tensor_parallel_marks_the_parameters_whose_gradients_need_a_sum(
 
 
 def test_recompute_comm_finds_the_gathers_of_the_fused_projections() -> None:
-    model = build_model(config(), tensor_group=fake_group(0))
+    model = build_model(config(), tensor_group=tensor_group(0))
     wrapped = apply_recompute_comm(model, RecomputeCommConfig(
         enable=True, select_module={"attention.qkv": [LayerSpec.parse("0-1")],
                                     "mlp.gate_up": [LayerSpec.parse("1")]}))
@@ -397,7 +392,7 @@ def test_recompute_comm_finds_the_gathers_of_the_fused_projections() -> None:
 
 
 def test_a_tensor_group_of_one_is_the_single_process_model() -> None:
-    model = build_model(config(), seed=2, tensor_group=fake_group(0, size=1))
+    model = build_model(config(), seed=2, tensor_group=tensor_group(0, size=1))
     assert model.tensor_group is None
     ids, labels = tokens()
     want = build_model(config(), seed=2)(Tensor(ids), Tensor(labels)).asnumpy()
@@ -407,7 +402,7 @@ def test_a_tensor_group_of_one_is_the_single_process_model() -> None:
 def test_tensor_parallel_sizes_must_divide_heads_and_vocabulary() -> None:
     with pytest.raises(ConfigError) as error:
         build_model(config(num_key_value_heads=1, vocab_size=95),
-                    tensor_group=fake_group(0))
+                    tensor_group=tensor_group(0))
     text = str(error.value)
     assert "model.num_key_value_heads: 1 is not divisible by parallelism.tensor_parallel" in text
     assert "model.vocab_size: 95 is not divisible" in text

@@ -4,7 +4,6 @@ errors, given before anything starts."""
 
 from __future__ import annotations
 
-import json
 import socket
 import subprocess
 import sys
@@ -12,7 +11,7 @@ import time
 from pathlib import Path
 
 import pytest
-from runs import QWEN3, QWEN3_4_LAYERS
+from runs import QWEN3, QWEN3_4_LAYERS, steps
 from runs import arguments as train_arguments
 
 from mf_parallel.msrun import free_port, kill_group
@@ -27,8 +26,7 @@ def arguments(prefix: str, output: Path) -> list[str]:
 
 
 def losses(output: Path) -> list[float]:
-    lines = [json.loads(line) for line in (output / "metrics.jsonl").read_text().splitlines()]
-    return [line["loss"] for line in lines if "event" not in line]
+    return [step["loss"] for step in steps(output)]
 
 
 @pytest.mark.parametrize(("flags", "message"), [

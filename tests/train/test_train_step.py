@@ -11,7 +11,8 @@ import pytest
 pytest.importorskip("mindspore")
 
 import mindspore as ms
-from mindspore import Parameter, Tensor, nn, ops
+from mindspore import Tensor
+from regression_model import Regression, batch
 
 from mf_config import OptimizerConfig
 from mf_train.gradient_norm import clip_coefficient, global_norm
@@ -21,27 +22,6 @@ from mf_train.trainer import TrainStep
 
 ms.set_context(mode=ms.PYNATIVE_MODE)
 ms.set_device("CPU")
-
-
-class Regression(nn.Cell):
-    """loss = mean(mask * (tokens @ w - labels)^2): a model with the trainer's signature."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.w = Parameter(Tensor(np.linspace(-1, 1, 12, dtype=np.float32).reshape(4, 3)),
-                           name="w")
-
-    def construct(self, tokens, labels, loss_mask=None):
-        error = ops.square(ops.matmul(tokens.astype(ms.float32), self.w)
-                           - labels.astype(ms.float32))
-        mask = ops.ones_like(error) if loss_mask is None else loss_mask.reshape(error.shape)
-        return (error * mask).sum() / mask.sum()
-
-
-def batch(seed: int, rows: int = 2):
-    rng = np.random.default_rng(seed)
-    return MicroBatch(rng.integers(-3, 4, (rows, 4)).astype(np.int32),
-                      rng.integers(-3, 4, (rows, 3)).astype(np.int32))
 
 
 def make(max_norm: float = 1e9, skip: float | None = None) -> TrainStep:

@@ -13,7 +13,7 @@ import pytest
 
 pytest.importorskip("mindspore")
 
-from runs import QWEN3, QWEN3_4_LAYERS
+from runs import QWEN3, QWEN3_4_LAYERS, steps
 from runs import arguments as train_arguments
 
 from mf_train.callbacks import StepRecord, TrainContext
@@ -77,20 +77,15 @@ def history(output: Path) -> dict[int, dict[str, float]]:
     return rows
 
 
-def metrics(output: Path) -> list[dict]:
-    return [line for line in map(json.loads, (output / "metrics.jsonl").read_text().splitlines())
-            if "event" not in line]
-
-
 def test_a_short_run_logs_each_step_to_an_offline_wandb_run(data_prefix, tmp_path,
                                                             offline_wandb) -> None:
     callback = "{type: wandb, project: mf-test, name: tiny, group: g1, tags: [a, b]}"
     assert run(arguments(data_prefix, tmp_path / "out", callback)) == 0
     offline_wandb.teardown()
-    steps = metrics(tmp_path / "out")
+    logged = steps(tmp_path / "out")
     rows = history(tmp_path / "out")
     assert sorted(rows) == [1, 2, 3]
-    for line in steps:
+    for line in logged:
         row = rows[line["step"]]
         assert {key: row[key] for key in ("loss", "lr", "grad_norm", "consumed_samples")} == \
             {key: line[key] for key in ("loss", "lr", "grad_norm", "consumed_samples")}
