@@ -1,29 +1,18 @@
-"""Collectives on real ranks (msrun on 127.0.0.1), against numpy reimplementations."""
+"""Collectives on real ranks (msrun on 127.0.0.1), against numpy reimplementations; the ranks
+run workers/scenario_collectives.py in the runtime suite's jobs (rank_jobs.py)."""
 
 from __future__ import annotations
-
-import json
-from pathlib import Path
 
 import numpy as np
 import pytest
 
 pytest.importorskip("mindspore")
 
-from mf_parallel.launch import run_ranks
-
-WORKERS = Path(__file__).resolve().parent / "workers"
 pytestmark = pytest.mark.ranks
 
 
 def inputs(rank: int, shape: tuple[int, ...], offset: float = 0.0) -> np.ndarray:
     return np.arange(np.prod(shape), dtype=np.float32).reshape(shape) + rank * 100 + offset
-
-
-def run(tmp_path: Path, world: int, tp: int) -> list[dict]:
-    run_ranks(WORKERS / "collectives_worker.py", world, log_dir=tmp_path / "logs",
-              timeout=240, args=[str(tmp_path), str(tp)])
-    return [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(world)]
 
 
 def check(results: list[dict], kind: str) -> None:
@@ -43,16 +32,16 @@ def check(results: list[dict], kind: str) -> None:
         np.testing.assert_array_equal(got["broadcast"], xs[-1])
 
 
-def test_collectives_on_two_ranks(tmp_path) -> None:
-    results = run(tmp_path, 2, tp=1)
+def test_collectives_on_two_ranks(runtime_suite) -> None:
+    results = runtime_suite.results(2, "collectives", tensor_parallel=1)
     assert [r["groups"]["data"] for r in results] == [[0, 1], [0, 1]]
     check(results, "data")
     check(results, "tensor")  # one-rank groups: the identity
     np.testing.assert_array_equal(results[1]["send_recv"], inputs(0, (2, 2), 0.5))
 
 
-def test_collectives_on_four_ranks_data_2_x_tensor_2(tmp_path) -> None:
-    results = run(tmp_path, 4, tp=2)
+def test_collectives_on_four_ranks_data_2_x_tensor_2(runtime_suite) -> None:
+    results = runtime_suite.results(4, "collectives", tensor_parallel=2)
     assert [r["groups"]["tensor"] for r in results] == [[0, 1], [0, 1], [2, 3], [2, 3]]
     assert [r["groups"]["data"] for r in results] == [[0, 2], [1, 3], [0, 2], [1, 3]]
     check(results, "data")

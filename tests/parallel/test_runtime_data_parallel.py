@@ -1,45 +1,24 @@
-"""Data parallel on 2 real ranks equals one process that sees the whole global batch."""
+"""Data parallel on 2 real ranks equals one process that sees the whole global batch; both run
+workers/scenario_data_parallel.py in the runtime suite's 2-rank job (rank_jobs.py), the one
+process as rank 0 alone with a one-rank plan."""
 
 from __future__ import annotations
-
-import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
 
 pytest.importorskip("mindspore")
 
-from mf_parallel.launch import run_ranks
-
-WORKER = Path(__file__).resolve().parent / "workers" / "dp_worker.py"
 STEPS = 5
 pytestmark = pytest.mark.ranks
 
 
-def single_process(out: Path, mode: str) -> dict:
-    out.mkdir()
-    env = {k: v for k, v in os.environ.items() if not k.startswith("MS_")}
-    subprocess.run([sys.executable, str(WORKER), str(out), mode, str(STEPS)], check=True,
-                   env=env, timeout=300, capture_output=True)
-    return json.loads((out / "rank0.json").read_text())
-
-
-def two_ranks(out: Path, mode: str) -> list[dict]:
-    out.mkdir()
-    run_ranks(WORKER, 2, log_dir=out / "logs", timeout=300, args=[str(out), mode, str(STEPS)])
-    return [json.loads((out / f"rank{r}.json").read_text()) for r in range(2)]
-
-
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory) -> dict:
-    base = tmp_path_factory.mktemp("dp")
-    return {"single": single_process(base / "single", "mean"),
-            "mean": two_ranks(base / "mean", "mean"),
-            "sum": two_ranks(base / "sum", "sum")}
+def runs(runtime_suite) -> dict:
+    return {"single": runtime_suite.results(2, "data_parallel_one_process", ranks=1, world=1,
+                                            mode="mean", steps=STEPS)[0],
+            "mean": runtime_suite.results(2, "data_parallel_mean", mode="mean", steps=STEPS),
+            "sum": runtime_suite.results(2, "data_parallel_sum", mode="sum", steps=STEPS)}
 
 
 def arrays(result: dict, key: str) -> list[np.ndarray]:

@@ -1,28 +1,21 @@
 """Data parallel 2 x tensor parallel 2 on 4 real ranks: the right groups, and training that
-equals one unsharded model on the whole global batch."""
+equals one unsharded model on the whole global batch. The ranks run workers/scenario_dp_tp.py
+in the runtime suite's 4-rank job (rank_jobs.py)."""
 
 from __future__ import annotations
-
-import json
-from pathlib import Path
 
 import numpy as np
 import pytest
 
 pytest.importorskip("mindspore")
 
-from mf_parallel.launch import run_ranks
-
-WORKER = Path(__file__).resolve().parent / "workers" / "dp_tp_worker.py"
 STEPS = 3
 pytestmark = pytest.mark.ranks
 
 
 @pytest.fixture(scope="module")
-def ranks(tmp_path_factory) -> list[dict]:
-    out = tmp_path_factory.mktemp("dp_tp")
-    run_ranks(WORKER, 4, log_dir=out / "logs", timeout=300, args=[str(out), str(STEPS)])
-    return [json.loads((out / f"rank{r}.json").read_text()) for r in range(4)]
+def ranks(runtime_suite) -> list[dict]:
+    return runtime_suite.results(4, "dp_tp", steps=STEPS)
 
 
 def test_groups_put_tensor_innermost(ranks) -> None:

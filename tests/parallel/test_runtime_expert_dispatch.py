@@ -1,20 +1,15 @@
 """The expert dispatch on real ranks equals one process holding every expert: outputs, the
 gradients of the tokens, of the routing weights and of each rank's experts; each rank's experts
-compute exactly their (token, expert) pairs."""
+compute exactly their (token, expert) pairs. The ranks run workers/scenario_experts.py in the
+runtime suite's jobs (rank_jobs.py)."""
 
 from __future__ import annotations
-
-import json
-from pathlib import Path
 
 import numpy as np
 import pytest
 
 pytest.importorskip("mindspore")
 
-from mf_parallel.launch import run_ranks
-
-WORKER = Path(__file__).resolve().parent / "workers" / "expert_worker.py"
 pytestmark = pytest.mark.ranks
 TOLERANCE = 1e-5
 CASES = {"alltoall-2": (2, "alltoall", 1), "dered-2-device1": (2, "alltoall_deredundancy", 1),
@@ -26,12 +21,10 @@ fan out inside them."""
 @pytest.fixture(scope="module", params=[
     pytest.param(name, marks=pytest.mark.slow) if name == "alltoall-4" else name
     for name in CASES])
-def ranks(request, tmp_path_factory) -> list[dict]:
+def ranks(request, runtime_suite) -> list[dict]:
     world, dispatcher, node = CASES[request.param]
-    out = tmp_path_factory.mktemp("experts")
-    run_ranks(WORKER, world, log_dir=out / "logs", timeout=300,
-              args=[str(out), dispatcher, str(node)])
-    return [json.loads((out / f"rank{r}.json").read_text()) for r in range(world)]
+    return runtime_suite.results(world, f"experts_{request.param}", dispatcher=dispatcher,
+                                 npu_nums_per_device=node)
 
 
 def close(got, want) -> None:

@@ -1,40 +1,29 @@
 """Sharded data parallel (ZeRO-1, ZeRO-2, FSDP under each reshard policy, and HSDP) on real
-ranks equals plain data parallel; its per-rank state shrinks with the shard degree."""
+ranks equals plain data parallel; its per-rank state shrinks with the shard degree. The ranks
+run workers/scenario_sharded.py in the runtime suite's jobs (rank_jobs.py)."""
 
 from __future__ import annotations
-
-import json
-from pathlib import Path
 
 import numpy as np
 import pytest
 
 pytest.importorskip("mindspore")
 
-from mf_parallel.launch import run_ranks
-
-WORKER = Path(__file__).resolve().parent / "workers" / "sharded_worker.py"
 STEPS = 3
 PARAMS = 16 * 33 + 33 + 33 * 33 + 33 + 33 * 8 + 8  # the worker's 3-layer MLP: 1955
 FSDP = ("fsdp_always", "fsdp_never", "fsdp_default")
 pytestmark = pytest.mark.ranks
 
 
-def launch(out: Path, world: int, shard: int) -> list[dict]:
-    run_ranks(WORKER, world, log_dir=out / "logs", timeout=300,
-              args=[str(out), str(shard), str(STEPS)])
-    return [json.loads((out / f"rank{r}.json").read_text()) for r in range(world)]
+@pytest.fixture(scope="module")
+def two(runtime_suite) -> list[dict]:
+    return runtime_suite.results(2, "sharded", shard=-1, steps=STEPS)
 
 
 @pytest.fixture(scope="module")
-def two(tmp_path_factory) -> list[dict]:
-    return launch(tmp_path_factory.mktemp("sharded2"), 2, -1)
-
-
-@pytest.fixture(scope="module")
-def hsdp(tmp_path_factory) -> list[dict]:
+def hsdp(runtime_suite) -> list[dict]:
     """4 ranks as replicate 2 x shard 2."""
-    return launch(tmp_path_factory.mktemp("hsdp4"), 4, 2)
+    return runtime_suite.results(4, "sharded_hsdp", shard=2, steps=STEPS)
 
 
 def assert_same_weights(a: dict, b: dict) -> None:

@@ -1,28 +1,22 @@
-"""Tensor-parallel layers on 2 real ranks equal their unsharded twins, forward and backward."""
+"""Tensor-parallel layers on 2 real ranks equal their unsharded twins, forward and backward; the
+ranks run workers/scenario_tensor_parallel.py in the runtime suite's 2-rank job
+(rank_jobs.py)."""
 
 from __future__ import annotations
-
-import json
-from pathlib import Path
 
 import numpy as np
 import pytest
 
 pytest.importorskip("mindspore")
 
-from mf_parallel.launch import run_ranks
-
-WORKER = Path(__file__).resolve().parent / "workers" / "tp_worker.py"
 pytestmark = pytest.mark.ranks
 TOLERANCE = 1e-5
 
 
 @pytest.fixture(scope="module", params=[False, True], ids=["plain", "sequence_parallel"])
-def ranks(request, tmp_path_factory) -> list[dict]:
-    out = tmp_path_factory.mktemp("tp")
-    run_ranks(WORKER, 2, log_dir=out / "logs", timeout=300,
-              args=[str(out), "1" if request.param else "0"])
-    return [json.loads((out / f"rank{r}.json").read_text()) for r in range(2)]
+def ranks(request, runtime_suite) -> list[dict]:
+    scenario = "tensor_parallel_" + ("sequence_parallel" if request.param else "plain")
+    return runtime_suite.results(2, scenario, sequence_parallel=request.param)
 
 
 def close(got, want) -> None:

@@ -1,0 +1,49 @@
+"""Each collective on known inputs, over this rank's data and tensor groups, and a send from
+rank 0 to the last rank: what test_runtime_collectives.py compares with numpy.
+
+A scenario of runtime_suite.py: `run` returns this rank's results.
+"""
+
+import numpy as np
+from mindspore import Tensor
+
+from mf_config import ParallelismConfig, TrainingConfig
+from mf_parallel import make_plan
+from mf_parallel.runtime import Collectives
+
+
+def run(connect, *, world: int, tensor_parallel: int) -> dict:
+    """Data parallel x `tensor_parallel` on `world` ranks; `connect` gives this rank's
+    communication for the plan."""
+    plan = make_plan(ParallelismConfig(tensor_parallel=tensor_parallel),
+                     TrainingConfig(global_batch_size=world), world)
+    comm = connect(plan)
+    col = Collectives(comm)
+    rank = comm.rank
+
+    def value(shape, offset=0.0):
+        """Rank-dependent input: rank * 100 + position + offset."""
+        return Tensor(np.arange(np.prod(shape), dtype=np.float32).reshape(shape)
+                      + rank * 100 + offset)
+
+    results = {"rank": rank, "groups": comm.group_ranks}
+    for kind in ("data", "tensor"):
+        size = comm.group_size(kind)
+        x = value((2 * size, 3))
+        transposed = value((3, 2 * size)).T  # non-contiguous input
+        results[kind] = {
+            "all_reduce": col.all_reduce(x, kind).asnumpy().tolist(),
+            "all_reduce_noncontiguous": col.all_reduce(transposed, kind).asnumpy().tolist(),
+            "all_reduce_max": col.all_reduce(x, kind, op="max").asnumpy().tolist(),
+            "all_gather": col.all_gather(x, kind).asnumpy().tolist(),
+            "reduce_scatter": col.reduce_scatter(x, kind).asnumpy().tolist(),
+            "all_to_all": col.all_to_all(x, kind).asnumpy().tolist(),
+            "broadcast": col.broadcast(x, kind,
+                                       src=comm.group_ranks[kind][-1]).asnumpy().tolist(),
+        }
+    if comm.world_size >= 2:  # rank 0 sends to the last rank
+        last = comm.world_size - 1
+        payload = value((2, 2), 0.5) if rank == 0 else Tensor(np.zeros((2, 2), np.float32))
+        if rank in (0, last):
+            results["send_recv"] = col.send_recv(payload, src=0, dst=last).asnumpy().tolist()
+    return results
