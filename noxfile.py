@@ -81,10 +81,12 @@ def install_packages_once(session: nox.Session) -> None:
     stamp_file.write_text(stamp)
 
 
-PYTEST_OPTIONS = ["--durations=25"]
-"""The 25 slowest tests listed in every run. One pytest process: with two pytest-xdist
-workers (`-- -n 2 --dist loadfile`) the fast tier takes about half the time, but the whole
-suite took longer (40 min against 38), two multi-rank jobs at once overloading 2 cores."""
+PYTEST_OPTIONS = ["--durations=25", "-n", "2", "--dist", "loadfile"]
+"""The 25 slowest tests listed in every run; two pytest-xdist workers, each file on one of
+them (its module fixtures run once). One pytest process used 1.16 of the 2 cores: a rank job
+spends much of its time starting (msrun, a scheduler, MindSpore imports) and waiting for its
+peers. Measured here, the whole suite: 28.6 minutes in one process, 19.6 with two workers.
+`-- -n 0` runs it in one process."""
 
 
 @nox.session
