@@ -17,7 +17,7 @@ import json
 from pathlib import Path
 
 import pytest
-from filelock import FileLock
+from session_files import shared_directory
 
 from mf_parallel.launch import LaunchError, run_ranks
 
@@ -73,17 +73,16 @@ class RuntimeSuite:
         (None: it succeeded). A failed job is not run again: the scenarios it finished keep
         their results, the others fail with its error."""
         if world not in self._errors:
-            job = self.base / f"runtime_suite_{world}_ranks"
-            status = job / "status.json"
-            with FileLock(str(job.with_name(job.name + ".lock"))):
-                if not status.exists():
-                    job.mkdir(parents=True, exist_ok=True)
-                    try:
-                        result = run_ranks(SUITE, world, log_dir=job / "logs",
-                                           timeout=TIMEOUT_SECONDS, args=[str(job)])
-                        outcome = {"error": None, "seconds": result.seconds}
-                    except LaunchError as exc:
-                        outcome = {"error": str(exc)}
-                    status.write_text(json.dumps(outcome))
-                self._errors[world] = json.loads(status.read_text())["error"]
+            def launch(job: Path) -> None:
+                job.mkdir(parents=True)
+                try:
+                    result = run_ranks(SUITE, world, log_dir=job / "logs",
+                                       timeout=TIMEOUT_SECONDS, args=[str(job)])
+                    outcome = {"error": None, "seconds": result.seconds}
+                except LaunchError as exc:
+                    outcome = {"error": str(exc)}
+                (job / "status.json").write_text(json.dumps(outcome))
+
+            job = shared_directory(self.base / f"runtime_suite_{world}_ranks", launch)
+            self._errors[world] = json.loads((job / "status.json").read_text())["error"]
         return self._errors[world]

@@ -3,28 +3,20 @@
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from session_files import session_directory, shared_directory
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def session_directory(tmp_path_factory) -> Path:
-    """A directory every process of this pytest session sees: under pytest-xdist each worker
-    has a base temporary directory of its own, inside one that they share."""
-    base = tmp_path_factory.getbasetemp()
-    return base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
 
 
 @pytest.fixture(scope="session")
 def data_prefix(tmp_path_factory) -> str:
     """examples/data/tiny.jsonl preprocessed by `mf-data preprocess` (byte tokens, EOD 256):
     the prefix of its .bin/.idx pair."""
-    from runs import shared_directory
 
     def preprocess(directory: Path) -> None:
         directory.mkdir(parents=True)

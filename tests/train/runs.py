@@ -18,14 +18,13 @@ from __future__ import annotations
 
 import hashlib
 import json
-import shutil
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
 import pytest
-from filelock import FileLock
 from safetensors.numpy import load_file
+from session_files import shared_directory
 
 from mf_train.checkpoint.layout import iteration_name, rank_file
 from mf_train.cli import run
@@ -73,19 +72,6 @@ def _key(config: Path, sets: Sequence[str], nproc: int) -> str:
         settings.pop(key, None)
         settings[key] = setting
     return repr((Path(config).name, sorted(settings.items()), nproc))
-
-
-def shared_directory(directory: Path, make: Callable[[Path], object]) -> Path:
-    """`directory`, made by `make(directory)` unless a process of this session (an xdist
-    worker, or this one) has made it already; a file lock beside it keeps two processes from
-    making it at once. A directory left half made by a failed `make` is made again."""
-    done = directory.with_name(directory.name + ".done")
-    with FileLock(str(directory.with_name(directory.name + ".lock"))):
-        if not done.exists():
-            shutil.rmtree(directory, ignore_errors=True)
-            make(directory)
-            done.touch()
-    return directory
 
 
 class Runs:
