@@ -14,21 +14,11 @@ pytest.importorskip("mindspore")
 import mindspore as ms
 from mindspore import nn, ops
 
-from mf_config import ParallelismConfig, TrainingConfig
-from mf_parallel import make_plan
-from mf_parallel.runtime import Collectives, init_communication
 from mf_parallel.runtime.fully_sharded import FullyShardedDataParallel
 from mf_parallel.runtime.sharded import ShardedDataParallel
 
 sys.path.insert(0, str(Path(__file__).resolve().parent / "workers"))
 from tiny_problem import tiny_mlp
-
-
-@pytest.fixture(scope="module")
-def collectives() -> Collectives:
-    plan = make_plan(ParallelismConfig(), TrainingConfig(global_batch_size=8,
-                                                         local_batch_size=8), 1)
-    return Collectives(init_communication(plan, "CPU"))
 
 
 def test_nested_units_are_refused(collectives) -> None:

@@ -4,7 +4,7 @@ it, an emulation built from the operations it has.
 MindSpore 2.10's CPU backend (mccl) has all-reduce (sum only), all-gather and broadcast, but
 not reduce-scatter, all-to-all or send/recv (see shared/reference/mindspore-cpu.md). On CPU:
 - all-reduce with max, min or prod = all-gather, then the reduction on every rank;
-- reduce-scatter = all-reduce, then this rank's slice;
+- reduce-scatter = all-reduce, then a copy of this rank's slice;
 - all-to-all = all-gather of every rank's chunks, then the chunks addressed to this rank;
 - all-gather and broadcast over a group other than the world (mccl runs them over the world
   group only) = an all-reduce (sum) of a buffer in which each rank fills only its own part and
@@ -26,6 +26,7 @@ import mindspore as ms
 from mindspore import communication, mint, ops
 
 from .comm import Communication
+from .copies import fresh_copy
 
 FULL_BACKENDS = {"Ascend", "GPU"}
 """Backends with every collective natively (HCCL, NCCL); the CPU backend (mccl) is emulated."""
@@ -44,6 +45,12 @@ class Collectives:
     def __init__(self, comm: Communication):
         self.comm = comm
         self._pairs: set[str] = set()
+
+    def emulates(self, operation: str) -> bool:
+        """Whether `operation` (`"reduce_scatter"`, `"all_to_all"`, ...) is emulated from
+        other collectives on this backend (see the module docstring): callers that can do
+        better than the emulation's whole-buffer transient ask first."""
+        return self.comm.device_target not in FULL_BACKENDS
 
     def all_reduce(self, tensor: ms.Tensor, kind: str, op: str = "sum") -> ms.Tensor:
         """Reduce over the group.
@@ -104,7 +111,8 @@ class Collectives:
         if self.comm.device_target in FULL_BACKENDS:
             return ops.ReduceScatter(op="sum", group=group)(tensor.contiguous())
         summed = self.all_reduce(tensor, kind)
-        return _chunk(summed, size, self.comm.group_rank(kind))
+        return fresh_copy(_chunk(summed, size, self.comm.group_rank(kind)))  # not a view: it
+        # would keep the whole summed buffer alive
 
     def all_to_all(self, tensor: ms.Tensor, kind: str) -> ms.Tensor:
         """Chunk i of dim 0 goes to group rank i; returns the chunks received, in rank order."""

@@ -13,9 +13,10 @@ from collections.abc import Sequence
 
 import mindspore as ms
 import numpy as np
-from mindspore import mint, ops
+from mindspore import Parameter, mint, ops
 
 from .collectives import Collectives
+from .copies import fresh_copy
 
 
 class FlatShard:
@@ -35,20 +36,28 @@ class FlatShard:
         self.start = comm.group_rank("shard") * self.length
 
     @property
+    def data_ranks(self) -> int:
+        """The data-parallel ranks a gradient is summed over (shard x replicate)."""
+        return self.shards * self.replicas
+
+    @property
     def total(self) -> int:
         """Elements in the tensors (without padding)."""
         return sum(self.numels)
 
     def flatten(self, tensors: Sequence[ms.Tensor]) -> ms.Tensor:
-        """The tensors concatenated, padded to the full buffer length."""
+        """The tensors concatenated, padded to the full buffer length (one tensor that needs
+        no padding: itself, flattened, not a copy)."""
         parts = [t.reshape(-1) for t in tensors]
+        if len(parts) == 1 and not self.padding:
+            return parts[0]
         if self.padding:
             parts.append(ops.zeros(self.padding, parts[0].dtype))
         return ops.cat(parts)
 
     def own(self, flat: ms.Tensor) -> ms.Tensor:
         """This rank's slice of a full flat buffer (a copy)."""
-        return flat[self.start:self.start + self.length].copy()
+        return fresh_copy(flat[self.start:self.start + self.length])
 
     def own_values(self, values: Sequence[float], dtype: np.dtype | type = np.float32,
                    ) -> np.ndarray:
@@ -79,6 +88,35 @@ class FlatShard:
         mine = self.collectives.reduce_scatter(flat, "shard")
         return self.collectives.all_reduce(mine, "replicate")
 
+    def reduce_scatter_tensors(self, tensors: Sequence[ms.Tensor]) -> ms.Tensor:
+        """`reduce_scatter(flatten(tensors))` without the whole flat buffer where the backend
+        has no reduce-scatter (CPU): each rank's slice is cut from the tensors and all-reduced
+        in turn, so the largest transient is one slice, and the bytes moved are those of one
+        all-reduce of the buffer. Backends with a reduce-scatter run it on the flat buffer."""
+        if self.shards == 1 or not self.collectives.emulates("reduce_scatter"):
+            return self.reduce_scatter(self.flatten(tensors))
+        flats = [t.reshape(-1) for t in tensors]
+        mine = None
+        for shard in range(self.shards):
+            begin = shard * self.length
+            summed = self.collectives.all_reduce(self._range(flats, begin, begin + self.length),
+                                                 "shard")
+            if begin == self.start:
+                mine = summed
+        return self.collectives.all_reduce(mine, "replicate")
+
+    def _range(self, flats: Sequence[ms.Tensor], begin: int, end: int) -> ms.Tensor:
+        """Elements `[begin, end)` of the padded concatenation of `flats` (a new tensor)."""
+        pieces, offset = [], 0
+        for flat, numel in zip(flats, self.numels, strict=True):
+            low, high = max(begin, offset), min(end, offset + numel)
+            if low < high:
+                pieces.append(flat[low - offset:high - offset])
+            offset += numel
+        if end > offset:
+            pieces.append(ops.zeros(end - max(begin, offset), flats[0].dtype))
+        return fresh_copy(pieces[0]) if len(pieces) == 1 else ops.cat(pieces)
+
     def all_gather(self, mine: ms.Tensor) -> list[ms.Tensor]:
         """The full tensors, in their shapes, from every rank's slice.
 
@@ -87,6 +125,18 @@ class FlatShard:
         fully sharded data parallel could not recognise it (see `fully_sharded`).
         """
         full = self.collectives.all_gather(mine, "shard")
-        pieces = mint.split(full[:self.total], self.numels)
-        return [piece.reshape(shape).copy()
-                for piece, shape in zip(pieces, self.shapes, strict=True)]
+        pieces = mint.split(full, [*self.numels, self.padding] if self.padding else self.numels)
+        return [fresh_copy(piece.reshape(shape))
+                for piece, shape in zip(pieces, self.shapes, strict=False)]
+
+
+class FlatBucket:
+    """Parameters laid out in one `FlatShard`, with this rank's slice of their values as
+    `master` (a Parameter in their dtype): one buffer of the sharded strategies."""
+
+    def __init__(self, name: str, params: Sequence[Parameter], collectives: Collectives):
+        self.name = name
+        self.params = list(params)
+        self.flat = FlatShard([p.shape for p in self.params], collectives)
+        self.master = Parameter(self.flat.own(self.flat.flatten(self.params)),
+                                name=f"mf_sharded_{name}")

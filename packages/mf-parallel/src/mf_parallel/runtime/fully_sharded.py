@@ -42,20 +42,17 @@ from mindspore.experimental.optim import AdamW
 from mf_parallel.reshard_policy import reshard_plan
 
 from .collectives import Collectives
-from .flat_shard import FlatShard
+from .flat_shard import FlatBucket
 
 
-class ShardedUnit:
+class ShardedUnit(FlatBucket):
     """The parameters one cell owns, kept as this rank's slice and gathered on demand."""
 
     def __init__(self, name: str, params: Sequence[Parameter], collectives: Collectives,
                  reshard_after_forward: bool):
+        super().__init__(f"fsdp_{name}", params, collectives)
         self.name = name
-        self.params = list(params)
         self.reshard_after_forward = reshard_after_forward
-        self.flat = FlatShard([p.shape for p in self.params], collectives)
-        self.master = Parameter(self.flat.own(self.flat.flatten(self.params)),
-                                name=f"mf_fsdp_{name}")
         self.gathered = True
         self.gathers = 0
         """All-gathers so far (tests and benchmarks read it)."""
@@ -201,12 +198,15 @@ class FullyShardedDataParallel:
         self.reshard()
         slices = []
         for unit in self._all_units():
-            mine = unit.flat.reduce_scatter(
-                unit.flat.flatten([grads[self._index[id(p)]] for p in unit.params]))
-            if self.average:
-                mine = mine * (1.0 / (unit.flat.shards * unit.flat.replicas))
-            slices.append(mine)
+            mine = self.reduce_bucket(unit, [grads[self._index[id(p)]] for p in unit.params])
+            slices.append(mine * (1.0 / unit.flat.data_ranks) if self.average else mine)
         return slices
+
+    @staticmethod
+    def reduce_bucket(unit: ShardedUnit, grads: Sequence[ms.Tensor]) -> ms.Tensor:
+        """One unit's gradients reduce-scattered: summed over the data-parallel ranks, this
+        rank's slice."""
+        return unit.flat.reduce_scatter_tensors(grads)
 
     def publish(self, slices: Sequence[ms.Tensor]) -> None:
         """Take this rank's updated slices; the next forward pass gathers them. Local: no
@@ -222,7 +222,8 @@ class FullyShardedDataParallel:
                              f"{[tuple(s.shape) for s in slices]}")
         self.reshard()
         for unit, mine in zip(units, slices, strict=True):
-            unit.master.set_data(ops.cast(mine, unit.master.dtype))
+            unit.master.set_data(mine if mine.dtype == unit.master.dtype
+                                 else ops.cast(mine, unit.master.dtype))
 
     def unshard(self) -> None:
         """Gather every unit's parameters into the model (a collective: all ranks call it),

@@ -2,14 +2,19 @@
 
 ZeRO's first two stages, over one flat buffer of all parameters (see `flat_shard`):
 
-- `optim` (ZeRO-1): gradients are all-reduced whole; each rank keeps the optimizer state of
-  its slice only, updates that slice, and the slices are all-gathered back into the model.
-- `optim_grads` (ZeRO-2): gradients are reduce-scattered instead, so each rank also keeps only
-  its slice of the gradients.
+- `optim` (ZeRO-1): gradients are kept whole (accumulated by the caller over a step's
+  micro-batches) and reduced to this rank's slice at the end; each rank keeps the optimizer
+  state of its slice only, updates that slice, and the slices are all-gathered back into the
+  model.
+- `optim_grads` (ZeRO-2): gradients are reduce-scattered as they are produced
+  (`grad_shards.ShardedGradients`), so each rank also keeps only its slice of the gradients.
 
-The optimizer's math is the caller's: `reduce_grads(grads)` returns this rank's reduced slice,
-the caller updates its slice (any element-wise optimizer: AdamW with per-element weight decay
-in mf-train), and `publish([slice])` gathers the new slices into the model's parameters.
+The parameters are laid out in one flat buffer per unit (mf-train passes the decoder layers,
+as for FSDP), so the transient buffers of a reduction or a gather are one unit's size.
+The optimizer's math is the caller's: `reduce_grads(grads)` returns this rank's reduced slice
+of each buffer, the caller updates them (any element-wise optimizer: AdamW with per-element
+weight decay in mf-train), and `publish(slices)` gathers the new slices into the model's
+parameters. `grad_shards.ShardedGradients` reduces gradients as backward produces them.
 `step(grads)` does all three with `mindspore.experimental.optim.AdamW` (one lr, one weight
 decay) when the wrapper was built with `lr`. AdamW is element-wise, so updating slices gives the
 same parameters as updating whole tensors: the tests compare against plain data parallel. The
@@ -25,18 +30,21 @@ from mindspore import Parameter, ops
 from mindspore.experimental.optim import AdamW
 
 from .collectives import Collectives
-from .flat_shard import FlatShard
+from .flat_shard import FlatBucket
 
 STRATEGIES = ("optim", "optim_grads")
 
 
 class ShardedDataParallel:
-    """Reduces gradients to this rank's slice of the flattened parameters and gathers updated
-    slices back; with `lr`, also steps its own AdamW on the slice (`step`).
+    """Reduces gradients to this rank's slices of the flattened parameters and gathers updated
+    slices back; with `lr`, also steps its own AdamW on the slices (`step`).
 
-    `buffers` is `[self]`: one flat buffer with `.params`, `.flat` (its `FlatShard`) and
-    `.master` (this rank's slice, in the parameters' dtype), the shape `FullyShardedDataParallel`
-    gives per unit, so an injected optimizer treats both alike.
+    The parameters are laid out in flat buffers (`FlatBucket`), one per unit given (a decoder
+    layer, say) and one for the parameters no unit holds, so that every transient buffer of a
+    reduction or gather is one unit's size, never the model's; without units, one buffer of
+    all. `buffers` lists them, each with `.params`, `.flat` (its `FlatShard`) and `.master`
+    (this rank's slice, in the parameters' dtype), the shape `FullyShardedDataParallel` gives
+    per unit, so an injected optimizer treats both alike.
 
     Args:
         params: the model's trainable parameters (gradients come in this order).
@@ -44,18 +52,22 @@ class ShardedDataParallel:
             summed over `replicate` with HSDP).
         strategy: `"optim"` (ZeRO-1: shard optimizer state) or `"optim_grads"` (ZeRO-2: and
             gradients).
-        lr: with a learning rate, `step` runs AdamW on the slice; without, the caller updates
+        units: groups of `params`, each laid out in its own buffer (in this order, then the
+            rest); None: one buffer.
+        lr: with a learning rate, `step` runs AdamW on the slices; without, the caller updates
             the slices (`reduce_grads`, then `publish`).
         betas, eps, weight_decay: the built-in AdamW's settings.
         average: average the gradients over the data-parallel ranks instead of summing.
 
     Raises:
-        ValueError: an unknown strategy (`optim_grads_params` is `FullyShardedDataParallel`).
+        ValueError: an unknown strategy (`optim_grads_params` is `FullyShardedDataParallel`),
+            or a unit holding a parameter twice or one not in `params`.
     """
 
     def __init__(self, params: Sequence[Parameter], collectives: Collectives, strategy: str, *,
-                 lr: float | None = None, betas: tuple[float, float] = (0.9, 0.95),
-                 eps: float = 1e-8, weight_decay: float = 0.0, average: bool = True):
+                 units: Sequence[Sequence[Parameter]] | None = None, lr: float | None = None,
+                 betas: tuple[float, float] = (0.9, 0.95), eps: float = 1e-8,
+                 weight_decay: float = 0.0, average: bool = True):
         if strategy not in STRATEGIES:
             hint = (" (use fully_sharded.FullyShardedDataParallel)"
                     if strategy == "optim_grads_params" else "")
@@ -65,19 +77,25 @@ class ShardedDataParallel:
         self.collectives = collectives
         self.strategy = strategy
         self.average = average
-        self.flat = FlatShard([p.shape for p in self.params], collectives)
-        self.master = Parameter(self.flat.own(self.flat.flatten(self.params)),
-                                name="mf_sharded_master")
+        self._buffers = [FlatBucket(f"bucket{i}", group, collectives)
+                         for i, group in enumerate(_groups(self.params, units or []))]
+        self._index = {id(p): i for i, p in enumerate(self.params)}
         self.optimizer = None if lr is None else AdamW(
-            [self.master], lr=lr, betas=betas, eps=eps, weight_decay=weight_decay)
+            [bucket.master for bucket in self._buffers], lr=lr, betas=betas, eps=eps,
+            weight_decay=weight_decay)
 
     @property
-    def buffers(self) -> list[ShardedDataParallel]:
-        """The flat buffers whose slices `reduce_grads` and `publish` exchange: this one."""
-        return [self]
+    def buffers(self) -> list[FlatBucket]:
+        """The flat buffers whose slices `reduce_grads` and `publish` exchange, in order."""
+        return list(self._buffers)
+
+    @property
+    def scatters(self) -> bool:
+        """Whether gradients are reduce-scattered (ZeRO-2) rather than all-reduced whole."""
+        return self.strategy == "optim_grads"
 
     def step(self, grads: Sequence[ms.Tensor]) -> None:
-        """Reduce `grads`, update this rank's slice with the built-in AdamW, and gather the
+        """Reduce `grads`, update this rank's slices with the built-in AdamW, and gather the
         new parameters."""
         if self.optimizer is None:
             raise RuntimeError("ShardedDataParallel was built without lr: the caller updates "
@@ -86,49 +104,76 @@ class ShardedDataParallel:
         self._gather()
 
     def reduce_grads(self, grads: Sequence[ms.Tensor]) -> list[ms.Tensor]:
-        """Reduce the gradients to this rank's slice (a collective: all ranks call it).
+        """Reduce the gradients to this rank's slices (a collective: all ranks call it),
+        buffer by buffer.
 
         Args:
             grads: the gradients, aligned with `params`.
 
         Returns:
-            A list of one slice (one buffer): summed over the data-parallel ranks, averaged
-            when `average`.
+            This rank's slice of each buffer, in `buffers` order: summed over the
+            data-parallel ranks, averaged when `average`.
         """
         if len(grads) != len(self.params):
             raise ValueError(f"expected {len(self.params)} gradients, got {len(grads)}")
-        mine = self._reduced_slice(self.flat.flatten(grads))
-        if self.average:
-            mine = mine * (1.0 / (self.flat.shards * self.flat.replicas))
-        return [mine]
+        slices = []
+        for bucket in self._buffers:
+            mine = self.reduce_bucket(bucket, [grads[self._index[id(p)]] for p in bucket.params])
+            slices.append(mine * (1.0 / bucket.flat.data_ranks) if self.average else mine)
+        return slices
+
+    def reduce_bucket(self, bucket: FlatBucket, grads: Sequence[ms.Tensor]) -> ms.Tensor:
+        """One buffer's gradients summed over the data-parallel ranks, this rank's slice (the
+        same reduce-scatter for ZeRO-1 and ZeRO-2; they differ in when it runs: ZeRO-2 during
+        backward, ZeRO-1 on the whole gradients accumulated over the step)."""
+        return bucket.flat.reduce_scatter_tensors(grads)
 
     def publish(self, slices: Sequence[ms.Tensor]) -> None:
-        """Take this rank's updated slice and gather every rank's slice into the model's
-        parameters (a collective: all ranks call it).
+        """Take this rank's updated slices and gather every rank's slices into the model's
+        parameters, buffer by buffer (a collective: all ranks call it).
 
         Args:
-            slices: one slice, as `reduce_grads` gives it.
+            slices: one slice per buffer, as `reduce_grads` gives them.
         """
-        if len(slices) != 1 or tuple(slices[0].shape) != (self.flat.length,):
-            raise ValueError(f"publish expects one slice of {self.flat.length} elements, got "
+        lengths = [bucket.flat.length for bucket in self._buffers]
+        if [tuple(s.shape) for s in slices] != [(n,) for n in lengths]:
+            raise ValueError(f"publish expects slices of {lengths} elements, got "
                              f"{[tuple(s.shape) for s in slices]}")
-        self.master.set_data(ops.cast(slices[0], self.master.dtype))
+        for bucket, mine in zip(self._buffers, slices, strict=True):
+            bucket.master.set_data(mine if mine.dtype == bucket.master.dtype
+                                   else ops.cast(mine, bucket.master.dtype))
         self._gather()
 
     def _gather(self) -> None:
-        for param, full in zip(self.params, self.flat.all_gather(self.master.value()),
-                               strict=True):
-            param.set_data(full)
+        for bucket in self._buffers:
+            for param, full in zip(bucket.params, bucket.flat.all_gather(bucket.master.value()),
+                                   strict=True):
+                param.set_data(full)
 
     def held_bytes(self) -> dict[str, int]:
         """Bytes this rank keeps between steps for parameters, gradients and optimizer state."""
-        full = self.flat.total * 4
-        mine = self.flat.length * 4
-        return {"params": full + mine,  # the model's full parameters and the master slice
-                "grads": mine if self.strategy == "optim_grads" else full,
-                "optimizer": 2 * mine}  # AdamW's two moments, for the slice only
+        full = sum(bucket.flat.total for bucket in self._buffers) * 4
+        mine = sum(bucket.flat.length for bucket in self._buffers) * 4
+        return {"params": full + mine,  # the model's full parameters and the master slices
+                "grads": mine if self.scatters else full,
+                "optimizer": 2 * mine}  # AdamW's two moments, for the slices only
 
-    def _reduced_slice(self, flat: ms.Tensor) -> ms.Tensor:
-        if self.strategy == "optim":
-            return self.flat.own(self.collectives.all_reduce(flat, "data"))
-        return self.flat.reduce_scatter(flat)
+
+def _groups(params: list[Parameter], units: Sequence[Sequence[Parameter]],
+            ) -> list[list[Parameter]]:
+    """The units' parameters (in `params`' order within each), then the rest (if any)."""
+    position = {id(p): i for i, p in enumerate(params)}
+    taken: set[int] = set()
+    groups = []
+    for index, unit in enumerate(units):
+        for param in unit:
+            if id(param) not in position:
+                raise ValueError(f"unit {index} holds {param.name!r}, which is not among the "
+                                 "parameters")
+            if id(param) in taken:
+                raise ValueError(f"{param.name!r} is in two units")
+            taken.add(id(param))
+        if unit:
+            groups.append(sorted(unit, key=lambda p: position[id(p)]))
+    rest = [p for p in params if id(p) not in taken]
+    return groups + ([rest] if rest else [])

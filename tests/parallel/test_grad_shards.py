@@ -1,0 +1,116 @@
+"""Gradients reduced as the backward pass produces them (`ShardedGradients`), in one process:
+the hooks take every gradient, autograd hands back placeholders, buffers are reduced in one
+fixed order, and the sums equal numpy's sums of the whole gradients (the reduction over real
+ranks is compared with plain data parallelism in test_runtime_sharded.py and
+tests/train/test_train_sharded.py)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+pytest.importorskip("mindspore")
+
+import mindspore as ms
+from mindspore import ops
+
+from mf_parallel.runtime.grad_shards import ShardedGradients
+from mf_parallel.runtime.sharded import ShardedDataParallel
+
+sys.path.insert(0, str(Path(__file__).resolve().parent / "workers"))
+from tiny_problem import tiny_mlp
+
+
+def problem(collectives, *, late=(), prepare=None):
+    """A 3-layer MLP in three buffers (layer 0, layer 2, the rest), a logging reduction."""
+    net = tiny_mlp(6, depth=2)
+    params = net.trainable_params()
+    sharded = ShardedDataParallel(params, collectives, "optim_grads",
+                                  units=[net[0].trainable_params(), net[2].trainable_params()])
+    order: list[str] = []
+
+    def reduce_bucket(bucket, grads):
+        order.append(bucket.name)
+        return sharded.reduce_bucket(bucket, grads)
+
+    grads = ShardedGradients(sharded.buffers, params, reduce_bucket, average=False,
+                             prepare=prepare, late=late)
+    grad_fn = ms.value_and_grad(lambda x: (net(x) ** 2).sum(), None, params)
+    return net, params, sharded, grads, grad_fn, order
+
+
+def whole_grads(net, x) -> list[np.ndarray]:
+    _, grads = ms.value_and_grad(lambda a: (net(a) ** 2).sum(), None,
+                                 net.trainable_params())(x)
+    return [g.asnumpy() for g in grads]
+
+
+def flat_sum(batches: list[list[np.ndarray]], params, sharded) -> list[np.ndarray]:
+    """numpy: each buffer's gradients summed over the micro-batches, laid end to end."""
+    index = {id(p): i for i, p in enumerate(params)}
+    out = []
+    for bucket in sharded.buffers:
+        out.append(sum(np.concatenate([b[index[id(p)]].reshape(-1) for p in bucket.params])
+                       for b in batches))
+    return out
+
+
+def test_hooks_reduce_every_buffer_during_backward(collectives) -> None:
+    net, params, sharded, grads, grad_fn, order = problem(collectives)
+    inputs = [ops.ones((3, 16), ms.float32), ops.ones((3, 16), ms.float32) * 0.5]
+    expected = flat_sum([whole_grads(net, x) for x in inputs], params, sharded)
+    watched = frozenset({0})
+    for x in inputs:
+        with grads.collecting(watched):
+            _, returned = grad_fn(x)
+            grads.finish_micro_batch(returned)
+        assert all(tuple(g.shape) == (1,) for g in returned)  # placeholders, not gradients
+        np.testing.assert_allclose(grads.watched_grads[0].asnumpy(),
+                                   whole_grads(net, x)[0], rtol=1e-6)
+        assert set(grads.watched_grads) == {0}
+    assert grads.hooked == 2 * len(params)
+    assert order == ["bucket2", "bucket1", "bucket0"] * 2  # backward's order, every time
+    for got, want in zip(grads.take(), expected, strict=True):
+        np.testing.assert_allclose(got.asnumpy(), want, rtol=1e-5, atol=1e-6)
+    with pytest.raises(RuntimeError, match="no gradient was reduced"):
+        grads.take()
+
+
+def test_late_buffers_wait_for_the_end_of_backward(collectives) -> None:
+    """Buffer 1 late: its hooks leave the gradients to autograd; buffer 0's hooks take theirs,
+    but buffer 0 comes after buffer 1 in the fixed order, so it waits; both are reduced by
+    `finish_micro_batch`."""
+    net, params, sharded, grads, grad_fn, order = problem(collectives, late=[1])
+    x = ops.ones((3, 16), ms.float32)
+    with grads.collecting():
+        _, returned = grad_fn(x)
+        assert order == ["bucket2"]
+        grads.finish_micro_batch(returned)
+    assert order == ["bucket2", "bucket1", "bucket0"]
+    shapes = [tuple(g.shape) for g in returned]
+    assert shapes[2:4] == [tuple(p.shape) for p in params[2:4]]  # the late buffer 1
+    assert shapes[:2] + shapes[4:] == [(1,)] * 4
+    for got, want in zip(grads.take(), flat_sum([whole_grads(net, x)], params, sharded),
+                         strict=True):
+        np.testing.assert_allclose(got.asnumpy(), want, rtol=1e-6, atol=1e-7)
+
+
+def test_without_collecting_the_hooks_do_nothing_and_add_all_frees(collectives) -> None:
+    """Outside `collecting` (a composing layout's own backward) autograd returns the whole
+    gradients; `add_all` reduces them and clears the list entry by entry."""
+    net, params, sharded, grads, grad_fn, order = problem(
+        collectives, prepare=lambda index, grad: grad * 2.0)
+    x = ops.ones((3, 16), ms.float32)
+    _, returned = grad_fn(x)
+    assert [tuple(g.shape) for g in returned] == [tuple(p.shape) for p in params]
+    assert grads.hooked == 0
+    listed = list(returned)
+    grads.add_all(listed)
+    assert listed == [None] * len(params)
+    assert order == ["bucket2", "bucket1", "bucket0"]
+    for got, want in zip(grads.take(), flat_sum([whole_grads(net, x)], params, sharded),
+                         strict=True):
+        np.testing.assert_allclose(got.asnumpy(), 2.0 * want, rtol=1e-6, atol=1e-7)
