@@ -97,8 +97,9 @@ def test_checkpoint_holds_the_whole_model_and_each_ranks_slices(single, sharded,
                                "shard_layout"]
         layouts.append(opt["shard_layout"].tolist())
         assert opt["adam_v.flat"].shape == (layouts[-1][3],) and opt["global_step"][0] == 4
-    # shard degree, shard rank, elements, slice length, buffers (FSDP: 2 layers + the root)
-    buffers = 3 if strategy == "optim_grads_params" else 1
+    # shard degree, shard rank, elements, slice length, buffers (every strategy: one per
+    # decoder layer, 2, and the root)
+    buffers = 3
     assert [layout[:3] for layout in layouts] == [[2, 0, total], [2, 1, total]]
     assert all(layout[4] == buffers for layout in layouts)
     assert 2 * layouts[0][3] - total in range(0, 2 * buffers)  # halves, padded per buffer

@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from mindspore import Tensor
 
 from .callbacks import CallbackList
-from .monitor.health import EmbeddingHealthMonitor
+from .monitor.health import EMBEDDING, EmbeddingHealthMonitor
 from .monitor.moe import MoeMonitor
 from .monitor.train_state import TrainStateMonitor
 
@@ -36,6 +36,14 @@ class MonitorObserver:
         if self.train_state is not None:
             self.train_state.record_local_loss(index, loss)
             self.train_state.record_local_norms(index, self.names, grads)
+
+    def watches(self, name: str) -> bool:
+        """Whether a monitor reads the gradient of parameter `name`: the local and device
+        norms' selections, and the embedding for the health monitor."""
+        if self.health is not None and EMBEDDING in name:
+            return True
+        return self.train_state is not None and (self.train_state.local_norm(name)
+                                                 or self.train_state.device_norm(name))
 
     def reduced(self, loss: Tensor, grads: Sequence[Tensor]) -> None:
         """The step's loss and gradients on this rank, before the data-parallel reduction."""

@@ -36,7 +36,7 @@ from .layout import (
     find_checkpoint,
     read_tracker,
 )
-from .params import apply_model_params, model_arrays
+from .params import apply_model_params, host_array, model_arrays
 from .progress import RunProgress
 from .reader import LoadedCheckpoint, Resumed, load_checkpoint, resume
 from .rng import capture_rng_state, restore_rng_state
@@ -56,6 +56,7 @@ __all__ = [
     "check_complete",
     "complete_iterations",
     "find_checkpoint",
+    "host_array",
     "is_hf_checkpoint",
     "load_checkpoint",
     "load_hf_weights",

@@ -37,15 +37,16 @@ def storable(name: str, array: np.ndarray, copy: bool) -> np.ndarray:
 
 def model_arrays(named_params: Iterable[tuple[str, Parameter]]) -> dict[str, np.ndarray]:
     """Host copies of the parameters under their names (bfloat16 as float32)."""
+    return {name: host_array(param) for name, param in named_params}
+
+
+def host_array(param: Parameter) -> np.ndarray:
+    """A host copy of one parameter (bfloat16 as float32)."""
     import mindspore as ms  # on first use: the checkpoint package loads without MindSpore
 
-    arrays = {}
-    for name, param in named_params:
-        if param.dtype == ms.bfloat16:
-            arrays[name] = param.astype(ms.float32).asnumpy().copy()
-        else:
-            arrays[name] = param.asnumpy().copy()
-    return arrays
+    if param.dtype == ms.bfloat16:
+        return param.astype(ms.float32).asnumpy().copy()
+    return param.asnumpy().copy()
 
 
 def apply_model_params(named_params: Iterable[tuple[str, Parameter]],

@@ -18,6 +18,7 @@ size, before the backward pass.
 from __future__ import annotations
 
 import contextlib
+import math
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from contextlib import AbstractContextManager
@@ -36,6 +37,7 @@ from mf_parallel.dims import ParallelDims
 from mf_parallel.runtime import Collectives
 from mf_parallel.runtime.tensor_parallel import TensorGroup
 
+from ..checkpoint.params import model_arrays
 from ..optim import Optimizer
 
 
@@ -85,6 +87,11 @@ class StepObserver(Protocol):
 
     def reduced(self, loss: Tensor, grads: Sequence[Tensor]) -> None: ...
 
+    def watches(self, name: str) -> bool:
+        """Whether the observer reads the gradient of parameter `name` (a layout that reduces
+        gradients during backward keeps only those whole)."""
+        ...
+
 
 @dataclass
 class LocalGradients:
@@ -92,10 +99,14 @@ class LocalGradients:
 
     loss: Tensor
     """The step's loss on this rank (each micro-batch's loss scaled as the module says)."""
-    grads: list[Tensor]
-    """Gradients aligned with the layout's `params`."""
+    grads: list[Tensor | None]
+    """Gradients aligned with the layout's `params` (None where a sharded layout reduced
+    them during backward and no monitor watches them: see `slices`)."""
     tokens: int
     """Tokens of the step on this rank."""
+    slices: list[Tensor] | None = None
+    """This rank's reduced float32 slices, when the layout reduced the gradients as backward
+    produced them (ZeRO-2, FSDP); None: `grads` are whole and not reduced yet."""
 
 
 @dataclass
@@ -213,6 +224,17 @@ class StepLayout(ABC):
         a layout that shards them (FSDP) gathers them on entry and frees them on exit."""
         return contextlib.nullcontext()
 
+    def held_parameters(self) -> int:
+        """Parameter elements this rank holds between steps: its model's (its tensor-parallel
+        parts, its stage, its experts), and under FSDP its slices."""
+        return sum(math.prod(p.shape) for p in self.model.get_parameters())
+
+    def model_arrays(self) -> dict[str, np.ndarray]:
+        """Host copies of the model's parameters under their names, as a checkpoint stores
+        them (a collective under FSDP, which gathers them one unit at a time)."""
+        with self.whole_model():
+            return model_arrays(self.model.parameters_and_names())
+
     def forward_context(self) -> AbstractContextManager[None]:
         """A context around each direct call of the model's pieces: the pipeline runs
         `embed` / `decoder` / `head_loss` itself, so hooks on the model's own forward do not
@@ -232,6 +254,10 @@ class Unobserved:
     def reduced(self, loss: Tensor, grads: Sequence[Tensor]) -> None:
         """Nothing to record."""
 
+    def watches(self, name: str) -> bool:
+        """No gradient is read."""
+        return False
+
 
 class Observers:
     """Several observers told the same things, in order (the trainer's monitors and its
@@ -247,3 +273,8 @@ class Observers:
     def reduced(self, loss: Tensor, grads: Sequence[Tensor]) -> None:
         for observer in self.observers:
             observer.reduced(loss, grads)
+
+    def watches(self, name: str) -> bool:
+        """Whether any observer reads the gradient of `name` (one that does not say: yes)."""
+        return any(getattr(observer, "watches", lambda _name: True)(name)
+                   for observer in self.observers)

@@ -164,6 +164,12 @@ class ExpertParallel(StepLayout):
     def whole_model(self):
         return self.inner.whole_model()
 
+    def model_arrays(self):
+        return self.inner.model_arrays()
+
+    def held_parameters(self) -> int:
+        return self.inner.held_parameters()
+
     def forward_context(self):
         return self.inner.forward_context()
 

@@ -118,8 +118,9 @@ class Pipelined(StepLayout):
             index, peer = self.tied
             grads[index] = self.collectives.all_reduce_pair(grads[index], *sorted(
                 (self.collectives.comm.rank, peer)))
+        twice = self._counted_twice(grads)  # first: the inner reduction consumes `grads`
         reduced = self.inner.reduce(LocalGradients(local.loss, grads, local.tokens))
-        squares = reduced.norm ** 2 - self._counted_twice(grads)
+        squares = reduced.norm ** 2 - twice
         total = self.collectives.all_reduce(Tensor([squares]), "pipeline")
         loss = self.collectives.all_reduce(reduced.loss, "pipeline")
         return ReducedGradients(loss, reduced.grads, math.sqrt(max(float(total.asnumpy()[0]),
@@ -127,6 +128,12 @@ class Pipelined(StepLayout):
 
     def whole_model(self):
         return self.inner.whole_model()
+
+    def model_arrays(self):
+        return self.inner.model_arrays()
+
+    def held_parameters(self) -> int:
+        return self.inner.held_parameters()
 
     def _tied_copy(self) -> tuple[int, int] | None:
         """(index of the embedding table in `params`, global rank of the stage holding the

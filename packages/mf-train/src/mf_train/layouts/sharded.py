@@ -50,12 +50,14 @@ from mf_config.yaml_source import Source
 from mf_parallel import runtime
 from mf_parallel.dims import ParallelDims
 from mf_parallel.runtime import Collectives
+from mf_parallel.runtime.grad_shards import ShardedGradients
 from mf_parallel.runtime.tensor_parallel import (
+    SEQUENCE_PARALLEL_ATTRIBUTE,
     TensorGroup,
     is_tensor_sharded,
-    reduce_sequence_parallel_grads,
 )
 
+from ..checkpoint.params import host_array
 from ..optim import AdamW, Muon, ShardedAdamW
 from ..optim.adamw import adamw_settings
 from ..optim.base import adam_hyperparameters, decay_flags
@@ -65,10 +67,13 @@ from .contract import (
     LayoutParts,
     LayoutSections,
     LocalGradients,
+    MicroBatch,
     Problem,
     ReducedGradients,
     StepLayout,
+    StepObserver,
 )
+from .expert_parallel import EXPERT_MARK
 from .replicated import DataParallelLoss, TensorParallel, whole_model_here
 
 NAMES = {"optim": "ZeRO-1", "optim_grads": "ZeRO-2", "optim_grads_params": "FSDP"}
@@ -98,20 +103,33 @@ class SliceNorm:
         self.collectives, self.group = collectives, group
         self.split: Tensor | None = None
         """1 where this rank's slice holds an element of a tensor-split parameter."""
+        self._split_parts: list[Tensor] = []
+        """The same, per buffer."""
         if group is not None and group.size > 1:
-            self.split = Tensor(np.concatenate([
-                buffer.flat.own_values([float(is_tensor_sharded(p)) for p in buffer.params])
-                for buffer in buffers]))
+            self._split_parts = [Tensor(buffer.flat.own_values(
+                [float(is_tensor_sharded(p)) for p in buffer.params])) for buffer in buffers]
+            self.split = ops.cat(self._split_parts)
 
-    def __call__(self, grad: Tensor) -> float:
-        squares = ops.square(grad)
+    def __call__(self, grad: Tensor | Sequence[Tensor]) -> float:
+        """The norm from this rank's slices: one per buffer, or all end to end."""
+        slices = [grad] if isinstance(grad, Tensor) else list(grad)
         if self.split is None:
-            total = self.collectives.all_reduce(ops.sum(squares).reshape(1), "shard")
+            local = _sum_all([ops.sum(ops.square(s)) for s in slices])
+            total = self.collectives.all_reduce(local.reshape(1), "shard")
             return math.sqrt(float(total.asnumpy()[0]))
-        parts = ops.stack([ops.sum(squares * self.split), ops.sum(squares * (1 - self.split))])
-        split, whole = self.collectives.all_reduce(parts, "shard").split(1)
-        total = self.group.all_reduce(split) + whole
+        split = self._split_parts if len(slices) == len(self._split_parts) else [self.split]
+        parts = _sum_all([ops.stack([ops.sum(ops.square(s) * m), ops.sum(ops.square(s) * (1 - m))])
+                          for s, m in zip(slices, split, strict=True)])
+        split_part, whole = self.collectives.all_reduce(parts, "shard").split(1)
+        total = self.group.all_reduce(split_part) + whole
         return math.sqrt(float(total.asnumpy()[0]))
+
+
+def _sum_all(values: Sequence[Tensor]) -> Tensor:
+    total = values[0]
+    for value in values[1:]:
+        total = total + value
+    return total
 
 
 def reduce_to_slice(sharded: Any, collectives: Collectives, grads: Sequence[Tensor],
@@ -149,6 +167,13 @@ class ZeRO(StepLayout):
         self.norm = SliceNorm(self.sharded.buffers, collectives, self.group)
         if self.group is not None and self.compile_blocker is None:
             self.compile_blocker = TensorParallel.compile_blocker  # the layers' bprop cells
+        buffers = self.sharded.buffers
+        self.grads = ShardedGradients(
+            buffers, self.params, self.sharded.reduce_bucket, average=self.sharded.average,
+            prepare=self._sequence_parallel_sum if self.group is not None else None,
+            late=[b for b, buffer in enumerate(buffers)
+                  if any(EXPERT_MARK in p.name for p in buffer.params)])
+        """Reduces the gradients buffer by buffer; during backward for ZeRO-2 and FSDP."""
 
     @classmethod
     def selects(cls, dims: ParallelDims, parallelism: ParallelismConfig) -> bool:
@@ -176,9 +201,12 @@ class ZeRO(StepLayout):
 
     @classmethod
     def shard(cls, parts: LayoutParts, params: list[Parameter]) -> Any:
-        """mf-parallel's wrapper that lays `params` out in flat buffers and slices them."""
+        """mf-parallel's wrapper that lays `params` out in flat buffers (one per decoder
+        layer, one for the rest) and slices them."""
+        layers = getattr(parts.model, "decoder_layers", None) or []
         return runtime.ShardedDataParallel(
             params, parts.collectives, parts.parallelism.data_parallel_shard_strategy,
+            units=[layer.trainable_params() for layer in layers],
             average=not parts.parallelism.disable_gradient_division)
 
     def describe(self) -> str:
@@ -189,15 +217,68 @@ class ZeRO(StepLayout):
             text += f", tensor parallel {self.group.size} (sequence parallel)"
         return text
 
+    @property
+    def scatters(self) -> bool:
+        """Whether gradients are reduce-scattered as backward produces them (ZeRO-2, FSDP);
+        ZeRO-1 accumulates them whole and reduces them at the end of the step."""
+        return self.strategy != "optim"
+
+    def forward_backward(self, micro_batches: Sequence[MicroBatch],
+                         observer: StepObserver) -> LocalGradients:
+        """ZeRO-2 and FSDP: each micro-batch's gradients reduced to this rank's float32 slices
+        during its backward pass, unit by unit (`ShardedGradients`), so no whole-size gradient
+        outlives its unit; only the gradients the observer watches are kept whole (and summed
+        over the micro-batches for it). ZeRO-1: `StepLayout`'s whole accumulation."""
+        if not self.scatters:
+            return super().forward_backward(micro_batches, observer)
+        self._scale = 1.0 / (len(micro_batches) * self.loss_divisor)
+        names = self.optimizer.names
+        watched = frozenset(i for i, name in enumerate(names) if observer.watches(name))
+        loss: Tensor | None = None
+        summed: dict[int, Tensor] = {}
+        tokens = 0
+        for index, batch in enumerate(micro_batches, 1):
+            with self.grads.collecting(watched):
+                micro_loss, returned = self._grad_fn(*batch.model_inputs())
+                self.grads.finish_micro_batch(returned)
+            del returned
+            seen = self.grads.watched_grads
+            observer.micro_batch(index, micro_loss / self._scale,
+                                 [seen.get(i) for i in range(len(names))])
+            for i, grad in seen.items():
+                summed[i] = grad if i not in summed else summed[i] + grad
+            loss = micro_loss if loss is None else loss + micro_loss
+            tokens += int(batch.tokens.size)
+        if loss is None:
+            raise ValueError("a training step needs at least one micro-batch")
+        if hasattr(self.sharded, "reshard"):
+            self.sharded.reshard()
+        return LocalGradients(loss, [summed.get(i) for i in range(len(names))], tokens,
+                              slices=self.grads.take())
+
     def reduce(self, local: LocalGradients) -> ReducedGradients:
-        """The sequence-parallel partial gradients summed over the tensor group first (each
-        tensor rank's flat buffer then holds the whole gradient of its own shards), then
-        reduced over the data-parallel ranks to this rank's slice."""
-        grads = tuple(local.grads)
-        if self.group is not None:
-            grads = reduce_sequence_parallel_grads(self.params, grads, self.group)
-        grad, norm = reduce_to_slice(self.sharded, self.collectives, grads, self.norm)
-        return ReducedGradients(self.loss(local.loss), [grad], norm)
+        """This rank's slice of the reduced gradients and their global norm. Whole local
+        gradients (ZeRO-1, or a composing layout's own backward) are reduced here, buffer by
+        buffer, each buffer's freed once reduced (`local.grads` is consumed): the
+        sequence-parallel partial gradients summed over the tensor group first (each tensor
+        rank's flat buffer then holds the whole gradient of its own shards), then reduced over
+        the data-parallel ranks to this rank's slice. Slices reduced during backward are taken
+        as they are, and the whole gradients kept for the observers, read by now, dropped."""
+        slices = local.slices
+        if slices is not None:  # the whole gradients kept for the observers are read
+            local.grads[:] = [None] * len(local.grads)
+        else:
+            if hasattr(self.sharded, "reshard"):
+                self.sharded.reshard()
+            self.grads.add_all(local.grads)
+            slices = self.grads.take()
+        return ReducedGradients(self.loss(local.loss), slices, self.norm(slices))
+
+    def _sequence_parallel_sum(self, index: int, grad: Tensor) -> Tensor:
+        """A sequence-parallel parameter's partial gradient summed over the tensor group."""
+        if getattr(self.params[index], SEQUENCE_PARALLEL_ATTRIBUTE, False):
+            return self.group.all_reduce(grad)
+        return grad
 
 
 class FSDP(ZeRO):
@@ -240,6 +321,21 @@ class FSDP(ZeRO):
     def forward_context(self) -> AbstractContextManager[None]:
         """The root unit gathered and the saved-tensor hooks on (see `StepLayout`)."""
         return self.sharded.forward_context()
+
+    def held_parameters(self) -> int:
+        """The model's parameters (placeholders where sharded) and this rank's slices."""
+        return super().held_parameters() + sum(b.flat.length for b in self.sharded.buffers)
+
+    def model_arrays(self) -> dict[str, np.ndarray]:
+        """Host copies of the parameters, gathered one unit at a time and freed again (a
+        collective: every rank calls it), so the model is never whole on the device."""
+        held: dict[int, np.ndarray] = {}
+        for unit in self.sharded.buffers:
+            unit.unshard()
+            held.update((id(param), host_array(param)) for param in unit.params)
+            unit.reshard()
+        return {name: held[id(param)] if id(param) in held else host_array(param)
+                for name, param in self.model.parameters_and_names()}
 
     @contextmanager
     def whole_model(self) -> Iterator[None]:

@@ -5,16 +5,18 @@ mf-parallel's `ShardedDataParallel` (`optim`, `optim_grads`) and `FullyShardedDa
 unit for FSDP) and give each rank one equal slice of each. `ShardedAdamW` keeps the optimizer
 state of this rank's slices only, concatenated into one float32 vector per state, and
 implements `protocol.Optimizer` on them: the sharded step layouts (`mf_train.layouts.sharded`)
-reduce the local gradients to this rank's slice and take their global norm; `step([slice],
-lr, clip)` clips the slice, runs AdamW on it and publishes the new slices.
+reduce the local gradients to this rank's slices (one per buffer) and take their global norm;
+`step(slices, lr, clip)` clips the slices, runs AdamW on them buffer by buffer (so the update's
+temporaries are one buffer's slice) and publishes them.
 
 AdamW (`mf_train.optim.adamw_update`) is element-wise, so updating slices gives the
 parameters whole-tensor AdamW gives. Weight decay is per parameter (the optimizer section's
 groups, `mf_train.optim.param_groups`), so each slice element carries the index of its rate in
-a small table; the decay factor `1 - lr * rate` is computed in Python as `adamw_update`
-computes it, then gathered per element, and applied before the Adam step exactly as
-`adamw_update` applies it. `publish` hands the new slices back to mf-parallel, which gathers
-them into the model (ZeRO) or keeps them as the units' masters (FSDP).
+a small table (runs of one rate within each buffer's slice); the decay factor `1 - lr * rate`
+is computed in Python as `adamw_update` computes it and applied to each run before the fused
+AdamW kernel (`adamw_update_in_place`, the one-process AdamW's) updates the slice in place.
+`publish` hands the new slices back to mf-parallel, which gathers them into the model (ZeRO)
+or keeps them as the units' masters (FSDP).
 
 State dict (per rank): `global_step`, `main_param.flat`, `adam_m.flat`, `adam_v.flat` (this
 rank's float32 slices) and `shard_layout` (shard degree, shard rank, elements in all buffers,
@@ -23,13 +25,16 @@ slice length, number of buffers): a checkpoint loads only onto the same layout.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
 from mindspore import Parameter, Tensor, mint, ops
 
-from .adamw import adamw_update
+from mf_parallel.runtime.copies import fresh_copy
+
+from .adamw import adamw_update_in_place
 from .protocol import FLOAT32, STEP_KEY, OptimizerStateError, checked_lr
 
 LAYOUT_KEY = "shard_layout"
@@ -42,7 +47,9 @@ class ShardedAdamW:
     `FullyShardedDataParallel`), with `protocol.Optimizer`'s interface.
 
     `named_params` are the model's trainable parameters in the order of the gradients (the
-    same parameters `sharded` was built over); `weight_decays` their decay rates.
+    same parameters `sharded` was built over); `weight_decays` their decay rates. The state is
+    kept per buffer (one unit's slice each) and updated buffer by buffer with the fused AdamW
+    kernel, so an update's temporaries are one buffer's slice, not the rank's whole share.
     """
 
     def __init__(self, named_params: Sequence[tuple[str, Parameter]], sharded: Any,
@@ -60,33 +67,59 @@ class ShardedAdamW:
         buffers = sharded.buffers
         self.lengths = [buffer.flat.length for buffer in buffers]
         self.shard_layout = _shard_layout(buffers, collectives)
-        self.rates, self.rate_ids = self._decay_table(buffers)
-        self.master = ops.cat([ops.cast(buffer.master.value(), FLOAT32) for buffer in buffers])
-        self.exp_avg = ops.zeros(self.master.shape, FLOAT32)
-        self.exp_avg_sq = ops.zeros(self.master.shape, FLOAT32)
+        self.rates, self.runs = self._decay_runs(buffers)
+        self.masters = [ops.cast(buffer.master.value(), FLOAT32) for buffer in buffers]
+        """Shared with the buffers' masters when the parameters are float32: the update never
+        changes a master in place (`_decayed` makes the tensor the fused kernel updates)."""
+        self.avgs = [ops.zeros((n,), FLOAT32) for n in self.lengths]
+        self.avg_sqs = [ops.zeros((n,), FLOAT32) for n in self.lengths]
+
+    # ----- the whole slice, for reading -----
+
+    @property
+    def master(self) -> Tensor:
+        """This rank's float32 parameter slices, all buffers end to end (a copy)."""
+        return _joined(self.masters)
+
+    @property
+    def exp_avg(self) -> Tensor:
+        return _joined(self.avgs)
+
+    @property
+    def exp_avg_sq(self) -> Tensor:
+        return _joined(self.avg_sqs)
+
+    @property
+    def rate_ids(self) -> Tensor | None:
+        """Each slice element's index into `rates` (None when nothing decays)."""
+        if self.rates == [0.0]:
+            return None
+        ids = np.concatenate([np.repeat([r for _, _, r in runs], [b - a for a, b, _ in runs])
+                              .astype(np.int32) if runs else np.zeros(0, np.int32)
+                              for runs in self.runs])
+        return Tensor(ids)
 
     # ----- the training step's interface -----
 
     def step(self, grads: Sequence[Tensor], lr: float, clip: float = 1.0) -> None:
-        """AdamW update number `global_step + 1` of this rank's slice, then publish it.
+        """AdamW update number `global_step + 1` of this rank's slices, then publish them.
 
         Args:
-            grads: one float32 tensor, this rank's slice of the reduced gradients (all
-                buffers end to end, as `mf_train.layouts.sharded.reduce_to_slice` gives it).
+            grads: this rank's float32 slices of the reduced gradients: one per buffer (as
+                the sharded layouts reduce them), or one of all buffers end to end.
             lr: the learning rate of this update.
-            clip: the clip coefficient the slice is scaled by (1: unclipped).
+            clip: the clip coefficient the slices are scaled by (1: unclipped).
         """
         lr = checked_lr(lr)
-        if len(grads) != 1 or tuple(grads[0].shape) != tuple(self.master.shape):
-            raise ValueError(f"ShardedAdamW.step: expected one gradient slice of "
-                             f"{self.master.shape[0]} elements, got shapes "
-                             f"{[tuple(g.shape) for g in grads]}")
-        grad = grads[0] * clip if clip != 1.0 else grads[0]
+        grads = self._per_buffer(grads)
         self.global_step += 1
-        value = self._decayed(self.master, lr)
-        self.master, self.exp_avg, self.exp_avg_sq = adamw_update(
-            value, grad, self.exp_avg, self.exp_avg_sq, self.global_step, lr, 0.0, self.betas,
-            self.eps)
+        for b, grad in enumerate(grads):
+            if clip != 1.0:
+                grad = grad * clip
+            value = self._decayed(b, self.masters[b], lr)
+            adamw_update_in_place(value, grad, self.avgs[b], self.avg_sqs[b], self.global_step,
+                                  lr, 0.0, self.betas, self.eps)
+            self.masters[b] = value
         self._publish()
 
     # ----- checkpoints and loading -----
@@ -100,17 +133,17 @@ class ShardedAdamW:
             raise RuntimeError("reload_main_params_from_model: the model holds sharded "
                                "placeholders; load the weights inside the step layout's "
                                "whole_model()")
-        self.master = ops.cat([ops.cast(buffer.flat.own(buffer.flat.flatten(buffer.params)),
-                                        FLOAT32) for buffer in buffers])
+        self.masters = [ops.cast(buffer.flat.own(buffer.flat.flatten(buffer.params)), FLOAT32)
+                        for buffer in buffers]
         self._publish()
 
     def state_dict(self) -> dict[str, np.ndarray]:
         """This rank's slices (float32), the update count and the shard layout."""
         return {STEP_KEY: np.array([self.global_step], dtype=np.int64),
                 LAYOUT_KEY: self.shard_layout.copy(),
-                "main_param.flat": self.master.asnumpy().copy(),
-                "adam_m.flat": self.exp_avg.asnumpy().copy(),
-                "adam_v.flat": self.exp_avg_sq.asnumpy().copy()}
+                "main_param.flat": _numpy(self.masters),
+                "adam_m.flat": _numpy(self.avgs),
+                "adam_v.flat": _numpy(self.avg_sqs)}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Restore `state_dict()`'s arrays and publish the loaded slices (a collective under
@@ -118,22 +151,25 @@ class ShardedAdamW:
         extra, the layout differs (another shard degree, strategy or model) or a slice has
         the wrong length."""
         expected = {STEP_KEY, LAYOUT_KEY, *SLICE_KEYS}
+        total = sum(self.lengths)
         problems = [f"missing key {key!r}" for key in sorted(expected - state.keys())]
         problems += [f"unexpected key {key!r}" for key in sorted(state.keys() - expected)]
         if not problems:
             problems = self._layout_problems(np.asarray(state[LAYOUT_KEY]))
         if not problems:
-            problems = [f"{key}: expected {self.master.shape[0]} float values, got "
+            problems = [f"{key}: expected {total} float values, got "
                         f"{np.asarray(state[key]).dtype} of shape {np.shape(state[key])}"
                         for key in SLICE_KEYS
-                        if np.shape(state[key]) != tuple(self.master.shape)
+                        if np.shape(state[key]) != (total,)
                         or not np.issubdtype(np.asarray(state[key]).dtype, np.floating)]
         if problems:
             raise OptimizerStateError("sharded AdamW state dict does not fit:\n  "
                                       + "\n  ".join(problems))
         self.global_step = int(np.asarray(state[STEP_KEY]).reshape(-1)[0])
-        master, m, v = (Tensor(np.array(state[key], dtype=np.float32)) for key in SLICE_KEYS)
-        self.master, self.exp_avg, self.exp_avg_sq = master, m, v
+        ends = np.cumsum(self.lengths)[:-1]
+        self.masters, self.avgs, self.avg_sqs = (
+            [Tensor(np.array(part, dtype=np.float32)) for part in np.split(state[key], ends)]
+            for key in SLICE_KEYS)
         self._publish()
 
     def groups_summary(self) -> dict[str, list[str]]:
@@ -145,30 +181,45 @@ class ShardedAdamW:
 
     # ----- internals -----
 
-    def _decay_table(self, buffers: Sequence[Any]) -> tuple[list[float], Tensor | None]:
-        """The distinct decay rates (0 first: padding) and each slice element's index into
-        them; None when nothing decays."""
+    def _per_buffer(self, grads: Sequence[Tensor]) -> list[Tensor]:
+        shapes = [tuple(g.shape) for g in grads]
+        if shapes == [(n,) for n in self.lengths]:
+            return list(grads)
+        if shapes == [(sum(self.lengths),)]:
+            return list(mint.split(grads[0], self.lengths)) if len(self.lengths) > 1 \
+                else list(grads)
+        raise ValueError(f"ShardedAdamW.step: expected gradient slices of {self.lengths} "
+                         f"elements (or one of {sum(self.lengths)}), got shapes {shapes}")
+
+    def _decay_runs(self, buffers: Sequence[Any],
+                    ) -> tuple[list[float], list[list[tuple[int, int, int]]]]:
+        """The distinct decay rates (0 first: padding) and, per buffer, the runs
+        `(start, end, rate index)` of this rank's slice elements with one rate."""
         rates = sorted({0.0, *self.weight_decays})
-        if rates == [0.0]:
-            return rates, None
         rate_of = {id(p): rates.index(r)
                    for p, r in zip(self.params, self.weight_decays, strict=True)}
-        pieces = [buffer.flat.own_values([rate_of[id(p)] for p in buffer.params], np.int32)
-                  for buffer in buffers]
-        return rates, Tensor(np.concatenate(pieces))
+        runs = []
+        for buffer in buffers:
+            ids = buffer.flat.own_values([rate_of[id(p)] for p in buffer.params], np.int32)
+            edges = [0, *(np.flatnonzero(np.diff(ids)) + 1).tolist(), len(ids)]
+            runs.append([(a, b, int(ids[a])) for a, b in itertools.pairwise(edges)
+                         if b > a])
+        return rates, runs
 
-    def _decayed(self, value: Tensor, lr: float) -> Tensor:
-        """`value * (1 - lr * rate)` per element, the factor computed as `adamw_update`
-        computes it for a whole tensor (in Python, then float32)."""
-        if self.rate_ids is None or lr == 0.0:
-            return value
-        factors = Tensor(np.array([1.0 - lr * rate for rate in self.rates], dtype=np.float32))
-        return value * ops.gather(factors, self.rate_ids, 0)
+    def _decayed(self, b: int, value: Tensor, lr: float) -> Tensor:
+        """`value * (1 - lr * rate)` per element of buffer `b`'s slice, the factor computed as
+        `adamw_update` computes it for a whole tensor (in Python, then float32); a new
+        tensor (the fused kernel then updates it in place)."""
+        runs = self.runs[b]
+        if lr == 0.0 or all(self.rates[r] == 0.0 for _, _, r in runs):
+            return fresh_copy(value)
+        factors = [np.float32(1.0 - lr * self.rates[r]) for _, _, r in runs]
+        if len(runs) == 1:
+            return value * Tensor(factors[0])
+        return ops.cat([value[a:e] * Tensor(f) for (a, e, _), f in zip(runs, factors, strict=True)])
 
     def _publish(self) -> None:
-        pieces = [self.master] if len(self.lengths) == 1 else list(
-            mint.split(self.master, self.lengths))
-        self.sharded.publish(pieces)
+        self.sharded.publish(list(self.masters))
 
     def _layout_problems(self, saved: np.ndarray) -> list[str]:
         if saved.shape != self.shard_layout.shape or not np.array_equal(saved, self.shard_layout):
@@ -181,6 +232,15 @@ class ShardedAdamW:
                     f"run has {mine} (loading sharded optimizer state onto another layout is "
                     "not supported: use the same parallelism, strategy and model)"]
         return []
+
+
+def _joined(parts: Sequence[Tensor]) -> Tensor:
+    return fresh_copy(parts[0]) if len(parts) == 1 else ops.cat(list(parts))
+
+
+def _numpy(parts: Sequence[Tensor]) -> np.ndarray:
+    return np.concatenate([part.asnumpy() for part in parts]) if len(parts) > 1 \
+        else parts[0].asnumpy().copy()
 
 
 def _shard_layout(buffers: Sequence[Any], collectives: Any) -> np.ndarray:
