@@ -64,6 +64,15 @@ def test_loss_line_text() -> None:
         "step_time 123 ms")
 
 
+def test_loss_line_with_the_largest_ranks_peak_memory() -> None:
+    record = make_record(peak_memory_gib=4.6149, peak_memory_rank=2)
+    assert format_step_line(record).endswith("step_time 123 ms peak_mem 4.61 GiB (rank 2)")
+    assert record.scalars()["peak_memory_gib"] == 4.6149
+    one = make_record(peak_memory_gib=0.5)
+    assert format_step_line(one).endswith("step_time 123 ms peak_mem 0.50 GiB")
+    assert "peak_memory_gib" not in make_record().scalars()  # not measured: not shown
+
+
 def test_loss_line_of_small_norms_skips_and_nan() -> None:
     line = format_step_line(make_record(step=12, total=12, loss=float("nan"), grad_norm=3.2e-6,
                                         lr=2.5e-5, skipped=True))

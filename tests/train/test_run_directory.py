@@ -5,11 +5,13 @@ summary."""
 from __future__ import annotations
 
 import json
+import resource
 import signal
 import subprocess
 import sys
 from pathlib import Path
 
+import psutil
 import pytest
 
 pytest.importorskip("mindspore")
@@ -93,9 +95,17 @@ def test_runs_one_after_the_other_resume_and_append(data_prefix, tmp_path: Path,
     checkpoint, metrics.jsonl keeps every line, the tracker only moves forward; loading
     another checkpoint into a directory holding this run's is refused."""
     out = tmp_path / "out"
+    resident_before = psutil.Process().memory_info().rss
     assert run(small(data_prefix, out, 3)) == 0
     first = capsys.readouterr().err.splitlines()
     assert first[-3].startswith("mf-train: finished steps 1-3 of 3 (3 in this run) in ")
+    # the run is this process: its peak so far, as the steps saw it, is at least what it held
+    # before and at most its peak now; it never falls; the summary gives the last one
+    peaks = [line["peak_memory_gib"] for line in lines(out) if "event" not in line]
+    peak_now = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / 2**30
+    assert resident_before / 2**30 - 0.01 <= peaks[0] <= peaks[1] <= peaks[2] <= peak_now + 0.01
+    assert first[-3].endswith(f"; peak memory {peaks[-1]:.2f} GiB")
+    assert all("peak_memory_rank" not in line for line in lines(out))  # one process
     assert first[-2] == f"mf-train: checkpoints: {out / 'checkpoint'} (newest: iteration_00000003)"
     assert first[-1] == (f"mf-train: metrics: {out / 'metrics.jsonl'}; TensorBoard: "
                          f"{out / 'tensorboard'}; logs: {out / 'logs'}")

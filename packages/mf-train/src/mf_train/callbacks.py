@@ -32,7 +32,8 @@ MindFormers' `callbacks[i]` built by its register (`get_instance_from_cfg`), wit
 checked.
 
 `LossLogger` is MindFormers' LossCallback: one line per step on rank 0, through `logging`:
-`step [  3/100] loss 4.123456 lr 1.0e-04 grad_norm 1.234 tokens/s 12345 step_time 123 ms`.
+`step [  3/100] loss 4.123456 lr 1.0e-04 grad_norm 1.234 tokens/s 12345 step_time 123 ms
+peak_mem 4.61 GiB`.
 """
 
 from __future__ import annotations
@@ -62,6 +63,8 @@ class StepRecord:
     `step` is the 1-based optimizer step just finished; `tokens` counts the step's tokens over
     all ranks; `step_time` is in seconds; `tokens_per_s` defaults to `tokens / step_time`.
     `skipped` marks a step whose update was skipped (non-finite loss or gradient norm, spike).
+    `peak_memory_gib` is the largest rank's peak memory so far (`mf_train.process_memory`) and
+    `peak_memory_rank` that rank (None in a one-process run).
     `extra` holds the monitors' values (`local_loss/micro1`, `moe/layer3/expert0`, ...);
     its keys never repeat a field name. Numbers are converted with `float()`/`int()`, so a
     numpy scalar or a 0-d tensor is accepted.
@@ -77,6 +80,8 @@ class StepRecord:
     consumed_samples: int
     skipped: bool = False
     tokens_per_s: float | None = None
+    peak_memory_gib: float | None = None
+    peak_memory_rank: int | None = None
     extra: dict[str, float] = dataclasses.field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -91,9 +96,12 @@ class StepRecord:
 
     def scalars(self) -> dict[str, float]:
         """The per-step numbers every writer shows: loss, lr, grad_norm, tokens_per_s,
-        step_time."""
-        return {"loss": self.loss, "lr": self.lr, "grad_norm": self.grad_norm,
-                "tokens_per_s": float(self.tokens_per_s or 0.0), "step_time": self.step_time}
+        step_time, and peak_memory_gib when measured."""
+        values = {"loss": self.loss, "lr": self.lr, "grad_norm": self.grad_norm,
+                  "tokens_per_s": float(self.tokens_per_s or 0.0), "step_time": self.step_time}
+        if self.peak_memory_gib is not None:
+            values["peak_memory_gib"] = self.peak_memory_gib
+        return values
 
 
 @dataclasses.dataclass(kw_only=True)
@@ -115,6 +123,8 @@ class TrainContext:
     monitor: MonitorConfig = dataclasses.field(default_factory=MonitorConfig)
     model: Any = dataclasses.field(default=None, repr=False)
     collectives: Any = dataclasses.field(default=None, repr=False)
+    build_peak_memory_gib: float | None = None
+    """The largest rank's peak memory once everything was built and loaded (before step 1)."""
 
     def __post_init__(self) -> None:
         self.output_dir = Path(self.output_dir)
@@ -242,11 +252,16 @@ class LossLogger(Callback):
 
 def format_step_line(record: StepRecord) -> str:
     """`step [  3/100] loss 4.123456 lr 1.0e-04 grad_norm 1.234 tokens/s 12345 step_time
-    123 ms`, with ` skipped` appended when the update was skipped."""
+    123 ms peak_mem 4.61 GiB (rank 2)`, with ` skipped` appended when the update was skipped
+    (the memory part only when measured, the rank only with several ranks)."""
     width = len(str(record.total_steps))
     line = (f"step [{record.step:>{width}}/{record.total_steps}] loss {record.loss:.6f} "
             f"lr {record.lr:.1e} grad_norm {record.grad_norm:.4g} "
             f"tokens/s {_whole(record.tokens_per_s)} step_time {_whole(record.step_time * 1e3)} ms")
+    if record.peak_memory_gib is not None:
+        line += f" peak_mem {record.peak_memory_gib:.2f} GiB"
+        if record.peak_memory_rank is not None:
+            line += f" (rank {record.peak_memory_rank})"
     return f"{line} skipped" if record.skipped else line
 
 

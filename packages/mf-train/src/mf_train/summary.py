@@ -17,10 +17,11 @@ def summary_lines(output_dir: Path, checkpoints: Path, tensorboard: Path,
                   seconds: float) -> list[str]:
     """`finished: ...` (or `nothing to do: ...`), then `checkpoints: ...`, then where the
     metrics, TensorBoard events and logs are."""
-    steps, total, loss = _this_run(output_dir / METRICS)
+    steps, total, last = _this_run(output_dir / METRICS)
     if steps:
         head = (f"finished steps {steps[0]}-{steps[-1]} of {total} ({len(steps)} in this run) "
-                f"in {_duration(seconds)}; final loss {_loss(loss)}")
+                f"in {_duration(seconds)}; final loss {_loss(last.get('loss'))}"
+                f"{_peak_memory(last)}")
     else:
         head = (f"nothing to do: the run in {output_dir} had already finished its {total} steps"
                 if total else f"no step was run ({_duration(seconds)})")
@@ -31,12 +32,13 @@ def summary_lines(output_dir: Path, checkpoints: Path, tensorboard: Path,
             f"{output_dir / 'logs'}"]
 
 
-def _this_run(metrics: Path) -> tuple[list[int], int | None, float | None]:
-    """Steps logged since the last start or resume event, the run's total, the last loss."""
+def _this_run(metrics: Path) -> tuple[list[int], int | None, dict]:
+    """Steps logged since the last start or resume event, the run's total, the last step's
+    line."""
     if not metrics.is_file():
-        return [], None, None
+        return [], None, {}
     steps: list[int] = []
-    total, loss = None, None
+    total, last = None, {}
     for line in metrics.read_text(encoding="utf-8").splitlines():
         try:
             entry = json.loads(line)
@@ -46,8 +48,17 @@ def _this_run(metrics: Path) -> tuple[list[int], int | None, float | None]:
             steps, total = [], entry.get("total_steps")
         elif "event" not in entry:
             steps.append(entry["step"])
-            loss = entry.get("loss")
-    return steps, total, loss
+            last = entry
+    return steps, total, last
+
+
+def _peak_memory(line: dict) -> str:
+    """`; peak memory 4.61 GiB (rank 2)` from a step line that has it."""
+    gib = line.get("peak_memory_gib")
+    if gib is None:
+        return ""
+    rank = line.get("peak_memory_rank")
+    return f"; peak memory {gib:.2f} GiB" + (f" (rank {rank})" if rank is not None else "")
 
 
 def _duration(seconds: float) -> str:

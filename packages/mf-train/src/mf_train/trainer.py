@@ -42,6 +42,7 @@ from mindspore import nn
 from mf_config import TrainConfig
 from mf_config.yaml_source import Source
 from mf_memory.estimate import size
+from mf_memory.model_shape import EstimateError, parameter_count, shape_of
 from mf_memory.recompute import apply_recompute, apply_recompute_comm
 from mf_memory.swap import ActivationSwap
 from mf_parallel import Plan
@@ -57,7 +58,6 @@ from .checkpoint import (
     Resumed,
     RunProgress,
     apply_model_params,
-    model_arrays,
     restore_rng_state,
     resume,
 )
@@ -82,6 +82,7 @@ from .micro_batches import MicroBatchStream, build_stream
 from .models import build_model, load_hf_state
 from .monitor import standard_callbacks
 from .optim import Optimizer
+from .process_memory import largest_peak, return_freed_host_memory
 from .run_directory import checkpoint_root
 from .step_monitors import MonitorObserver
 
@@ -250,6 +251,7 @@ class Trainer:
         self.layout = build_layout(LayoutParts(
             self.model, config.optimizer, config.parallelism, self.plan.dims, self.collectives,
             self.tensor_group, source, self.plan))
+        return_freed_host_memory()  # what the layout freed of the model built whole
         self.compiled = compile_layers(self.model, config.context.compile, [
             (f"the layout ({self.layout.describe()})", self.layout.compile_blocker),
             ("swap", "its hooks see each saved tensor of a layer" if self.swap.paths else None)])
@@ -264,6 +266,22 @@ class Trainer:
                                             build_callbacks(config.callbacks, source),
                                             source, profiler=config.profiler)
         self.step = self._build_step()
+        self.build_peak = largest_peak(self.device, self.comm.world_size)
+        """The largest rank's peak memory once everything is built (a collective)."""
+        LOG.info("%s", self._memory_line())
+
+    def _memory_line(self) -> str:
+        """`parameters: 31.9M on this rank of 127.4M in the model; peak memory once built
+        1.20 GiB (rank 2)` (the model's count from mf-memory's shape of the `model` section,
+        left out for a model type it cannot model)."""
+        held = self.layout.held_parameters()
+        try:
+            of = f" of {parameter_count(shape_of(self.config.model)) / 1e6:.1f}M in the model"
+        except EstimateError:
+            of = ""
+        where = f" (rank {self.build_peak.rank})" if self.comm.world_size > 1 else ""
+        return (f"parameters: {held / 1e6:.1f}M on rank {self.comm.rank}{of}; peak memory "
+                f"once built {self.build_peak.gib:.2f} GiB{where}")
 
     @property
     def optimizer(self) -> Optimizer:
@@ -351,8 +369,7 @@ class Trainer:
         progress = RunProgress(global_step=step, consumed_samples=self.consumed_samples,
                                global_batch_size=self.config.training.global_batch_size,
                                step_num=total)
-        with self.layout.whole_model():
-            arrays = model_arrays(self.model.parameters_and_names())
+        arrays = self.layout.model_arrays()
         self.checkpoints.save(step, arrays, optimizer_state, progress, owned=True)
 
     def _report_saves(self, ctx: TrainContext) -> None:
@@ -383,7 +400,8 @@ class Trainer:
         return TrainContext(output_dir=self.output_dir, total_steps=self.config.training.steps,
                             rank=self.comm.rank, world_size=self.comm.world_size,
                             start_step=self.step_count, monitor=self.config.monitor,
-                            model=self.model, collectives=self.collectives)
+                            model=self.model, collectives=self.collectives,
+                            build_peak_memory_gib=round(self.build_peak.gib, 3))
 
     def train(self) -> list[StepOutcome]:
         """Run the remaining steps up to `training.steps`, calling the callbacks' hooks."""
@@ -409,14 +427,18 @@ class Trainer:
         return outcomes
 
     def _record(self, outcome: StepOutcome) -> StepRecord:
-        """The step as the callbacks see it (tokens over all data and context ranks), with the
-        compilation it included, if any (`compile_time`, `compiled_graphs`)."""
+        """The step as the callbacks see it (tokens over all data and context ranks, the
+        largest rank's peak memory so far: a collective), with the compilation it included, if
+        any (`compile_time`, `compiled_graphs`)."""
         record = StepRecord(step=self.step_count, total_steps=self.config.training.steps,
                             loss=outcome.loss, lr=outcome.lr, grad_norm=outcome.grad_norm,
                             step_time=outcome.seconds,
                             tokens=outcome.tokens * self.plan.batch.data_parallel
                             * self.plan.dims.context,
                             consumed_samples=self.consumed_samples, skipped=outcome.skipped)
+        peak = largest_peak(self.device, self.comm.world_size)
+        record.peak_memory_gib = round(peak.gib, 3)
+        record.peak_memory_rank = peak.rank if self.comm.world_size > 1 else None
         graphs, seconds = self.compiled.take_new()
         if graphs:
             record.extra.update(compile_time=seconds, compiled_graphs=graphs)

@@ -1,10 +1,13 @@
 """`metrics.jsonl`: one JSON object per optimizer step, written by rank 0.
 
 A step line holds `step`, `total_steps`, `loss`, `lr`, `grad_norm`, `step_time` (seconds),
-`tokens`, `tokens_per_s`, `consumed_samples`, `skipped`, `time` (Unix seconds) and the
+`tokens`, `tokens_per_s`, `consumed_samples`, `skipped`, `time` (Unix seconds),
+`peak_memory_gib` (the largest rank's peak memory so far) and `peak_memory_rank` (which rank,
+with several), and the
 record's `extra` values (the monitors' `local_loss/micro1`, `moe/layer3/expert0`, ...) as
 top-level keys. Other lines are events and carry an `event` key:
-* `{"event": "start", "step": 0, ...}` opens a new run;
+* `{"event": "start", "step": 0, ...}` opens a new run (`build_peak_memory_gib`: the largest
+  rank's peak memory once the model, optimizer and resumed state were built);
 * `{"event": "resume", "step": N, ...}` marks a run resumed after N steps: the steps after the
   resumed checkpoint that the earlier run had already logged stay above the marker; for each
   step, the last line written is the one that counts;
@@ -43,8 +46,11 @@ class MetricsWriter(Callback):
         path.parent.mkdir(parents=True, exist_ok=True)
         self.path = path
         self._file = path.open("a", encoding="utf-8", buffering=1)
-        self._write({"event": "resume" if ctx.resumed else "start", "step": ctx.start_step,
-                     "total_steps": ctx.total_steps, "world_size": ctx.world_size})
+        event = {"event": "resume" if ctx.resumed else "start", "step": ctx.start_step,
+                 "total_steps": ctx.total_steps, "world_size": ctx.world_size}
+        if ctx.build_peak_memory_gib is not None:
+            event["build_peak_memory_gib"] = ctx.build_peak_memory_gib
+        self._write(event)
 
     def on_step_end(self, ctx: TrainContext, record: StepRecord) -> None:
         if self._file is not None:
@@ -73,6 +79,8 @@ def step_line(record: StepRecord) -> dict[str, Any]:
         "tokens": record.tokens, "consumed_samples": record.consumed_samples,
         "skipped": record.skipped, "time": round(time.time(), 3),
     }
+    if record.peak_memory_rank is not None:
+        line["peak_memory_rank"] = record.peak_memory_rank
     for key, value in record.extra.items():
         if key in line:
             raise ValueError(f"StepRecord.extra key {key!r} repeats a step field")
