@@ -95,20 +95,6 @@ def test_tensor_parallel_splits_matrices_and_keeps_norms() -> None:
     assert comm.layer_activations[0].full == 4 * (layer - 288)  # qkv input stays T_sp x h
 
 
-def test_fsdp_strategies_shard_what_they_name() -> None:
-    optim = estimate(config(parallelism__data_parallel_shard_strategy="optim",
-                            training__global_batch_size=12), world_size=4)
-    assert (optim.params, optim.grads, optim.optimizer, optim.gathered_params) == (
-        4 * PARAMS, 4 * PARAMS, 2 * PARAMS, 0)
-    grads = estimate(config(parallelism__data_parallel_shard_strategy="optim_grads",
-                            training__global_batch_size=12), world_size=4)
-    assert (grads.params, grads.grads) == (4 * PARAMS, PARAMS)
-    full = estimate(config(training__global_batch_size=12), world_size=4)
-    assert (full.params, full.grads, full.optimizer) == (PARAMS, PARAMS, 2 * PARAMS)
-    # one layer (the last unit, never resharded) and embedding/norm/head stay gathered
-    assert full.gathered_params == 4 * PARAMS - PARAMS
-
-
 def test_full_recompute_keeps_the_layer_input_and_rebuilds_one_layer() -> None:
     result = estimate(config(model__num_hidden_layers=2, recompute__mode="full",
                              recompute__full_recompute_layer=["0"]), world_size=1)

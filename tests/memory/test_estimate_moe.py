@@ -138,8 +138,9 @@ def test_expert_parallel_divides_the_routed_experts() -> None:
     # EP 2 over the 2 data ranks: 2 whole experts each; an expert-data group of one rank
     assert result.routed_experts == (4, 2, 1)
     assert result.params == 4 * (PARAMS - EXPERTS // 2)
-    # ZeRO-1: the dense part's state sliced over 2 ranks, the experts' over 1
-    assert result.optimizer == 8 * ((PARAMS - EXPERTS - BIAS) // 2 + EXPERTS // 2)
+    # ZeRO-1: the slices of the rest over 2 ranks (moments and float32 master, 12 B each),
+    # the experts whole with their own AdamW (8 B)
+    assert result.optimizer == 12 * ((PARAMS - EXPERTS - BIAS) // 2) + 8 * (EXPERTS // 2)
     # each rank's experts see T k rows on average, as in one process; the two exchanges keep
     # the rows they send and receive (4 x T k rows of h), the receiving side's two
     # permutations (T k each, int32) and the row counts (4 ep + 1, int32)
@@ -157,15 +158,23 @@ def test_expert_parallel_divides_the_routed_experts() -> None:
 def test_fsdp_slices_experts_only_without_expert_parallelism() -> None:
     fsdp = estimate(config(training={"local_batch_size": 2, "global_batch_size": 8}),
                     world_size=4)
-    dense = PARAMS - EXPERTS
+    # flat buffers: layer 0, layer 1 with its experts (the routing bias takes no gradient:
+    # outside, whole), the root; each rank keeps a quarter of each
+    buffers = [DENSE_LAYER, MOE_LAYER - BIAS, OUTER]
     assert fsdp.routed_experts == (4, 4, 4)
-    assert fsdp.params == 4 * (dense // 4 + EXPERTS // 4)
+    assert fsdp.params == 4 * (sum(b // 4 for b in buffers) + BIAS)
+    # layer 1's experts are reduced only after the backward pass, and with them every buffer
+    # after it in the order (layer 0, the root): all whole at once, beside the float32 sums
+    assert fsdp.grads == 4 * sum(b // 4 for b in buffers) + 4 * sum(buffers)
     with_ep = estimate(config(parallelism={"expert_parallel": 2},
                               training={"local_batch_size": 2, "global_batch_size": 8}),
                        world_size=4)
-    # 2 experts per rank, kept whole (mf-train's ExpertParallel updates them apart)
+    # 2 experts per rank, kept whole (mf-train's ExpertParallel updates them apart), and
+    # whole gradients accumulated over the micro-batches (its own backward pass)
+    buffers = [DENSE_LAYER, MOE_LAYER - BIAS - EXPERTS, OUTER]
     assert with_ep.routed_experts == (4, 2, 1)
-    assert with_ep.params == 4 * (dense // 4 + EXPERTS // 2)
+    assert with_ep.params == 4 * (sum(b // 4 for b in buffers) + EXPERTS // 2 + BIAS)
+    assert with_ep.grads == 4 * (PARAMS - BIAS - EXPERTS // 2)
 
 
 def test_tensor_parallel_splits_mla_as_megatron_does() -> None:

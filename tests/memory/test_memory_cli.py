@@ -46,7 +46,10 @@ def test_json_has_the_components_in_bytes(config_file: str) -> None:
     assert result.returncode == 0, result.stderr
     data = json.loads(result.stdout)
     parts = ("params", "grads", "optimizer", "gathered_params", "activations", "logits")
-    assert data["total"] == sum(data[key] for key in parts)
+    assert data["backward_peak"] == sum(data[key] for key in parts)
+    assert data["step_peak"] == data["params"] + data["optimizer"] + data["step"] > 0  # FSDP
+    assert data["total"] == max(data["backward_peak"], data["step_peak"])
+    assert data["held_params"] == sum(-(-size // 2) for size in (4668, 4668, 1200 + 24 + 1200))
     assert data["parameter_count"] == 1200 + 2 * 4668 + 24 + 1200
     assert len(data["layer_activations"]) == 2 and data["fits"] is None
 

@@ -69,7 +69,7 @@ def describe(result: MemoryEstimate, tips: Sequence[tuple[str, int]] = ()) -> st
     """The estimate as a table, the verdict, and what to turn when it does not fit."""
     span = f"layers {result.layers[0]}-{result.layers[-1]}" if result.layers else "no layers"
     lines = [f"stage {result.stage} of {result.num_stages} ({span}); model "
-             f"{result.parameter_count:,} parameters"
+             f"{result.parameter_count:,} parameters, {result.held_params:,} held per device"
              + (f"; {result.in_flight} micro-batch input(s) in flight, one chunk's "
                 "activations at a time (the backward recomputes its chunk)"
                 if result.num_stages > 1 else "")]
@@ -83,6 +83,11 @@ def describe(result: MemoryEstimate, tips: Sequence[tuple[str, int]] = ()) -> st
             lines += [f"    {part:<24}{size(nbytes):>16}"
                       for part, nbytes in result.parameter_parts]
             lines.append(f"      routed experts: {_experts_note(result)}")
+    if result.step:
+        lines += [f"  {'peak in backward pass':<26}{size(result.backward_peak):>16}",
+                  f"  {'peak in optimizer step':<26}{size(result.step_peak):>16}  (parameters, "
+                  f"optimizer state and {size(result.step)} of gradients and the step's "
+                  "buffers)"]
     lines.append(f"  {'total':<26}{size(result.total):>16}")
     lines.append("activations per layer (one micro-batch):")
     for first, last, la in _runs(result.layer_activations):

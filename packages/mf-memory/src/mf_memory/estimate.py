@@ -4,6 +4,10 @@
 gradients, optimizer state, parameters gathered by FSDP, saved activations of every decoder
 layer, and the logits and loss of the last pipeline stage; under pipeline parallelism, the
 inputs of the micro-batches in flight and one chunk's activations, as mf-train's stages run.
+Parameters, gradients and optimizer state follow the data-parallel layout (`data_parallel`:
+replicated, or ZeRO-1, ZeRO-2 and FSDP over flat per-layer buffers as mf-train runs them), and
+under a sharded strategy the optimizer step after the backward pass is a second candidate for
+the peak. `rank_summary(config, world_size, rank)` gives a trainer's start line its numbers.
 Every figure is a formula over the config's numbers, written in the docstring of the function
 that computes it; no constant is fitted to measurements.
 
@@ -18,7 +22,7 @@ DeepSeek-V3 (multi-head latent attention, a mixture of experts after `first_k_de
 dense layers) is modelled as mf-train builds it: its parameters and their split in
 `mla_moe_params` (routed experts divided by expert parallelism and kept whole on each rank
 that holds them, or, without expert parallelism, sliced by FSDP/ZeRO over the shard group with
-the rest), its saved tensors in
+the rest: `data_parallel`), its saved tensors in
 `mla_moe_activations` (equal to the bytes MindSpore saves, layer by layer, on CPU).
 
 Notation in the formulas: b micro-batch, S sequence length, s = S / cp the local sequence,
@@ -33,7 +37,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import attrs
 
@@ -53,6 +57,7 @@ from .activations import (
     transient_bytes,
 )
 from .breakdown import activation_parts, defaulted_fields, dense_width_warning, parameter_parts
+from .data_parallel import data_parallel_rank, expert_shard_degree
 from .model_shape import (
     EstimateError,
     ModelShape,
@@ -65,8 +70,6 @@ from .model_shape import (
 )
 
 DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "fp32": 4, "fp16": 2, "bf16": 2}
-OPTIMIZER_STATES = {"adamw": 2, "adam": 2, "muon": 1, "sgd": 1}
-"""float32 buffers per parameter: Adam's two moments, Muon's / SGD's momentum."""
 GIB, MIB = 1024**3, 1024**2
 
 
@@ -94,106 +97,27 @@ def param_dtype(shape: ModelShape) -> tuple[int, int]:
             dtype_bytes(shape.compute_dtype, "model.compute_dtype"))
 
 
-def optimizer_bytes(groups: list[ParamGroup], tp: int, optimizer: str, param_bytes: int,
-                    ep: int = 1) -> int:
-    """Optimizer state, unsharded by FSDP: AdamW/Adam two float32 moments per parameter (8 B);
-    Muon one float32 momentum (4 B) on hidden matrices, AdamW's 8 B on the rest (embedding,
-    head, norms); SGD one momentum (4 B); plus a float32 master copy (4 B) when parameters are
-    16-bit. Buffers (`trainable` False) have none; routed experts count E / ep."""
-    kind = optimizer.lower()
-    if kind not in OPTIMIZER_STATES:
-        raise EstimateError(f"optimizer.type: {optimizer!r} is not modelled; known: AdamW, "
-                            "Adam, Muon, SGD")
-    master = 4 if param_bytes < 4 else 0
-    total = 0
-    for group in groups:
-        if not group.trainable:
-            continue
-        states = OPTIMIZER_STATES[kind] if group.matrix or kind != "muon" else 2
-        total += group.per_device(tp, ep) * (4 * states + master)
-    return total
-
-
-def shard(nbytes: int, degree: int) -> int:
-    """`nbytes / degree`, rounded up (each FSDP rank keeps one slice)."""
-    return -(-nbytes // degree)
-
-
-@dataclass(frozen=True)
-class Split:
-    """How one device's share of the parameters is cut: tensor and expert parallel degrees,
-    and the FSDP/ZeRO shard degrees of the dense part (the shard group) and of the routed
-    experts (`expert_shard_degree`)."""
-
-    tp: int
-    ep: int
-    dense_shard: int
-    expert_shard: int
-
-    def shard_of(self, group: ParamGroup) -> int:
-        """The FSDP/ZeRO degree that slices `group`."""
-        return self.expert_shard if group.expert else self.dense_shard
-
-    def full_bytes(self, groups: list[ParamGroup], nbytes: int,
-                   trainable_only: bool = False) -> int:
-        """Bytes of `groups` on one device before FSDP/ZeRO slicing."""
-        return sum(g.per_device(self.tp, self.ep) * nbytes for g in groups
-                   if g.trainable or not trainable_only)
-
-    def sharded_bytes(self, groups: list[ParamGroup], nbytes: int,
-                      trainable_only: bool = False) -> int:
-        """Bytes of `groups` on one device after FSDP/ZeRO slicing (per slicing group)."""
-        dense = [g for g in groups if not g.expert]
-        experts = [g for g in groups if g.expert]
-        return (shard(self.full_bytes(dense, nbytes, trainable_only), self.dense_shard)
-                + shard(self.full_bytes(experts, nbytes, trainable_only), self.expert_shard))
-
-
-def expert_shard_degree(plan: Plan) -> int:
-    """The FSDP/ZeRO degree that slices the routed experts, as mf-train runs them: without
-    expert parallelism they are sliced with the rest over the shard group; with it, each rank
-    keeps its experts, their gradients and their optimizer state whole (mf-train's
-    `ExpertParallel` updates them with their own optimizer and only sums their gradients over
-    the expert-data group)."""
-    return plan.dims.data_shard if plan.dims.expert == 1 else 1
-
-
-def gathered_param_bytes(stage_groups: list[list[ParamGroup]], outer: list[ParamGroup],
-                         split: Split, param_bytes: int, policy: str, pipeline: int) -> int:
-    """FSDP (`optim_grads_params`) gathers a unit's parameters around its use. At the start of
-    backward the units that did not reshard after forward (mf_parallel.reshard_plan) are still
-    gathered, one more resharded unit is gathered again, and the parameters outside the units
-    (embedding, final norm, head) stay gathered: each costs its full minus its own slice
-    (routed experts under expert parallelism are never sliced, so never gathered)."""
-    from mf_parallel import reshard_plan
-
-    if (split.dense_shard, split.expert_shard) == (1, 1) or not stage_groups:
-        return 0
-
-    def extra(groups: list[ParamGroup]) -> int:
-        return split.full_bytes(groups, param_bytes) - split.sharded_bytes(groups, param_bytes)
-
-    plan = reshard_plan(policy, len(stage_groups), pipeline)
-    held = [extra(unit) for unit, reshards in zip(stage_groups, plan, strict=True)
-            if not reshards]
-    again = [extra(unit) for unit, reshards in zip(stage_groups, plan, strict=True) if reshards]
-    return sum(held) + max(again, default=0) + extra(outer)
-
-
 # ----------------------------------------------------------------------------- the result
 
 
 @dataclass(frozen=True)
 class MemoryEstimate:
-    """Bytes one device of one pipeline stage holds at its fullest."""
+    """Bytes one device of one pipeline stage holds at its fullest: during the backward pass
+    (parameters, gradients, optimizer state, gathered parameters, activations, logits) or,
+    under the sharded strategies, in the optimizer step after it (parameters, optimizer state
+    and `step`), whichever holds more (`total`)."""
 
     stage: int
     num_stages: int
     layers: tuple[int, ...]
     params: int
+    """Parameters held between steps (`data_parallel.DataParallelRank.params`)."""
     grads: int
+    """Gradients at the backward pass's peak (`DataParallelRank.grads`)."""
     optimizer: int
+    """Optimizer state, with master copies and ZeRO's slices (`DataParallelRank.optimizer`)."""
     gathered_params: int
+    """Parameters FSDP gathers beside the slices (`DataParallelRank.gathered`)."""
     activations: int
     """Saved activations of the layers (times micro-batches in flight), embedding ids,
     recompute rebuild, swap prefetch and the backward working memory."""
@@ -221,11 +145,29 @@ class MemoryEstimate:
     routed_experts: tuple[int, int, int] | None = None
     """(experts per MoE layer, experts on this device, ranks FSDP/ZeRO slices them over) for a
     mixture-of-experts model."""
+    step: int = 0
+    """Under a sharded strategy, what the optimizer step holds beside the parameters and the
+    optimizer state once the backward pass is over: gradient slices, the reduction's, update's
+    and all-gather's buffers (`DataParallelRank.step`); 0 replicated."""
+    held_params: int = 0
+    """Parameter elements this device holds between steps (its tensor-parallel shards, its
+    stage, its experts; under FSDP its slices): `DataParallelRank.held_params`."""
+
+    @property
+    def backward_peak(self) -> int:
+        """Bytes held during the backward pass: the sum of the components."""
+        return (self.params + self.grads + self.optimizer + self.gathered_params
+                + self.activations + self.logits)
+
+    @property
+    def step_peak(self) -> int:
+        """Bytes held in the optimizer step (sharded strategies; 0 replicated)."""
+        return self.params + self.optimizer + self.step if self.step else 0
 
     @property
     def total(self) -> int:
-        return (self.params + self.grads + self.optimizer + self.gathered_params
-                + self.activations + self.logits)
+        """The device's peak: the larger of `backward_peak` and `step_peak`."""
+        return max(self.backward_peak, self.step_peak)
 
     @property
     def fits(self) -> bool | None:
@@ -244,7 +186,9 @@ class MemoryEstimate:
             "layers": list(self.layers), "parameter_count": self.parameter_count,
             "params": self.params, "grads": self.grads, "optimizer": self.optimizer,
             "gathered_params": self.gathered_params, "activations": self.activations,
-            "logits": self.logits, "total": self.total, "in_flight": self.in_flight,
+            "logits": self.logits, "step": self.step, "backward_peak": self.backward_peak,
+            "step_peak": self.step_peak, "total": self.total, "held_params": self.held_params,
+            "in_flight": self.in_flight,
             "transient": self.transient, "working": self.working,
             "layer_activations": [
                 {"layer": la.layer, "full": la.full, "kept": la.kept,
@@ -358,6 +302,46 @@ def estimate(config: TrainConfig, world_size: int, stage: int | None = None) -> 
     return max(results, key=lambda r: r.total)
 
 
+class RankSummary(NamedTuple):
+    """What a rank's start line says of its memory (`rank_summary`)."""
+
+    model_params: int
+    """Parameters of the whole model (one copy)."""
+    rank_params: int
+    """Parameter elements the rank holds between steps under its layout: its tensor-parallel
+    shards of its stage's parameters and its experts, and under FSDP only its slices of them
+    (`MemoryEstimate.held_params`)."""
+    peak_bytes: int
+    """The estimated peak of a device of the rank's stage (`MemoryEstimate.total`)."""
+
+
+def rank_summary(config: TrainConfig, world_size: int, rank: int | None = None) -> RankSummary:
+    """The model's parameters, the rank's, and its estimated peak memory, for a trainer's
+    start line. Pure Python.
+
+    Args:
+        config: the whole training config.
+        world_size: the number of ranks.
+        rank: the rank (its pipeline stage is estimated); None: the stage with the largest
+            total.
+
+    Returns:
+        (model_params, rank_params, peak_bytes).
+
+    Raises:
+        EstimateError, mf_parallel.PlanError: as `estimate`, and for a rank outside the world.
+    """
+    stage = None
+    if rank is not None:
+        if not 0 <= rank < world_size:
+            raise EstimateError(f"rank {rank} does not exist: the world has {world_size} "
+                                f"ranks (0-{world_size - 1})")
+        plan = make_plan(config.parallelism, config.training, world_size)
+        stage = plan.mesh.coordinates(rank)["pipeline"]
+    result = estimate(config, world_size, stage)
+    return RankSummary(result.parameter_count, result.held_params, result.total)
+
+
 def _stage_estimate(config: TrainConfig, shape: ModelShape, seq: int, plan: Plan, stage: int,
                     limit: int | None) -> MemoryEstimate:
     d = plan.dims
@@ -375,22 +359,8 @@ def _stage_estimate(config: TrainConfig, shape: ModelShape, seq: int, plan: Plan
              + (output_params(shape, shares_embedding_stage=last == 0) if stage == last
                 else []))
     groups = [g for unit in unit_groups for g in unit] + outer
-    strategy = config.parallelism.data_parallel_shard_strategy
-    split = Split(tp=tp, ep=d.expert, dense_shard=d.data_shard,
-                  expert_shard=expert_shard_degree(plan))
-    params = (split.sharded_bytes(groups, pbytes) if strategy == "optim_grads_params"
-              else split.full_bytes(groups, pbytes))
-    grads = (split.sharded_bytes(groups, pbytes, trainable_only=True) if strategy != "optim"
-             else split.full_bytes(groups, pbytes, trainable_only=True))
-    optimizer = sum(
-        shard(optimizer_bytes([g for g in groups if g.expert == expert], tp,
-                              config.optimizer.type, pbytes, d.expert),
-              split.expert_shard if expert else split.dense_shard)
-        for expert in (False, True))
-    gathered = (gathered_param_bytes(unit_groups, outer, split, pbytes,
-                                     config.parallelism.reshard_after_forward_policy,
-                                     d.pipeline)
-                if strategy == "optim_grads_params" else 0)
+    rank = data_parallel_rank(config, plan, unit_groups, outer, tied=shape.tie_word_embeddings,
+                              param_bytes=pbytes)
     per_layer, warnings = stage_layer_activations(config, shape, geo, layers)
     held = in_flight(plan, stage)
     transient = transient_bytes(per_layer, config.swap.default_prefetch
@@ -401,20 +371,24 @@ def _stage_estimate(config: TrainConfig, shape: ModelShape, seq: int, plan: Plan
              pipeline_activations(per_layer, plan, stage, geo, shape.hidden_size, first_stage))
     activations = saved + transient + working
     logits = sum(s.bytes for s in output_tensors(shape, geo)) if stage == last else 0
-    held_params = (split.sharded_bytes if strategy == "optim_grads_params" else split.full_bytes)
     moe = shape.experts
     return MemoryEstimate(
-        stage=stage, num_stages=d.pipeline, layers=tuple(layers), params=params, grads=grads,
-        optimizer=optimizer, gathered_params=gathered, activations=activations, logits=logits,
-        in_flight=held, transient=transient, working=working, layer_activations=tuple(per_layer),
+        stage=stage, num_stages=d.pipeline, layers=tuple(layers), params=rank.params(),
+        grads=rank.grads(), optimizer=rank.optimizer(config.optimizer.type),
+        gathered_params=rank.gathered(config.parallelism.reshard_after_forward_policy,
+                                      d.pipeline),
+        activations=activations, logits=logits, in_flight=held, transient=transient,
+        working=working, layer_activations=tuple(per_layer),
         parameter_count=parameter_count(shape), limit=limit,
-        warnings=(*warnings, *plan.warnings, *_model_notes(config, shape, d.expert)),
-        parameter_parts=parameter_parts(groups, lambda g: held_params(g, pbytes)),
+        warnings=(*warnings, *plan.warnings, *_model_notes(config, shape, d.expert),
+                  *rank.notes(config.optimizer.type)),
+        parameter_parts=parameter_parts(groups, rank.part_bytes),
         activation_parts=activation_parts(
             t for layer in layers for t in layer_tensors(shape, geo, layer=layer)),
         defaulted=defaulted_fields(config.model, shape),
         routed_experts=None if moe is None else (
-            moe.routed_experts, moe.routed_experts // d.expert, split.expert_shard))
+            moe.routed_experts, moe.routed_experts // d.expert, expert_shard_degree(plan)),
+        step=rank.step(), held_params=rank.held_params())
 
 
 def _model_notes(config: TrainConfig, shape: ModelShape, ep: int) -> list[str]:
@@ -500,4 +474,5 @@ def gib(nbytes: int) -> float:
 
 
 __all__ = ["EstimateError", "Geometry", "LayerActivation", "MemoryEstimate", "ModelShape",
-           "ParamGroup", "Saved", "estimate", "parameter_count", "parse_memory", "suggestions"]
+           "ParamGroup", "RankSummary", "Saved", "estimate", "parameter_count", "parse_memory",
+           "rank_summary", "suggestions"]

@@ -17,7 +17,7 @@ class ParamGroup:
     """A hidden 2-D weight (Muon updates these; embeddings, head and norms use AdamW)."""
     expert: bool = False
     """Routed experts: split over the expert-parallel ranks, whole on each ("ETP 1"), and
-    under expert parallelism not sliced by FSDP/ZeRO (`estimate.expert_shard_degree`)."""
+    under expert parallelism not sliced by FSDP/ZeRO (`data_parallel.expert_shard_degree`)."""
     trainable: bool = True
     """False for buffers kept as parameters (DeepSeek's routing bias): no gradient, no
     optimizer state."""

@@ -41,8 +41,8 @@ from mindspore import nn
 
 from mf_config import TrainConfig
 from mf_config.yaml_source import Source
-from mf_memory.estimate import size
-from mf_memory.model_shape import EstimateError, parameter_count, shape_of
+from mf_memory.estimate import rank_summary, size
+from mf_memory.model_shape import EstimateError
 from mf_memory.recompute import apply_recompute, apply_recompute_comm
 from mf_memory.swap import ActivationSwap
 from mf_parallel import Plan
@@ -271,17 +271,22 @@ class Trainer:
         LOG.info("%s", self._memory_line())
 
     def _memory_line(self) -> str:
-        """`parameters: 31.9M on this rank of 127.4M in the model; peak memory once built
-        1.20 GiB (rank 2)` (the model's count from mf-memory's shape of the `model` section,
-        left out for a model type it cannot model)."""
+        """`parameters: 31.8M on rank 0 of 127.2M in the model; peak memory once built
+        1.22 GiB (rank 2); mf-memory estimates 1.04 GiB for rank 0's step` (the model's count
+        and the estimate from mf-memory, left out for a configuration it cannot model)."""
         held = self.layout.held_parameters()
+        rank, world = self.comm.rank, self.comm.world_size
         try:
-            of = f" of {parameter_count(shape_of(self.config.model)) / 1e6:.1f}M in the model"
-        except EstimateError:
-            of = ""
-        where = f" (rank {self.build_peak.rank})" if self.comm.world_size > 1 else ""
-        return (f"parameters: {held / 1e6:.1f}M on rank {self.comm.rank}{of}; peak memory "
-                f"once built {self.build_peak.gib:.2f} GiB{where}")
+            summary = rank_summary(self.config, world, rank)
+        except (EstimateError, ValueError):
+            summary = None
+        where = f" (rank {self.build_peak.rank})" if world > 1 else ""
+        line = (f"parameters: {held / 1e6:.1f}M on rank {rank}"
+                f"{f' of {summary.model_params / 1e6:.1f}M in the model' if summary else ''}; "
+                f"peak memory once built {self.build_peak.gib:.2f} GiB{where}")
+        if summary is not None:
+            line += f"; mf-memory estimates {size(summary.peak_bytes)} for rank {rank}'s step"
+        return line
 
     @property
     def optimizer(self) -> Optimizer:

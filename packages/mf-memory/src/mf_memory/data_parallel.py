@@ -1,0 +1,345 @@
+"""Parameters, gradients and optimizer state one rank holds under data parallelism: replicated,
+or sharded (ZeRO-1, ZeRO-2, FSDP) as mf-train runs the sharded strategies.
+
+With a shard degree S (`parallelism.data_parallel_shard`, as the plan resolves it) above one,
+mf-parallel lays a stage's parameters out in flat buffers, one per decoder layer and one, the
+root, for the rest (embedding, final norm, head), each padded to a multiple of S; every rank
+keeps one slice of each buffer (`mf_parallel.runtime.flat_shard`), and mf-train's
+`ShardedAdamW` keeps the float32 state of the slices and updates them buffer by buffer:
+
+- `optim` (ZeRO-1): whole parameters; whole gradients, accumulated over the micro-batches as
+  replicated data parallelism does, then reduced buffer by buffer to this rank's slice (each
+  buffer's whole gradients freed once reduced); after the update every buffer's slices are
+  all-gathered back into the parameters, one buffer at a time;
+- `optim_grads` (ZeRO-2): the same, but a buffer's gradients are reduced during the backward
+  pass as soon as they are complete and added to the step's float32 sums of this rank's slices
+  (`mf_parallel.runtime.grad_shards`), so whole gradients never outlive their buffer;
+- `optim_grads_params` (FSDP): only the slices of the parameters between steps; each decoder
+  layer's unit is gathered around its forward and its backward pass, the root unit through the
+  whole forward and backward; gradients as ZeRO-2, no all-gather after the update.
+
+Under pipeline or expert parallelism the composing layout runs the backward pass itself: every
+strategy then accumulates whole gradients, as ZeRO-1, and reduces them buffer by buffer after
+it. Routed experts under expert parallelism are left out of the buffers: kept whole on every
+rank that holds them, with their own optimizer (mf-train's `ExpertParallel`); so is every
+parameter that takes no gradient (DeepSeek's routing bias).
+
+Notation: S the shard degree; P_b the elements of buffer b on this device (its trainable
+parameters, after the tensor-parallel split); n_b = ⌈P_b / S⌉ this rank's slice of it;
+N = Σ_b n_b; P_out the elements outside the buffers; p bytes per parameter
+(`model.params_dtype`); G_b = P_b·p the whole gradients of buffer b; c = 2 where the backend
+reduce-scatters a flattened copy of a buffer's gradients (Ascend, GPU), 1 on CPU (mf-parallel
+emulates the reduce-scatter there one rank's range at a time, so only slices are made).
+Temporaries of one slice (1/S of a buffer) inside a reduction are left out. Pure Python.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+from mf_config import TrainConfig
+from mf_parallel import Plan, reshard_plan
+
+from .model_shape import EstimateError
+from .param_groups import ParamGroup
+
+OPTIMIZER_STATES = {"adamw": 2, "adam": 2, "muon": 1, "sgd": 1}
+"""float32 buffers per parameter: Adam's two moments, Muon's / SGD's momentum."""
+ZERO_1, FSDP = "optim", "optim_grads_params"
+
+
+def shard(count: int, degree: int) -> int:
+    """`count / degree`, rounded up: one rank's slice of a flat buffer padded to a multiple
+    of the degree."""
+    return -(-count // degree)
+
+
+def optimizer_bytes(groups: list[ParamGroup], tp: int, optimizer: str, param_bytes: int,
+                    ep: int = 1) -> int:
+    """Optimizer state of whole parameters: AdamW/Adam two float32 moments per parameter
+    (8 B); Muon one float32 momentum (4 B) on hidden matrices, AdamW's 8 B on the rest
+    (embedding, head, norms); SGD one momentum (4 B); plus a float32 master copy (4 B) when
+    parameters are 16-bit. Buffers (`trainable` False) have none; routed experts count E / ep."""
+    kind = optimizer.lower()
+    if kind not in OPTIMIZER_STATES:
+        raise EstimateError(f"optimizer.type: {optimizer!r} is not modelled; known: AdamW, "
+                            "Adam, Muon, SGD")
+    master = 4 if param_bytes < 4 else 0
+    total = 0
+    for group in groups:
+        if not group.trainable:
+            continue
+        states = OPTIMIZER_STATES[kind] if group.matrix or kind != "muon" else 2
+        total += group.per_device(tp, ep) * (4 * states + master)
+    return total
+
+
+@dataclass(frozen=True)
+class DataParallelRank:
+    """What one rank of one pipeline stage holds of the parameters, gradients and optimizer
+    state, each figure in bytes (replicated data parallelism when `degree` is 1).
+
+    `units` are the stage's decoder layers' parameter groups in forward order, `root` the
+    stage's other groups (embedding, final norm, head); see the module docstring.
+    """
+
+    units: tuple[tuple[ParamGroup, ...], ...]
+    root: tuple[ParamGroup, ...]
+    strategy: str
+    """`parallelism.data_parallel_shard_strategy`."""
+    degree: int
+    """S, the shard degree (1: replicated)."""
+    tp: int
+    ep: int
+    param_bytes: int
+    """p."""
+    scatters: bool
+    """Gradients reduced during the backward pass (ZeRO-2 and FSDP on one stage without
+    expert parallelism); otherwise accumulated whole."""
+    tied: bool
+    """The head reuses the embedding table."""
+    reduce_copy: int
+    """c."""
+
+    @property
+    def sharded(self) -> bool:
+        return self.degree > 1
+
+    @property
+    def fsdp(self) -> bool:
+        return self.sharded and self.strategy == FSDP
+
+    # ----- the buffers
+
+    def in_buffers(self, group: ParamGroup) -> bool:
+        """Whether a group is laid out in the flat buffers (trainable, and not a routed expert
+        under expert parallelism)."""
+        return self.sharded and group.trainable and not (group.expert and self.ep > 1)
+
+    def elements(self, groups: Iterable[ParamGroup],
+                 where: Callable[[ParamGroup], bool] | None = None) -> int:
+        """Elements of `groups` (those `where` accepts) on this device."""
+        return sum(g.per_device(self.tp, self.ep) for g in groups if where is None or where(g))
+
+    def count(self, groups: Iterable[ParamGroup]) -> int:
+        """P_b: elements of `groups` on this device that are in the buffers."""
+        return self.elements(groups, self.in_buffers)
+
+    def _outside(self, trainable_only: bool = False) -> int:
+        """P_out: elements outside the buffers (of trainable groups only, if asked)."""
+        return self.elements(self.groups, lambda g: not self.in_buffers(g)
+                             and (g.trainable or not trainable_only))
+
+    @property
+    def groups(self) -> list[ParamGroup]:
+        return [g for unit in self.units for g in unit] + list(self.root)
+
+    @property
+    def buffers(self) -> list[int]:
+        """P_b of each buffer, in mf-parallel's order: the layers, then the root (if it has
+        any parameter)."""
+        sizes = [self.count(unit) for unit in self.units]
+        root = self.count(self.root)
+        return sizes + ([root] if root else [])
+
+    @property
+    def slices(self) -> list[int]:
+        """n_b = ⌈P_b / S⌉ of each buffer."""
+        return [shard(size, self.degree) for size in self.buffers]
+
+    def reduction_order(self) -> list[int]:
+        """The buffers (indices into `buffers`) in the order they are reduced: backward
+        reaches a buffer's first parameter last, so the layers last to first, and the root at
+        the end when it holds the embedding (first otherwise: on a later pipeline stage it
+        holds the final norm and head, which come after the layers)."""
+        layers = list(reversed(range(len(self.units))))
+        if len(self.buffers) == len(self.units):
+            return layers
+        if any(g.name == "embedding" for g in self.root):
+            return [*layers, len(self.units)]
+        return [len(self.units), *layers]
+
+    # ----- the figures
+
+    def held_params(self) -> int:
+        """Parameter elements held between steps (what mf-train's layouts count,
+        `StepLayout.held_parameters`): replicated and ZeRO, every parameter of the stage
+        whole, Σ P; FSDP, this rank's slices and what is outside the buffers, N + P_out."""
+        if not self.fsdp:
+            return self.elements(self.groups)
+        return sum(self.slices) + self._outside()
+
+    def params(self) -> int:
+        """Parameters held between steps: `held_params`·p."""
+        return self.held_params() * self.param_bytes
+
+    def part_bytes(self, groups: list[ParamGroup]) -> int:
+        """Bytes of some groups held between steps, for the breakdown by part: whole, or under
+        FSDP each group's slice ⌈P_g / S⌉·p (the buffers' padding is in `params` only)."""
+        if not self.fsdp:
+            return self.elements(groups) * self.param_bytes
+        return sum(shard(self.elements([g]), self.degree) if self.in_buffers(g)
+                   else self.elements([g]) for g in groups) * self.param_bytes
+
+    def grads(self) -> int:
+        """Gradients at the backward pass's peak.
+
+        Accumulated whole (replicated, ZeRO-1, and every strategy under pipeline or expert
+        parallelism): Σ P·p over the trainable groups. Reduced during backward (ZeRO-2, FSDP
+        otherwise): the float32 sums of this rank's slices 4·N (each buffer's is added as the
+        buffer completes; from the second micro-batch on all of them exist), the whole
+        gradients in flight (`in_flight_grads`), and those of the trainable parameters outside
+        the buffers, P_out·p.
+        """
+        p = self.param_bytes
+        if not self.scatters:
+            return self.elements(self.groups, lambda g: g.trainable) * p
+        return 4 * sum(self.slices) + self.in_flight_grads() + self._outside(True) * p
+
+    def in_flight_grads(self) -> int:
+        """Whole gradients alive at once while ZeRO-2 and FSDP reduce them during backward.
+
+        The buffers are reduced in one fixed order (`reduction_order`), each as soon as it
+        and the ones before it are complete, then freed. The root's parameters used after the
+        layers (final norm, and the head, or with a tied head the shared table, whose gradient
+        from the head is summed with the embedding's at the end) hold gradients G_late from
+        the start of backward until the root, last, is reduced. So each layer's reduction
+        holds G_late + c·G_b (its gradients and their flattened copy), and the root's c·G_root.
+        A buffer holding routed experts waits for the end of the micro-batch's backward pass,
+        and so does every buffer after it in the order: with k its position, the layers
+        before k are reduced one at a time as above, and those from k on are whole together:
+
+            in flight = max(G_late + c·max_{j<k} G_j, Σ_{j≥k} G_j + (c - 1)·max_{j≥k} G_j)
+
+        (without such a buffer, k is the root's position: max(G_late + c·max G_layer,
+        c·G_root)). Gradients a monitor watches are kept whole as well (not counted).
+        """
+        p, c = self.param_bytes, self.reduce_copy
+        sizes = self.buffers
+        order = self.reduction_order()
+        late = [b for b in order if b < len(self.units)
+                and any(g.expert and self.in_buffers(g) for g in self.units[b])]
+        k = order.index(late[0]) if late else (
+            order.index(len(self.units)) if len(sizes) > len(self.units) else len(order))
+        early, tail = [sizes[b] * p for b in order[:k]], [sizes[b] * p for b in order[k:]]
+        late_root = self.elements(self.root, lambda g: self.in_buffers(g)
+                                  and (g.name != "embedding" or self.tied)) * p
+        return max(late_root + c * max(early, default=0),
+                   sum(tail) + (c - 1) * max(tail, default=0))
+
+    def optimizer(self, kind: str) -> int:
+        """Optimizer state held between steps.
+
+        Replicated: `optimizer_bytes` of every group. Sharded (mf-train's `ShardedAdamW`):
+        per slice element the two float32 moments (8 B) and a float32 master (4 B); under ZeRO
+        the buffers' own slices in the parameter dtype are kept too, which with p = 4 the
+        master is (shared), and under FSDP they are the parameters (counted in `params`):
+
+            ZeRO: N·(12 + [p < 4]·p)        FSDP: N·(8 + [p < 4]·4)
+
+        plus `optimizer_bytes` of the groups outside the buffers (routed experts under expert
+        parallelism, with their own optimizer).
+        """
+        if not self.sharded:
+            return optimizer_bytes(self.groups, self.tp, kind, self.param_bytes, self.ep)
+        p = self.param_bytes
+        per_element = 8 + (4 if p < 4 else 0) if self.fsdp else 12 + (p if p < 4 else 0)
+        outside = [g for g in self.groups if not self.in_buffers(g)]
+        return (sum(self.slices) * per_element
+                + optimizer_bytes(outside, self.tp, kind, p, self.ep))
+
+    def gathered(self, policy: str, pipeline: int) -> int:
+        """Parameters FSDP gathers beside this rank's slices (which stay, in `params`).
+
+        The root unit (embedding, final norm, head) is gathered when the forward pass starts
+        and stays so until the step's gradients are reduced: P_root·p. Each layer unit i is
+        gathered around its forward pass and again around its backward pass if it reshards
+        after forward (mf_parallel.reshard_plan; `default` keeps the last unit, `never` every
+        unit); the all-gather holds its flat output S·n_i beside the parameters' copies P_i
+        until it returns, while the earlier units that do not reshard are still gathered:
+
+            gathered = (P_root + max_i (Σ_{j<i, kept} P_j + P_i + S·n_i))·p
+
+        (the root's own all-gather runs before any activation exists, so only its copies
+        count). Routed experts under expert parallelism are never gathered.
+        """
+        if not self.fsdp or not self.units:
+            return 0
+        sizes, slices = self.buffers, self.slices
+        root = sizes[len(self.units)] if len(sizes) > len(self.units) else 0
+        peak = kept = 0
+        for i, reshards in enumerate(reshard_plan(policy, len(self.units), pipeline)):
+            peak = max(peak, kept + sizes[i] + self.degree * slices[i])
+            if not reshards:
+                kept += sizes[i]
+        return (root + peak) * self.param_bytes
+
+    def step(self) -> int:
+        """Bytes the optimizer step holds beside the parameters and the optimizer state,
+        after the backward pass (activations, logits and gathered parameters freed); 0 for
+        replicated data parallelism (not modelled: its update works on the whole gradients
+        the backward pass already held).
+
+        - Reducing whole gradients (ZeRO-1; any strategy under pipeline or expert
+          parallelism), buffer by buffer in `reduction_order`: at its k-th buffer the
+          gradients not reduced yet, the slices reduced so far and the buffer's flattened
+          copy, max_k (Σ_{j≥k} G_j + 4·Σ_{j<k} n_j + (c - 1)·G_k), plus the whole gradients
+          outside the buffers G_out.
+        - Then the float32 gradient slices 4·N and G_out are held through the update, with
+          the larger of
+          - the update's temporaries (`ShardedAdamW.step`, buffer by buffer): one buffer's
+            clipped gradient slice 4·n_b, and its new float32 master slice beside the old one
+            (p < 4), or with p = 4 all the new master slices 4·N (until they are published,
+            the buffers keep the old ones, which the masters shared);
+          - ZeRO's all-gather of one buffer into the parameters: its flat output S·n_b and
+            the parameters' new copies P_b, (S·n_b + P_b)·p (FSDP gathers nothing here).
+
+            step = max(reduction, 4·N + G_out + max(4·max n_b + (p = 4 ? 4·N : 4·max n_b),
+                                                    ZeRO: max_b (S·n_b + P_b)·p))
+        """
+        if not self.sharded:
+            return 0
+        p, c = self.param_bytes, self.reduce_copy
+        sizes, slices = self.buffers, self.slices
+        outside = self._outside(True) * p
+        reduction = 0
+        if not self.scatters:
+            order = self.reduction_order()
+            reduction = outside + max(
+                (sum(sizes[b] for b in order[k:]) * p + 4 * sum(slices[b] for b in order[:k])
+                 + (c - 1) * sizes[order[k]] * p for k in range(len(order))), default=0)
+        biggest = max(slices, default=0)
+        update = 4 * biggest + (4 * sum(slices) if p == 4 else 4 * biggest)
+        gather = 0 if self.fsdp else max(
+            ((self.degree * n + size) * p for n, size in zip(slices, sizes, strict=True)),
+            default=0)
+        return max(reduction, 4 * sum(slices) + outside + max(update, gather))
+
+    def notes(self, optimizer: str) -> list[str]:
+        """A warning when the optimizer cannot run sharded (mf-train refuses it)."""
+        if not self.sharded or optimizer.lower() == "adamw":
+            return []
+        return [f"optimizer.type: {optimizer!r} cannot run under data_parallel_shard_strategy "
+                f"{self.strategy!r} (mf-train updates the slices with AdamW only and refuses "
+                "it); the slices' state is estimated as AdamW's"]
+
+
+def data_parallel_rank(config: TrainConfig, plan: Plan, units: list[list[ParamGroup]],
+                       root: list[ParamGroup], *, tied: bool, param_bytes: int
+                       ) -> DataParallelRank:
+    """What a rank of `plan` holds of a stage of `units` (its decoder layers' groups, in
+    forward order) and `root` (its other groups)."""
+    d = plan.dims
+    strategy = config.parallelism.data_parallel_shard_strategy
+    return DataParallelRank(
+        units=tuple(tuple(unit) for unit in units), root=tuple(root), strategy=strategy,
+        degree=d.data_shard, tp=d.tensor, ep=d.expert, param_bytes=param_bytes,
+        scatters=d.data_shard > 1 and strategy != ZERO_1 and d.pipeline == 1 and d.expert == 1,
+        tied=tied, reduce_copy=1 if config.context.device_target == "CPU" else 2)
+
+
+def expert_shard_degree(plan: Plan) -> int:
+    """The degree that slices the routed experts: without expert parallelism they are sliced
+    with the rest over the shard group; with it, each rank keeps its experts whole."""
+    return plan.dims.data_shard if plan.dims.expert == 1 else 1

@@ -1,0 +1,140 @@
+"""Sharded data parallelism (ZeRO-1, ZeRO-2, FSDP) in the estimate, against hand-computed bytes.
+
+The tiny Qwen3 of test_estimate (h 24, a 4, g 2, d 6, f 40, V 50, untied head, float32) with
+2 layers, on 4 ranks of a CPU job (S = 4, one micro-batch of 3 per rank). Its flat buffers, as
+mf-parallel lays them out: each layer P_L = qkv 1152 + o 576 + norms 48 + q/k norms 12 +
+gate/up 1920 + down 960 = 4668 elements, the root P_R = embedding 1200 + final norm 24 + head
+1200 = 2424; this rank's slices n_L = 1167 and n_R = 606, N = 2 n_L + n_R = 2940.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from test_estimate import config
+
+from mf_memory.estimate import EstimateError, estimate, rank_summary
+
+P_L, P_R = 4668, 2424
+P = 2 * P_L + P_R
+N_L, N_R = 1167, 606
+N = 2 * N_L + N_R
+LATE = 24 + 1200  # the root's parameters used after the layers: final norm, head
+
+
+def on_ranks(strategy: str, layers: int = 2, ranks: int = 4, **changes: Any) -> Any:
+    """The tiny model's estimate on `ranks` CPU ranks, sharded over all of them."""
+    settings = {"model__num_hidden_layers": layers, "training__global_batch_size": 3 * ranks,
+                "parallelism__data_parallel_shard_strategy": strategy,
+                "context__device_target": "CPU", **changes}
+    return estimate(config(**settings), world_size=ranks)
+
+
+def test_zero_1_holds_whole_gradients_and_sliced_state() -> None:
+    result = on_ranks("optim")
+    assert (P, N) == (11_760, 2_940)
+    assert result.params == 4 * P                   # whole parameters
+    assert result.grads == 4 * P                    # whole gradients, reduced after backward
+    assert result.optimizer == 12 * N               # moments 8 B, float32 master slice 4 B
+    assert result.gathered_params == 0
+    # after backward: the gradient slices 4 N, then the all-gather of a layer's buffer (its
+    # flat output S n_L and the parameters' copies P_L); reducing the whole gradients at
+    # first holds 4 P = 47,040 B, less
+    assert result.step == 4 * N + 4 * (4 * N_L + P_L) == 49_104
+    assert result.held_params == P
+    assert result.total == result.backward_peak
+
+
+def test_zero_2_reduces_one_buffer_at_a_time_into_float32_slices() -> None:
+    result = on_ranks("optim_grads")
+    # float32 sums 4 N, the last layer's whole gradients beside the head's and final norm's
+    # (kept until the root, reduced last, is complete), or at the end the root's
+    assert result.grads == 4 * N + max(4 * (LATE + P_L), 4 * P_R) == 35_328
+    assert (result.params, result.optimizer) == (4 * P, 12 * N)
+    assert result.step == 49_104
+    # with a reduce-scatter (not CPU) each buffer is flattened into a copy first
+    device = on_ranks("optim_grads", context__device_target="auto")
+    assert device.grads == 4 * N + max(4 * LATE + 2 * 4 * P_L, 2 * 4 * P_R) == 54_000
+    # a tied head: the table's gradient from the head is held until the embedding's adds to it
+    tied = on_ranks("optim_grads", model__tie_word_embeddings=True)
+    n_tied = 2 * N_L + (1200 + 24) // 4
+    assert tied.grads == 4 * n_tied + 4 * ((1200 + 24) + P_L)
+
+
+def test_fsdp_holds_slices_and_gathers_a_unit_at_a_time() -> None:
+    result = on_ranks("optim_grads_params")
+    assert result.params == 4 * N                   # slices only
+    assert result.grads == 35_328                   # as ZeRO-2
+    assert result.optimizer == 8 * N                # the master is the slice itself
+    # the root stays gathered; the `default` policy reshards layer 0 after forward and keeps
+    # layer 1, so one layer at a time, with its all-gather's flat output S n_L
+    assert result.gathered_params == 4 * (P_R + P_L + 4 * N_L)
+    never = on_ranks("optim_grads_params", parallelism__reshard_after_forward_policy="never")
+    assert never.gathered_params == 4 * (P_R + P_L + P_L + 4 * N_L)
+    # no all-gather after the update: the gradient slices, one clipped slice, new masters
+    assert result.step == 4 * N + 4 * N_L + 4 * N == 28_188
+    assert result.held_params == N
+
+
+def test_fsdp_state_is_one_process_s_divided_plus_the_buffers_in_flight() -> None:
+    one = estimate(config(model__num_hidden_layers=2, context__device_target="CPU"),
+                   world_size=1)
+    in_flight = 4 * (LATE + P_L)
+    four = on_ranks("optim_grads_params")
+    assert (four.params + four.grads + four.optimizer
+            == (one.params + one.grads + one.optimizer) // 4 + in_flight)
+    # 8 ranks: each buffer padded to a multiple of 8 (4668 -> 584 per rank, 2424 -> 303)
+    eight = on_ranks("optim_grads_params", ranks=8)
+    assert eight.params + eight.grads + eight.optimizer == 16 * (2 * 584 + 303) + in_flight
+
+
+def test_each_strategy_holds_less_than_the_one_before() -> None:
+    totals = [on_ranks(strategy, layers=4).total
+              for strategy in ("optim", "optim_grads", "optim_grads_params")]
+    plain = estimate(config(model__num_hidden_layers=4, training__global_batch_size=12,
+                            parallelism__data_parallel_shard=1,
+                            context__device_target="CPU"), world_size=4).total
+    assert plain > totals[0] > totals[1] > totals[2]
+
+
+def test_16_bit_parameters_keep_float32_masters_beside_the_slices() -> None:
+    bf16 = {"model__params_dtype": "bfloat16", "model__compute_dtype": "bfloat16"}
+    zero = on_ranks("optim", **bf16)
+    assert (zero.params, zero.optimizer) == (2 * P, N * (12 + 2))   # + the bfloat16 slices
+    fsdp = on_ranks("optim_grads_params", **bf16)
+    assert (fsdp.params, fsdp.optimizer) == (2 * N, N * (8 + 4))
+    assert fsdp.grads == 4 * N + 2 * (LATE + P_L)   # sums in float32, whole ones in bfloat16
+
+
+def test_the_optimizer_step_can_set_the_peak() -> None:
+    # a large vocabulary and tiny activations: gathering the root buffer after the update
+    # (ZeRO) holds more than the backward pass
+    result = on_ranks("optim", model__vocab_size=5000, model__seq_length=2,
+                      training__local_batch_size=1, training__global_batch_size=4)
+    assert result.step_peak > result.backward_peak
+    assert result.total == result.step_peak == result.params + result.optimizer + result.step
+
+
+def test_pipeline_stages_accumulate_whole_gradients() -> None:
+    result = estimate(config(model__num_hidden_layers=2, training__global_batch_size=12,
+                             parallelism__pipeline_parallel=2,
+                             parallelism__data_parallel_shard_strategy="optim_grads",
+                             context__device_target="CPU"), world_size=4, stage=1)
+    stage = P_L + 24 + 1200                         # layer 1, final norm, head
+    assert result.grads == 4 * stage                # the pipeline's own backward: whole
+    assert result.optimizer == 12 * (P_L // 2 + (24 + 1200) // 2)  # 2 data ranks: S = 2
+
+
+def test_rank_summary() -> None:
+    cfg = config(model__num_hidden_layers=2, training__global_batch_size=12,
+                 context__device_target="CPU")   # FSDP over every rank by default
+    assert rank_summary(cfg, 4, rank=3) == (P, N, estimate(cfg, 4).total)
+    staged = config(model__num_hidden_layers=2, training__global_batch_size=6,
+                    parallelism__pipeline_parallel=2)
+    first, last = (rank_summary(staged, 2, rank=r) for r in (0, 1))
+    assert (first.rank_params, last.rank_params) == (1200 + P_L, P_L + 24 + 1200)
+    assert last.peak_bytes == estimate(staged, 2, stage=1).total
+    assert rank_summary(staged, 2).peak_bytes == estimate(staged, 2).total
+    with pytest.raises(EstimateError, match="rank 2 does not exist"):
+        rank_summary(staged, 2, rank=2)
