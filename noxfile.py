@@ -134,6 +134,7 @@ def bench(session: nox.Session) -> None:
     session.run("python", "benchmarks/dp_sync.py")
     session.run("python", "benchmarks/train_step.py")
     session.run("python", "benchmarks/sharded_memory.py")
+    session.run("python", "benchmarks/layout_memory.py")
     session.run("python", "benchmarks/memory.py")
     session.run("python", "benchmarks/loader_masks.py")
     session.run("python", "benchmarks/hf_import.py")

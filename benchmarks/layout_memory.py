@@ -1,0 +1,181 @@
+"""Per-rank peak memory of `mf-train` itself, layout by layout, beside mf-memory's estimate.
+
+The model is a 127M-parameter Qwen3 (hidden 1024, 8 layers, 16 heads / 8 key-value heads,
+head dim 64, MLP 2816, vocabulary 32000, tied embedding, float32), AdamW, sequence 128,
+global batch 4 (local batch 4 / ranks: one micro-batch per rank), 2 steps and a checkpoint,
+trained on the Python-docs corpus `nox -s train` builds (examples/data/make_corpus.py). For
+each number of ranks (1, 2, 4) and each data-parallel strategy (plain, `optim` = ZeRO-1,
+`optim_grads` = ZeRO-2, `optim_grads_params` = FSDP) one real `mf-train --nproc N` run:
+
+- **built**: the largest rank's peak once the model, optimizer and state exist (the
+  `build_peak_memory_gib` of metrics.jsonl's start line);
+- **training**: the largest rank's peak through the steps (the last step line's
+  `peak_memory_gib`; peak resident memory on CPU);
+- **whole run**: the largest rank process's resident memory polled every 0.2 s over the
+  whole run, checkpoint included (psutil), which also serves code that logs no memory;
+- **estimate**: `mf_memory.estimate(config, world_size).total` for the same configuration.
+
+`--revisions A,B` measures each git revision's packages instead of the installed ones (a
+temporary worktree put first on PYTHONPATH), side by side in the same run: this commit and the
+one before, say.
+Usage: python benchmarks/layout_memory.py [--ranks 1,2,4] [--strategies ...] [--revisions ...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import attrs
+import psutil
+
+ROOT = Path(__file__).resolve().parents[1]
+SIZES = {"vocab_size": 32000, "hidden_size": 1024, "intermediate_size": 2816,
+         "num_hidden_layers": 8, "num_attention_heads": 16, "num_key_value_heads": 8,
+         "head_dim": 64}
+STRATEGIES = ("plain", "optim", "optim_grads", "optim_grads_params")
+GIB = 2**30
+
+
+def config_text(data_prefix: Path) -> str:
+    """examples/qwen3_tiny.yaml at 127M parameters, 2 steps, saved once, no recompute."""
+    text = (ROOT / "examples" / "qwen3_tiny.yaml").read_text()
+    text = text.replace("./output/data/python_docs_text_document", str(data_prefix))
+    text = text.replace("steps: 50", "steps: 2").replace("save_interleaved_steps: 25",
+                                                          "save_interleaved_steps: 2")
+    for key, value in SIZES.items():
+        head, _, rest = text.partition(f"  {key}: ")
+        text = f"{head}  {key}: {value}{rest[rest.index(chr(10)):]}"
+    return text[:text.index("recompute:")] + text[text.index("monitor:"):]
+
+
+def overrides(ranks: int, strategy: str) -> list[str]:
+    sets = [f"training.local_batch_size={4 // ranks}"]
+    if strategy == "plain":  # the default shards over every data-parallel rank
+        sets += ["parallelism.data_parallel_shard=1"]
+    else:
+        sets += ["parallelism.data_parallel_shard=-1",
+                 f"parallelism.data_parallel_shard_strategy={strategy}"]
+    return [arg for item in sets for arg in ("--set", item)]
+
+
+def polled_peak(command: list[str], env: dict[str, str], log: Path) -> tuple[int, float]:
+    """Run `command`; the return code and the largest resident memory (GiB) any rank process
+    (or the single process) reached."""
+    with log.open("w") as out:
+        process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=env)
+        root, peak = psutil.Process(process.pid), 0
+        while process.poll() is None:
+            try:
+                procs = [root, *root.children(recursive=True)]
+            except psutil.Error:
+                procs = []
+            for proc in procs:
+                try:
+                    if proc is root or "mf-train-rank" in " ".join(proc.cmdline()):
+                        peak = max(peak, proc.memory_info().rss)
+                except psutil.Error:
+                    pass
+            time.sleep(0.2)
+    return process.returncode, peak / GIB
+
+
+def estimate_gib(config_path: Path, ranks: int, strategy: str) -> float | None:
+    from mf_config import load_config
+    from mf_memory.estimate import estimate
+
+    loaded = load_config(config_path)
+    config = loaded[0] if isinstance(loaded, tuple) else loaded
+    training = attrs.evolve(config.training, local_batch_size=4 // ranks)
+    parallelism = attrs.evolve(config.parallelism, data_parallel_shard=1) \
+        if strategy == "plain" else attrs.evolve(
+            config.parallelism, data_parallel_shard=-1, data_parallel_shard_strategy=strategy)
+    config = attrs.evolve(config, training=training, parallelism=parallelism)
+    try:
+        return estimate(config, ranks).total / GIB
+    except Exception as exc:  # an estimate that fails is reported, not fatal
+        print(f"estimate failed: {exc}", file=sys.stderr)
+        return None
+
+
+def metrics_peaks(output: Path) -> tuple[float | None, float | None]:
+    lines = [json.loads(line) for line in (output / "metrics.jsonl").read_text().splitlines()]
+    start = next((line for line in lines if line.get("event") == "start"), {})
+    steps = [line for line in lines if "event" not in line]
+    return start.get("build_peak_memory_gib"), steps[-1].get("peak_memory_gib") if steps else None
+
+
+def revision_env(revision: str, tmp: Path) -> tuple[dict[str, str], Path]:
+    """The environment that runs `revision`'s packages, and its worktree."""
+    tree = tmp / f"tree-{revision}"
+    subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", str(tree),
+                    revision], check=True, capture_output=True)
+    paths = [str(path) for path in sorted((tree / "packages").glob("*/src"))]
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([*paths, os.environ.get("PYTHONPATH", "")]))
+    return env, tree
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--ranks", default="1,2,4")
+    parser.add_argument("--strategies", default=",".join(STRATEGIES))
+    parser.add_argument("--revisions", help="git revisions to measure, comma-separated "
+                                            "(default: the installed packages)")
+    args = parser.parse_args()
+    tmp = Path(tempfile.mkdtemp(prefix="mf-layout-memory-"))  # kept if a run fails: its logs
+    corpus = tmp / "docs.jsonl"
+    subprocess.run([sys.executable, str(ROOT / "examples/data/make_corpus.py"), str(corpus)],
+                   check=True, capture_output=True)
+    subprocess.run(["mf-data", "preprocess", "--input", str(corpus), "--output-prefix",
+                    str(tmp / "docs")], check=True, capture_output=True)
+    config = tmp / "qwen3_127m.yaml"
+    config.write_text(config_text(tmp / "docs"))
+    codes, trees = [("installed", dict(os.environ))], []
+    if args.revisions:
+        codes = []
+        for revision in args.revisions.split(","):
+            env, tree = revision_env(revision, tmp)
+            codes.append((revision, env))
+            trees.append(tree)
+    rows, failed = [], False
+    for ranks in [int(r) for r in args.ranks.split(",")]:
+        for strategy in args.strategies.split(","):
+            if ranks == 1 and strategy != "plain":
+                continue
+            estimate = estimate_gib(config, ranks, strategy)
+            for code, env in codes:
+                output = tmp / f"{code.replace(' ', '_')}-{ranks}-{strategy}"
+                launch = ["--nproc", str(ranks)] if ranks > 1 else []
+                command = ["mf-train", "--config", str(config), "--output-dir", str(output),
+                           *launch, *overrides(ranks, strategy)]
+                code_rc, whole = polled_peak(command, env, tmp / f"{output.name}.log")
+                built, training = metrics_peaks(output) if code_rc == 0 else (None, None)
+                failed |= code_rc != 0
+                rows.append((code, ranks, strategy, built, training, whole, estimate, code_rc))
+                print(rows[-1], flush=True)
+    for tree in trees:
+        subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(tree)],
+                       check=False)
+    print("| code | ranks | strategy | built GiB | training GiB | whole run GiB | "
+          "estimate GiB | exit |")
+    print("|---|---|---|---|---|---|---|---|")
+    for code, ranks, strategy, built, training, whole, estimate, rc in rows:
+        cells = [_gib(built), _gib(training), _gib(whole), _gib(estimate)]
+        print(f"| {code} | {ranks} | {strategy} | {' | '.join(cells)} | {rc} |")
+    if not failed:
+        shutil.rmtree(tmp)
+
+
+def _gib(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}"
+
+
+if __name__ == "__main__":
+    main()
