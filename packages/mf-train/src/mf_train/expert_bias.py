@@ -45,6 +45,10 @@ class NoExpertBiasUpdate:
     def reduced(self, loss: Tensor, grads: Sequence[Tensor]) -> None:
         """Nothing to record."""
 
+    def watches(self, name: str) -> bool:
+        """No gradient is read (the counts come from the routers)."""
+        return False
+
     def update(self) -> Counts:
         """Nothing to update; no counts."""
         return {}

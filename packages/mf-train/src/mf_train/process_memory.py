@@ -20,8 +20,8 @@ import sys
 from dataclasses import dataclass
 
 import mindspore as ms
-import numpy as np
-from mindspore import communication, ops
+
+from . import world_group
 
 GIB = 2**30
 
@@ -52,11 +52,9 @@ def largest_peak(device: str, world_size: int) -> RankPeak:
     mine = peak_memory_bytes(device)
     if world_size == 1:
         return RankPeak(mine, 0)
-    mib = ms.Tensor(np.array([mine / 2**20], np.float32))  # float32: no int AllReduce on CPU
-    group = communication.GlobalComm.WORLD_COMM_GROUP
-    every = ops.AllGather(group=group)(mib).asnumpy()
-    rank = int(np.argmax(every))
-    return RankPeak(round(float(every[rank]) * 2**20), rank)
+    every = world_group.every_rank(mine / 2**20)  # MiB: exact enough in float32
+    rank = max(range(len(every)), key=every.__getitem__)
+    return RankPeak(round(every[rank] * 2**20), rank)
 
 
 def return_freed_host_memory() -> bool:

@@ -1,5 +1,6 @@
 """Agreement among all ranks of the job: a barrier and an all-ranks vote (checkpoints use
-them: every rank waits for a save's files, and all choose the same checkpoint to resume)."""
+them: every rank waits for a save's files, and all choose the same checkpoint to resume), and
+every rank's value of one number (the step line's largest peak memory)."""
 
 from __future__ import annotations
 
@@ -21,3 +22,11 @@ def all_ranks(ok: bool) -> bool:
     group = communication.GlobalComm.WORLD_COMM_GROUP
     failed = ms.Tensor(np.array([0.0 if ok else 1.0], np.float32))
     return float(ops.AllReduce(group=group)(failed).asnumpy()[0]) == 0.0
+
+
+def every_rank(value: float) -> list[float]:
+    """`value` as each rank has it, in rank order (an all-gather over the world group; float32,
+    the CPU backend reduces no integers)."""
+    group = communication.GlobalComm.WORLD_COMM_GROUP
+    mine = ms.Tensor(np.array([value], np.float32))
+    return [float(v) for v in ops.AllGather(group=group)(mine).asnumpy()]

@@ -4,7 +4,8 @@ it, an emulation built from the operations it has.
 MindSpore 2.10's CPU backend (mccl) has all-reduce (sum only), all-gather and broadcast, but
 not reduce-scatter, all-to-all or send/recv (see shared/reference/mindspore-cpu.md). On CPU:
 - all-reduce with max, min or prod = all-gather, then the reduction on every rank;
-- reduce-scatter = all-reduce, then a copy of this rank's slice;
+- reduce-scatter = an all-reduce of each rank's slice in turn, this rank keeping its own
+  (the same bytes as one all-reduce of the whole, with one slice as the largest transient);
 - all-to-all = all-gather of every rank's chunks, then the chunks addressed to this rank;
 - all-gather and broadcast over a group other than the world (mccl runs them over the world
   group only) = an all-reduce (sum) of a buffer in which each rank fills only its own part and
@@ -21,6 +22,8 @@ else in between.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 import mindspore as ms
 from mindspore import communication, mint, ops
@@ -110,9 +113,20 @@ class Collectives:
         size = _divisible(tensor, self.comm.group_size(kind), "reduce_scatter")
         if self.comm.device_target in FULL_BACKENDS:
             return ops.ReduceScatter(op="sum", group=group)(tensor.contiguous())
-        summed = self.all_reduce(tensor, kind)
-        return fresh_copy(_chunk(summed, size, self.comm.group_rank(kind)))  # not a view: it
-        # would keep the whole summed buffer alive
+        return self.reduce_scatter_slices(
+            lambda index: fresh_copy(_chunk(tensor, size, index)), kind)  # own memory, not a view
+
+    def reduce_scatter_slices(self, slice_of: Callable[[int], ms.Tensor], kind: str,
+                              ) -> ms.Tensor:
+        """The emulated reduce-scatter over `kind`'s group, from a function giving the input's
+        slice addressed to group rank i (so a caller need not build the whole input): each
+        slice all-reduced in turn, this rank's kept."""
+        mine = None
+        for index in range(self.comm.group_size(kind)):
+            summed = self.all_reduce(slice_of(index), kind)
+            if index == self.comm.group_rank(kind):
+                mine = summed
+        return mine
 
     def all_to_all(self, tensor: ms.Tensor, kind: str) -> ms.Tensor:
         """Chunk i of dim 0 goes to group rank i; returns the chunks received, in rank order."""

@@ -90,19 +90,14 @@ class FlatShard:
 
     def reduce_scatter_tensors(self, tensors: Sequence[ms.Tensor]) -> ms.Tensor:
         """`reduce_scatter(flatten(tensors))` without the whole flat buffer where the backend
-        has no reduce-scatter (CPU): each rank's slice is cut from the tensors and all-reduced
-        in turn, so the largest transient is one slice, and the bytes moved are those of one
-        all-reduce of the buffer. Backends with a reduce-scatter run it on the flat buffer."""
+        has no reduce-scatter (CPU): the emulation takes each rank's slice cut from the
+        tensors. Backends with a reduce-scatter run it on the flat buffer."""
         if self.shards == 1 or not self.collectives.emulates("reduce_scatter"):
             return self.reduce_scatter(self.flatten(tensors))
         flats = [t.reshape(-1) for t in tensors]
-        mine = None
-        for shard in range(self.shards):
-            begin = shard * self.length
-            summed = self.collectives.all_reduce(self._range(flats, begin, begin + self.length),
-                                                 "shard")
-            if begin == self.start:
-                mine = summed
+        mine = self.collectives.reduce_scatter_slices(
+            lambda shard: self._range(flats, shard * self.length, (shard + 1) * self.length),
+            "shard")
         return self.collectives.all_reduce(mine, "replicate")
 
     def _range(self, flats: Sequence[ms.Tensor], begin: int, end: int) -> ms.Tensor:

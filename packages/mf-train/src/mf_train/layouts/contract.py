@@ -275,6 +275,5 @@ class Observers:
             observer.reduced(loss, grads)
 
     def watches(self, name: str) -> bool:
-        """Whether any observer reads the gradient of `name` (one that does not say: yes)."""
-        return any(getattr(observer, "watches", lambda _name: True)(name)
-                   for observer in self.observers)
+        """Whether any observer reads the gradient of `name`."""
+        return any(observer.watches(name) for observer in self.observers)

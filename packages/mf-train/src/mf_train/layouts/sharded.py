@@ -251,8 +251,7 @@ class ZeRO(StepLayout):
             tokens += int(batch.tokens.size)
         if loss is None:
             raise ValueError("a training step needs at least one micro-batch")
-        if hasattr(self.sharded, "reshard"):
-            self.sharded.reshard()
+        self.free_gathered()
         return LocalGradients(loss, [summed.get(i) for i in range(len(names))], tokens,
                               slices=self.grads.take())
 
@@ -268,11 +267,14 @@ class ZeRO(StepLayout):
         if slices is not None:  # the whole gradients kept for the observers are read
             local.grads[:] = [None] * len(local.grads)
         else:
-            if hasattr(self.sharded, "reshard"):
-                self.sharded.reshard()
+            self.free_gathered()
             self.grads.add_all(local.grads)
             slices = self.grads.take()
         return ReducedGradients(self.loss(local.loss), slices, self.norm(slices))
+
+    def free_gathered(self) -> None:
+        """Free what the forward and backward passes gathered (FSDP's units); ZeRO keeps
+        whole parameters: nothing."""
 
     def _sequence_parallel_sum(self, index: int, grad: Tensor) -> Tensor:
         """A sequence-parallel parameter's partial gradient summed over the tensor group."""
@@ -321,6 +323,11 @@ class FSDP(ZeRO):
     def forward_context(self) -> AbstractContextManager[None]:
         """The root unit gathered and the saved-tensor hooks on (see `StepLayout`)."""
         return self.sharded.forward_context()
+
+    def free_gathered(self) -> None:
+        """Every unit's gathered parameters freed (the root unit stays gathered through the
+        backward pass)."""
+        self.sharded.reshard()
 
     def held_parameters(self) -> int:
         """The model's parameters (placeholders where sharded) and this rank's slices."""
