@@ -47,7 +47,8 @@ def lines(output: Path) -> list[dict]:
     return [json.loads(line) for line in (output / "metrics.jsonl").read_text().splitlines()]
 
 
-def test_a_second_run_into_a_directory_in_use_fails_at_once(tmp_path: Path, capsys) -> None:
+def test_a_second_run_into_a_directory_in_use_fails_at_once(data_prefix, tmp_path: Path,
+                                                            capsys) -> None:
     holder = subprocess.Popen([sys.executable, "-c", HOLD, str(tmp_path)],
                               stdout=subprocess.PIPE, text=True)
     try:
@@ -58,7 +59,7 @@ def test_a_second_run_into_a_directory_in_use_fails_at_once(tmp_path: Path, caps
                                           f"{holder.pid} on ")
         assert str(busy.value).endswith("; wait for it to finish, or choose another "
                                         "--output-dir")
-        assert run(["--config", str(EXAMPLE), "--output-dir", str(tmp_path)]) == 2
+        assert run(small(data_prefix, tmp_path, 1)) == 2
         assert f"mf-train: {tmp_path} is in use by another run (PID {holder.pid}" in \
             capsys.readouterr().err
     finally:
@@ -79,9 +80,9 @@ def test_an_earlier_run_without_checkpoints_is_not_overwritten(tmp_path: Path) -
     assert (tmp_path / "metrics.jsonl").read_text().count("\n") == 3
 
 
-def test_an_unusable_output_directory_is_one_line(tmp_path: Path, capsys) -> None:
+def test_an_unusable_output_directory_is_one_line(data_prefix, tmp_path: Path, capsys) -> None:
     (tmp_path / "file").write_text("not a directory")
-    assert run(["--config", str(EXAMPLE), "--output-dir", str(tmp_path / "file" / "out")]) == 2
+    assert run(small(data_prefix, tmp_path / "file" / "out", 1)) == 2
     err = capsys.readouterr().err
     assert err.strip().splitlines()[-1] == (
         f"mf-train: cannot use {tmp_path / 'file' / 'out'} as the output directory: Not a "

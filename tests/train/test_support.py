@@ -208,7 +208,7 @@ def test_refusals_come_before_any_rank_starts(tmp_path: Path, capsys) -> None:
     assert not (tmp_path / "out" / "logs").exists()
 
 
-def test_the_launcher_says_what_has_no_effect_once(tmp_path: Path, capsys,
+def test_the_launcher_says_what_has_no_effect_once(data_prefix, tmp_path: Path, capsys,
                                                    monkeypatch: pytest.MonkeyPatch) -> None:
     """The warnings reach the user from the launcher, before msrun is started."""
     import mf_train.cli
@@ -218,7 +218,8 @@ def test_the_launcher_says_what_has_no_effect_once(tmp_path: Path, capsys,
 
     monkeypatch.setattr(mf_train.cli, "run_ranks", no_ranks)
     status = run(["--config", str(EXAMPLE), "--output-dir", str(tmp_path / "out"),
-                  "--set", "parallelism.cpu_offload=true", "--nproc", "2"])
+                  "--set", "parallelism.cpu_offload=true", "--nproc", "2",
+                  "--set", f"train_dataset.dataloader.config.data_path=['1','{data_prefix}']"])
     captured = capsys.readouterr()
     assert status == 0 and "msrun would start here" in captured.out
     assert captured.err.count("parallelism.cpu_offload: warning: has no effect") == 1

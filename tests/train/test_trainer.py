@@ -70,12 +70,18 @@ def test_launcher_rejects_a_bad_file_before_touching_anything(tmp_path, capsys) 
     assert not (tmp_path / "out").exists()
 
 
-def test_launcher_missing_data_is_one_line(tmp_path, capsys) -> None:
-    code = run(["--config", str(EXAMPLE), "--output-dir", str(tmp_path), "--set",
-                f"train_dataset.dataloader.config.data_path=['1','{tmp_path}/none']"])
+def test_launcher_damaged_data_is_one_line(data_prefix, tmp_path, capsys) -> None:
+    """Data that is there but damaged (the corpus' index beside an empty .bin) is found when it
+    is read: status 1 and one line (missing data stops the launcher earlier:
+    test_input_checks.py)."""
+    Path(f"{tmp_path}/truncated.idx").write_bytes(Path(f"{data_prefix}.idx").read_bytes())
+    Path(f"{tmp_path}/truncated.bin").write_bytes(b"")
+    code = run(["--config", str(EXAMPLE), "--output-dir", str(tmp_path / "out"),
+                *[arg for o in overrides(f"{tmp_path}/truncated", 1) for arg in ("--set", o)]])
     assert code == 1
     err = capsys.readouterr().err
-    assert err.startswith("mf-train: ") and "none.idx" in err and "Traceback" not in err
+    assert "mf-train: " in err and "truncated.bin: sizes disagree" in err
+    assert "Traceback" not in err
 
 
 def test_launcher_unknown_lr_key(tmp_path, capsys, data_prefix) -> None:

@@ -3,8 +3,9 @@
 `mf-train export-hf ...` (a checkpoint as a Hugging Face directory: `export_command`).
 
 The whole configuration is validated first (mf-config, then mf-parallel's plan for the world
-size), and only then are devices, data and the model touched. A bad file exits with status 2
-and every problem with its path and line; a failure while training exits with status 1.
+size, then the input files it names: `input_checks`), and only then are devices, data and the
+model touched. A bad file exits with status 2 and every problem with its path and line; a
+failure while training exits with status 1.
 
 With `--nproc N` the launcher starts N ranks on this host through msrun (mf_parallel.launch:
 127.0.0.1, a free port, the whole process group killed on failure or timeout); each rank runs
@@ -38,6 +39,7 @@ from mf_parallel.launch import LaunchError, Nodes, run_ranks
 from mf_parallel.msrun import path_with_interpreter
 
 from . import export_command
+from .input_checks import check_inputs
 from .monitor.tensorboard import event_dir
 from .node_flags import NODE_OPTIONS, FlagError, add_node_flags, nodes_from
 from .run_directory import Claim, RunDirectoryError, claim
@@ -189,9 +191,10 @@ def _without_launcher_options(argv: list[str]) -> list[str]:
 def _validated(args: argparse.Namespace, world_size: int, *,
                say_warnings: bool = False) -> tuple[TrainConfig, Source] | None:
     """(config, source) when the file, overrides, plan and what the trainer supports
-    (`support`) are valid; else print the problems and return None. With `say_warnings`,
-    the settings that have no effect here are printed too (the launcher says them once for
-    all ranks; a single process logs them when the trainer starts)."""
+    (`support`) are valid and the files it reads are there (`input_checks`); else print the
+    problems and return None. With `say_warnings`, the settings that have no effect here are
+    printed too (the launcher says them once for all ranks; a single process logs them when
+    the trainer starts)."""
     from .job import check_support, make_job_plan, resolve_device  # MindSpore
 
     try:
@@ -200,6 +203,7 @@ def _validated(args: argparse.Namespace, world_size: int, *,
         plan = make_job_plan(config, world_size=world_size, source=source)
         device = resolve_device(config.context.device_target)
         warnings = check_support(config, plan, device, source)
+        check_inputs(config, source)
     except (ConfigError, UnreadableFile, PlanError) as exc:
         print(f"mf-train: {exc}", file=sys.stderr)
         return None

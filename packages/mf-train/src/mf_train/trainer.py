@@ -65,6 +65,7 @@ from .checkpoint.reading import read_ahead
 from .compiled_layers import CompileReport, compile_layers
 from .expert_bias import ExpertBiasUpdate, NoExpertBiasUpdate
 from .gradient_norm import clip_coefficient
+from .input_checks import check_inputs
 from .job import check_support, make_job_plan, resolve_device
 from .layouts import (
     LayoutParts,
@@ -230,6 +231,7 @@ class Trainer:
         seed_everything(config.training.seed, config.training.deterministic)
         self.plan = make_job_plan(config, world_size, source)
         no_effect = check_support(config, self.plan, self.device, source)
+        check_inputs(config, source)  # before a rank joins the group or builds anything
         self.comm = init_communication(self.plan, self.device)
         for warning in no_effect if self.comm.rank == 0 else ():
             LOG.warning("%s", warning)

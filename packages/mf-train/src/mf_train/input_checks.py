@@ -1,0 +1,135 @@
+"""The files a run reads, checked before anything is built: `check_inputs(config, source)`.
+
+A valid configuration can still name files that are not there. Training would find out only
+when it reads them: the dataset after the whole model is built, the checkpoint when it loads.
+`mf-train` checks them in the launching process, before msrun starts a rank, and the trainer
+again before it builds the model. The checks only look at the file system (no MindSpore, no
+file read past the 9 bytes of an index's magic), so they cost milliseconds however large the
+data is. Every problem is one `ConfigIssue` at the value that names the file (its line in the
+YAML file, or the `--set` that wrote it), saying what is missing and what is accepted:
+
+* `train_dataset.dataloader.config.data_path` (and `train_data_path`, `valid_data_path`,
+  `test_data_path`) of `BlendedMegatronDatasetDataLoader`: each prefix, weighted or not, must
+  have both `PREFIX.idx` (a Megatron index) and `PREFIX.bin`. A relative prefix is read from
+  the working directory and `~` is expanded, as mf-data's builder reads it. A list the
+  builder cannot parse (a weight without its prefix, say) is reported here too.
+* `checkpoint.load_path`, when given: it must exist, as a directory (an mf save path, one of
+  its `iteration_XXXXXXXX` directories, or a Hugging Face directory) or a `.safetensors`
+  file. Empty starts from scratch, or resumes the run's own checkpoints (`run_directory`),
+  and a directory without a complete checkpoint yet is still a fresh start (with a warning
+  when loading): both stay allowed. What is inside the directory is checked when it is loaded.
+
+The configuration names no other input file: the tokenizer ran when the data was
+preprocessed (`mf-data preprocess`), and the other paths (`checkpoint.save_path`,
+`path_to_cache`, `monitor.tensorboard.output_dir`, `profiler.output_path`) are written.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path as FilePath
+
+from mf_config import TrainConfig
+from mf_config.component_settings import settings_error
+from mf_config.errors import Path
+from mf_config.yaml_source import Source
+from mf_data.blending import parse_blend
+from mf_data.errors import DataError
+from mf_data.indexed import INDEX_MAGIC, data_path, index_path
+from mf_data.loader_config import LOADER_TYPE, PATH, megatron_settings
+
+DATA_FIELDS = ("data_path", "train_data_path", "valid_data_path", "test_data_path")
+"""The loader's settings that list dataset prefixes (`mf_data.builder` reads them)."""
+MAKE_DATA = ("give the prefix of a Megatron .bin/.idx pair, as `mf-data preprocess "
+             "--output-prefix PREFIX` writes it")
+CHECKPOINTS = ("give an mf checkpoint (a save_path directory or one of its "
+               "iteration_XXXXXXXX directories) or Hugging Face weights (a .safetensors file "
+               "or a directory of them), or leave it empty to start from scratch")
+
+
+def check_inputs(config: TrainConfig, source: Source | None = None) -> None:
+    """Check that every file the configuration reads at start is there.
+
+    Args:
+        config: the validated configuration.
+        source: the YAML source, for each problem's file and line.
+
+    Raises:
+        ConfigError: listing every missing or unusable input, each at the value naming it.
+    """
+    found = _data_problems(config) + _checkpoint_problems(config)
+    if found:
+        raise settings_error(found, source)
+
+
+def _data_problems(config: TrainConfig) -> list[tuple[Path, str]]:
+    dataloader = config.train_dataset.dataloader
+    if dataloader.type != LOADER_TYPE:  # another loader reads its own settings
+        return []
+    try:
+        settings = megatron_settings(dataloader).config
+    except DataError:  # not valid settings: the loader says why when it is built
+        return []
+    if settings is None:
+        return []
+    found = []
+    for field in DATA_FIELDS:
+        entries = getattr(settings, field)
+        if not entries:
+            continue
+        where: Path = (*PATH, "config", field)
+        try:
+            prefixes, weights = parse_blend(entries)
+        except DataError as exc:
+            found.append((where, str(exc)))
+            continue
+        for number, prefix in enumerate(prefixes):
+            problem = _dataset_problem(prefix)
+            if problem is not None:  # a weighted list is weight, prefix, weight, prefix, ...
+                found.append(((*where, number if weights is None else 2 * number + 1), problem))
+    return found
+
+
+def _dataset_problem(prefix: str) -> str | None:
+    """What is wrong with the dataset at `prefix`, or None when both files are there."""
+    path = os.path.expanduser(prefix)
+    index, data, shown = index_path(path), data_path(path), _shown(path)
+    have_index, have_data = os.path.isfile(index), os.path.isfile(data)
+    if not have_index and not have_data:
+        bare = next((path[: -len(end)] for end in (".idx", ".bin") if path.endswith(end)), None)
+        if bare is not None and os.path.isfile(index_path(bare)):
+            return f"{shown}: give the prefix without its extension: {bare}"
+        return f"no dataset at {shown}: neither its .idx nor its .bin exists; {MAKE_DATA}"
+    if not have_index or not have_data:
+        missing, there = (index, data) if have_data else (data, index)
+        return (f"{missing} is missing ({there} is there); a dataset needs both "
+                f"{prefix}.idx and {prefix}.bin")
+    try:
+        with open(index, "rb") as file:
+            magic = file.read(len(INDEX_MAGIC))
+    except OSError as exc:
+        return f"{index} cannot be read: {exc.strerror or exc}"
+    if magic != INDEX_MAGIC:
+        return (f"{index} is not a Megatron index (it does not start with {INDEX_MAGIC!r}); "
+                f"{MAKE_DATA}")
+    return None
+
+
+def _checkpoint_problems(config: TrainConfig) -> list[tuple[Path, str]]:
+    load_path = config.checkpoint.load_path
+    if not load_path:
+        return []
+    path, where = FilePath(load_path), ("checkpoint", "load_path")
+    if not path.exists():
+        return [(where, f"{_shown(load_path)} does not exist; {CHECKPOINTS}")]
+    if not path.is_dir() and path.suffix != ".safetensors":
+        return [(where, f"{_shown(load_path)} is neither a directory nor a .safetensors "
+                        f"file; {CHECKPOINTS}")]
+    return []
+
+
+def _shown(path: str) -> str:
+    """`path`, with where a relative path was looked for (the working directory)."""
+    if os.path.isabs(path):
+        return path
+    return f"{path} (in the working directory: {os.path.abspath(path)})"
