@@ -27,6 +27,7 @@ from safetensors.numpy import load_file
 from session_files import shared_directory
 
 from mf_train.checkpoint.layout import iteration_name, rank_file
+from mf_train.checkpoint.pieces import Piece, PieceIndex
 from mf_train.cli import run
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -103,11 +104,28 @@ def steps(output: Path) -> list[dict]:
     return [line for line in lines if "event" not in line]
 
 
-def rank_arrays(output: Path, step: int, kind: str, rank: int, world: int,
-                prefix: str = PREFIXES[QWEN3]) -> dict[str, np.ndarray]:
-    """One rank's saved `kind` ("model" or "opt") file of the step-`step` checkpoint."""
+def rank_pieces(output: Path, step: int, kind: str, rank: int, world: int,
+                prefix: str = PREFIXES[QWEN3]) -> dict[Piece, np.ndarray]:
+    """What one rank wrote into its `kind` ("model" or "opt") file of the step-`step`
+    checkpoint: each piece (a range of a model-wide tensor) and its values (flat)."""
     directory = output / "ckpt" / iteration_name(step)
-    return load_file(str(directory / rank_file(prefix, kind, rank, world)))
+    name = rank_file(prefix, kind, rank, world)
+    common = json.loads((directory / "common.json").read_text())
+    arrays = load_file(str(directory / name))
+    pieces = [Piece.from_record(record) for record in common["files"][name]["pieces"]]
+    assert sorted(piece.key for piece in pieces) == sorted(arrays)
+    return {piece: arrays[piece.key] for piece in pieces}
+
+
+def saved_tensors(output: Path, step: int, kind: str = "model",
+                  place: tuple[int, int] | None = None) -> dict[str, np.ndarray]:
+    """Every tensor of the step-`step` checkpoint whole, as one process holds it; with
+    `place` (tensor place, degree), the tensor-split ones as that place holds them."""
+    directory = output / "ckpt" / iteration_name(step)
+    index = PieceIndex(directory, json.loads((directory / "common.json").read_text()), kind)
+    with index:
+        return {name: index.read_whole(name, tensor) for name, tensor in index.by_tensor
+                if tensor in (None, place)}
 
 
 def worker_log(output: Path, rank: int = 0) -> str:
@@ -123,6 +141,17 @@ def assert_same_run(got: Path, want: Path, rel: float = 1e-5, count: int = 4) ->
     assert [s["grad_norm"] for s in other] == pytest.approx([s["grad_norm"] for s in one],
                                                             rel=rel)
     assert one[-1]["loss"] < one[0]["loss"]
+
+
+def assert_resumed_across_layouts(resumed: Path, whole: Path, rel: float = 1e-5) -> None:
+    """`resumed` ran steps 3-4 from a step-2 checkpoint another layout saved, with the
+    losses and gradient norms of `whole` (the uninterrupted run, in any layout) within `rel`:
+    the layouts are numerically equivalent, not bit-identical."""
+    again, reference = steps(resumed), steps(whole)[2:]
+    assert [s["step"] for s in again] == [3, 4]
+    assert [s["loss"] for s in again] == pytest.approx([s["loss"] for s in reference], rel=rel)
+    assert [s["grad_norm"] for s in again] == pytest.approx(
+        [s["grad_norm"] for s in reference], rel=rel)
 
 
 def assert_resumed_exactly(resumed: Path, whole: Path) -> None:

@@ -23,6 +23,7 @@ from checkpoint_samples import SHAPES, arrays, config, optimizer_state, save, tr
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from mindspore import Parameter, Tensor
+from safetensors import safe_open
 from safetensors_files import write_safetensors_by_hand
 
 from mf_config import CheckpointConfig, ConfigError, ModelConfig, OptimizerConfig
@@ -44,6 +45,8 @@ from mf_train.checkpoint import (
     resume,
     writer,
 )
+from mf_train.checkpoint.pieces import Piece, PieceIndex
+from mf_train.checkpoint.reader import load_pieces
 from mf_train.models import build_model, hf_state, load_hf_state
 from mf_train.optim import build_optimizer
 
@@ -56,6 +59,23 @@ def assert_same_bits(left: dict[str, np.ndarray], right: dict[str, np.ndarray]) 
         assert left[name].dtype == right[name].dtype, name
         assert left[name].shape == right[name].shape, name
         assert left[name].tobytes() == right[name].tobytes(), name
+
+
+def whole(index: PieceIndex) -> dict[str, np.ndarray]:
+    """Every tensor of a sharded checkpoint's index, whole."""
+    with index:
+        return {name: index.read_whole(name) for name in index.names()}
+
+
+def halves(tensors: dict[str, np.ndarray], rank: int) -> dict[Piece, np.ndarray]:
+    """Rank `rank`'s half of each tensor (flat), as a ZeRO or FSDP rank of 2 saves it."""
+    pieces = {}
+    for name, array in tensors.items():
+        flat = array.reshape(-1)
+        low, high = (0, flat.size // 2) if rank == 0 else (flat.size // 2, flat.size)
+        if high > low:  # a one-element tensor is rank 1's alone
+            pieces[Piece(name, array.shape, low, high)] = flat[low:high]
+    return pieces
 
 
 def files_of(directory: Path) -> dict[str, bytes]:
@@ -84,8 +104,10 @@ def test_round_trip_is_bit_identical_and_uses_mindformers_layout(tmp_path):
     model_file = directory / "qwen3-model-0000000-0000001.safetensors"
     assert common["files"][model_file.name] == {
         "bytes": model_file.stat().st_size,
-        "sha256": hashlib.sha256(model_file.read_bytes()).hexdigest()}
-    assert common["version"] == 2
+        "sha256": hashlib.sha256(model_file.read_bytes()).hexdigest(),
+        "pieces": [[name, list(array.shape), 0, array.size, None]
+                   for name, array in arrays(3).items()]}  # each tensor whole, one piece
+    assert common["version"] == 3
 
     model, optim, state = load_checkpoint(tmp_path)
     assert_same_bits(model, arrays(3))
@@ -239,8 +261,8 @@ def test_no_save_optim_and_no_load_optim(tmp_path):
     with pytest.raises(CheckpointError, match="no_load_optim is False"):
         resume(CheckpointConfig(load_path=str(tmp_path)))
     resumed = resume(CheckpointConfig(load_path=str(tmp_path), no_load_optim=True))
-    assert resumed.kind == "mf" and resumed.optimizer_state is None
-    assert_same_bits(resumed.model_params, arrays(1))
+    assert resumed.kind == "pieces" and resumed.optimizer_state is None
+    assert_same_bits(whole(resumed.model_params), arrays(1))
     with pytest.raises(ValueError, match="no_save_optim is False but no optimizer state"):
         CheckpointManager(config(tmp_path)).save(2, arrays(2), None, train_state(2))
 
@@ -328,25 +350,35 @@ def run_ranks(world: int, body) -> list[BaseException]:
 def test_two_ranks_write_one_checkpoint(tmp_path, async_save):
     seen_before_wait = []
 
+    """Each rank writes its half of every tensor; one process reads them whole, and a rank
+    reading a range across the halves gets it from both files."""
     def body(rank, barrier):
         manager = CheckpointManager(config(tmp_path, async_save=async_save), rank, 2, barrier)
-        manager.save(5, arrays(rank), optimizer_state(rank), train_state(5))
+        manager.save(5, halves(arrays(5), rank), halves(optimizer_state(5), rank),
+                     train_state(5))
         seen_before_wait.append((tmp_path / "iteration_00000005").exists())
         manager.wait()
 
     assert run_ranks(2, body) == []
     # with several ranks an asynchronous save is committed in wait(), not by the thread
     assert seen_before_wait == [not async_save] * 2
-    common = json.loads((tmp_path / "iteration_00000005" / "common.json").read_text())
+    directory = tmp_path / "iteration_00000005"
+    common = json.loads((directory / "common.json").read_text())
     assert common["world_size"] == 2 and len(common["files"]) == 8  # 4 files per rank
-    for rank in range(2):
-        loaded = load_checkpoint(tmp_path, rank, world_size=2)
-        assert_same_bits(loaded.model_params, arrays(rank))
-        assert_same_bits(loaded.optimizer_state, optimizer_state(rank))
-    with pytest.raises(CheckpointError, match=r"saved by 2 rank.*this run has 1"):
-        load_checkpoint(tmp_path, 0, world_size=1)
-    with pytest.raises(CheckpointError, match="no files for rank 2"):
-        load_checkpoint(tmp_path, 2)
+    for rank in range(2):  # each file holds its rank's halves only
+        with safe_open(str(directory / f"checkpoint-model-{rank:07d}-0000002.safetensors"),
+                       "numpy") as file:
+            keys = list(file.keys())  # a safe_open handle is not iterable
+            assert {key: file.get_tensor(key).size for key in keys} == {
+                piece.key: piece.stop - piece.start for piece in halves(arrays(5), rank)}
+    loaded = load_checkpoint(tmp_path)
+    assert_same_bits(loaded.model_params, arrays(5))
+    assert_same_bits(loaded.optimizer_state, optimizer_state(5))
+    model, _, state = load_pieces(directory, rank=0, world_size=3, load_optimizer=False)
+    assert state.rng is None  # another world size: the generators are not restored
+    with model:
+        flat = arrays(5)["embed.weight"].reshape(-1)
+        assert np.array_equal(model.read_range("embed.weight", 7, 33), flat[7:33])
 
 
 @pytest.mark.parametrize("async_save", [False, True])
@@ -689,7 +721,7 @@ def test_a_corrupt_checkpoint_falls_back_to_the_newest_valid_one(tmp_path):
         resumed = resume(config(tmp_path, load_path=str(tmp_path)))
     assert resumed.path == tmp_path / "iteration_00000001"
     assert resumed.state.global_step == 1
-    assert_same_bits(resumed.model_params, arrays(1))
+    assert_same_bits(whole(resumed.model_params), arrays(1))
     messages = [str(w.message) for w in warned]
     assert messages[0].startswith(f"{tmp_path / 'iteration_00000003'} is corrupt (")
     assert "opt-0000000-0000001.safetensors: its bytes do not match the SHA-256" in messages[0]

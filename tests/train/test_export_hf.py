@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import re
-import shutil
 from pathlib import Path
 
 import numpy as np
@@ -19,14 +18,17 @@ import pytest
 
 pytest.importorskip("mindspore")
 
+from checkpoint_samples import as_format_2
 from mindspore import Tensor
 from runs import DEEPSEEK, QWEN3, ROOT, steps
 from tensor_groups import tensor_group
 
 from mf_config.validate import config_from_source, load_source
-from mf_train.checkpoint import HFCheckpoint, load_checkpoint, load_hf_weights
+from mf_train.checkpoint import HFCheckpoint, find_checkpoint, load_hf_weights
 from mf_train.checkpoint.hf_write import parse_size
+from mf_train.checkpoint.layout import read_common
 from mf_train.checkpoint.params import apply_model_params
+from mf_train.checkpoint.pieces import PieceIndex
 from mf_train.cli import run
 from mf_train.models import ModelPart, build_model, load_hf_state
 from mf_train.models.hf_weights import local_value
@@ -63,10 +65,19 @@ def two_ranks(example: Path, prefix: str, output: Path, shape: list[str]) -> Pat
     return train(example, prefix, output, shape, "--nproc", "2", "--timeout", "300")
 
 
-def rank_arrays(checkpoint: Path, world: int) -> list[dict[str, np.ndarray]]:
-    """Each rank's saved model arrays."""
-    return [load_checkpoint(checkpoint, rank, load_optimizer=False).model_params
-            for rank in range(world)]
+def saved_weights(checkpoint: Path, place: tuple[int, int] | None = None,
+                  ) -> dict[str, np.ndarray]:
+    """The checkpoint's weights whole, as one process holds them; with `place` (tensor
+    place, degree), the ones tensor parallelism splits as that place holds them."""
+    directory = find_checkpoint(checkpoint)
+    index = PieceIndex(directory, read_common(directory), "model")
+    with index:
+        return {name: index.read_whole(name, tensor) for name, tensor in index.by_tensor
+                if tensor in (None, place)}
+
+
+def files_of(directory: Path) -> dict[str, bytes]:
+    return {path.name: path.read_bytes() for path in sorted(directory.iterdir())}
 
 
 def export(example: Path, checkpoint: Path, output: Path, *more: str) -> int:
@@ -82,16 +93,15 @@ def logits(model) -> np.ndarray:
     return model.logits(Tensor(INPUT_IDS)).asnumpy()
 
 
-def assert_round_trip(example: Path, shape: list[str], checkpoint: Path, exported: Path,
-                      world: int = 1) -> None:
+def assert_round_trip(example: Path, shape: list[str], checkpoint: Path,
+                      exported: Path) -> None:
     """The export, through mf's Hugging Face import, gives the logits of the one-process model
     that the checkpoint's rank files together hold (every parameter in one of them)."""
     config = model_config(example, shape)
     saved = build_model(config, seed=1)
-    union = {name: value for arrays in rank_arrays(checkpoint, world)
-             for name, value in arrays.items()}
-    assert union.keys() == {name for name, _ in saved.parameters_and_names()}
-    apply_model_params(saved.parameters_and_names(), union)
+    whole = saved_weights(checkpoint)
+    assert whole.keys() == {name for name, _ in saved.parameters_and_names()}
+    apply_model_params(saved.parameters_and_names(), whole)
     imported = build_model(config, seed=2)
     load_hf_state(imported, load_hf_weights(exported))
     np.testing.assert_allclose(logits(imported), logits(saved), rtol=0, atol=1e-6)
@@ -226,13 +236,12 @@ def test_refusals_say_what_is_wrong(qwen3_run, qwen3_export, tmp_path, capsys) -
 
 def test_a_pipeline_of_a_model_training_does_not_cut_is_refused(qwen3_run, tmp_path,
                                                                 capsys) -> None:
-    """DeepSeek-V3 is not cut into pipeline stages: a configuration saying it was is refused
-    by name before any rank file is read (the files here are a 1-rank Qwen3's, said to be 2
-    ranks')."""
-    pipeline = tmp_path / "pipeline" / "iteration_00000002"
-    shutil.copytree(qwen3_run / "iteration_00000002", pipeline)
-    common = json.loads((pipeline / "common.json").read_text())
-    (pipeline / "common.json").write_text(json.dumps({**common, "world_size": 2}))
+    """A checkpoint of format 2 (each rank's file holding what it trained with, found through
+    the configuration's parallelism): DeepSeek-V3 is not cut into pipeline stages, so a
+    configuration saying it was is refused by name before any rank file is read (the files
+    here are a 1-rank Qwen3's, said to be 2 ranks')."""
+    pipeline = as_format_2(qwen3_run / "iteration_00000002",
+                           tmp_path / "pipeline" / "iteration_00000002", world_size=2)
     capsys.readouterr()
     assert export(DEEPSEEK, pipeline, tmp_path / "hf",
                   *sets([*DEEPSEEK_SHAPE, "parallelism.pipeline_parallel=2"])) == 2
@@ -241,6 +250,14 @@ def test_a_pipeline_of_a_model_training_does_not_cut_is_refused(qwen3_run, tmp_p
         "(no run of it saves a pipeline_parallel > 1 checkpoint); set "
         "parallelism.pipeline_parallel to the run's value\n")
     assert not (tmp_path / "hf").exists()
+
+
+def test_a_format_2_checkpoint_exports_as_before(qwen3_run, qwen3_export, tmp_path) -> None:
+    """A one-process checkpoint of format 2 (an earlier mf's) exports through the
+    configuration's parallelism to the same files."""
+    old = as_format_2(qwen3_run / "iteration_00000002", tmp_path / "old" / "iteration_00000002")
+    assert export(QWEN3, old, tmp_path / "hf", *sets(QWEN3_SHAPE)) == 0
+    assert files_of(tmp_path / "hf") == files_of(qwen3_export)
 
 
 def test_force_replaces_the_output(qwen3_run, qwen3_export, tmp_path) -> None:
@@ -254,13 +271,13 @@ def test_force_replaces_the_output(qwen3_run, qwen3_export, tmp_path) -> None:
 
 def assert_reshards_to_ranks(example: Path, shape: list[str], checkpoint: Path,
                              exported: Path, tensor: int) -> None:
-    """The import's `local_value`, reading each rank's slices from the exported files, gives
-    back each of 2 ranks' saved arrays."""
+    """The import's `local_value`, reading each tensor place's slices from the exported
+    files, gives back the weights the checkpoint holds for that place."""
     entries = build_model(model_config(example, shape), seed=0).weight_maps()
     with HFCheckpoint(exported) as source:
-        for rank in range(2):
-            saved = load_checkpoint(checkpoint, rank, load_optimizer=False).model_params
-            group = tensor_group(rank, tensor) if tensor > 1 else None
+        for place in range(tensor):
+            saved = saved_weights(checkpoint, (place, tensor) if tensor > 1 else None)
+            group = tensor_group(place, tensor) if tensor > 1 else None
             for entry in entries:
                 value = local_value(entry, source, group)
                 np.testing.assert_array_equal(value, saved[entry.ours], err_msg=entry.ours)
@@ -282,18 +299,14 @@ def test_deepseek_v3_tensor_parallel_export_gives_back_each_rank_s_shard(data_pr
                                      "optim_grads_params"]], ids=["tensor", "fsdp"])
 def test_two_rank_exports_give_back_every_rank_s_arrays(data_prefix, qwen3_export, tmp_path,
                                                         layout, capsys) -> None:
-    """Re-sharded by the import's own code, the export of a 2-rank run is each rank's saved
-    arrays exactly; and it is the 1-process run's export up to the runs' rounding. Exported
-    with a configuration that lacks the run's tensor parallelism, it is refused."""
+    """Re-sharded by the import's own code, the export of a 2-rank run is each tensor
+    place's saved arrays exactly; and it is the 1-process run's export up to the runs'
+    rounding. The checkpoint says how it was split: exported with a configuration that
+    lacks the run's parallelism, the files are the same."""
     checkpoint = two_ranks(QWEN3, data_prefix, tmp_path / "run", [*QWEN3_SHAPE, *layout])
-    if "tensor" in layout[0]:
-        capsys.readouterr()
-        assert export(QWEN3, checkpoint, tmp_path / "wrong", *sets(QWEN3_SHAPE)) == 2
-        err = capsys.readouterr().err
-        assert "saved by 2 rank(s)" in err
-        assert "embedding.weight: shape (256, 32), expected (512, 32)" in err
-        assert not (tmp_path / "wrong").exists()
     assert export(QWEN3, checkpoint, tmp_path / "hf", *sets([*QWEN3_SHAPE, *layout])) == 0
+    assert export(QWEN3, checkpoint, tmp_path / "plain", *sets(QWEN3_SHAPE)) == 0
+    assert files_of(tmp_path / "plain") == files_of(tmp_path / "hf")
     exported = load_hf_weights(tmp_path / "hf")
     assert_reshards_to_ranks(QWEN3, QWEN3_SHAPE, checkpoint, tmp_path / "hf",
                              2 if "tensor" in layout[0] else 1)
@@ -338,34 +351,26 @@ INTERLEAVED = [*PIPELINE, "parallelism.pipeline_parallel_schedule=interleaved_1f
 def test_interleaved_pipeline_export_gives_back_each_stage_s_arrays(data_prefix, tmp_path,
                                                                     capsys) -> None:
     """2 stages x 2 virtual chunks of a 4-layer tied Qwen3: stage 0 saved layers 0 and 2 and
-    the embedding, stage 1 layers 1 and 3, the final norm and its copy of the tied embedding.
-    The export, imported into each stage's part, is that stage's saved arrays exactly, and it
-    gives the logits of the model the two files hold together. Exported with a configuration
-    that lacks the interleaving, the files are refused: they do not hold what it says."""
+    the embedding, stage 1 layers 1 and 3 and the final norm (its copy of the tied embedding
+    is not saved twice). The export, imported into each stage's part, is that stage's
+    weights exactly, and it gives the logits of the model the two files hold together; a
+    configuration without the pipeline exports the same files."""
     shape = [*QWEN3_FOUR_LAYERS, *INTERLEAVED]
     checkpoint = two_ranks(QWEN3, data_prefix, tmp_path / "run", shape)
-    capsys.readouterr()
-    assert export(QWEN3, checkpoint, tmp_path / "wrong",
-                  *sets([*QWEN3_FOUR_LAYERS, *PIPELINE])) == 2
-    err = capsys.readouterr().err
-    assert "does it give the run's parallelism?" in err
-    assert "rank 0: decoder_layers.1.mlp.down.weight missing" in err
-    assert "rank 0: decoder_layers.2.mlp.down.weight saved, but the plan puts it on other " \
-        "ranks" in err
-    assert not (tmp_path / "wrong").exists()
     assert export(QWEN3, checkpoint, tmp_path / "hf", *sets(shape)) == 0
+    assert export(QWEN3, checkpoint, tmp_path / "plain", *sets(QWEN3_FOUR_LAYERS)) == 0
+    assert files_of(tmp_path / "plain") == files_of(tmp_path / "hf")
     exported = load_hf_weights(tmp_path / "hf")
     config = model_config(QWEN3, QWEN3_FOUR_LAYERS)
     parts = [ModelPart((0, 2), embedding=True, head=False),
              ModelPart((1, 3), embedding=False, head=True)]
-    for part, saved in zip(parts, rank_arrays(checkpoint, 2), strict=True):
+    whole = saved_weights(checkpoint)
+    for part in parts:
         stage = build_model(config, seed=3, part=part)
         load_hf_state(stage, exported)
-        params = {name: param.asnumpy() for name, param in stage.parameters_and_names()}
-        assert params.keys() == saved.keys()
-        for name, value in saved.items():
-            np.testing.assert_array_equal(params[name], value, err_msg=name)
-    assert_round_trip(QWEN3, QWEN3_FOUR_LAYERS, checkpoint, tmp_path / "hf", world=2)
+        for name, param in stage.parameters_and_names():
+            np.testing.assert_array_equal(param.asnumpy(), whole[name], err_msg=name)
+    assert_round_trip(QWEN3, QWEN3_FOUR_LAYERS, checkpoint, tmp_path / "hf")
 
 
 def routed_experts(arrays: dict[str, np.ndarray]) -> set[int]:
@@ -377,26 +382,20 @@ def routed_experts(arrays: dict[str, np.ndarray]) -> set[int]:
 def test_expert_parallel_export_gives_back_each_rank_s_experts(data_prefix, tmp_path,
                                                                capsys) -> None:
     """Expert parallel 2 DeepSeek-V3 (4 routed experts; rank 0 saved experts 0-1, rank 1
-    experts 2-3): the export, re-sharded by the import's code, is each rank's saved arrays
-    exactly, and gives the logits of the model the two files hold together. Exported with a
-    configuration without expert parallelism, rank 0's file is refused: it lacks experts."""
+    experts 2-3): the export, re-sharded by the import's code, is the saved weights exactly,
+    and gives the logits of the model the two files hold together; a configuration without
+    expert parallelism exports the same files."""
     layout = [*DEEPSEEK_SHAPE, "parallelism.expert_parallel=2"]
     checkpoint = two_ranks(DEEPSEEK, data_prefix, tmp_path / "run", layout)
-    saved = rank_arrays(checkpoint, 2)
-    assert [routed_experts(arrays) for arrays in saved] == [{0, 1}, {2, 3}]
-    capsys.readouterr()
-    assert export(DEEPSEEK, checkpoint, tmp_path / "wrong", *sets(DEEPSEEK_SHAPE)) == 2
-    err = capsys.readouterr().err
-    assert "rank 0: decoder_layers.1.mlp.experts.2.down.weight missing" in err
-    assert "rank 1:" not in err and not (tmp_path / "wrong").exists()
+    directory = find_checkpoint(checkpoint)
+    written = [{name for name, *_ in read_common(directory)["files"][
+        f"deepseek_v3_tiny-model-{rank:07d}-0000002.safetensors"]["pieces"]}
+        for rank in range(2)]
+    assert [routed_experts(names) for names in written] == [{0, 1}, {2, 3}]
     assert export(DEEPSEEK, checkpoint, tmp_path / "hf", *sets(layout)) == 0
+    assert export(DEEPSEEK, checkpoint, tmp_path / "plain", *sets(DEEPSEEK_SHAPE)) == 0
+    assert files_of(tmp_path / "plain") == files_of(tmp_path / "hf")
     exported = load_hf_weights(tmp_path / "hf")
     assert "model.layers.2.mlp.experts.3.up_proj.weight" in exported
-    entries = build_model(model_config(DEEPSEEK, DEEPSEEK_SHAPE), seed=0).weight_maps()
-    with HFCheckpoint(tmp_path / "hf") as source:
-        for arrays in saved:
-            for entry in entries:
-                if entry.ours in arrays:
-                    value = local_value(entry, source, None)
-                    np.testing.assert_array_equal(value, arrays[entry.ours], err_msg=entry.ours)
-    assert_round_trip(DEEPSEEK, DEEPSEEK_SHAPE, checkpoint, tmp_path / "hf", world=2)
+    assert_reshards_to_ranks(DEEPSEEK, DEEPSEEK_SHAPE, checkpoint, tmp_path / "hf", 1)
+    assert_round_trip(DEEPSEEK, DEEPSEEK_SHAPE, checkpoint, tmp_path / "hf")

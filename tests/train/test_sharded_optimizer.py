@@ -17,6 +17,7 @@ import mindspore as ms
 from mindspore import Parameter, Tensor, ops
 
 from mf_config import (
+    CheckpointConfig,
     LayerSpec,
     ModelConfig,
     OptimizerConfig,
@@ -29,6 +30,9 @@ from mf_parallel import make_plan
 from mf_parallel.runtime import Collectives, init_communication
 from mf_parallel.runtime.flat_shard import FlatShard
 from mf_parallel.runtime.tensor_parallel import mark_tensor_sharded
+from mf_train.checkpoint import CheckpointManager, RunProgress
+from mf_train.checkpoint.layout import read_common
+from mf_train.checkpoint.pieces import Piece, PieceIndex
 from mf_train.layouts import FSDP, LayoutParts, MicroBatch, SingleRank, ZeRO
 from mf_train.layouts.sharded import SliceNorm, reduce_to_slice
 from mf_train.models import build_model
@@ -166,6 +170,59 @@ def test_state_dict_round_trip_and_layout_check() -> None:
         fresh.load_state_dict(other)
     with pytest.raises(OptimizerStateError, match=r"missing key 'adam_m.flat'"):
         fresh.load_state_dict({k: v for k, v in state.items() if k != "adam_m.flat"})
+
+
+def test_own_ranges_cut_the_slice_at_tensor_boundaries() -> None:
+    """Rank 1's elements 5..9: element 5 of `a` (its last), elements 0..3 of `b.bias`."""
+    sharded, _, _ = stub_problem()
+    assert sharded.flat.own_ranges() == [(0, 5, 6, 0), (1, 0, 4, 1)]
+
+
+EVERYTHING_OWNED = SimpleNamespace(owns=lambda name, param, sliced=False: True,
+                                   tensor=lambda param: None, writes_scalars=True)
+"""A placement under which this rank writes all it holds (no replicas, no tensor split)."""
+
+
+def test_state_pieces_are_one_process_adamw_state_cut_where_the_slice_cuts(tmp_path) -> None:
+    """After two steps the pieces hold, under one process's keys, exactly the moments numpy
+    AdamW gives the whole tensors, over this rank's ranges; saved and read back by overlap
+    they restore a fresh optimizer's slices (masters from the weights: float32)."""
+    sharded, optimizer, grads = stub_problem()
+    whole = [p.asnumpy().reshape(-1) for p in sharded.params]
+    moments = [(np.zeros_like(w), np.zeros_like(w)) for w in whole]
+    for step in (1, 2):
+        optimizer.step([reduce_to_slice(sharded, stub_collectives(), grads)[0]], LR)
+        for i, rate in enumerate((WD, 0.0, WD)):
+            whole[i], *moments[i] = numpy_adamw(whole[i], grads[i].asnumpy().reshape(-1),
+                                                *moments[i], step, LR, rate)
+    pieces = optimizer.state_pieces(EVERYTHING_OWNED)
+    assert sorted(piece.key for piece in pieces) == [
+        "adam_m.a@5:6", "adam_m.b.bias@0:4", "adam_v.a@5:6", "adam_v.b.bias@0:4",
+        "global_step"]
+    for piece, values in pieces.items():
+        if piece.name == "global_step":
+            assert values.tolist() == [2]
+            continue
+        which, _, name = piece.name.partition(".")
+        m, v = moments[["a", "b.bias"].index(name)]
+        want = (m if which == "adam_m" else v)[piece.start:piece.stop]
+        np.testing.assert_allclose(values, want, rtol=1e-5, atol=1e-8, err_msg=piece.key)
+    mine = optimizer.master.asnumpy()  # the slice publish hands mf-parallel
+    weights = {Piece("a", (2, 3), 5, 6): mine[:1], Piece("b.bias", (6,), 0, 4): mine[1:]}
+    CheckpointManager(CheckpointConfig(save_path=str(tmp_path))).save(
+        2, weights, pieces, RunProgress(global_step=2, consumed_samples=8,
+                                        global_batch_size=4))
+    directory = tmp_path / "iteration_00000002"
+    common = read_common(directory)
+    _, fresh, _ = stub_problem()
+    with PieceIndex(directory, common, "opt") as state, \
+            PieceIndex(directory, common, "model") as model:
+        fresh.load_state_pieces(state, model, EVERYTHING_OWNED)
+    assert fresh.global_step == 2
+    for got, want in ((fresh.exp_avg, optimizer.exp_avg), (fresh.exp_avg_sq,
+                                                            optimizer.exp_avg_sq),
+                      (fresh.master, optimizer.master)):
+        np.testing.assert_array_equal(got.asnumpy(), want.asnumpy())
 
 
 def test_groups_summary_names_the_decayed_parameters() -> None:

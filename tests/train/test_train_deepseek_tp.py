@@ -13,17 +13,13 @@ import pytest
 
 pytest.importorskip("mindspore")
 
-from runs import DEEPSEEK, DEEPSEEK_3_LAYERS, PREFIXES, arguments, rank_arrays, steps, worker_log
+from runs import DEEPSEEK, DEEPSEEK_3_LAYERS, arguments, saved_tensors, steps, worker_log
 
 from mf_train.cli import run
 from mf_train.models.blocks import fuse_rows
 from mf_train.models.deepseek_v3 import hf_parameter_names, tensor_split_axis
 
 pytestmark = pytest.mark.ranks
-
-
-def model_file(output: Path, rank: int, world: int) -> dict[str, np.ndarray]:
-    return rank_arrays(output, 4, "model", rank, world, PREFIXES[DEEPSEEK])
 
 
 def merge_tensor_shards(shards: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
@@ -76,17 +72,15 @@ def assert_same_steps(one: list[dict], other: list[dict]) -> None:
     assert one[-1]["loss"] < one[0]["loss"]
 
 
-def assert_same_weights(single: Path, output: Path, world: int) -> None:
-    """Each tensor group's saved shards (every shard group saves them whole) merge into the
-    one-process weights after 4 steps."""
-    want = model_file(single, 0, 1)
-    for first in range(0, world, 2):
-        merged = merge_tensor_shards([model_file(output, first + r, world) for r in (0, 1)])
-        assert merged.keys() == want.keys()
-        for name, array in want.items():
-            assert merged[name].shape == array.shape, name
-            np.testing.assert_allclose(merged[name], array, rtol=1e-5, atol=1e-6,
-                                       err_msg=f"ranks {first}-{first + 1}: {name}")
+def assert_same_weights(single: Path, output: Path) -> None:
+    """The checkpoint's shards of the two tensor places merge into the one-process weights
+    after 4 steps."""
+    want = saved_tensors(single, 4)
+    merged = merge_tensor_shards([saved_tensors(output, 4, place=(r, 2)) for r in (0, 1)])
+    assert merged.keys() == want.keys()
+    for name, array in want.items():
+        assert merged[name].shape == array.shape, name
+        np.testing.assert_allclose(merged[name], array, rtol=1e-5, atol=1e-6, err_msg=name)
 
 
 def test_tensor_parallel_matches_one_process(single, tensor_parallel) -> None:
@@ -96,7 +90,7 @@ def test_tensor_parallel_matches_one_process(single, tensor_parallel) -> None:
 
 def test_tensor_parallel_weights_merge_into_the_one_process_weights(single,
                                                                     tensor_parallel) -> None:
-    assert_same_weights(single, tensor_parallel, world=2)
+    assert_same_weights(single, tensor_parallel)
 
 
 def test_tensor_parallel_with_fsdp_matches_one_process(single, with_fsdp) -> None:
@@ -106,7 +100,7 @@ def test_tensor_parallel_with_fsdp_matches_one_process(single, with_fsdp) -> Non
 
 def test_tensor_parallel_with_fsdp_weights_merge_into_the_one_process_weights(
         single, with_fsdp) -> None:
-    assert_same_weights(single, with_fsdp, world=4)
+    assert_same_weights(single, with_fsdp)
 
 
 def test_a_tensor_size_not_dividing_the_heads_is_refused_before_the_ranks_start(

@@ -17,7 +17,8 @@ from runs import (
     PREFIXES,
     assert_resumed_exactly,
     assert_same_run,
-    rank_arrays,
+    rank_pieces,
+    saved_tensors,
     train,
     worker_log,
 )
@@ -38,26 +39,16 @@ def ranks(prefix: str, output: Path, nproc: int, *more: str) -> None:
     train(DEEPSEEK, output, prefix, *DEEPSEEK_3_LAYERS, *more, nproc=nproc)
 
 
-def model_file(output: Path, step: int, rank: int, world: int) -> dict[str, np.ndarray]:
-    return rank_arrays(output, step, "model", rank, world, PREFIXES[DEEPSEEK])
+def experts_written(output: Path, rank: int, world: int) -> set[int]:
+    """The routed experts whose weights `rank` wrote into the step-4 checkpoint."""
+    pieces = rank_pieces(output, 4, "model", rank, world, PREFIXES[DEEPSEEK])
+    return {int(piece.name.split(".mlp.experts.")[1].split(".")[0]) for piece in pieces
+            if ".mlp.experts." in piece.name}
 
 
-def experts_in(arrays: dict[str, np.ndarray]) -> set[int]:
-    return {int(name.split(".mlp.experts.")[1].split(".")[0]) for name in arrays
-            if ".mlp.experts." in name}
-
-
-def assert_same_weights(got: Path, want: Path, world: int) -> None:
-    """The rank files after 4 steps together hold the one-process model: the routed experts
-    each on one rank of an expert group, everything else equal on every rank."""
-    whole = model_file(want, 4, 0, 1)
-    files = [model_file(got, 4, rank, world) for rank in range(world)]
-    merged: dict[str, np.ndarray] = {}
-    for arrays in files:
-        for name, array in arrays.items():
-            if name in merged:
-                np.testing.assert_array_equal(array, merged[name], err_msg=name)
-            merged[name] = array
+def assert_same_weights(got: Path, want: Path) -> None:
+    """The checkpoint after 4 steps holds the one-process model."""
+    whole, merged = saved_tensors(want, 4), saved_tensors(got, 4)
     assert merged.keys() == whole.keys()
     for name, array in whole.items():
         np.testing.assert_allclose(merged[name], array, rtol=1e-4, atol=1e-6, err_msg=name)
@@ -79,8 +70,8 @@ def two_ranks(runs):
 def test_expert_parallel_matches_one_process(single, two_ranks, dispatcher) -> None:
     output = two_ranks(dispatcher)
     assert_same_run(output, single)
-    assert_same_weights(output, single, 2)
-    assert [experts_in(model_file(output, 4, rank, 2)) for rank in (0, 1)] == [{0, 1}, {2, 3}]
+    assert_same_weights(output, single)
+    assert [experts_written(output, rank, 2) for rank in (0, 1)] == [{0, 1}, {2, 3}]
     log = worker_log(output)
     dispatch = "all-to-all" if dispatcher == "alltoall" else "deredundant, devices of 1"
     assert f"expert parallel 2 (experts 0-1 of 4 here, {dispatch}) x FSDP over 2 ranks" in log
@@ -93,11 +84,10 @@ def test_expert_parallel_resumes_bit_for_bit(data_prefix, two_ranks, tmp_path) -
     ranks(data_prefix, tmp_path, 2, "parallelism.expert_parallel=2",
           f"checkpoint.load_path={whole / 'ckpt' / iteration_name(2)}")
     assert_resumed_exactly(tmp_path, whole)
-    for rank in (0, 1):
-        got, want = model_file(tmp_path, 4, rank, 2), model_file(whole, 4, rank, 2)
-        assert got.keys() == want.keys()
-        for name in want:
-            np.testing.assert_array_equal(got[name], want[name], err_msg=name)
+    got, want = saved_tensors(tmp_path, 4), saved_tensors(whole, 4)
+    assert got.keys() == want.keys()
+    for name in want:
+        np.testing.assert_array_equal(got[name], want[name], err_msg=name)
 
 
 def test_fsdp_over_four_ranks_with_expert_parallel_two(data_prefix, single, tmp_path) -> None:
@@ -106,9 +96,10 @@ def test_fsdp_over_four_ranks_with_expert_parallel_two(data_prefix, single, tmp_
     ranks(data_prefix, tmp_path, 4, "parallelism.expert_parallel=2",
           "training.local_batch_size=1")
     assert_same_run(tmp_path, single)
-    assert_same_weights(tmp_path, single, 4)
-    assert [experts_in(model_file(tmp_path, 4, rank, 4)) for rank in range(4)] == \
-        [{0, 1}, {2, 3}, {0, 1}, {2, 3}]
+    assert_same_weights(tmp_path, single)
+    # ranks 2 and 3 hold the experts of ranks 0 and 1 (their expert-data groups): written once
+    assert [experts_written(tmp_path, rank, 4) for rank in range(4)] == \
+        [{0, 1}, {2, 3}, set(), set()]
 
 
 def test_tensor_fsdp_and_expert_parallel_on_four_ranks(data_prefix, single, tmp_path) -> None:
@@ -129,7 +120,7 @@ def test_expert_parallel_over_the_tensor_ranks(data_prefix, single, tmp_path) ->
           "parallelism.tensor_parallel=2", "parallelism.moe_token_dispatcher_type="
           "alltoall_deredundancy", "parallelism.npu_nums_per_device=2")
     assert_same_run(tmp_path, single)
-    assert [experts_in(model_file(tmp_path, 4, rank, 2)) for rank in (0, 1)] == [{0, 1}, {2, 3}]
+    assert [experts_written(tmp_path, rank, 2) for rank in (0, 1)] == [{0, 1}, {2, 3}]
 
 
 def test_zero2_with_averaged_gradients(data_prefix, single, tmp_path) -> None:
@@ -139,4 +130,4 @@ def test_zero2_with_averaged_gradients(data_prefix, single, tmp_path) -> None:
           "parallelism.data_parallel_shard_strategy=optim_grads",
           "parallelism.disable_gradient_division=false")
     assert_same_run(tmp_path, single)
-    assert_same_weights(tmp_path, single, 2)
+    assert_same_weights(tmp_path, single)

@@ -14,12 +14,17 @@ import pytest
 
 pytest.importorskip("mindspore")
 
+import itertools
+
+from checkpoint_samples import as_format_2
 from runs import (
     QWEN3,
     QWEN3_2_LAYERS,
     arguments,
+    assert_resumed_across_layouts,
     assert_resumed_exactly,
-    rank_arrays,
+    rank_pieces,
+    saved_tensors,
     steps,
     train,
     worker_log,
@@ -43,11 +48,6 @@ def strategy_setting(strategy: str) -> str:
     """The setting of a strategy; `replicated`: shard degree 1, plain data parallelism."""
     return ("parallelism.data_parallel_shard=1" if strategy == "replicated"
             else f"parallelism.data_parallel_shard_strategy={strategy}")
-
-
-def checkpoint_files(output: Path, step: int, kind: str, rank: int,
-                     world: int = 2) -> dict[str, np.ndarray]:
-    return rank_arrays(output, step, kind, rank, world)
 
 
 @pytest.fixture(scope="module")
@@ -80,29 +80,29 @@ def test_each_strategy_matches_one_process(single, sharded, strategy) -> None:
 
 
 @pytest.mark.parametrize("strategy", ["optim", "optim_grads_params"])
-def test_checkpoint_holds_the_whole_model_and_each_ranks_slices(single, sharded,
-                                                                strategy) -> None:
+def test_each_rank_saves_its_slices_of_the_one_process_checkpoint(single, sharded,
+                                                                   strategy) -> None:
+    """Each rank writes the ranges of every tensor (weights, AdamW moments) its slices
+    hold, nothing gathered and nothing twice; together they are the one-process run's
+    checkpoint (float32 parameters: no separate masters)."""
     output = sharded(strategy)
-    want = checkpoint_files(single, 4, "model", 0, world=1)
-    for rank in (0, 1):
-        model = checkpoint_files(output, 4, "model", rank)
-        assert model.keys() == want.keys()
+    for kind in ("model", "opt"):
+        want, got = saved_tensors(single, 4, kind), saved_tensors(output, 4, kind)
+        assert got.keys() == want.keys()
         for name, array in want.items():
-            np.testing.assert_allclose(model[name], array, rtol=1e-4, atol=1e-6, err_msg=name)
-    total = sum(array.size for array in want.values())
-    layouts = []
-    for rank in (0, 1):
-        opt = checkpoint_files(output, 4, "opt", rank)
-        assert sorted(opt) == ["adam_m.flat", "adam_v.flat", "global_step", "main_param.flat",
-                               "shard_layout"]
-        layouts.append(opt["shard_layout"].tolist())
-        assert opt["adam_v.flat"].shape == (layouts[-1][3],) and opt["global_step"][0] == 4
-    # shard degree, shard rank, elements, slice length, buffers (every strategy: one per
-    # decoder layer, 2, and the root)
-    buffers = 3
-    assert [layout[:3] for layout in layouts] == [[2, 0, total], [2, 1, total]]
-    assert all(layout[4] == buffers for layout in layouts)
-    assert 2 * layouts[0][3] - total in range(0, 2 * buffers)  # halves, padded per buffer
+            np.testing.assert_allclose(got[name], array, rtol=1e-4, atol=1e-6, err_msg=name)
+        assert not any(name.startswith("main_param.") for name in got)
+        ranges: dict[str, list[tuple[int, int]]] = {}
+        for rank in (0, 1):
+            held = rank_pieces(output, 4, kind, rank, world=2)
+            assert sum(values.size for values in held.values()) < sum(
+                array.size for array in want.values()) * 0.6  # about half each
+            for piece in held:
+                ranges.setdefault(piece.name, []).append((piece.start, piece.stop))
+        for name, array in want.items():  # the two ranks' ranges tile each tensor once
+            ends = sorted(ranges[name])
+            assert ends[0][0] == 0 and ends[-1][1] == array.size, name
+            assert all(a[1] == b[0] for a, b in itertools.pairwise(ends)), name
 
 
 def test_fsdp_resumes_exactly(data_prefix, sharded, tmp_path) -> None:
@@ -114,6 +114,35 @@ def test_fsdp_resumes_exactly(data_prefix, sharded, tmp_path) -> None:
               f"checkpoint.load_path={whole / 'ckpt' / 'iteration_00000002'}",
               "checkpoint.enable_save=false")
     assert_resumed_exactly(resumed, whole)
+
+
+def test_fsdp_checkpoint_resumes_on_one_process(data_prefix, single, sharded,
+                                                 tmp_path) -> None:
+    """FSDP's step-2 checkpoint (each rank's slices) continued by one process: steps 3-4
+    are the uninterrupted one-process run's (weights, moments, step count, data position)."""
+    saved = sharded("optim_grads_params") / "ckpt" / iteration_name(2)
+    train(QWEN3, tmp_path, data_prefix, *QWEN3_2_LAYERS, f"checkpoint.load_path={saved}",
+          "checkpoint.enable_save=false")
+    assert_resumed_across_layouts(tmp_path, single)
+
+
+def test_one_process_checkpoint_resumes_under_zero_2(data_prefix, single, tmp_path) -> None:
+    """One process's step-2 checkpoint continued by ZeRO-2 on 2 ranks, each reading only the
+    ranges of its slices."""
+    two_ranks(data_prefix, tmp_path, "parallelism.data_parallel_shard_strategy=optim_grads",
+              f"checkpoint.load_path={single / 'ckpt' / iteration_name(2)}",
+              "checkpoint.enable_save=false")
+    assert_resumed_across_layouts(tmp_path, single)
+
+
+def test_a_format_2_checkpoint_resumes_on_its_own_layout(data_prefix, single,
+                                                        tmp_path) -> None:
+    """A checkpoint an earlier mf wrote (format 2: per-rank files, no piece index) still
+    resumes on the layout that wrote it, bit for bit."""
+    old = as_format_2(single / "ckpt" / iteration_name(2), tmp_path / "old" / iteration_name(2))
+    train(QWEN3, tmp_path / "run", data_prefix, *QWEN3_2_LAYERS, f"checkpoint.load_path={old}",
+          "checkpoint.enable_save=false")
+    assert_resumed_exactly(tmp_path / "run", single)
 
 
 def test_fsdp_loads_weights_saved_by_zero(data_prefix, single, sharded, tmp_path) -> None:
@@ -186,16 +215,16 @@ def as_tensor_shards(whole: dict[str, np.ndarray], data_prefix: str,
 
 
 def assert_tensor_shards_of(single: Path, output: Path, data_prefix: str,
-                            world: int) -> list[dict[str, np.ndarray]]:
-    """Each rank of `output` saved at step 4 its tensor rank's shards (tensor innermost:
-    rank r is tensor rank r % 2) of the weights `single` saved; returns those shards."""
-    want = as_tensor_shards(checkpoint_files(single, 4, "model", 0, world=1), data_prefix, 2)
-    for rank in range(world):
-        model = checkpoint_files(output, 4, "model", rank, world=world)
-        assert model.keys() == want[rank % 2].keys()
-        for name, array in want[rank % 2].items():
+                            ) -> list[dict[str, np.ndarray]]:
+    """The step-4 checkpoint of `output` holds at each tensor place the shards (of the
+    weights `single` saved) that place trains with; returns those shards."""
+    want = as_tensor_shards(saved_tensors(single, 4), data_prefix, 2)
+    for place in range(2):
+        model = saved_tensors(output, 4, place=(place, 2))
+        assert model.keys() == want[place].keys()
+        for name, array in want[place].items():
             np.testing.assert_allclose(model[name], array, rtol=1e-4, atol=1e-6,
-                                       err_msg=f"rank {rank}: {name}")
+                                       err_msg=f"tensor place {place}: {name}")
     return want
 
 
@@ -217,20 +246,18 @@ def test_sharding_with_tensor_parallelism_matches_one_process(single, with_tenso
 @pytest.mark.parametrize("strategy", ["optim_grads", "optim_grads_params"])
 def test_sharding_with_tensor_parallelism_saves_each_ranks_tensor_shards(
         data_prefix, single, with_tensor_parallel, strategy) -> None:
-    """The final weights equal the one-process run's, cut into tensor shards: each rank's
-    model file holds its tensor rank's shards whole (FSDP gathers them over the shard
-    group), the same on the two ranks of a shard group; the optimizer files hold slices of
-    a tensor shard's flat buffers."""
+    """The final weights equal the one-process run's, cut into tensor shards: the checkpoint
+    holds each tensor place's shards, each rank writing its slices of its place's shards
+    (a weight tensor parallelism does not split: the first tensor place's ranks alone)."""
     output = with_tensor_parallel(strategy)
-    want = assert_tensor_shards_of(single, output, data_prefix, world=4)
-    saved = [checkpoint_files(output, 4, "model", rank, world=4) for rank in (0, 2)]
-    for name in saved[0]:
-        np.testing.assert_array_equal(saved[0][name], saved[1][name], err_msg=name)
-    per_shard = sum(array.size for array in want[0].values())
-    layouts = [checkpoint_files(output, 4, "opt", rank, world=4)["shard_layout"].tolist()
-               for rank in range(4)]
-    assert [layout[:3] for layout in layouts] == [[2, 0, per_shard], [2, 0, per_shard],
-                                                  [2, 1, per_shard], [2, 1, per_shard]]
+    want = assert_tensor_shards_of(single, output, data_prefix)
+    for rank in range(4):  # tensor innermost: rank r is tensor place r % 2
+        for piece in rank_pieces(output, 4, "model", rank, world=4):
+            assert piece.tensor in (None, (rank % 2, 2)), piece
+            assert piece.tensor is not None or rank % 2 == 0, piece
+    moments = saved_tensors(output, 4, "opt", place=(1, 2))
+    assert {name.partition(".")[2] for name in moments if name != "global_step"} == \
+        set(want[1])
 
 
 def test_fsdp_with_tensor_parallelism_resumes_exactly(data_prefix, with_tensor_parallel,
@@ -259,7 +286,7 @@ def test_hsdp_with_tensor_parallelism_matches_one_process(data_prefix, runs, tmp
                              "parallelism.data_parallel_shard=2", nproc=8)
     assert_same_steps(steps(one), steps(eight))
     assert "FSDP over 2 ranks x 2 replicas, tensor parallel 2" in worker_log(eight)
-    assert_tensor_shards_of(one, eight, data_prefix, world=8)
+    assert_tensor_shards_of(one, eight, data_prefix)
 
 
 REFUSED = {

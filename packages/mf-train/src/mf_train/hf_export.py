@@ -31,6 +31,7 @@ from mf_parallel import PlanError
 
 from .checkpoint import layout
 from .checkpoint.hf_write import check_output, parse_size, write_hf_directory
+from .checkpoint.pieces import PieceIndex
 from .checkpoint.reader import load_checkpoint
 
 MF_ONLY = frozenset({"compute_dtype", "params_dtype", "seq_length", "use_flash_attention",
@@ -71,17 +72,58 @@ def export_hf(checkpoint: str | os.PathLike[str], config_file: str | os.PathLike
     directory = layout.find_checkpoint(checkpoint)
     if directory is None:
         raise ExportError(f"{checkpoint} holds no complete checkpoint")
-    world_size = int(layout.read_common(directory).get("world_size", 1))
+    common = layout.read_common(directory)
+    sharded = int(common.get("version", 1)) >= layout.SHARDED_VERSION
     try:
         config = config_from_source(load_source(str(config_file), list(overrides)))
-        plan = make_job_plan(config, world_size)
+        plan = None if sharded else make_job_plan(config, int(common.get("world_size", 1)))
     except (ConfigError, UnreadableFile, PlanError) as exc:
         raise ExportError(f"{config_file}: {exc}") from None
     model = build_model(config.model, seed=0)
-    weights = gathered_weights(directory, config, plan, model, str(config_file))
+    weights = (pieces_weights(directory, common, model) if plan is None else
+               gathered_weights(directory, config, plan, model, str(config_file)))
     dtype = dtype or str(model.settings.params_dtype)
     return write_hf_directory(output, weights, hf_config(config.model, model.settings, dtype),
                               dtype=dtype, max_shard_size=max_shard_size, force=force)
+
+
+def pieces_weights(directory: Path, common: dict[str, Any],
+                   model: Any) -> dict[str, np.ndarray]:
+    """The whole model's weights under their Hugging Face names, from a sharded checkpoint
+    (format 3): each tensor read whole from the pieces that hold it, per tensor place for
+    the weights tensor parallelism split (whatever layout saved them: the configuration's
+    parallelism is not needed)."""
+    from .models.hf_weights import HFWeightsError, gather_hf_state
+
+    entries = model.weight_maps()
+    index = PieceIndex(directory, common, "model")
+    degree = index.degree or 1
+    wanted = {entry.ours for entry in entries}
+    unmapped = sorted(index.names() - wanted)
+    if unmapped:
+        raise ExportError(f"{directory}: parameters without a Hugging Face name: "
+                          + ", ".join(unmapped))
+    places: list[dict[str, np.ndarray]] = [{} for _ in range(degree)]
+    missing = []
+    with index:
+        for name in sorted(wanted):
+            split = [(place, degree) for place in range(degree)]
+            if degree > 1 and all(index.has(name, tensor) for tensor in split):
+                for place, tensor in enumerate(split):
+                    places[place][name] = index.read_whole(name, tensor)
+            elif index.has(name):
+                array = index.read_whole(name)
+                for place in places:
+                    place[name] = array
+            else:
+                missing.append(name)
+    if missing:
+        raise ExportError(f"{directory}: does not hold the model's " + ", ".join(missing)
+                          + " (saved from another model?)")
+    try:
+        return gather_hf_state(entries, places)
+    except HFWeightsError as exc:
+        raise ExportError(f"{directory}: {exc}") from None
 
 
 def gathered_weights(directory: Path, config: Any, plan: Any, model: Any,

@@ -217,18 +217,23 @@ FIELDS: dict[str, Field] = {
     "checkpoint.async_save": reads(WRITER),
     "checkpoint.prefix": reads(WRITER),
     "checkpoint.remove_redundancy": Field(rules=(
-        no_effect(differs(False), "has no effect here: every rank writes and reads its full "
-                                  "state", {"checkpoint.remove_redundancy": True}),)),
+        no_effect(lambda value, target: value is False
+                  and target.written(("checkpoint", "remove_redundancy")),
+                  "false has no effect: mf always writes each tensor once (each rank the "
+                  "ranges it owns; a tensor several ranks hold, by the first of them)",
+                  {"checkpoint.remove_redundancy": False}),)),
     "checkpoint.load_path": reads(TRAINER, READER),
     "checkpoint.load_balanced": Field(rules=(
-        no_effect(differs(False), "has no effect here: every rank reads its own files",
+        no_effect(differs(False), "has no effect here: each rank reads only the ranges of "
+                                  "the tensors it holds, whatever layout saved them; mf "
+                                  "does not read once and broadcast",
                   {"checkpoint.load_balanced": True}),)),
     "checkpoint.no_load_optim": reads(READER),
     "checkpoint.load_worker_number": reads(READER),
     "checkpoint.save_global_layout_cache": Field(rules=(
         no_effect(written("checkpoint.save_global_layout_cache"),
-                  "has no effect here: mf keeps no global layout cache; each checkpoint "
-                  "records its layout (world size, file per rank) in common.json",
+                  "has no effect here: mf keeps no global layout cache; each checkpoint's "
+                  "common.json records where every range of every tensor lies",
                   {"checkpoint.save_global_layout_cache": True}),)),
     # training
     "training.steps": reads(TRAINER),

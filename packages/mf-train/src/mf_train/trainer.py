@@ -77,12 +77,14 @@ from .layouts import (
     build_layout,
     stage_part,
 )
+from .layouts.saved_model import load_model_pieces, model_pieces
 from .lr_scheduler import build_lr_schedule
 from .lr_schedules import LrSchedule
 from .micro_batches import MicroBatchStream, build_stream
 from .models import build_model, load_hf_state
 from .monitor import standard_callbacks
 from .optim import Optimizer
+from .placement import Placement
 from .process_memory import largest_peak, return_freed_host_memory
 from .run_directory import checkpoint_root
 from .step_monitors import MonitorObserver
@@ -254,6 +256,7 @@ class Trainer:
             self.model, config.optimizer, config.parallelism, self.plan.dims, self.collectives,
             self.tensor_group, source, self.plan))
         return_freed_host_memory()  # what the layout freed of the model built whole
+        self.placement = Placement(self.comm, self.plan.dims, self.layout.copies())
         self.compiled = compile_layers(self.model, config.context.compile, [
             (f"the layout ({self.layout.describe()})", self.layout.compile_blocker),
             ("swap", "its hooks see each saved tensor of a layer" if self.swap.paths else None)])
@@ -339,9 +342,34 @@ class Trainer:
                          self.source, agree=world_group.all_ranks if many else None)
         if resumed is None:
             return None
+        if resumed.kind == "pieces":
+            self._apply_pieces(resumed)
+            return resumed.path
         with self.layout.whole_model():
             self._apply_resumed(resumed)
         return resumed.path
+
+    def _apply_pieces(self, resumed: Resumed) -> None:
+        """A sharded checkpoint: each rank reads the ranges it holds (any saving layout)."""
+        with resumed.model_params as model:
+            load_model_pieces(self.layout, self.placement, model,
+                              self.config.checkpoint.load_worker_number)
+            if resumed.optimizer_state is None:
+                with self.layout.whole_model():
+                    self.optimizer.reload_main_params_from_model()
+            else:
+                with resumed.optimizer_state as optimizer:
+                    self.optimizer.load_state_pieces(optimizer, model, self.placement)
+                self.step_count = resumed.state.global_step
+                self.consumed_samples = resumed.state.consumed_samples
+            read = model.bytes_read + (resumed.optimizer_state.bytes_read
+                                       if resumed.optimizer_state is not None else 0)
+        if resumed.state.rng:
+            restore_rng_state(resumed.state.rng)
+        rng = ("its random generator states" if resumed.state.rng else
+               "random generators re-seeded (saved by another world size)")
+        LOG.info("resumed from %s at step %d (%d samples consumed; this rank read %s; %s)",
+                 resumed.path, self.step_count, self.consumed_samples, size(read), rng)
 
     def _apply_resumed(self, resumed: Resumed) -> None:
         if resumed.kind == "hf":
@@ -372,12 +400,12 @@ class Trainer:
         if not self.checkpoints.should_save(step, last=step == total):
             return
         optimizer_state = None if self.config.checkpoint.no_save_optim \
-            else self.optimizer.state_dict()
+            else self.optimizer.state_pieces(self.placement)
         progress = RunProgress(global_step=step, consumed_samples=self.consumed_samples,
                                global_batch_size=self.config.training.global_batch_size,
                                step_num=total)
-        arrays = self.layout.model_arrays()
-        self.checkpoints.save(step, arrays, optimizer_state, progress, owned=True)
+        pieces = model_pieces(self.layout, self.placement)
+        self.checkpoints.save(step, pieces, optimizer_state, progress, owned=True)
 
     def _report_saves(self, ctx: TrainContext) -> None:
         """Tell the callbacks of each checkpoint completed since the last step; a failed

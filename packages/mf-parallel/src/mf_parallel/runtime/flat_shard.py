@@ -83,6 +83,23 @@ class FlatShard:
             offset += numel
         return table
 
+    def own_ranges(self) -> list[tuple[int, int, int, int]]:
+        """Which elements of which tensors this rank's slice holds, in slice order.
+
+        Returns:
+            `(tensor index, first element, one past the last, offset in the slice)` per
+            tensor with elements in the slice (each tensor's elements counted in its
+            row-major flattening); the padding is in none.
+        """
+        ranges = []
+        begin, end, offset = self.start, self.start + self.length, 0
+        for index, numel in enumerate(self.numels):
+            low, high = max(offset, begin), min(offset + numel, end)
+            if low < high:
+                ranges.append((index, low - offset, high - offset, low - begin))
+            offset += numel
+        return ranges
+
     def reduce_scatter(self, flat: ms.Tensor) -> ms.Tensor:
         """Sum a full flat buffer over every data-parallel rank; return this rank's slice."""
         mine = self.collectives.reduce_scatter(flat, "shard")

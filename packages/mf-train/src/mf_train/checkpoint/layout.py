@@ -5,13 +5,17 @@
       iteration_00000008/
         common.json                              run state, world size, every file's size
                                                  and SHA-256
-        {prefix}-model-0000000-0000002.safetensors   rank 0 of 2: model parameters
-        {prefix}-opt-0000000-0000002.safetensors     optimizer state (unless no_save_optim)
+        {prefix}-model-0000000-0000002.safetensors   rank 0 of 2: the model's pieces it owns
+        {prefix}-opt-0000000-0000002.safetensors     its optimizer pieces (unless no_save_optim)
         {prefix}-rng-0000000-0000002.json            rank 0's random generator states
         {prefix}-sums-0000000-0000002.json           rank 0's files' sizes and SHA-256
         ... the same four files for rank 1
       iteration_00000008.tmp-<token>/            a save in progress: never loaded
       iteration_00000004.del-<pid>/              a checkpoint being deleted: never loaded
+
+Format version 3 stores tensors as pieces (`pieces`: ranges of model-wide tensors, each
+written once, indexed in `common.json`), so a checkpoint loads onto any layout; versions 1
+and 2 held, per rank, what that rank held, and load onto their own layout only.
 
 The directory and tracker names are MindFormers' (`iteration_{:08d}`,
 `latest_checkpointed_iteration.txt`), and so are the file names (`{prefix}-model-{rank:07d}-
@@ -40,7 +44,9 @@ COMMON = "common.json"
 TMP_MARK = ".tmp-"
 DEL_MARK = ".del-"
 FORMAT = "mf-checkpoint"
-FORMAT_VERSION = 2
+FORMAT_VERSION = 3
+SHARDED_VERSION = 3
+"""The first version that stores pieces."""
 _FINAL = re.compile(r"iteration_(\d{8,})")
 
 

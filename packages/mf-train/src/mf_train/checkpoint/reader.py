@@ -20,8 +20,14 @@ from . import layout
 from .atomic import bytes_digest
 from .errors import CheckpointError, CorruptCheckpointError
 from .hf import HFCheckpoint, is_hf_checkpoint
+from .pieces import PieceIndex, verify_share
 from .progress import RunProgress
 from .reading import read_files
+
+_NO_OPTIMIZER = ("no_load_optim is False but no optimizer checkpoint found in {directory}. It "
+                 "was saved with checkpoint.no_save_optim: True; set "
+                 "checkpoint.no_load_optim: True to load the weights only (the run then does "
+                 "not resume exactly).")
 
 
 class LoadedCheckpoint(NamedTuple):
@@ -33,15 +39,18 @@ class LoadedCheckpoint(NamedTuple):
 
 
 class Resumed(NamedTuple):
-    """What `checkpoint.load_path` gave: an mf checkpoint (`kind == "mf"`: arrays under mf's
-    parameter names, optimizer state unless `no_load_optim`, run state) or Hugging Face
-    weights (`kind == "hf"`: the checkpoint opened for `load_hf_state` to read each rank's
-    slices from, to be closed after; no optimizer state, no run state)."""
+    """What `checkpoint.load_path` gave: a sharded mf checkpoint (`kind == "pieces"`: the
+    model's and, unless `no_load_optim`, the optimizer's `PieceIndex`, each rank reading
+    what it holds; run state, with this rank's generator states when the world size is the
+    saving run's), an mf checkpoint of format 1 or 2 (`kind == "mf"`: this rank's arrays
+    under mf's parameter names, optimizer state unless `no_load_optim`, run state) or Hugging
+    Face weights (`kind == "hf"`: the checkpoint opened for `load_hf_state` to read each
+    rank's slices from, to be closed after; no optimizer state, no run state)."""
 
     path: Path
     kind: str
-    model_params: dict[str, np.ndarray] | HFCheckpoint
-    optimizer_state: dict[str, np.ndarray] | None
+    model_params: dict[str, np.ndarray] | HFCheckpoint | PieceIndex
+    optimizer_state: dict[str, np.ndarray] | PieceIndex | None
     state: RunProgress | None
 
 
@@ -52,7 +61,9 @@ def load_checkpoint(path: str | os.PathLike[str], rank: int = 0, *,
     `iteration_XXXXXXXX` directory, or a save root: its newest complete checkpoint).
     `world_size`, when given, must equal the saving run's (no resharding). The model and
     optimizer files are read `workers` at a time (`checkpoint.load_worker_number`); each file
-    read must match the SHA-256 `common.json` records (`CorruptCheckpointError` otherwise)."""
+    read must match the SHA-256 `common.json` records (`CorruptCheckpointError` otherwise).
+    A sharded checkpoint (format 3) gives every tensor whole, as one process holds it
+    (tensors split by tensor parallelism: `load_pieces`)."""
     directory = layout.find_checkpoint(path)
     if directory is None:
         raise CheckpointError(f"{path} holds no complete checkpoint")
@@ -66,6 +77,8 @@ def load_checkpoint(path: str | os.PathLike[str], rank: int = 0, *,
         raise CheckpointError(f"{directory} was saved by {saved_world} rank(s); it has no "
                               f"files for rank {rank}")
     prefix = str(common.get("prefix", ""))
+    if int(common.get("version", 1)) >= layout.SHARDED_VERSION:
+        return _whole_arrays(directory, common, rank, load_optimizer)
 
     def file(kind: str) -> tuple[Path, str | None]:
         name = layout.rank_file(prefix, kind, rank, saved_world)
@@ -74,10 +87,7 @@ def load_checkpoint(path: str | os.PathLike[str], rank: int = 0, *,
     arrays = [file("model")]
     if load_optimizer:
         if not common.get("has_optimizer") or not file("opt")[0].is_file():
-            raise CheckpointError(
-                f"no_load_optim is False but no optimizer checkpoint found in {directory}. "
-                "It was saved with checkpoint.no_save_optim: True; set checkpoint.no_load_optim: "
-                "True to load the weights only (the run then does not resume exactly).")
+            raise CheckpointError(_NO_OPTIMIZER.format(directory=directory))
         arrays.append(file("opt"))
     model, *optimizer = read_files(lambda item: _read_arrays(*item), arrays, workers)
     rng = _read_json(*file("rng"))
@@ -113,13 +123,61 @@ def resume(config: CheckpointConfig, rank: int = 0, world_size: int = 1,
     for candidate in tries:
         loaded, corrupt = _load_agreed(candidate, config, rank, world_size, agree)
         if loaded is not None:
-            return Resumed(candidate, "mf", *loaded)
+            return Resumed(candidate, "pieces" if _sharded(candidate) else "mf", *loaded)
         if candidate == path:  # the one the user named: no other to fall back to
             raise corrupt or CorruptCheckpointError(f"{candidate} is corrupt on another rank")
         warnings.warn(f"{candidate} is corrupt ({corrupt or 'on another rank'}); trying the "
                       "next newest complete checkpoint", RuntimeWarning, stacklevel=2)
     raise CheckpointError(f"{path}: every complete checkpoint is corrupt; nothing to resume "
                           "from")
+
+
+def load_pieces(directory: Path, rank: int, world_size: int, load_optimizer: bool,
+                ) -> tuple[PieceIndex, PieceIndex | None, RunProgress]:
+    """A sharded checkpoint opened for one rank of a run of `world_size` ranks (any layout):
+    the model's and optimizer's indexes and the run state. This rank checks the SHA-256 of
+    its share of the files (`verify_share`: together the ranks check each once); its
+    generator states come back only when the world size is the saving run's.
+
+    Raises:
+        CorruptCheckpointError: a file of this rank's share is damaged.
+        CheckpointError: the optimizer state is wanted and was not saved.
+    """
+    common = layout.read_common(directory)
+    verify_share(directory, common, rank, world_size)
+    if load_optimizer and not common.get("has_optimizer"):
+        raise CheckpointError(_NO_OPTIMIZER.format(directory=directory))
+    saved_world = int(common.get("world_size", 1))
+    rng = None
+    if saved_world == world_size:
+        name = layout.rank_file(str(common.get("prefix", "")), "rng", rank, saved_world)
+        rng = _read_json(directory / name, layout.recorded(common["files"][name])[1]
+                         if name in common.get("files", {}) else None)
+    state = RunProgress.from_common(common, rng, str(directory / layout.COMMON))
+    model = PieceIndex(directory, common, "model", verify=False)
+    optimizer = PieceIndex(directory, common, "opt", verify=False) if load_optimizer else None
+    return model, optimizer, state
+
+
+def _whole_arrays(directory: Path, common: dict[str, Any], rank: int,
+                  load_optimizer: bool) -> LoadedCheckpoint:
+    """Every tensor of a sharded checkpoint whole (`load_checkpoint`)."""
+    model, optimizer, state = load_pieces(directory, 0, 1, load_optimizer)
+    arrays = []
+    for index in (model, optimizer):
+        if index is None:
+            arrays.append(None)
+            continue
+        if index.degree is not None:
+            raise CheckpointError(f"{directory}: saved split over tensor_parallel "
+                                  f"{index.degree}; read it with load_pieces, per tensor "
+                                  "place")
+        with index:
+            arrays.append({name: index.read_whole(name) for name in sorted(index.names())})
+    saved_world = int(common.get("world_size", 1))
+    name = layout.rank_file(str(common.get("prefix", "")), "rng", rank, saved_world)
+    rng = _read_json(directory / name) if 0 <= rank < saved_world else None
+    return LoadedCheckpoint(arrays[0], arrays[1], state.with_rng(rng))
 
 
 def _hf_weights(path: Path, config: CheckpointConfig, source: Source | None) -> Resumed:
@@ -135,16 +193,25 @@ def _hf_weights(path: Path, config: CheckpointConfig, source: Source | None) -> 
 
 def _load_agreed(directory: Path, config: CheckpointConfig, rank: int, world_size: int,
                  agree: Callable[[bool], bool] | None,
-                 ) -> tuple[LoadedCheckpoint | None, CorruptCheckpointError | None]:
-    """This rank's part of `directory`, or (None, why) when any rank found it corrupt."""
+                 ) -> tuple[tuple[Any, Any, RunProgress] | None, CorruptCheckpointError | None]:
+    """This rank's part of `directory` (`load_pieces` or `load_checkpoint`), or
+    (None, why) when any rank found it corrupt."""
     loaded, corrupt = None, None
     try:
-        loaded = load_checkpoint(directory, rank, load_optimizer=not config.no_load_optim,
-                                 world_size=world_size, workers=config.load_worker_number)
+        if _sharded(directory):
+            loaded = load_pieces(directory, rank, world_size, not config.no_load_optim)
+        else:
+            loaded = load_checkpoint(directory, rank, load_optimizer=not config.no_load_optim,
+                                     world_size=world_size, workers=config.load_worker_number)
     except CorruptCheckpointError as exc:
         corrupt = exc
     everyone = agree(corrupt is None) if agree is not None else corrupt is None
     return (loaded, None) if everyone else (None, corrupt)
+
+
+def _sharded(directory: Path) -> bool:
+    """Whether the checkpoint stores pieces (format 3), loadable onto any layout."""
+    return int(layout.read_common(directory).get("version", 1)) >= layout.SHARDED_VERSION
 
 
 def _read_verified(path: Path, sha256: str | None) -> bytes:

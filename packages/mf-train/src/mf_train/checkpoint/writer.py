@@ -5,7 +5,9 @@ One save of step N, world of W ranks:
   1. rank 0 creates `iteration_N.tmp-<token>` (removing a leftover of a killed save); barrier.
   2. each rank writes its model, optimizer and rng files into it, each atomically
      (`.part` file, fsync, rename), so no rank ever sees another's half-written file.
-     Each rank then writes its `sums` file: the size and SHA-256 of each file it wrote.
+     The model and optimizer files hold the pieces this rank owns (`pieces`: ranges of
+     model-wide tensors, each written by one rank). Each rank then writes its `sums` file:
+     the size and SHA-256 of each file it wrote, and the pieces each holds.
   3. barrier; rank 0 checks every rank's files are there with the sizes their `sums` files
      give, writes `common.json` (each file's size and SHA-256), renames the directory to
      `iteration_N`, then replaces the tracker, then deletes what `save_max` no longer keeps
@@ -51,6 +53,7 @@ from .atomic import (
 )
 from .errors import CheckpointError
 from .params import storable
+from .pieces import Piece, stored, whole_piece
 from .progress import RunProgress
 from .rng import capture_rng_state
 
@@ -68,8 +71,8 @@ class _Job:
 
     step: int
     tmp_dir: Path
-    model: dict[str, np.ndarray]
-    optimizer: dict[str, np.ndarray] | None
+    model: dict[Piece, np.ndarray]
+    optimizer: dict[Piece, np.ndarray] | None
     rng: dict[str, Any]
     common: dict[str, Any]
 
@@ -115,14 +118,16 @@ class CheckpointManager:
             return False
         return last or step % self.config.save_interleaved_steps == 0
 
-    def save(self, step: int, model_params: Mapping[str, np.ndarray],
-             optimizer_state: Mapping[str, np.ndarray] | None, state: RunProgress, *,
+    def save(self, step: int, model_params: Mapping[Piece | str, np.ndarray],
+             optimizer_state: Mapping[Piece | str, np.ndarray] | None, state: RunProgress, *,
              owned: bool = False) -> None:
-        """Write the checkpoint of step `step`. `state.rng` None: this rank's generator
-        states are captured now. Returns once written, or, with `async_save`, once the
-        arrays are copied (the write continues in the background). `owned`: the arrays are
-        private copies nothing else will change (as `model_arrays` and `state_dict()` return),
-        so an asynchronous save need not copy them again."""
+        """Write the checkpoint of step `step`: the pieces this rank owns of the model and
+        the optimizer state (`pieces.Piece` keys; a name stands for the whole tensor, for a
+        single process). `state.rng` None: this rank's generator states are captured now.
+        Returns once written, or, with `async_save`, once the arrays are copied (the write
+        continues in the background). `owned`: the arrays are private copies nothing else
+        will change (as `model_pieces` and `state_pieces` return), so an asynchronous save
+        need not copy them again."""
         self.wait()
         if step < 1:
             raise ValueError(f"checkpoint step must be >= 1, got {step}")
@@ -185,8 +190,8 @@ class CheckpointManager:
 
     # ----- steps of one save -----
 
-    def _job(self, step: int, model_params: Mapping[str, np.ndarray],
-             optimizer_state: Mapping[str, np.ndarray] | None, state: RunProgress,
+    def _job(self, step: int, model_params: Mapping[Piece | str, np.ndarray],
+             optimizer_state: Mapping[Piece | str, np.ndarray] | None, state: RunProgress,
              owned: bool) -> _Job:
         copy = self.config.async_save and not owned
         optimizer = None
@@ -194,11 +199,11 @@ class CheckpointManager:
             if optimizer_state is None:
                 raise ValueError("checkpoint.no_save_optim is False but no optimizer state was "
                                  "given to save")
-            optimizer = {k: storable(k, v, copy) for k, v in optimizer_state.items()}
+            optimizer = _storable_pieces(optimizer_state, copy)
         name = layout.iteration_name(step)
         token = str(os.getpid()) if self.world_size == 1 else f"ranks{self.world_size}"
         return _Job(step=step, tmp_dir=self.root / f"{name}{layout.TMP_MARK}{token}",
-                    model={k: storable(k, v, copy) for k, v in model_params.items()},
+                    model=_storable_pieces(model_params, copy),
                     optimizer=optimizer,
                     rng=state.rng if state.rng is not None else capture_rng_state(),
                     common=state.common())
@@ -226,16 +231,19 @@ class CheckpointManager:
 
     def _write_rank_files(self, job: _Job) -> None:
         metadata = {"format": layout.FORMAT}  # one key: safetensors orders several randomly
-        written = [self._file(job, "model")]
-        write_safetensors(written[0], job.model, metadata)
-        if job.optimizer is not None:
-            written.append(self._file(job, "opt"))
-            write_safetensors(written[-1], job.optimizer, metadata)
-        written.append(self._file(job, "rng"))
+        held: dict[Path, list[list[Any]]] = {}
+        kinds = [("model", job.model)] + ([] if job.optimizer is None else
+                                         [("opt", job.optimizer)])
+        for kind, pieces in kinds:
+            path = self._file(job, kind)
+            write_safetensors(path, stored(pieces), metadata)
+            held[path] = [piece.record() for piece in pieces]
+        written = [*held, self._file(job, "rng")]
         write_json(written[-1], job.rng)
-        write_json(self._file(job, "sums"), {path.name: {"bytes": path.stat().st_size,
-                                                         "sha256": file_digest(path)}
-                                             for path in written})
+        write_json(self._file(job, "sums"), {
+            path.name: {"bytes": path.stat().st_size, "sha256": file_digest(path),
+                        **({"pieces": held[path]} if path in held else {})}
+            for path in written})
         _reached("rank_files")
 
     def _background(self, job: _Job) -> None:
@@ -300,6 +308,17 @@ class CheckpointManager:
         keep_others = self.config.save_max - 1
         for path in others[:max(len(others) - keep_others, 0)]:
             remove_tree(path, layout.DEL_MARK)
+
+
+def _storable_pieces(arrays: Mapping[Piece | str, np.ndarray], copy: bool,
+                     ) -> dict[Piece, np.ndarray]:
+    """`arrays` as the checkpoint stores them (`params.storable`), keyed by piece (a name
+    key: the whole tensor)."""
+    pieces = {}
+    for key, value in arrays.items():
+        piece = key if isinstance(key, Piece) else whole_piece(key, np.shape(value))
+        pieces[piece] = storable(piece.key, value, copy)
+    return pieces
 
 
 def _recorded_files(directory: Path, prefix: str, world_size: int) -> dict[str, Any]:

@@ -35,9 +35,9 @@ from mf_config.yaml_source import Source
 from mf_parallel import Plan
 from mf_parallel.dims import ParallelDims
 from mf_parallel.runtime import Collectives
+from mf_parallel.runtime.flat_shard import FlatBucket
 from mf_parallel.runtime.tensor_parallel import TensorGroup
 
-from ..checkpoint.params import model_arrays
 from ..optim import Optimizer
 
 
@@ -229,11 +229,20 @@ class StepLayout(ABC):
         parts, its stage, its experts), and under FSDP its slices."""
         return sum(math.prod(p.shape) for p in self.model.get_parameters())
 
-    def model_arrays(self) -> dict[str, np.ndarray]:
-        """Host copies of the model's parameters under their names, as a checkpoint stores
-        them (a collective under FSDP, which gathers them one unit at a time)."""
-        with self.whole_model():
-            return model_arrays(self.model.parameters_and_names())
+    def copies(self) -> frozenset[str]:
+        """Names of parameters this rank holds as a copy another rank saves (the last
+        pipeline stage's tied embedding table)."""
+        return frozenset()
+
+    def flat_buckets(self) -> Sequence[FlatBucket]:
+        """The ZeRO or FSDP buffers whose slices this rank holds (mf-parallel's `FlatBucket`,
+        a unit's parameters laid end to end); none where parameters are kept whole."""
+        return ()
+
+    def publish_slices(self, slices: Sequence[Tensor]) -> None:
+        """Take new slices of `flat_buckets` (loaded from a checkpoint): gathered into the
+        parameters (ZeRO) or kept as the units' shards (FSDP)."""
+        raise NotImplementedError(f"{self.name} holds no slices")
 
     def forward_context(self) -> AbstractContextManager[None]:
         """A context around each direct call of the model's pieces: the pipeline runs

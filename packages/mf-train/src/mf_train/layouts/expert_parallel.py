@@ -164,8 +164,11 @@ class ExpertParallel(StepLayout):
     def whole_model(self):
         return self.inner.whole_model()
 
-    def model_arrays(self):
-        return self.inner.model_arrays()
+    def flat_buckets(self):
+        return self.inner.flat_buckets()
+
+    def publish_slices(self, slices):
+        self.inner.publish_slices(slices)
 
     def held_parameters(self) -> int:
         return self.inner.held_parameters()

@@ -129,11 +129,20 @@ class Pipelined(StepLayout):
     def whole_model(self):
         return self.inner.whole_model()
 
-    def model_arrays(self):
-        return self.inner.model_arrays()
+    def flat_buckets(self):
+        return self.inner.flat_buckets()
+
+    def publish_slices(self, slices):
+        self.inner.publish_slices(slices)
 
     def held_parameters(self) -> int:
         return self.inner.held_parameters()
+
+    def copies(self) -> frozenset[str]:
+        """On the last stage, the tied embedding table (the first stage saves it)."""
+        if self.tied is None or self.stage == 0:
+            return frozenset()
+        return frozenset({self.optimizer.names[self.tied[0]]})
 
     def _tied_copy(self) -> tuple[int, int] | None:
         """(index of the embedding table in `params`, global rank of the stage holding the

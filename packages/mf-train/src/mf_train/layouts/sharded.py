@@ -41,7 +41,6 @@ from collections.abc import Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from typing import Any
 
-import numpy as np
 from mindspore import Parameter, Tensor, nn, ops
 
 from mf_config import OptimizerConfig, ParallelismConfig
@@ -57,7 +56,6 @@ from mf_parallel.runtime.tensor_parallel import (
     is_tensor_sharded,
 )
 
-from ..checkpoint.params import host_array
 from ..optim import AdamW, Muon, ShardedAdamW
 from ..optim.adamw import adamw_settings
 from ..optim.base import adam_hyperparameters, decay_flags
@@ -217,6 +215,12 @@ class ZeRO(StepLayout):
             text += f", tensor parallel {self.group.size} (sequence parallel)"
         return text
 
+    def flat_buckets(self) -> Sequence[Any]:
+        return self.sharded.buffers
+
+    def publish_slices(self, slices: Sequence[Tensor]) -> None:
+        self.sharded.publish(list(slices))
+
     @property
     def scatters(self) -> bool:
         """Whether gradients are reduce-scattered as backward produces them (ZeRO-2, FSDP);
@@ -332,17 +336,6 @@ class FSDP(ZeRO):
     def held_parameters(self) -> int:
         """The model's parameters (placeholders where sharded) and this rank's slices."""
         return super().held_parameters() + sum(b.flat.length for b in self.sharded.buffers)
-
-    def model_arrays(self) -> dict[str, np.ndarray]:
-        """Host copies of the parameters, gathered one unit at a time and freed again (a
-        collective: every rank calls it), so the model is never whole on the device."""
-        held: dict[int, np.ndarray] = {}
-        for unit in self.sharded.buffers:
-            unit.unshard()
-            held.update((id(param), host_array(param)) for param in unit.params)
-            unit.reshard()
-        return {name: held[id(param)] if id(param) in held else host_array(param)
-                for name, param in self.model.parameters_and_names()}
 
     @contextmanager
     def whole_model(self) -> Iterator[None]:

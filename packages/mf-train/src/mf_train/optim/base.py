@@ -47,6 +47,7 @@ class ParameterOptimizer:
     def __init__(self, named_params: Sequence[tuple[str, Parameter]], weight_decay: float,
                  decays: Sequence[bool]):
         self.names, self.params = _checked_params(named_params)
+        self._positions = {name: index for index, name in enumerate(self.names)}
         self.decays = list(decays)
         if len(self.decays) != len(self.params):
             raise ValueError(f"got {len(self.decays)} weight-decay flags for "
@@ -102,6 +103,52 @@ class ParameterOptimizer:
         self.global_step = int(arrays.pop(STEP_KEY).reshape(()))
         for key, array in arrays.items():
             self._set_loaded(key, Tensor(array.copy()))
+
+    def state_pieces(self, placement: Any, count: bool = True) -> dict[Any, np.ndarray]:
+        """The update count (on the rank that writes scalars, with `count`) and each state
+        tensor whole, where this rank owns its parameter (`protocol.Optimizer`)."""
+        from ..checkpoint.pieces import whole_piece
+
+        pieces = {}
+        if count and placement.writes_scalars:
+            pieces[whole_piece(STEP_KEY, (1,))] = np.array([self.global_step], np.int64)
+        named = [(f"{MASTER_PREFIX}.{self.names[index]}", master)
+                 for index, master in self._masters.items()]
+        for key, value in [*named, *self.state.items()]:
+            name = key.partition(".")[2]
+            param = self.params[self._index(key)]
+            if placement.owns(name, param):
+                pieces[whole_piece(key, value.shape, placement.tensor(param))] = \
+                    value.asnumpy().copy()
+        return pieces
+
+    def load_state_pieces(self, index: Any, model: Any, placement: Any) -> None:
+        """Every state tensor read whole at this rank's tensor place; a master the
+        checkpoint lacks from the model's pieces (`protocol.Optimizer`)."""
+        state, missing = {}, []
+        for key in self._expected_shapes():
+            if key == STEP_KEY:
+                source, stored, tensor = index, key, None
+            else:
+                tensor = placement.tensor(self.params[self._index(key)])
+                source, stored = index, key
+                if key.startswith(f"{MASTER_PREFIX}.") and not index.has(key, tensor):
+                    source, stored = model, key.partition(".")[2]
+            if not source.has(stored, tensor):
+                missing.append(key)
+                continue
+            state[key] = source.read_whole(stored, tensor)
+        if missing:
+            raise OptimizerStateError(
+                f"{type(self).__name__}: the checkpoint holds no "
+                + ", ".join(missing[:_MAX_LISTED])
+                + (f" and {len(missing) - _MAX_LISTED} more" if len(missing) > _MAX_LISTED
+                   else "") + " (saved by another optimizer, or another tensor_parallel?)")
+        self.load_state_dict(state)
+
+    def _index(self, key: str) -> int:
+        """The index of the parameter of state key `<prefix>.<name>`."""
+        return self._positions[key.partition(".")[2]]
 
     def reload_main_params_from_model(self) -> None:
         """Set the float32 masters from the model's (low-precision) parameters, after weights

@@ -61,6 +61,23 @@ class Optimizer(Protocol):
         """Take the float32 masters from the model after weights were loaded into it."""
         ...
 
+    def state_pieces(self, placement: Any, count: bool = True) -> dict[Any, np.ndarray]:
+        """What this rank writes of the state in a sharded checkpoint
+        (`checkpoint.pieces`): each state tensor under the model-wide key one process gives
+        it (`adam_m.<name>`), as the ranges of it this rank owns (`placement.Placement`);
+        with `count`, the update count on the rank that writes scalars."""
+        ...
+
+    def load_state_pieces(self, index: Any, model: Any, placement: Any) -> None:
+        """Restore the state from a sharded checkpoint's optimizer pieces (`index`), reading
+        only what this rank holds, whatever layout saved them; the float32 masters from the
+        model's pieces (`model`) when the saving run kept none (float32 parameters).
+
+        Raises:
+            OptimizerStateError: before anything changes, when the state does not fit.
+        """
+        ...
+
     def groups_summary(self) -> dict[str, list[str]]:
         """Parameter names by group (weight decay, and Muon/AdamW for Muon), for the log."""
         ...

@@ -18,9 +18,12 @@ AdamW kernel (`adamw_update_in_place`, the one-process AdamW's) updates the slic
 `publish` hands the new slices back to mf-parallel, which gathers them into the model (ZeRO)
 or keeps them as the units' masters (FSDP).
 
-State dict (per rank): `global_step`, `main_param.flat`, `adam_m.flat`, `adam_v.flat` (this
-rank's float32 slices) and `shard_layout` (shard degree, shard rank, elements in all buffers,
-slice length, number of buffers): a checkpoint loads only onto the same layout.
+Checkpoints (`state_pieces`, `load_state_pieces`): the ranges of one process's
+`adam_m.<name>`, `adam_v.<name>` (and `main_param.<name>` below float32) this rank's slices
+hold, so they load onto any layout. State dict (per rank, as format-2 checkpoints held it):
+`global_step`, `main_param.flat`, `adam_m.flat`, `adam_v.flat` (this rank's float32 slices)
+and `shard_layout` (shard degree, shard rank, elements in all buffers, slice length, number
+of buffers): it loads only onto the same layout.
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ from mindspore import Parameter, Tensor, mint, ops
 from mf_parallel.runtime.copies import fresh_copy
 
 from .adamw import adamw_update_in_place
+from .base import MASTER_PREFIX
 from .protocol import FLOAT32, STEP_KEY, OptimizerStateError, checked_lr
 
 LAYOUT_KEY = "shard_layout"
@@ -67,6 +71,7 @@ class ShardedAdamW:
         buffers = sharded.buffers
         self.lengths = [buffer.flat.length for buffer in buffers]
         self.shard_layout = _shard_layout(buffers, collectives)
+        self._position = {id(param): index for index, param in enumerate(self.params)}
         self.rates, self.runs = self._decay_runs(buffers)
         self.masters = [ops.cast(buffer.master.value(), FLOAT32) for buffer in buffers]
         """Shared with the buffers' masters when the parameters are float32: the update never
@@ -170,6 +175,54 @@ class ShardedAdamW:
         self.masters, self.avgs, self.avg_sqs = (
             [Tensor(np.array(part, dtype=np.float32)) for part in np.split(state[key], ends)]
             for key in SLICE_KEYS)
+        self._publish()
+
+    def state_pieces(self, placement: Any, count: bool = True) -> dict[Any, np.ndarray]:
+        """The ranges of `adam_m.<name>` and `adam_v.<name>` (and `main_param.<name>` for
+        parameters below float32) this rank's slices hold, where it owns them
+        (`protocol.Optimizer`): the state of one process's AdamW, cut where the slices cut."""
+        from ..checkpoint.pieces import Piece, whole_piece
+
+        pieces = {}
+        if count and placement.writes_scalars:
+            pieces[whole_piece(STEP_KEY, (1,))] = np.array([self.global_step], np.int64)
+        for b, buffer in enumerate(self.sharded.buffers):
+            owned = [(self.names[self._position[id(buffer.params[i])]], i, low, high, offset)
+                     for i, low, high, offset in buffer.flat.own_ranges()]
+            owned = [entry for entry in owned
+                     if placement.owns(entry[0], buffer.params[entry[1]], sliced=True)]
+            if not owned:
+                continue
+            states = [("adam_m", self.avgs[b]), ("adam_v", self.avg_sqs[b])]
+            if buffer.master.dtype != FLOAT32:
+                states.append((MASTER_PREFIX, self.masters[b]))
+            for prefix, tensor in states:
+                values = tensor.asnumpy()
+                for name, i, low, high, offset in owned:
+                    piece = Piece(f"{prefix}.{name}", buffer.flat.shapes[i], low, high,
+                                  placement.tensor(buffer.params[i]))
+                    pieces[piece] = values[offset:offset + high - low].copy()
+        return pieces
+
+    def load_state_pieces(self, index: Any, model: Any, placement: Any) -> None:
+        """This rank's slices of the moments and masters read by overlap, whatever layout
+        saved them; the masters from the model's pieces where the checkpoint keeps none
+        (float32 parameters). Publishes the slices (a collective under ZeRO)."""
+        from ..checkpoint import CheckpointError
+        from ..checkpoint.pieces import bucket_slice
+
+        names = {id(param): name for name, param in zip(self.names, self.params, strict=True)}
+        try:
+            step = index.read_whole(STEP_KEY)
+            loaded = [[Tensor(bucket_slice(buffer, index, placement, names, f"{prefix}.",
+                                           fallback))
+                       for buffer in self.sharded.buffers]
+                      for prefix, fallback in (("adam_m", None), ("adam_v", None),
+                                               (MASTER_PREFIX, model))]
+        except CheckpointError as exc:
+            raise OptimizerStateError(f"sharded AdamW state does not fit: {exc}") from None
+        self.global_step = int(step.reshape(-1)[0])
+        self.avgs, self.avg_sqs, self.masters = loaded
         self._publish()
 
     def groups_summary(self) -> dict[str, list[str]]:
