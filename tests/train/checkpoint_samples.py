@@ -57,7 +57,8 @@ def save(manager: CheckpointManager, step: int) -> None:
 def as_format_2(saved: Path, copy: Path, world_size: int | None = None) -> Path:
     """A copy at `copy` of the one-process checkpoint directory `saved` as an earlier mf
     wrote it (format 2: each rank's file holding its tensors in their shapes under plain
-    names; no piece index). `world_size` overrides the one `common.json` records."""
+    names; no piece index; no configuration). `world_size` overrides the one `common.json`
+    records."""
     shutil.copytree(saved, copy)
     common = json.loads((copy / "common.json").read_text())
     assert common["world_size"] == 1 and common["version"] == 3
@@ -75,5 +76,7 @@ def as_format_2(saved: Path, copy: Path, world_size: int | None = None) -> Path:
         files[name] = {"bytes": path.stat().st_size,
                        "sha256": hashlib.sha256(path.read_bytes()).hexdigest()}
     common.update(version=2, files=files, world_size=world_size or 1)
+    del common["config"]  # an earlier mf saved no configuration
+    (copy / "config.yaml").unlink()
     (copy / "common.json").write_text(json.dumps(common))
     return copy

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -80,9 +81,11 @@ def files_of(directory: Path) -> dict[str, bytes]:
     return {path.name: path.read_bytes() for path in sorted(directory.iterdir())}
 
 
-def export(example: Path, checkpoint: Path, output: Path, *more: str) -> int:
-    return run(["export-hf", "--checkpoint", str(checkpoint), "--config", str(example),
-                "--output", str(output), *more])
+def export(example: Path | None, checkpoint: Path, output: Path, *more: str) -> int:
+    """`mf-train export-hf`; `example` None: without `--config` (the saved one is read)."""
+    config = [] if example is None else ["--config", str(example)]
+    return run(["export-hf", "--checkpoint", str(checkpoint), *config, "--output", str(output),
+                *more])
 
 
 def model_config(example: Path, shape: list[str]):
@@ -178,6 +181,42 @@ def raw_tensors(path: Path) -> dict[str, tuple[str, list[int], bytes]]:
     body = data[8 + length:]
     return {name: (info["dtype"], info["shape"], body[slice(*info["data_offsets"])])
             for name, info in header.items() if name != "__metadata__"}
+
+
+def test_the_configuration_saved_with_the_checkpoint_is_the_run_s(data_prefix, qwen3_run,
+                                                                 qwen3_export, tmp_path,
+                                                                 capsys) -> None:
+    """Each checkpoint holds the run's effective configuration (the example with the run's
+    `--set` overrides applied), so `export-hf` needs no `--config`: the same files; the
+    message names the iteration exported."""
+    directory = qwen3_run / "iteration_00000002"
+    saved = config_from_source(load_source(str(directory / "config.yaml")))
+    given = config_from_source(load_source(
+        str(QWEN3), settings(data_prefix, qwen3_run.parent, QWEN3_SHAPE)))
+    assert saved.to_dict() == given.to_dict()
+    capsys.readouterr()
+    assert export(None, qwen3_run, tmp_path / "hf") == 0
+    assert capsys.readouterr().err == (f"mf-train export-hf: wrote {tmp_path / 'hf'} "
+                                       f"from {directory}\n")
+    assert files_of(tmp_path / "hf") == files_of(qwen3_export)
+
+
+def test_a_checkpoint_saved_without_its_configuration_asks_for_one(qwen3_run, tmp_path,
+                                                                 capsys) -> None:
+    old = as_format_2(qwen3_run / "iteration_00000002", tmp_path / "old" / "iteration_00000002")
+    capsys.readouterr()
+    assert export(None, old, tmp_path / "hf") == 2
+    assert capsys.readouterr().err == (
+        f"mf-train export-hf: {old} was saved without its configuration (by an earlier mf): "
+        "pass the run's train.yaml with --config FILE\n")
+    damaged = tmp_path / "damaged"
+    shutil.copytree(qwen3_run / "iteration_00000002", damaged)
+    with open(damaged / "config.yaml", "a") as handle:
+        handle.write("# edited\n")
+    assert export(None, damaged, tmp_path / "hf") == 2
+    assert capsys.readouterr().err == (
+        f"mf-train export-hf: {damaged / 'config.yaml'}: damaged (its SHA-256 differs from "
+        "common.json's)\n")
 
 
 def test_bfloat16_export_is_float32_rounded_to_nearest_even(qwen3_run, qwen3_export,
@@ -307,6 +346,8 @@ def test_two_rank_exports_give_back_every_rank_s_arrays(data_prefix, qwen3_expor
     assert export(QWEN3, checkpoint, tmp_path / "hf", *sets([*QWEN3_SHAPE, *layout])) == 0
     assert export(QWEN3, checkpoint, tmp_path / "plain", *sets(QWEN3_SHAPE)) == 0
     assert files_of(tmp_path / "plain") == files_of(tmp_path / "hf")
+    assert export(None, checkpoint, tmp_path / "saved") == 0
+    assert files_of(tmp_path / "saved") == files_of(tmp_path / "hf")
     exported = load_hf_weights(tmp_path / "hf")
     assert_reshards_to_ranks(QWEN3, QWEN3_SHAPE, checkpoint, tmp_path / "hf",
                              2 if "tensor" in layout[0] else 1)

@@ -1,4 +1,4 @@
-"""`mf-train export-hf --checkpoint DIR --config FILE --output DIR [--dtype D]
+"""`mf-train export-hf --checkpoint DIR --output DIR [--config FILE] [--dtype D]
 [--max-shard-size SIZE] [--set KEY=VALUE ...] [--force]`: an mf checkpoint as a Hugging Face
 model directory (`hf_export`). Bad input exits with status 2 and one line saying what is
 wrong."""
@@ -22,8 +22,9 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--checkpoint", required=True, metavar="DIR",
                         help="a save root (its newest complete iteration) or one "
                              "iteration_XXXXXXXX directory")
-    parser.add_argument("--config", required=True, metavar="FILE",
-                        help="the train.yaml of the run that saved it")
+    parser.add_argument("--config", default=None, metavar="FILE",
+                        help="the train.yaml of the run that saved it (default: the "
+                             "configuration saved with the checkpoint)")
     parser.add_argument("--set", dest="overrides", action="append", default=[],
                         metavar="KEY=VALUE", help="override a value of the configuration")
     parser.add_argument("--output", required=True, metavar="DIR", help="directory to write")
@@ -49,5 +50,8 @@ def main(argv: Sequence[str]) -> int:
     except (ExportError, CheckpointError) as exc:
         print(f"mf-train {COMMAND}: {exc}", file=sys.stderr)
         return 2
-    print(f"mf-train {COMMAND}: wrote {written}", file=sys.stderr)
+    from .checkpoint import layout
+
+    source = layout.find_checkpoint(args.checkpoint)
+    print(f"mf-train {COMMAND}: wrote {written} from {source}", file=sys.stderr)
     return 0

@@ -44,7 +44,7 @@ class ExportError(ValueError):
     """A checkpoint or configuration that cannot be exported, with the reason."""
 
 
-def export_hf(checkpoint: str | os.PathLike[str], config_file: str | os.PathLike[str],
+def export_hf(checkpoint: str | os.PathLike[str], config_file: str | os.PathLike[str] | None,
               output: str | os.PathLike[str], *, dtype: str | None = None,
               max_shard_size: str | int = "5GB", force: bool = False,
               overrides: Sequence[str] = ()) -> Path:
@@ -52,7 +52,8 @@ def export_hf(checkpoint: str | os.PathLike[str], config_file: str | os.PathLike
 
     Args:
         checkpoint: a save root (its newest complete iteration) or one iteration directory.
-        config_file: the training configuration of the run (its model and parallelism).
+        config_file: the training configuration of the run (its model and parallelism);
+            None: the one saved with the checkpoint.
         output: the directory to write (replaced only with `force` when not empty).
         dtype: float32, bfloat16 or float16 (default: the model's `params_dtype`).
         max_shard_size: above this the weights are split into several files.
@@ -74,6 +75,7 @@ def export_hf(checkpoint: str | os.PathLike[str], config_file: str | os.PathLike
         raise ExportError(f"{checkpoint} holds no complete checkpoint")
     common = layout.read_common(directory)
     sharded = int(common.get("version", 1)) >= layout.SHARDED_VERSION
+    config_file = config_file or _saved_config(directory, common)
     try:
         config = config_from_source(load_source(str(config_file), list(overrides)))
         plan = None if sharded else make_job_plan(config, int(common.get("world_size", 1)))
@@ -85,6 +87,14 @@ def export_hf(checkpoint: str | os.PathLike[str], config_file: str | os.PathLike
     dtype = dtype or str(model.settings.params_dtype)
     return write_hf_directory(output, weights, hf_config(config.model, model.settings, dtype),
                               dtype=dtype, max_shard_size=max_shard_size, force=force)
+
+
+def _saved_config(directory: Path, common: dict[str, Any]) -> Path:
+    """The configuration file saved with the checkpoint, or ExportError asking for one."""
+    if layout.read_run_config(directory, common) is None:
+        raise ExportError(f"{directory} was saved without its configuration (by an earlier "
+                          "mf): pass the run's train.yaml with --config FILE")
+    return directory / layout.RUN_CONFIG
 
 
 def pieces_weights(directory: Path, common: dict[str, Any],

@@ -40,7 +40,7 @@ import numpy as np
 from mindspore import nn
 
 from mf_config import TrainConfig
-from mf_config.yaml_source import Source
+from mf_config.yaml_source import Source, dump_text
 from mf_memory.estimate import rank_summary, size
 from mf_memory.model_shape import EstimateError
 from mf_memory.recompute import apply_recompute, apply_recompute_comm
@@ -322,7 +322,8 @@ class Trainer:
         many = self.comm.world_size > 1
         return CheckpointManager(section, self.comm.rank, self.comm.world_size,
                                  barrier=world_group.barrier if many else None,
-                                 source=self.source)
+                                 source=self.source,
+                                 run_config=dump_text(self.config.to_dict()))
 
     def _build_step(self) -> TrainStep:
         health = self.config.monitor.health_checkpoint

@@ -30,6 +30,7 @@ falls back to.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -41,6 +42,8 @@ from .errors import CheckpointError
 
 TRACKER = "latest_checkpointed_iteration.txt"
 COMMON = "common.json"
+RUN_CONFIG = "config.yaml"
+"""The effective configuration (after `--set`) of the run that saved the checkpoint."""
 TMP_MARK = ".tmp-"
 DEL_MARK = ".del-"
 FORMAT = "mf-checkpoint"
@@ -98,6 +101,26 @@ def read_common(directory: Path) -> dict[str, Any]:
     return common
 
 
+def read_run_config(directory: Path, common: dict[str, Any]) -> str | None:
+    """The effective configuration saved with a checkpoint (YAML text; its SHA-256 checked
+    against `common.json`), or None for a checkpoint saved without one (by mf before it
+    saved configurations, or by a `CheckpointManager` given none)."""
+    record = common.get("config")
+    if not isinstance(record, dict):
+        return None
+    path = directory / str(record.get("file", RUN_CONFIG))
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        raise CheckpointError(f"{path}: unreadable ({exc.strerror or exc})") from None
+    if hashlib.sha256(data).hexdigest() != record.get("sha256"):
+        raise CheckpointError(f"{path}: damaged (its SHA-256 differs from {COMMON}'s)")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise CheckpointError(f"{path}: not UTF-8 text") from None
+
+
 def check_complete(directory: Path) -> list[str]:
     """Problems that make `directory` an incomplete checkpoint (empty list: complete)."""
     try:
@@ -143,11 +166,12 @@ def find_checkpoint(load_path: str | os.PathLike[str]) -> Path | None:
     """The complete checkpoint directory `load_path` designates, or None when it is a
     directory holding none yet (a fresh `save_path`).
 
-    `load_path` is either one `iteration_XXXXXXXX` directory (loaded only if complete) or a
-    save root: there the tracker's iteration is taken when complete; otherwise (a save killed
-    between renaming its directory and writing the tracker, or a damaged directory) the newest
-    complete one, with a warning. Temporary (`.tmp-`) and deleted (`.del-`) directories are
-    never loaded.
+    `load_path` is either one checkpoint directory (named `iteration_XXXXXXXX`, or holding
+    a `common.json` wherever it was copied; loaded only if complete) or a save root: there
+    the tracker's iteration is taken when complete; otherwise (a save killed between
+    renaming its directory and writing the tracker, or a damaged directory) the newest
+    complete one, with a warning. Temporary (`.tmp-`) and deleted (`.del-`) directories
+    are never loaded.
     """
     path = Path(load_path)
     if not path.exists():
@@ -156,7 +180,7 @@ def find_checkpoint(load_path: str | os.PathLike[str]) -> Path | None:
         raise CheckpointError(
             f"{path} is an unfinished or discarded save and is never loaded; load "
             f"{path.parent} to get its newest complete checkpoint")
-    if parse_iteration(path.name) is not None:
+    if parse_iteration(path.name) is not None or (path / COMMON).is_file():
         problems = check_complete(path)
         if problems:
             raise CheckpointError(f"{path} is not a complete checkpoint:\n  "

@@ -89,10 +89,14 @@ class CheckpointManager:
         barrier: waits for all ranks (required when `world_size > 1`; e.g.
             `mf_train.world_group.barrier`).
         source: the YAML source, for error lines.
+        run_config: the run's effective configuration as YAML, saved beside each
+            checkpoint (`layout.RUN_CONFIG`) so readers (`export-hf`, a resumed run) need
+            not be given it.
     """
 
     def __init__(self, config: CheckpointConfig, rank: int = 0, world_size: int = 1,
-                 barrier: Barrier | None = None, source: Source | None = None):
+                 barrier: Barrier | None = None, source: Source | None = None,
+                 run_config: str | None = None):
         _check_config(config, source)
         if not 0 <= rank < world_size:
             raise ValueError(f"rank {rank} is outside world_size {world_size}")
@@ -102,6 +106,7 @@ class CheckpointManager:
         self.rank = rank
         self.world_size = world_size
         self.root = Path(config.save_path)
+        self.run_config = run_config
         self._barrier = barrier or (lambda: None)
         self._last_saved: int | None = None
         self._thread: threading.Thread | None = None
@@ -280,8 +285,13 @@ class CheckpointManager:
         if missing:
             raise CheckpointError(f"{job.tmp_dir}: rank files missing, not committed: "
                                   + ", ".join(missing))
+        saved_config = {}
+        if self.run_config is not None:
+            write_text(job.tmp_dir / layout.RUN_CONFIG, self.run_config)
+            saved_config = {"config": {"file": layout.RUN_CONFIG,
+                                       "sha256": file_digest(job.tmp_dir / layout.RUN_CONFIG)}}
         write_json(job.tmp_dir / layout.COMMON, {
-            **job.common, "format": layout.FORMAT, "version": layout.FORMAT_VERSION,
+            **job.common, **saved_config, "format": layout.FORMAT, "version": layout.FORMAT_VERSION,
             "world_size": self.world_size, "prefix": self.config.prefix,
             "has_optimizer": with_optimizer, "files": files})
         fsync_dir(job.tmp_dir)
