@@ -48,6 +48,11 @@ def model_file(output: Path, rank: int, world: int) -> dict[str, np.ndarray]:
     return {piece.name: values.reshape(piece.shape) for piece, values in pieces.items()}
 
 
+PIPELINE_X_TENSOR = ("parallelism.pipeline_parallel=2", "parallelism.tensor_parallel=2")
+"""2 stages x tensor parallel 2 on 4 ranks (a run tests/train/test_checkpoint_layouts.py
+continues from)."""
+
+
 @pytest.fixture(scope="module")
 def single(runs) -> Path:
     return runs(QWEN3, *QWEN3_4_LAYERS)
@@ -113,13 +118,10 @@ def test_pipeline_with_fsdp_matches_one_process(data_prefix, single, tmp_path) -
     assert "pipeline 2 (1f1b; this stage 0: layers 0-1) x FSDP over 2 ranks" in log
 
 
-def test_pipeline_with_tensor_parallel_matches_one_process(data_prefix, single,
-                                                          tmp_path) -> None:
+def test_pipeline_with_tensor_parallel_matches_one_process(runs, single) -> None:
     """4 ranks: 2 stages x tensor parallel 2 (sequence parallel): the vocabulary-split tied
     embedding's copies and the stage messages (sequence slices) line up."""
-    ranks(data_prefix, tmp_path, 4, "parallelism.pipeline_parallel=2",
-          "parallelism.tensor_parallel=2")
-    assert_same_run(tmp_path, single)
+    assert_same_run(runs(QWEN3, *QWEN3_4_LAYERS, *PIPELINE_X_TENSOR, nproc=4), single)
 
 
 def test_four_stages_match_one_process(data_prefix, single, tmp_path) -> None:

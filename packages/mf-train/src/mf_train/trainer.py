@@ -88,6 +88,7 @@ from .placement import Placement
 from .process_memory import largest_peak, return_freed_host_memory
 from .run_directory import checkpoint_root
 from .step_monitors import MonitorObserver
+from .tensor_recut import RecutIndex
 
 LOG = logging.getLogger("mf_train")
 
@@ -323,7 +324,12 @@ class Trainer:
         return CheckpointManager(section, self.comm.rank, self.comm.world_size,
                                  barrier=world_group.barrier if many else None,
                                  source=self.source,
-                                 run_config=dump_text(self.config.to_dict()))
+                                 run_config=self._effective_config())
+
+    def _effective_config(self) -> str:
+        """The configuration as the user wrote it with the `--set` overrides applied (every
+        default filled in when the trainer was given no source), as YAML."""
+        return dump_text(self.config.to_dict() if self.source is None else self.source.data)
 
     def _build_step(self) -> TrainStep:
         health = self.config.monitor.health_checkpoint
@@ -351,15 +357,17 @@ class Trainer:
         return resumed.path
 
     def _apply_pieces(self, resumed: Resumed) -> None:
-        """A sharded checkpoint: each rank reads the ranges it holds (any saving layout)."""
-        with resumed.model_params as model:
+        """A sharded checkpoint: each rank reads the ranges it holds (any saving layout; a
+        weight saved at another tensor-parallel degree is cut to this rank's place)."""
+        entries = self.model.weight_maps()
+        with RecutIndex(resumed.model_params, entries) as model:
             load_model_pieces(self.layout, self.placement, model,
                               self.config.checkpoint.load_worker_number)
             if resumed.optimizer_state is None:
                 with self.layout.whole_model():
                     self.optimizer.reload_main_params_from_model()
             else:
-                with resumed.optimizer_state as optimizer:
+                with RecutIndex(resumed.optimizer_state, entries) as optimizer:
                     self.optimizer.load_state_pieces(optimizer, model, self.placement)
                 self.step_count = resumed.state.global_step
                 self.consumed_samples = resumed.state.consumed_samples

@@ -51,7 +51,8 @@ def model_pieces(layout: StepLayout, placement: Placement) -> dict[Piece, np.nda
 def load_model_pieces(layout: StepLayout, placement: Placement, index: PieceIndex,
                       workers: int = 1) -> None:
     """Set this rank's parameters (and ZeRO/FSDP slices) from a sharded checkpoint, the
-    whole ones read `workers` at a time (`checkpoint.load_worker_number`).
+    whole ones read `workers` at a time (`checkpoint.load_worker_number`). `index` is a
+    `tensor_recut.RecutIndex` when the checkpoint may have another tensor-parallel degree.
 
     Every parameter is checked first (present at this rank's tensor place, same shape), and
     nothing changes on a mismatch.
@@ -96,16 +97,6 @@ def _needed(layout: StepLayout) -> Iterator[tuple[str, Parameter, tuple[int, ...
 def _problem(index: PieceIndex, name: str, tensor: tuple[int, int] | None,
              shape: tuple[int, ...]) -> str | None:
     if not index.has(name, tensor):
-        if tensor is None and index.degree is not None and index.has(name, (0, index.degree)):
-            return (f"{name}: saved split over tensor_parallel {index.degree}; this run "
-                    "holds it whole (loading onto another tensor-parallel degree is not "
-                    "supported yet: use the saving run's tensor_parallel)")
-        if tensor is not None and index.has(name):
-            return (f"{name}: saved whole (tensor_parallel 1); this run splits it over "
-                    f"tensor_parallel {tensor[1]} (use the saving run's tensor_parallel)")
-        if tensor is not None and index.degree not in (None, tensor[1]):
-            return (f"{name}: saved split over tensor_parallel {index.degree}; this run has "
-                    f"{tensor[1]} (use the saving run's tensor_parallel)")
         return f"{name}: missing (parameter of shape {shape})"
     saved = index.shape(name, tensor)
     if tuple(saved) != tuple(shape):

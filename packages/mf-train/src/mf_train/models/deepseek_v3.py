@@ -248,6 +248,9 @@ class DeepseekV3ForCausalLM(nn.Cell):
             s, expert_group)
         self.last_balance_loss: Tensor | None = None
         _cast_parameters(self, params_dtype)
+        self.built_shapes = {name: tuple(param.shape) for name, param in
+                             self.parameters_and_names()}
+        """Each parameter's shape as built (FSDP later empties the parameters it shards)."""
 
     @classmethod
     def from_config(cls, config: ModelConfig, *, tensor_group: TensorGroup | None = None,
@@ -357,10 +360,10 @@ class DeepseekV3ForCausalLM(nn.Cell):
         shapes and the axis tensor parallelism splits them along."""
         maps = []
         shards = tensor_size(self.tensor_group)
-        for name, param in self.parameters_and_names():
+        for name, _ in self.parameters_and_names():
             hf = hf_parameter_names(name)
             axis = tensor_split_axis(name)
-            full = list(param.shape)
+            full = list(self.built_shapes[name])
             if axis is not None:
                 full[axis] *= shards
             shapes = tuple((full[0] // len(hf), *full[1:]) for _ in hf)

@@ -143,7 +143,7 @@ class ParameterOptimizer:
                 f"{type(self).__name__}: the checkpoint holds no "
                 + ", ".join(missing[:_MAX_LISTED])
                 + (f" and {len(missing) - _MAX_LISTED} more" if len(missing) > _MAX_LISTED
-                   else "") + " (saved by another optimizer, or another tensor_parallel?)")
+                   else "") + " (saved by another optimizer?)")
         self.load_state_dict(state)
 
     def _index(self, key: str) -> int:
