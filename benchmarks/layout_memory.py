@@ -122,14 +122,11 @@ def revision_env(revision: str, tmp: Path) -> tuple[dict[str, str], Path]:
     return env, tree
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--ranks", default="1,2,4")
-    parser.add_argument("--strategies", default=",".join(STRATEGIES))
-    parser.add_argument("--revisions", help="git revisions to measure, comma-separated "
-                                            "(default: the installed packages)")
-    args = parser.parse_args()
-    tmp = Path(tempfile.mkdtemp(prefix="mf-layout-memory-"))  # kept if a run fails: its logs
+def prepare(tmp: Path, revisions: str | None,
+            ) -> tuple[Path, list[tuple[str, dict[str, str]]], list[Path]]:
+    """The 127M configuration on a fresh corpus in `tmp`, and the code to run: each of the
+    comma-separated `revisions` (its environment; worktrees to remove after), or the
+    installed packages."""
     corpus = tmp / "docs.jsonl"
     subprocess.run([sys.executable, str(ROOT / "examples/data/make_corpus.py"), str(corpus)],
                    check=True, capture_output=True)
@@ -138,12 +135,24 @@ def main() -> None:
     config = tmp / "qwen3_127m.yaml"
     config.write_text(config_text(tmp / "docs"))
     codes, trees = [("installed", dict(os.environ))], []
-    if args.revisions:
+    if revisions:
         codes = []
-        for revision in args.revisions.split(","):
+        for revision in revisions.split(","):
             env, tree = revision_env(revision, tmp)
             codes.append((revision, env))
             trees.append(tree)
+    return config, codes, trees
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--ranks", default="1,2,4")
+    parser.add_argument("--strategies", default=",".join(STRATEGIES))
+    parser.add_argument("--revisions", help="git revisions to measure, comma-separated "
+                                            "(default: the installed packages)")
+    args = parser.parse_args()
+    tmp = Path(tempfile.mkdtemp(prefix="mf-layout-memory-"))  # kept if a run fails: its logs
+    config, codes, trees = prepare(tmp, args.revisions)
     rows, failed = [], False
     for ranks in [int(r) for r in args.ranks.split(",")]:
         for strategy in args.strategies.split(","):

@@ -1,6 +1,7 @@
 """The msrun launcher: a failed or killed rank ends the job at once and is named with its error;
 a hung job is killed at the deadline; an unwritable log directory is one clear error; rank 0's
-lines can be followed while the job runs."""
+lines can be followed while the job runs; msrun, started through `parent_death`, dies with the
+process that started it."""
 
 from __future__ import annotations
 
@@ -8,6 +9,8 @@ import io
 import os
 import signal
 import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -56,6 +59,50 @@ def test_nodes_refuse_a_place_that_cannot_be(fields, message) -> None:
     with pytest.raises(ValueError) as exc:
         Nodes(**fields)
     assert str(exc.value) == message
+
+
+STARTER = """
+import subprocess, sys, time
+from mf_parallel.parent_death import command
+child = subprocess.Popen(command(int(sys.argv[1]), ["sleep", "60"]))
+print(child.pid, flush=True)
+time.sleep(60)
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="prctl is Linux's")
+def test_a_command_dies_with_the_process_that_started_it() -> None:
+    """`parent_death.command`: the kernel signals the command when its starter dies, even by
+    SIGKILL (how msrun, and with it every rank, ends with mf-train's launcher)."""
+    psutil = pytest.importorskip("psutil")
+    starter = subprocess.Popen([sys.executable, "-c", STARTER, str(int(signal.SIGTERM))],
+                               stdout=subprocess.PIPE, text=True)
+    child = None
+    try:
+        child = psutil.Process(int(starter.stdout.readline()))
+        deadline = time.monotonic() + 10
+        while child.name() != "sleep":  # the wrapper becomes the command
+            assert time.monotonic() < deadline, child.cmdline()
+            time.sleep(0.05)
+        starter.kill()
+        starter.wait(timeout=30)
+        deadline = time.monotonic() + 10
+        while not _ended(psutil, child):
+            assert time.monotonic() < deadline, "the command outlived its starter"
+            time.sleep(0.05)
+    finally:
+        if starter.poll() is None:
+            starter.kill()
+        if child is not None and child.is_running():
+            child.kill()
+
+
+def _ended(psutil, process) -> bool:
+    """Whether `process` has exited (a zombie not yet reaped counts)."""
+    try:
+        return process.status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
 
 
 def test_free_port_is_bindable() -> None:

@@ -104,6 +104,12 @@ def steps(output: Path) -> list[dict]:
     return [line for line in lines if "event" not in line]
 
 
+def losses(output: Path) -> dict[int, float]:
+    """Each step's loss in metrics.jsonl; for a step logged twice (before a stop or a kill,
+    and again after the resume), the last line counts, as metrics.jsonl documents."""
+    return {entry["step"]: entry["loss"] for entry in steps(output)}
+
+
 def rank_pieces(output: Path, step: int, kind: str, rank: int, world: int,
                 prefix: str = PREFIXES[QWEN3]) -> dict[Piece, np.ndarray]:
     """What one rank wrote into its `kind` ("model" or "opt") file of the step-`step`

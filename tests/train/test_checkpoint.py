@@ -281,15 +281,15 @@ def test_async_save_writes_the_same_files_as_sync(tmp_path):
 
 def test_async_save_returns_while_the_write_is_still_running(tmp_path, monkeypatch):
     release, events = threading.Event(), []
-    real_write = writer.write_safetensors
+    real_write = writer.write_safetensors_streamed
 
     def gated_write(path, tensors, metadata=None):
         events.append("writer started")
         assert release.wait(timeout=30)
         events.append("writer finished")
-        real_write(path, tensors, metadata)
+        return real_write(path, tensors, metadata)
 
-    monkeypatch.setattr(writer, "write_safetensors", gated_write)
+    monkeypatch.setattr(writer, "write_safetensors_streamed", gated_write)
     manager = CheckpointManager(config(tmp_path, async_save=True))
     model = arrays(1)
     manager.save(1, model, optimizer_state(1), train_state(1))
@@ -309,7 +309,7 @@ def test_async_error_is_raised_by_the_next_call(tmp_path, monkeypatch):
         raise OSError("No space left on device")
 
     manager = CheckpointManager(config(tmp_path, async_save=True))
-    monkeypatch.setattr(writer, "write_safetensors", failing_write)
+    monkeypatch.setattr(writer, "write_safetensors_streamed", failing_write)
     save(manager, 1)
     with pytest.raises(CheckpointError, match=r"asynchronous save of checkpoint step 1 .*"
                                               r"No space left on device"):
@@ -384,14 +384,14 @@ def test_two_ranks_write_one_checkpoint(tmp_path, async_save):
 @pytest.mark.parametrize("async_save", [False, True])
 def test_a_failing_rank_blocks_the_commit_without_hanging_the_others(tmp_path, monkeypatch,
                                                                      async_save):
-    real_write = writer.write_safetensors
+    real_write = writer.write_safetensors_streamed
 
     def write(path, tensors, metadata=None):
         if "-0000001-" in path.name:
             raise OSError("rank 1 disk failure")
-        real_write(path, tensors, metadata)
+        return real_write(path, tensors, metadata)
 
-    monkeypatch.setattr(writer, "write_safetensors", write)
+    monkeypatch.setattr(writer, "write_safetensors_streamed", write)
 
     def body(rank, barrier):
         manager = CheckpointManager(config(tmp_path, async_save=async_save), rank, 2, barrier)
@@ -445,13 +445,11 @@ KILL_WORKER = textwrap.dedent("""
                                     global_batch_size=1, rng={})
     manager.save(1, arrays(1), {"global_step": np.array([1])}, state(1))
     if stop_at == "mid_file":
-        real_save_file = atomic.save_file
-        def half_file(tensors, filename, metadata=None):
-            real_save_file(tensors, filename, metadata=metadata)
-            with open(filename, "r+b") as handle:
-                handle.truncate(os.path.getsize(filename) // 2)
+        def half_file(part, path):  # the first file's bytes half on disk, not renamed
+            with open(part, "r+b") as handle:
+                handle.truncate(os.path.getsize(part) // 2)
             stop("mid_file")
-        atomic.save_file = half_file
+        atomic.commit_file = half_file
     elif stop_at == "deleting":
         atomic.shutil.rmtree = lambda path: stop("deleting")
     else:
@@ -762,14 +760,14 @@ def test_every_rank_falls_back_when_one_finds_its_file_corrupt(tmp_path):
 
 
 def test_a_failed_async_save_is_reported_by_the_next_poll(tmp_path, monkeypatch):
-    real_write = writer.write_safetensors
+    real_write = writer.write_safetensors_streamed
 
     def write(path, tensors, metadata=None):
         if "iteration_00000002" in str(path):
             raise OSError(28, "No space left on device")
-        real_write(path, tensors, metadata)
+        return real_write(path, tensors, metadata)
 
-    monkeypatch.setattr(writer, "write_safetensors", write)
+    monkeypatch.setattr(writer, "write_safetensors_streamed", write)
     manager = CheckpointManager(config(tmp_path, async_save=True))
     save(manager, 1)
     manager.wait()

@@ -17,6 +17,8 @@ import pytest
 
 pytest.importorskip("mindspore")
 
+from runs import losses
+
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "qwen3_tiny.yaml"
 STEPS = 6
@@ -33,17 +35,6 @@ def command(prefix: str, output: Path) -> list[str]:
     return [sys.executable, "-m", "mf_train.cli", "--config", str(EXAMPLE), "--output-dir",
             str(output), "--nproc", "2", "--timeout", "600",
             *[arg for value in sets for arg in ("--set", value)]]
-
-
-def losses(output: Path) -> dict[int, float]:
-    """Each step's loss; for a step logged twice (before a kill and after the resume), the
-    last line counts, as metrics.jsonl documents."""
-    found = {}
-    for line in (output / "metrics.jsonl").read_text().splitlines():
-        entry = json.loads(line)
-        if "event" not in entry:
-            found[entry["step"]] = entry["loss"]
-    return found
 
 
 def logged(output: Path) -> tuple[int, int]:

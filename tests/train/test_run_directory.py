@@ -1,6 +1,8 @@
 """A run owns its output directory: one run at a time, an earlier run resumed or refused but
 never overwritten, metrics appended, every fault one clear line; and a run ends with a
-summary."""
+summary. The lock covers every directory the run writes (the checkpoint directory too), a run
+never removes what it did not write, and its lock files and metrics are never opened through a
+symbolic link."""
 
 from __future__ import annotations
 
@@ -16,8 +18,15 @@ import pytest
 
 pytest.importorskip("mindspore")
 
+from checkpoint_samples import config, save
+
 from mf_config import CheckpointConfig
+from mf_train.callbacks import TrainContext
+from mf_train.checkpoint import CheckpointManager
+from mf_train.checkpoint.errors import CheckpointError
 from mf_train.cli import run
+from mf_train.monitor.metrics import MetricsWriter
+from mf_train.no_follow import LinkRefused
 from mf_train.run_directory import RunDirectoryError, claim
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -26,7 +35,8 @@ HOLD = """
 import sys, time
 from mf_config import CheckpointConfig
 from mf_train.run_directory import claim
-held = claim(sys.argv[1], CheckpointConfig())  # kept: the lock lives with it
+saves = {"save_path": sys.argv[2]} if len(sys.argv) > 2 else {}  # else <output>/checkpoint
+held = claim(sys.argv[1], CheckpointConfig(**saves))  # kept: the lock lives with it
 print("claimed", flush=True)
 time.sleep(600)
 """
@@ -133,14 +143,14 @@ import sys
 import mf_train.checkpoint.writer as writer
 from mf_train.cli import run
 
-real = writer.write_safetensors
+real = writer.write_safetensors_streamed
 
 def write(path, tensors, metadata=None):  # the disk fills up during step 4's save
     if "iteration_00000004" in str(path):
         raise OSError(28, "No space left on device")
-    real(path, tensors, metadata)
+    return real(path, tensors, metadata)
 
-writer.write_safetensors = write
+writer.write_safetensors_streamed = write
 sys.exit(run(sys.argv[1:]))
 """
 
@@ -161,3 +171,107 @@ def test_a_failed_async_save_stops_the_run_at_the_next_step(data_prefix, tmp_pat
     assert saves == [2]  # no event for the save that did not complete
     # reported as soon as the step that started it, or the next one, is over
     assert steps in ([1, 2, 3, 4], [1, 2, 3, 4, 5])
+
+
+# ------------------------------------------------------------------ what the lock covers
+
+def holding(output: Path, save_path: Path | None = None) -> subprocess.Popen:
+    """A process holding the claim of a run into `output` (checkpoints in `save_path`) until
+    it is killed."""
+    holder = subprocess.Popen([sys.executable, "-c", HOLD, str(output),
+                               *([str(save_path)] if save_path else [])],
+                              stdout=subprocess.PIPE, text=True)
+    assert holder.stdout.readline().strip() == "claimed"
+    return holder
+
+
+def test_two_runs_cannot_share_a_save_path(data_prefix, tmp_path: Path, capsys) -> None:
+    """Different output directories, one checkpoint.save_path: the second run would resume
+    from the first's checkpoints while they are written; it is refused in one line."""
+    shared = tmp_path / "shared"
+    holder = holding(tmp_path / "first", shared)
+    try:
+        assert (shared / ".mf-run.lock").is_file()
+        second = small(data_prefix, tmp_path / "second", 1, f"checkpoint.save_path={shared}")
+        assert run(second) == 2
+        err = capsys.readouterr().err
+        assert err.strip().splitlines()[-1].startswith(
+            f"mf-train: {shared} is in use by another run (PID {holder.pid} on ")
+        assert err.strip().splitlines()[-1].endswith(
+            "; wait for it to finish, or choose another checkpoint.save_path")
+        assert "Traceback" not in err
+        assert not (shared / "iteration_00000001").exists()
+    finally:
+        holder.send_signal(signal.SIGKILL)
+        holder.wait(timeout=30)
+    claim(tmp_path / "second", CheckpointConfig(save_path=str(shared))).release()
+
+
+def test_a_users_directory_under_the_save_path_is_kept(data_prefix, tmp_path: Path,
+                                                       capsys) -> None:
+    """`iteration_00000001/notes.txt` in the save path is not a checkpoint: a save of step 1
+    would have replaced it, so the run is refused, and the notes stay."""
+    notes = tmp_path / "ckpt" / "iteration_00000001" / "notes.txt"
+    notes.parent.mkdir(parents=True)
+    notes.write_text("mine")
+    args = small(data_prefix, tmp_path / "out", 2, f"checkpoint.save_path={tmp_path / 'ckpt'}",
+                 "checkpoint.save_interleaved_steps=1")
+    assert run(args) == 2
+    err = capsys.readouterr().err
+    assert err.strip().splitlines()[-1] == (
+        f"mf-train: {notes.parent} is not a checkpoint mf-train wrote (it has no common.json "
+        f"of its format), and saving into {tmp_path / 'ckpt'} could replace or delete it; "
+        "move it elsewhere, or choose another checkpoint.save_path")
+    assert notes.read_text() == "mine"
+
+
+def test_the_checkpoint_writer_keeps_what_it_did_not_write(tmp_path: Path) -> None:
+    """Below the run's own check: a save over a directory mf-train did not write is not
+    committed, and rotation (save_max) deletes only mf-train's checkpoints and leftovers."""
+    root = tmp_path / "ckpt"
+    (root / "iteration_00000001").mkdir(parents=True)
+    (root / "iteration_00000001" / "notes.txt").write_text("mine")
+    (root / "data.tmp-1").mkdir()  # named like a save's temporary directory, but not one
+    manager = CheckpointManager(config(root, save_max=1))
+    with pytest.raises(CheckpointError, match="iteration_00000001 is not a checkpoint mf-train "
+                                              "wrote; it is kept, and this save is not "
+                                              "committed: move it elsewhere"):
+        save(manager, 1)
+    for step in (2, 3):
+        save(manager, step)
+    assert sorted(path.name for path in root.iterdir() if path.is_dir()) == [
+        "data.tmp-1", "iteration_00000001", "iteration_00000003"]
+    assert (root / "iteration_00000001" / "notes.txt").read_text() == "mine"
+
+
+@pytest.mark.parametrize("where", ["output", "save_path"])
+def test_a_symlinked_lock_file_is_refused(data_prefix, tmp_path: Path, capsys,
+                                          where: str) -> None:
+    """A `.mf-run.lock` planted as a symbolic link (to a file of someone else's) is never
+    opened: the run is refused in one line and the file it points to is untouched."""
+    target = tmp_path / "precious.txt"
+    target.write_text("precious")
+    directory = tmp_path / ("out" if where == "output" else "ckpt")
+    directory.mkdir()
+    (directory / ".mf-run.lock").symlink_to(target)
+    args = small(data_prefix, tmp_path / "out", 1, f"checkpoint.save_path={tmp_path / 'ckpt'}")
+    assert run(args) == 2
+    err = capsys.readouterr().err
+    assert err.strip().splitlines()[-1] == (
+        f"mf-train: {directory / '.mf-run.lock'} is a symbolic link, which mf-train never "
+        "follows there; remove it (the run creates a plain file)")
+    assert "Traceback" not in err
+    assert target.read_text() == "precious"
+
+
+def test_a_symlinked_metrics_file_is_refused(tmp_path: Path) -> None:
+    """metrics.jsonl is appended to, never through a link: the run is refused before it
+    starts, and the writer itself opens it with O_NOFOLLOW."""
+    target = tmp_path / "elsewhere.jsonl"
+    target.write_text("")
+    (tmp_path / "metrics.jsonl").symlink_to(target)
+    with pytest.raises(RunDirectoryError, match=r"metrics\.jsonl is a symbolic link"):
+        claim(tmp_path, CheckpointConfig())
+    with pytest.raises(LinkRefused, match=r"metrics\.jsonl is a symbolic link"):
+        MetricsWriter().on_train_begin(TrainContext(output_dir=tmp_path, total_steps=1))
+    assert target.read_text() == ""

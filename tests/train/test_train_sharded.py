@@ -145,6 +145,37 @@ def test_a_format_2_checkpoint_resumes_on_its_own_layout(data_prefix, single,
     assert_resumed_exactly(tmp_path / "run", single)
 
 
+def test_a_format_2_checkpoint_is_converted_without_training(data_prefix, single,
+                                                             tmp_path, capsys) -> None:
+    """On another world size a format-2 checkpoint is refused in one line giving the command
+    that converts it; that command (its layout, `training.steps` at the saved step, a new
+    output directory) trains nothing and saves the same tensors in the sharded format, which
+    then continues on 2 ranks under ZeRO-2 as the uninterrupted run."""
+    old = as_format_2(single / "ckpt" / iteration_name(2), tmp_path / "old" / iteration_name(2))
+    capsys.readouterr()
+    refused = arguments(QWEN3, tmp_path / "refused", data_prefix,
+                        [*QWEN3_2_LAYERS, f"checkpoint.load_path={old}"])
+    assert run([*refused, "--nproc", "2", "--timeout", "300"]) != 0
+    assert (f"{old} was saved by 1 rank(s) in format 2 (an earlier mf's), which loads only on "
+            "the layout that saved it; this run has 2: convert it on its layout, training "
+            "nothing: `mf-train --config <its train.yaml> --nproc 1 --output-dir <new "
+            f"directory> --set checkpoint.load_path={old} --set training.steps=2` saves step 2"
+            ) in capsys.readouterr().err
+    converted = tmp_path / "converted"
+    train(QWEN3, converted, data_prefix, *QWEN3_2_LAYERS, f"checkpoint.load_path={old}",
+          "training.steps=2")
+    assert steps(converted) == []
+    for kind in ("model", "opt"):
+        got, want = saved_tensors(converted, 2, kind), saved_tensors(single, 2, kind)
+        assert got.keys() == want.keys()
+        for name in want:
+            np.testing.assert_array_equal(got[name], want[name], err_msg=name)
+    two_ranks(data_prefix, tmp_path / "zero2",
+              "parallelism.data_parallel_shard_strategy=optim_grads",
+              f"checkpoint.load_path={converted / 'ckpt'}", "checkpoint.enable_save=false")
+    assert_resumed_across_layouts(tmp_path / "zero2", single)
+
+
 def test_fsdp_loads_weights_saved_by_zero(data_prefix, single, sharded, tmp_path) -> None:
     """Weights only (`no_load_optim`): FSDP gathers its model, loads the whole model ZeRO-1
     saved at step 2 and takes its slices from it; it then trains as one process does from its

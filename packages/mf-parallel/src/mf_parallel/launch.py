@@ -10,7 +10,11 @@ whole job as soon as one rank has failed and names that rank with its error (`ra
 msrun alone kills the other workers but then waits about 30 s for the scheduler's heartbeat
 timeout); a deadline after which every process of the job is killed (a worker blocked in a
 collective can outlive msrun's own timeout); and, on request, one rank's log echoed to a
-stream as it grows (`log_echo`).
+stream as it grows (`log_echo`); on request, a signal forwarded to every worker (the
+launcher's way to ask the ranks to stop at their next step); and a job that never outlives its
+launcher: msrun is started so that the kernel sends it SIGINT when the launcher dies, even by
+`kill -9` (`parent_death`), and msrun's SIGINT handler kills its workers and scheduler before
+it exits (the ranks, for their part, die with msrun: `mf_train.rank_worker`).
 
 Pure Python: it starts MindSpore in other processes but never imports it here.
 """
@@ -18,9 +22,10 @@ Pure Python: it starts MindSpore in other processes but never imports it here.
 from __future__ import annotations
 
 import re
+import signal
 import subprocess
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import BinaryIO, TextIO
 
@@ -30,9 +35,10 @@ from .errors import LaunchError
 from .log_echo import echoing
 from .msrun import child_env, free_port, kill_group, msrun_command
 from .nodes import Nodes
+from .parent_death import command as dying_with_this_process
 from .rank_watch import TIMED_OUT, traceback_tail, watch
 
-__all__ = ["LaunchError", "LaunchResult", "Nodes", "failure_message", "run_ranks"]
+__all__ = ["Forward", "LaunchError", "LaunchResult", "Nodes", "failure_message", "run_ranks"]
 
 
 @attrs.frozen(kw_only=True)
@@ -48,10 +54,21 @@ class LaunchResult:
         return self.log_dir / f"worker_{rank}.log"
 
 
+@attrs.frozen
+class Forward:
+    """A signal to send every worker of the job once `requested()` is true (asked every
+    `rank_watch.POLL_SECONDS`): each worker gets it once, as soon as it has installed its
+    handler for it (so that it never ends a worker still starting)."""
+
+    signum: int
+    requested: Callable[[], bool]
+
+
 def run_ranks(script: str | Path, nproc: int, *, log_dir: str | Path, timeout: float,
               args: Sequence[str] = (), env: dict[str, str] | None = None,
               echo_rank: int | None = None, echo_to: TextIO | None = None,
-              nodes: Nodes | None = None) -> LaunchResult:
+              nodes: Nodes | None = None, forward: Forward | None = None,
+              hold_fds: Sequence[int] = ()) -> LaunchResult:
     """Run `script` on `nproc` ranks of this host through msrun and wait for them.
 
     Args:
@@ -67,6 +84,10 @@ def run_ranks(script: str | Path, nproc: int, *, log_dir: str | Path, timeout: f
         nodes: this host's place in a job over several hosts (default: the only node, on
             127.0.0.1 and a free port). Its ranks are `nodes.local_ranks(nproc)`; `echo_rank`
             must be one of them.
+        forward: a signal to send every worker when the caller asks for it (`Forward`).
+        hold_fds: file descriptors msrun inherits and keeps open until it exits (a lock the
+            caller holds for the job then stays held while msrun and its workers run, even
+            if the caller is killed).
 
     Returns:
         The finished job: exit status 0, log directory, seconds taken.
@@ -83,7 +104,7 @@ def run_ranks(script: str | Path, nproc: int, *, log_dir: str | Path, timeout: f
         raise ValueError(f"echo_rank must be a rank of this host ({ranks[0]} to "
                          f"{ranks[-1]}), got {echo_rank}")
     failure, returncode, seconds = _run_msrun(script, nproc, log_dir, timeout, args, env,
-                                              (echo_rank, echo_to), nodes)
+                                              (echo_rank, echo_to), nodes, forward, hold_fds)
     if failure == TIMED_OUT:
         raise LaunchError(f"{nproc}-rank job {Path(script).name} did not finish in "
                           f"{timeout:.0f} s and was killed; logs in {log_dir}")
@@ -99,8 +120,9 @@ def run_ranks(script: str | Path, nproc: int, *, log_dir: str | Path, timeout: f
 
 def _run_msrun(script: str | Path, nproc: int, log_dir: Path, timeout: float,
                args: Sequence[str], env: dict[str, str] | None,
-               echo: tuple[int | None, TextIO | None],
-               nodes: Nodes) -> tuple[str | None, int, float]:
+               echo: tuple[int | None, TextIO | None], nodes: Nodes,
+               forward: Forward | None = None,
+               hold_fds: Sequence[int] = ()) -> tuple[str | None, int, float]:
     """Run msrun until it exits, a rank fails or the time is up, then end every process of
     the job. Returns the watch's failure (see `rank_watch.watch`), msrun's exit status and
     the seconds since msrun started."""
@@ -111,12 +133,15 @@ def _run_msrun(script: str | Path, nproc: int, log_dir: Path, timeout: float,
         command = msrun_command(script, nproc, log_dir=log_dir, port=port, args=args,
                                 cluster_timeout=max(30, int(timeout)), nodes=nodes)
         start = time.monotonic()
-        process = subprocess.Popen(command, stdout=msrun_log, stderr=subprocess.STDOUT,
+        process = subprocess.Popen(dying_with_this_process(signal.SIGINT, command),
+                                   stdout=msrun_log, stderr=subprocess.STDOUT,
                                    env=child_env(env, echo=echo[0] is not None),
-                                   start_new_session=True)
+                                   start_new_session=True, pass_fds=tuple(hold_fds))
         try:
             failure = watch(process, log_dir, ranks, deadline=start + timeout,
-                            msrun_log=nodes.msrun_log)
+                            msrun_log=nodes.msrun_log,
+                            forward=None if forward is None else
+                            lambda: forward.signum if forward.requested() else None)
         finally:
             kill_group(process)  # the other ranks, and workers left behind by msrun, if any
     return failure, process.returncode, time.monotonic() - start

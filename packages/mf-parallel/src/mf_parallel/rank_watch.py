@@ -16,7 +16,7 @@ import re
 import signal
 import subprocess
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from .msrun import children
@@ -32,17 +32,23 @@ _EXCEPTION_LINE = re.compile(r"^(\w+(?:\.\w+)*(?:Error|Exception|Interrupt)\b.*)
 
 
 def watch(process: subprocess.Popen[bytes], log_dir: Path, ranks: Sequence[int], *,
-          deadline: float, msrun_log: str = "msrun.log") -> str | None:
+          deadline: float, msrun_log: str = "msrun.log",
+          forward: Callable[[], int | None] | None = None) -> str | None:
     """Wait for msrun; stop early with the first failed rank's message, or `TIMED_OUT`.
 
     `ranks` are the global ranks msrun runs on this host; `msrun_log` names msrun's own log in
-    `log_dir`. None means msrun exited by itself (its status says whether the job succeeded).
+    `log_dir`. `forward`, asked at every look, returns a signal to send every worker (None:
+    none yet): each worker gets it once, as soon as it has a handler for it (`RankWatch.send`).
+    None means msrun exited by itself (its status says whether the job succeeded).
     """
     workers = RankWatch(process.pid, log_dir, ranks, msrun_log=msrun_log)
     while process.poll() is None:
         failure = workers.failure()
         if failure is not None:
             return failure
+        signum = forward() if forward is not None else None
+        if signum is not None:
+            workers.send(signum)
         if time.monotonic() >= deadline:
             return TIMED_OUT
         time.sleep(POLL_SECONDS)
@@ -97,6 +103,19 @@ class RankWatch:
         self.msrun_log = _Lines(log_dir / msrun_log)
         self.msrun_exit = re.compile(_MSRUN_WORKER_EXIT.format(pid=msrun_pid))
         self.reported: list[tuple[int, int]] = []
+        self.sent: set[int] = set()
+        """The workers `send` has signalled."""
+
+    def send(self, signum: int) -> None:
+        """Send `signum` once to each worker seen so far, as soon as it has a handler for it
+        (a worker still starting would be ended by it, or let it pass), while it is still
+        msrun's child (a PID msrun has reaped may be another process's by now)."""
+        alive = set(children(self.msrun_pid))
+        for pid in self.pid_rank:
+            if pid not in self.sent and pid in alive and _catches(pid, signum):
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(pid, signum)
+                self.sent.add(pid)
 
     def failure(self) -> str | None:
         """The message of the first failed rank found now, or None while all is well."""
@@ -199,6 +218,19 @@ class LogScan:
         if found >= 0:
             self.traceback_at = start + found
         self.size = start + len(data)
+
+
+def _catches(pid: int, signum: int) -> bool:
+    """Whether process `pid` has installed a handler for `signum` (its `SigCgt` mask in
+    /proc/<pid>/status)."""
+    try:
+        with open(f"/proc/{pid}/status", encoding="ascii") as status:
+            for line in status:
+                if line.startswith("SigCgt:"):
+                    return bool(int(line.split()[1], 16) >> (signum - 1) & 1)
+    except (OSError, ValueError):
+        pass
+    return False
 
 
 def _zombie_returncode(pid: int) -> int | None:

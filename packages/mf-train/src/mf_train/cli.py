@@ -14,6 +14,11 @@ the `mf-train-rank` entry point (`rank_worker`) and writes its log to
 they come (`[rank 0] ...`). When a rank fails or is killed, the job stops within a second or
 so and the launcher prints that rank's error and the path of its log. With `--nnodes`, this
 host is one node of a job over several hosts (`node_flags`): every check sees the whole job.
+
+SIGINT (Ctrl-C) and SIGTERM stop a run at its next step boundary (`stop_signals`): it saves a
+checkpoint, prints one line saying where, and exits with status 128 + the signal's number; a
+second signal aborts at once. The launcher forwards the request to its ranks and, killed
+itself, takes its job with it (`mf_parallel.launch`).
 """
 
 from __future__ import annotations
@@ -35,7 +40,7 @@ from mf_config.validate import config_from_source, load_source
 from mf_config.yaml_source import Source, UnreadableFile
 from mf_data.errors import DataError
 from mf_parallel import PlanError
-from mf_parallel.launch import LaunchError, Nodes, run_ranks
+from mf_parallel.launch import Forward, LaunchError, Nodes, run_ranks
 from mf_parallel.msrun import path_with_interpreter
 
 from . import export_command
@@ -43,7 +48,8 @@ from .input_checks import check_inputs
 from .monitor.tensorboard import event_dir
 from .node_flags import NODE_OPTIONS, FlagError, add_node_flags, nodes_from
 from .run_directory import Claim, RunDirectoryError, claim
-from .summary import summary_lines
+from .stop_signals import LAUNCHER_STOP, StopSignals, name, status
+from .summary import stopped_line, summary_lines
 
 # `.job` and `.trainer` import MindSpore (about 2.7 s here), so they are imported where a run
 # needs them: `mf-train --help` and usage errors answer at once.
@@ -89,12 +95,38 @@ RANK_ENTRY_POINT = "mf-train-rank"
 """The console script msrun starts on each rank (`rank_worker.main`)."""
 
 
+class _Aborted(Exception):
+    """A second stop signal reached the launcher: its job is killed."""
+
+    def __init__(self, signum: int):
+        super().__init__(signum)
+        self.signum = signum
+
+
+def _abort_job(signum: int) -> None:
+    raise _Aborted(signum)  # from the signal handler: `_run_msrun` kills the job on its way out
+
+
 def launch(args: argparse.Namespace, argv: list[str], nodes: Nodes) -> int:
-    """Validate for the whole job's ranks here, claim the output directory (node 0 holds its
-    lock), then run this host's ranks through msrun and print the run's summary."""
+    """Validate for the whole job's ranks here, claim the directories the run writes (node 0
+    holds their locks), then run this host's ranks through msrun and print the run's summary.
+    A stop signal is forwarded to the ranks (`stop_signals`); a second one kills the job."""
+    with StopSignals(abort=_abort_job) as signals:
+        try:
+            return _launch(args, argv, nodes, signals)
+        except _Aborted as exc:
+            print(f"mf-train: second {name(exc.signum)}: every process of the job was killed, "
+                  "nothing saved (the newest complete checkpoint is kept)", file=sys.stderr)
+            return status(exc.signum)
+
+
+def _launch(args: argparse.Namespace, argv: list[str], nodes: Nodes,
+            signals: StopSignals) -> int:
     validated = _validated(args, nodes.count * args.nproc, say_warnings=True)
     if validated is None:
         return 2
+    if signals.requested is not None:
+        return _stopped_before_start(signals.requested)
     worker = shutil.which(RANK_ENTRY_POINT, path=path_with_interpreter())
     if worker is None:
         print(f"mf-train: {RANK_ENTRY_POINT}, the command msrun starts on each rank, is not "
@@ -104,6 +136,9 @@ def launch(args: argparse.Namespace, argv: list[str], nodes: Nodes) -> int:
     owned = _claimed(args.output_dir, validated[0], lock=nodes.rank == 0)
     if owned is None:
         return 2
+    if signals.requested is not None:
+        owned.release()
+        return _stopped_before_start(signals.requested)
     logs = Path(args.output_dir) / "logs"
     rank_args = [*_without_launcher_options(argv), *_decided(owned)]
     timeout = args.timeout if args.timeout > 0 else 365 * 24 * 3600.0
@@ -115,13 +150,21 @@ def launch(args: argparse.Namespace, argv: list[str], nodes: Nodes) -> int:
     quiet = {} if "GLOG_v" in os.environ else {"GLOG_v": "3"}
     try:
         run_ranks(worker, args.nproc, log_dir=logs, timeout=timeout, args=rank_args,
-                  env={LAUNCHED: "1", **quiet}, echo_rank=ranks[0], echo_to=sys.stdout,
-                  nodes=nodes)
+                  env={LAUNCHED: "1", LAUNCHER_PID: str(os.getpid()), **quiet},
+                  echo_rank=ranks[0], echo_to=sys.stdout, nodes=nodes,
+                  forward=Forward(LAUNCHER_STOP, signals), hold_fds=owned.lock_fds())
     except LaunchError as exc:
         print(f"mf-train: {exc}", file=sys.stderr)
         return 1
     finally:
         owned.release()
+    if signals.requested is not None:
+        if nodes.rank == 0:
+            print(f"mf-train: {_stopped_line(signals.requested, owned)}", file=sys.stderr)
+        else:
+            print(f"mf-train: node {nodes.rank} stopped its ranks ({name(signals.requested)}); "
+                  "node 0 says where the run saved", file=sys.stderr)
+        return status(signals.requested)
     if nodes.rank == 0:  # rank 0 writes the metrics
         _summarise(validated[0], owned, time.monotonic() - start)
     else:
@@ -138,7 +181,11 @@ def _ranks_phrase(nodes: Nodes, ranks: range) -> str:
 
 
 LAUNCHED = "MF_TRAIN_LAUNCHED"
-"""Set for the ranks the launcher starts: it holds the output directory's lock for them."""
+"""Set for the ranks the launcher starts: it holds the run's locks for them, and reports a
+stop (they exit with status 0 once stopped)."""
+LAUNCHER_PID = "MF_TRAIN_LAUNCHER_PID"
+"""The launcher's PID, for its ranks: a rank that starts after its launcher died exits at once
+(`rank_worker`)."""
 
 
 def _claimed(output_dir: str, config: TrainConfig, *, lock: bool = True) -> Claim | None:
@@ -161,6 +208,19 @@ def _decided(owned: Claim) -> list[str]:
     if checkpoint.load_path:
         sets.append(f"checkpoint.load_path={json.dumps(checkpoint.load_path)}")
     return [arg for value in sets for arg in ("--set", value)]
+
+
+def _stopped_before_start(signum: int) -> int:
+    print(f"mf-train: stopped by {name(signum)} before training started; nothing saved",
+          file=sys.stderr)
+    return status(signum)
+
+
+def _stopped_line(signum: int | None, owned: Claim) -> str:
+    """Where a run stopped by `signum` (None: by another rank's request) stopped and saved
+    (`summary.stopped_line`)."""
+    phrase = name(signum) if signum is not None else "another rank's stop request"
+    return stopped_line(phrase, owned.output_dir, Path(owned.checkpoint.save_path))
 
 
 def _summarise(config: TrainConfig, owned: Claim, seconds: float) -> None:
@@ -223,13 +283,36 @@ def _log_to_file(path: Path) -> logging.Handler:
     return handler
 
 
-def run_training(argv: Sequence[str], *, world_size: int) -> int:
-    """Validate, build and train in this process (one rank of `world_size`)."""
+_STOPPED = -1
+"""What `_train` returns for a run that a stop request ended (at a step boundary)."""
+
+
+def run_training(argv: Sequence[str], *, world_size: int,
+                 signals: StopSignals | None = None) -> int:
+    """Validate, build and train in this process (one rank of `world_size`).
+
+    Args:
+        argv: `mf-train`'s arguments (without the launcher's options).
+        world_size: the job's number of ranks (1: this process is the whole run).
+        signals: the stop signals to handle while training (default: SIGINT and SIGTERM,
+            a second one aborting at once); see `stop_signals`.
+
+    Returns:
+        The exit status: 0 done, 2 refused before training, 1 failed, 128 + the signal's
+        number when a stop signal ended the run (0 for the launcher's ranks: it reports).
+    """
+    with signals if signals is not None else StopSignals() as handled:
+        return _run_training(argv, world_size, handled)
+
+
+def _run_training(argv: Sequence[str], world_size: int, signals: StopSignals) -> int:
     args = _parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     validated = _validated(args, world_size)
     if validated is None:
         return 2
+    if signals.requested is not None and world_size == 1:  # ranks all start, then agree
+        return _stopped_before_start(signals.requested)
     config, source = validated
     # the launcher holds the lock for its ranks; ranks started by hand, rank 0 takes it
     lock = world_size == 1 or (os.environ.get(LAUNCHED) != "1"
@@ -243,31 +326,38 @@ def run_training(argv: Sequence[str], *, world_size: int) -> int:
     handler = _log_to_file(output_dir / "logs" / "train.log") if world_size == 1 else None
     start = time.monotonic()
     try:
-        status = _train(config, source, output_dir, world_size)
+        outcome = _train(config, source, output_dir, world_size, signals)
     finally:
         if handler is not None:
             logging.getLogger().removeHandler(handler)
             handler.close()
         owned.release()
-    if status == 0 and world_size == 1:
+    if outcome == _STOPPED:
+        if os.environ.get(LAUNCHED) == "1":
+            return 0  # the launcher says where the run stopped, and exits with the status
+        print(f"mf-train: {_stopped_line(signals.requested, owned)}", file=sys.stderr)
+        return 0 if signals.requested is None else status(signals.requested)
+    if outcome == 0 and world_size == 1:
         _summarise(config, owned, time.monotonic() - start)
-    return status
+    return outcome
 
 
-def _train(config: TrainConfig, source: Source, output_dir: Path, world_size: int) -> int:
-    """Build the trainer and train. On one process, bad input found while building is one
-    line and status 2 (a failure while training, 1); a rank raises, and the traceback's last
-    line is what the launcher reports."""
+def _train(config: TrainConfig, source: Source, output_dir: Path, world_size: int,
+           stop: StopSignals) -> int:
+    """Build the trainer and train until done, or until `stop` (`_STOPPED`). On one process,
+    bad input found while building is one line and status 2 (a failure while training, 1); a
+    rank raises, and the traceback's last line is what the launcher reports."""
     from .trainer import Trainer, TrainingStopped  # MindSpore
 
     try:
-        Trainer(config, output_dir=output_dir, source=source, world_size=world_size).train()
+        trainer = Trainer(config, output_dir=output_dir, source=source, world_size=world_size)
+        trainer.train(stop)
     except (ConfigError, DataError, ValueError, OSError, TrainingStopped) as exc:
         if world_size > 1:
             raise
         print(f"mf-train: {exc}", file=sys.stderr)
         return 2 if isinstance(exc, ConfigError) else 1
-    return 0
+    return _STOPPED if trainer.stopped or stop.requested is not None else 0
 
 if __name__ == "__main__":
     raise SystemExit(run())

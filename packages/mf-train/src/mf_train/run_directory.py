@@ -1,13 +1,18 @@
-"""A run owns its output directory: one run at a time, and never another run's files.
+"""A run owns the directories it writes: one run at a time, and never another run's files.
 
 `claim(output_dir, checkpoint)` is called before anything is trained (by the launcher for all
 ranks under `--nproc`):
 
-* It creates the directory (an unwritable one is one clear error) and takes an exclusive lock
-  on `<output_dir>/.mf-run.lock`, held for the run's life. A second run into the directory
-  fails at once, naming the holder's PID, host and start time. The lock is `flock`: the
-  system releases it when the holder exits, also after `kill -9`, so a stale lock file never
-  blocks anyone.
+* It creates the output directory and the checkpoint directory (an unwritable one is one
+  clear error) and takes an exclusive lock on `.mf-run.lock` in each, held for the run's life:
+  every directory the run writes is covered, so two runs with different output directories but
+  one `checkpoint.save_path` cannot both run (the second would resume from the first's
+  checkpoints as they are written). A second run into a directory in use fails at once, naming
+  the holder's PID, host and start time. The lock is `flock`: the system releases it when every
+  process holding it has exited, also after `kill -9`, so a stale lock file never blocks
+  anyone. The launcher of `--nproc` passes its locks to msrun, so they stay held as long as the
+  job's processes run. A lock file (and metrics.jsonl) is never opened through a symbolic link
+  (`no_follow`): a link there is refused.
 * It decides what the run does with what an earlier run left (as torchtitan does when its
   checkpoint folder holds checkpoints): when `checkpoint.load_path` is empty and the run's
   checkpoint directory holds a complete checkpoint, the run resumes from it, and says so
@@ -15,6 +20,10 @@ ranks under `--nproc`):
   another `--output-dir`, or remove the old one), and so is a `load_path` elsewhere while the
   checkpoint directory holds another run's checkpoints (saving beside them would rotate them
   away and move their tracker back).
+* A run never removes what it did not write: a directory in the checkpoint directory named as
+  a checkpoint (`iteration_00000001`) that mf-train did not write (no `common.json` of its
+  format) would be replaced by that step's save or rotated away, so the run is refused, naming
+  it.
 
 Checkpoints go to `<output_dir>/checkpoint` unless `checkpoint.save_path` says otherwise;
 metrics.jsonl is only ever appended to.
@@ -36,6 +45,7 @@ from mf_config import CheckpointConfig
 
 from .checkpoint import layout
 from .monitor.metrics import FILE_NAME as METRICS
+from .no_follow import LinkRefused, open_no_follow
 
 LOCK = ".mf-run.lock"
 CHECKPOINT_DIR = "checkpoint"
@@ -47,19 +57,24 @@ class RunDirectoryError(RuntimeError):
 
 @attrs.frozen
 class Claim:
-    """A run's hold on its output directory, and the checkpoint settings it runs with."""
+    """A run's hold on the directories it writes, and the checkpoint settings it runs with."""
 
     output_dir: Path
     checkpoint: CheckpointConfig
     """`save_path` resolved; `load_path` set when the run resumes an earlier one it found."""
     note: str | None
     """What the run does with an earlier run it found (to log), or None for a fresh start."""
-    lock: IO[str] | None = attrs.field(eq=False, default=None)
+    locks: tuple[IO[str], ...] = attrs.field(eq=False, default=())
+    """The open lock files (none when the launcher holds them for this rank)."""
 
     def release(self) -> None:
         """Let the next run in (the system also does it when this process exits)."""
-        if self.lock is not None:
-            self.lock.close()
+        for lock in self.locks:
+            lock.close()
+
+    def lock_fds(self) -> tuple[int, ...]:
+        """The lock files' descriptors, for a child process to hold them too."""
+        return tuple(lock.fileno() for lock in self.locks if not lock.closed)
 
 
 def checkpoint_root(checkpoint: CheckpointConfig, output_dir: Path) -> Path:
@@ -69,47 +84,68 @@ def checkpoint_root(checkpoint: CheckpointConfig, output_dir: Path) -> Path:
 
 def claim(output_dir: str | os.PathLike[str], checkpoint: CheckpointConfig, *,
           lock: bool = True) -> Claim:
-    """Claim `output_dir` for this run and decide how the run starts.
+    """Claim the directories this run writes and decide how the run starts.
 
     Args:
         output_dir: the run's output directory (created when missing).
         checkpoint: the `checkpoint` section (where checkpoints go, what to load).
-        lock: take the directory's lock (False: the launcher holds it for its ranks).
+        lock: lock the output directory and, when saving, the checkpoint directory (False:
+            the launcher holds the locks for its ranks).
 
     Returns:
         The claim: the checkpoint section to run with (resuming the directory's own
         checkpoints when it has some) and a note saying what was decided.
 
     Raises:
-        RunDirectoryError: another run holds the directory, or it holds a finished run's
-            outputs that this run would overwrite, or it cannot be written.
+        RunDirectoryError: another run holds one of the directories, or they hold an
+            earlier run's outputs or a user's files that this run would overwrite, or they
+            cannot be written.
     """
     directory = Path(output_dir)
-    handle = _lock(directory) if lock else None
+    owned: list[IO[str]] = []
     try:
+        if lock:
+            for path, option in _written(directory, checkpoint):
+                owned.append(_lock(path, option))
         checkpoint, note = _decide(directory, checkpoint)
     except RunDirectoryError:
-        if handle is not None:
+        for handle in owned:
             handle.close()
         raise
-    return Claim(directory, checkpoint, note, handle)
+    return Claim(directory, checkpoint, note, tuple(owned))
 
 
-def _lock(directory: Path) -> IO[str]:
+def _written(directory: Path, checkpoint: CheckpointConfig) -> list[tuple[Path, str]]:
+    """Each directory the run writes, once, with the option that chooses it: the output
+    directory, and the checkpoint directory when saving."""
+    found = [(directory, "--output-dir")]
+    if checkpoint.enable_save:
+        root = checkpoint_root(checkpoint, directory)
+        if root.resolve() != directory.resolve():
+            found.append((root, "checkpoint.save_path"))
+    return found
+
+
+def _lock(directory: Path, option: str) -> IO[str]:
+    """Create `directory` and hold `<directory>/.mf-run.lock` (exclusive, not blocking);
+    `option` is what the user changes to choose another directory."""
+    path = directory / LOCK
+    what = "the output directory" if option == "--output-dir" else "the checkpoint directory"
     try:
         directory.mkdir(parents=True, exist_ok=True)
-        handle = open(directory / LOCK, "a+", encoding="utf-8")  # noqa: SIM115 - held for the run
+        handle = os.fdopen(open_no_follow(path, os.O_RDWR | os.O_CREAT), "r+", encoding="utf-8")
+    except LinkRefused as exc:
+        raise RunDirectoryError(str(exc)) from None
     except OSError as exc:
-        raise RunDirectoryError(f"cannot use {directory} as the output directory: "
-                                f"{exc.strerror or exc}; choose a writable --output-dir") from None
+        raise RunDirectoryError(f"cannot use {directory} as {what}: {exc.strerror or exc}; "
+                                f"choose a writable {option}") from None
     try:
         fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
-        handle.seek(0)
         holder = handle.read().strip() or "another process"
         handle.close()
         raise RunDirectoryError(f"{directory} is in use by another run ({holder}); wait for it "
-                                "to finish, or choose another --output-dir") from None
+                                f"to finish, or choose another {option}") from None
     handle.seek(0)
     handle.truncate()
     started = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime())
@@ -121,6 +157,12 @@ def _lock(directory: Path) -> IO[str]:
 def _decide(directory: Path, checkpoint: CheckpointConfig) -> tuple[CheckpointConfig, str | None]:
     root = checkpoint_root(checkpoint, directory)
     resolved = attrs.evolve(checkpoint, save_path=str(root))
+    if (directory / METRICS).is_symlink():
+        raise RunDirectoryError(f"{directory / METRICS} is a symbolic link, which mf-train "
+                                "never follows there; remove it (the run appends to a plain "
+                                "file)")
+    if checkpoint.enable_save:
+        _refuse_foreign(root)
     complete = layout.complete_iterations(root)
     if checkpoint.load_path:
         if complete and not _inside(Path(checkpoint.load_path), root):
@@ -142,6 +184,17 @@ def _decide(directory: Path, checkpoint: CheckpointConfig) -> tuple[CheckpointCo
             f"step{'s' if steps != 1 else ''}) but no checkpoint "
             f"to resume from in {root}; choose another --output-dir, or remove {directory}")
     return resolved, None
+
+
+def _refuse_foreign(root: Path) -> None:
+    """Refuse a checkpoint directory holding a directory named as a checkpoint that mf-train
+    did not write: a save of that step would replace it, and rotation would delete it."""
+    for _, path in layout.iteration_dirs(root):
+        if not layout.written_by_mf(path):
+            raise RunDirectoryError(
+                f"{path} is not a checkpoint mf-train wrote (it has no {layout.COMMON} of "
+                f"its format), and saving into {root} could replace or delete it; move it "
+                "elsewhere, or choose another checkpoint.save_path")
 
 
 def _inside(path: Path, root: Path) -> bool:

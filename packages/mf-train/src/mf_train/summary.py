@@ -1,4 +1,5 @@
-"""The lines a run ends with: what it did, and where its checkpoints, metrics and logs are.
+"""The lines a run ends with: what it did, and where its checkpoints, metrics and logs are;
+or, for a run stopped by a signal, the one line saying where it stopped and saved.
 
 Read from the files the run wrote (metrics.jsonl, the checkpoint directory), so the launcher
 of a multi-rank job prints the same summary as a single process, after the ranks are gone.
@@ -30,6 +31,31 @@ def summary_lines(output_dir: Path, checkpoints: Path, tensorboard: Path,
     return [head, f"checkpoints: {checkpoints}{newest}",
             f"metrics: {output_dir / METRICS}; TensorBoard: {tensorboard}; logs: "
             f"{output_dir / 'logs'}"]
+
+
+def stopped_line(signal_name: str, output_dir: Path, checkpoints: Path) -> str:
+    """The one line of a run a signal stopped at a step boundary.
+
+    Args:
+        signal_name: what stopped it (`SIGINT`).
+        output_dir: the run's output directory (its metrics.jsonl says the last step).
+        checkpoints: the run's checkpoint directory.
+
+    Returns:
+        `stopped by SIGINT after step 3 of 50; checkpoint saved: .../iteration_00000003 (run
+        the same command to resume from it)`, or why nothing was saved.
+    """
+    steps, total, _ = _this_run(output_dir / METRICS)
+    complete = layout.complete_iterations(checkpoints)
+    if not steps:
+        return (f"stopped by {signal_name} before the first step; nothing saved"
+                + (f" (the newest checkpoint is {complete[-1][1]})" if complete else ""))
+    head = f"stopped by {signal_name} after step {steps[-1]} of {total}"
+    if complete and complete[-1][0] == steps[-1]:
+        return (f"{head}; checkpoint saved: {complete[-1][1]} (run the same command to resume "
+                "from it)")
+    newest = f"the newest is {complete[-1][1]}" if complete else f"none in {checkpoints}"
+    return f"{head}; no checkpoint saved at that step ({newest})"
 
 
 def _this_run(metrics: Path) -> tuple[list[int], int | None, dict]:

@@ -15,7 +15,8 @@ refused value raises, a value with no effect here is logged once on rank 0), com
 recompute and swap (mf-memory), the step layout with its optimizer, the LR schedule, the
 checkpoint manager and the resumed state (`checkpoint`), and the callbacks (`monitor`,
 `callbacks`). `train()` then runs `training.steps` optimizer steps, each of
-`plan.batch.accumulation_steps()` micro-batches.
+`plan.batch.accumulation_steps()` micro-batches; a stop request (`stop_signals`: SIGINT,
+SIGTERM) ends it at a step boundary, every rank at the same one, after a checkpoint.
 
 With `training.use_skip_step_on_nan` a step whose norm is not finite, or above
 `monitor.health_checkpoint.global_norm_skip_threshold`, is skipped: no update, the
@@ -30,7 +31,7 @@ import logging
 import math
 import random
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -220,6 +221,8 @@ class Trainer:
     step: TrainStep
     compiled: CompileReport
     """What `context.compile` compiled; counts compilations as the steps run."""
+    stopped: bool = False
+    """Whether the last `train()` ended early because a stop was asked for."""
 
     def __init__(self, config: TrainConfig, *, output_dir: str | Path,
                  source: Source | None = None, world_size: int = 1):
@@ -344,19 +347,21 @@ class Trainer:
 
     def _resume(self) -> Path | None:
         """Model, optimizer, step, consumed samples and RNG from `checkpoint.load_path`."""
-        many = self.comm.world_size > 1
+        many, started = self.comm.world_size > 1, time.perf_counter()
+        self._resumed_kind: str | None = None
         resumed = resume(self.config.checkpoint, self.comm.rank, self.comm.world_size,
                          self.source, agree=world_group.all_ranks if many else None)
         if resumed is None:
             return None
+        self._resumed_kind = resumed.kind
         if resumed.kind == "pieces":
-            self._apply_pieces(resumed)
+            self._apply_pieces(resumed, started)
             return resumed.path
         with self.layout.whole_model():
             self._apply_resumed(resumed)
         return resumed.path
 
-    def _apply_pieces(self, resumed: Resumed) -> None:
+    def _apply_pieces(self, resumed: Resumed, started: float) -> None:
         """A sharded checkpoint: each rank reads the ranges it holds (any saving layout; a
         weight saved at another tensor-parallel degree is cut to this rank's place)."""
         entries = self.model.weight_maps()
@@ -377,8 +382,9 @@ class Trainer:
             restore_rng_state(resumed.state.rng)
         rng = ("its random generator states" if resumed.state.rng else
                "random generators re-seeded (saved by another world size)")
-        LOG.info("resumed from %s at step %d (%d samples consumed; this rank read %s; %s)",
-                 resumed.path, self.step_count, self.consumed_samples, size(read), rng)
+        LOG.info("resumed from %s at step %d (%d samples consumed; this rank read %s in "
+                 "%.2f s; %s)", resumed.path, self.step_count, self.consumed_samples,
+                 size(read), time.perf_counter() - started, rng)
 
     def _apply_resumed(self, resumed: Resumed) -> None:
         if resumed.kind == "hf":
@@ -402,11 +408,12 @@ class Trainer:
         LOG.info("resumed from %s at step %d (%d samples consumed)", resumed.path,
                  self.step_count, self.consumed_samples)
 
-    def save_checkpoint(self) -> None:
-        """Save after this step when the schedule says so (in the background with
-        `async_save`; `_report_saves` tells the callbacks once it is complete)."""
+    def save_checkpoint(self, *, stopping: bool = False) -> None:
+        """Save after this step when the schedule says so, or when the run stops here
+        (`stopping`), in the background with `async_save` (`_report_saves` tells the
+        callbacks once it is complete)."""
         step, total = self.step_count, self.config.training.steps
-        if not self.checkpoints.should_save(step, last=step == total):
+        if not self.checkpoints.should_save(step, last=step == total or stopping):
             return
         optimizer_state = None if self.config.checkpoint.no_save_optim \
             else self.optimizer.state_pieces(self.placement)
@@ -447,14 +454,25 @@ class Trainer:
                             model=self.model, collectives=self.collectives,
                             build_peak_memory_gib=round(self.build_peak.gib, 3))
 
-    def train(self) -> list[StepOutcome]:
-        """Run the remaining steps up to `training.steps`, calling the callbacks' hooks."""
+    def train(self, stop: Callable[[], bool] | None = None) -> list[StepOutcome]:
+        """Run the remaining steps up to `training.steps`, calling the callbacks' hooks.
+
+        `stop` (`stop_signals.StopSignals`: a stop signal came) is asked at every step
+        boundary, before each step: once it is true on any rank, every rank stops at that
+        boundary (`_stop_agreed`), saves the steps this run made (unless saving is off) and
+        returns, with `stopped` set."""
         stream, ctx, total = self.stream(), self.context(), self.config.training.steps
         outcomes: list[StepOutcome] = []
         last, skipped_in_a_row = None, 0
+        self.stopped = False
         self.callbacks.on_train_begin(ctx)
         try:
             while self.step_count < total:
+                if stop is not None and self._stop_agreed(stop()):
+                    self.stopped = True
+                    if self.step_count > ctx.start_step:
+                        self.save_checkpoint(stopping=True)
+                    break
                 self.callbacks.on_step_begin(ctx, self.step_count + 1)
                 outcome = self.run_step(stream)
                 outcomes.append(outcome)
@@ -464,11 +482,29 @@ class Trainer:
                 self._report_saves(ctx)
                 skipped_in_a_row = skipped_in_a_row + 1 if outcome.skipped else 0
                 self._check_skips(skipped_in_a_row)
+            if self._converts():
+                self.save_checkpoint()
             self.checkpoints.wait()
             self._report_saves(ctx)
         finally:
             self.callbacks.on_train_end(ctx, last)
         return outcomes
+
+    def _converts(self) -> bool:
+        """Whether this run resumed a checkpoint of format 2 (an earlier mf's, which loads
+        only on the layout that wrote it) at its last step, from outside its own save path:
+        it trains nothing and saves that step in the sharded format, which loads on any
+        layout (the conversion the format-2 refusal names)."""
+        return (self._resumed_kind == "mf" and self.step_count == self.config.training.steps
+                and self.resumed_from is not None
+                and self.resumed_from.parent.resolve() != self.checkpoints.root.resolve())
+
+    def _stop_agreed(self, asked: bool) -> bool:
+        """Whether any rank was asked to stop (one process: `asked`; several: an all-reduce
+        over the world group, so that every rank stops at the same step boundary)."""
+        if self.comm.world_size == 1:
+            return asked
+        return not world_group.all_ranks(not asked)
 
     def _record(self, outcome: StepOutcome) -> StepRecord:
         """The step as the callbacks see it (tokens over all data and context ranks, the

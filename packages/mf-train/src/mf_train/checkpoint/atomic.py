@@ -14,12 +14,13 @@ import hashlib
 import json
 import os
 import shutil
-from collections.abc import Mapping
+import struct
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
-from safetensors.numpy import save_file
 
 
 def fsync_dir(directory: Path) -> None:
@@ -81,13 +82,64 @@ _UMASK_AT_IMPORT = _umask_at_import()
 """The umask when this module was imported: for systems without /proc/self/status."""
 
 
-def write_safetensors(path: Path, arrays: Mapping[str, np.ndarray],
-                      metadata: dict[str, str] | None = None) -> None:
-    """`arrays` as a safetensors file at `path`, atomically."""
+SAFETENSORS_DTYPES = {np.dtype(name): code for name, code in (
+    ("float64", "F64"), ("float32", "F32"), ("float16", "F16"), ("int64", "I64"),
+    ("int32", "I32"), ("int16", "I16"), ("int8", "I8"), ("uint64", "U64"), ("uint32", "U32"),
+    ("uint16", "U16"), ("uint8", "U8"), ("bool", "BOOL"))}
+"""numpy dtype -> safetensors' dtype code."""
+
+
+@dataclass(frozen=True)
+class Streamed:
+    """One tensor of a streamed safetensors file: its key, dtype and element count known up
+    front, its values produced only when the writer reaches it (`read`: a flat array)."""
+
+    key: str
+    dtype: np.dtype
+    numel: int
+    read: Callable[[], np.ndarray]
+
+
+def write_safetensors_streamed(path: Path, tensors: Sequence[Streamed],
+                               metadata: dict[str, str] | None = None) -> str:
+    """A 1-D tensor per entry as a safetensors file at `path`, atomically, holding one
+    tensor's values in memory at a time: the header is written from the keys, dtypes and
+    sizes, then each tensor's bytes as it is read. Returns the file's SHA-256 (hex), computed
+    as it is written.
+
+    Raises:
+        ValueError: a tensor read with another dtype or size than announced, or a dtype
+            safetensors has no code for.
+    """
+    header: dict[str, Any] = {"__metadata__": metadata} if metadata else {}
+    offset = 0
+    for tensor in tensors:
+        if tensor.dtype not in SAFETENSORS_DTYPES:
+            raise ValueError(f"{tensor.key}: cannot store dtype {tensor.dtype}")
+        size = tensor.numel * tensor.dtype.itemsize
+        header[tensor.key] = {"dtype": SAFETENSORS_DTYPES[tensor.dtype],
+                              "shape": [tensor.numel], "data_offsets": [offset, offset + size]}
+        offset += size
+    text = json.dumps(header, separators=(",", ":")).encode()
+    text += b" " * (-len(text) % 8)  # the data starts 8-byte aligned, as safetensors writes
+    digest = hashlib.sha256()
     part = _part_path(path)
-    save_file({name: np.ascontiguousarray(array) for name, array in arrays.items()},
-              str(part), metadata=metadata)
+    with open(part, "wb") as handle:
+        for chunk in (struct.pack("<Q", len(text)), text):
+            handle.write(chunk)
+            digest.update(chunk)
+        for tensor in tensors:
+            values = np.ascontiguousarray(tensor.read()).reshape(-1)
+            if values.dtype != tensor.dtype or values.size != tensor.numel:
+                raise ValueError(f"{tensor.key}: read {values.size} values of {values.dtype}, "
+                                 f"announced {tensor.numel} of {tensor.dtype}")
+            data = memoryview(values.astype(values.dtype.newbyteorder("<"), copy=False)
+                              ).cast("B")
+            handle.write(data)
+            digest.update(data)
+            del values, data
     commit_file(part, path)
+    return digest.hexdigest()
 
 
 def write_text(path: Path, text: str) -> None:

@@ -51,6 +51,8 @@ FORMAT_VERSION = 3
 SHARDED_VERSION = 3
 """The first version that stores pieces."""
 _FINAL = re.compile(r"iteration_(\d{8,})")
+_LEFTOVER = re.compile(r"iteration_\d{8,}(?:" + re.escape(TMP_MARK) + "|" + re.escape(DEL_MARK)
+                       + r").+")
 
 
 def iteration_name(step: int) -> str:
@@ -62,6 +64,26 @@ def parse_iteration(name: str) -> int | None:
     """The step of a complete directory's name; None for anything else (tmp, del, other)."""
     match = _FINAL.fullmatch(name)
     return int(match.group(1)) if match else None
+
+
+def is_leftover(name: str) -> bool:
+    """Whether `name` is a save's temporary directory or a deletion's (`iteration_00000008
+    .tmp-<token>`, `.del-<pid>`), left behind when its process was killed."""
+    return _LEFTOVER.fullmatch(name) is not None
+
+
+def written_by_mf(directory: Path) -> bool:
+    """Whether `directory` holds a checkpoint mf-train wrote, complete or not: its
+    `common.json` names this format. A save never replaces, and rotation never deletes, a
+    directory that does not (a user's `iteration_00000001/notes.txt`), nor a symbolic link
+    (what it points to is not the save path's to delete)."""
+    if directory.is_symlink():
+        return False
+    try:
+        read_common(directory)
+    except CheckpointError:
+        return False
+    return True
 
 
 def rank_file(prefix: str, kind: str, rank: int, world_size: int) -> str:

@@ -9,15 +9,17 @@ optimizer file, whose float32 masters and moments are 3-4x the weights anyway.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable, Mapping
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from .errors import CheckpointError
+from .pieces import Deferred
 
 if TYPE_CHECKING:
-    from mindspore import Parameter
+    from mindspore import Parameter, Tensor
 
 _MAX_LISTED = 20
 
@@ -40,13 +42,22 @@ def model_arrays(named_params: Iterable[tuple[str, Parameter]]) -> dict[str, np.
     return {name: host_array(param) for name, param in named_params}
 
 
-def host_array(param: Parameter) -> np.ndarray:
-    """A host copy of one parameter (bfloat16 as float32)."""
+def host_array(param: Parameter | Tensor) -> np.ndarray:
+    """A host copy of one parameter or tensor (bfloat16 as float32)."""
     import mindspore as ms  # on first use: the checkpoint package loads without MindSpore
 
     if param.dtype == ms.bfloat16:
         return param.astype(ms.float32).asnumpy().copy()
     return param.asnumpy().copy()
+
+
+def deferred_host_array(tensor: Any) -> Deferred:
+    """`host_array(tensor)` made when a checkpoint writer reaches it (float32 for bfloat16,
+    the numpy dtype of every other dtype)."""
+    import mindspore as ms
+
+    dtype = np.float32 if tensor.dtype == ms.bfloat16 else ms.dtype_to_nptype(tensor.dtype)
+    return Deferred(dtype, functools.partial(host_array, tensor))
 
 
 def apply_model_params(named_params: Iterable[tuple[str, Parameter]],

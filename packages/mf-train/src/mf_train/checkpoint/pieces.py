@@ -23,7 +23,7 @@ PyTorch's distributed checkpoint loads by overlap.
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
@@ -31,7 +31,7 @@ from typing import Any
 import attrs
 import numpy as np
 
-from .atomic import file_digest
+from .atomic import Streamed, file_digest
 from .errors import CheckpointError, CorruptCheckpointError
 
 
@@ -94,18 +94,33 @@ def whole_piece(name: str, shape: Iterable[int], tensor: tuple[int, int] | None 
     return Piece(name, tuple(shape), 0, -1, tensor)
 
 
-def stored(pieces: Mapping[Piece, np.ndarray]) -> dict[str, np.ndarray]:
-    """The arrays to write, flat, under their pieces' keys (each checked against its range)."""
-    arrays = {}
-    for piece, array in pieces.items():
-        flat = np.asarray(array).reshape(-1)
-        if flat.size != piece.stop - piece.start:
-            raise ValueError(f"{piece.key}: {flat.size} values for a range of "
-                             f"{piece.stop - piece.start}")
-        if piece.key in arrays:
+@attrs.frozen
+class Deferred:
+    """A piece's values produced when the writer reaches them (a host copy of one parameter
+    made then, not when the save starts), so a synchronous save holds one tensor's copy at a
+    time. `dtype` is the stored dtype `read` returns."""
+
+    dtype: np.dtype = attrs.field(converter=np.dtype)
+    read: Callable[[], np.ndarray]
+
+
+def streamed(pieces: Mapping[Piece, np.ndarray | Deferred]) -> list[Streamed]:
+    """The tensors to write, flat, under their pieces' keys (each read checked against its
+    range by the writer)."""
+    tensors, keys = [], set()
+    for piece, value in pieces.items():
+        if piece.key in keys:
             raise ValueError(f"{piece.key}: written twice by one rank")
-        arrays[piece.key] = flat
-    return arrays
+        keys.add(piece.key)
+        numel = piece.stop - piece.start
+        if isinstance(value, Deferred):
+            tensors.append(Streamed(piece.key, value.dtype, numel, value.read))
+            continue
+        array = np.asarray(value)
+        if array.size != numel:
+            raise ValueError(f"{piece.key}: {array.size} values for a range of {numel}")
+        tensors.append(Streamed(piece.key, array.dtype, numel, lambda array=array: array))
+    return tensors
 
 
 @attrs.frozen

@@ -70,14 +70,21 @@ def load_checkpoint(path: str | os.PathLike[str], rank: int = 0, *,
     common = layout.read_common(directory)
     recorded = {name: layout.recorded(entry) for name, entry in common.get("files", {}).items()}
     saved_world = int(common.get("world_size", 1))
-    if world_size is not None and world_size != saved_world:
-        raise CheckpointError(f"{directory} was saved by {saved_world} rank(s); this run has "
-                              f"{world_size} (loading onto another world size is not supported)")
+    sharded = int(common.get("version", 1)) >= layout.SHARDED_VERSION
+    if world_size is not None and world_size != saved_world and not sharded:
+        step = int(common.get("global_step", 0))
+        raise CheckpointError(
+            f"{directory} was saved by {saved_world} rank(s) in format 2 (an earlier mf's), "
+            f"which loads only on the layout that saved it; this run has {world_size}: "
+            f"convert it on its layout, training nothing: `mf-train --config <its train.yaml> "
+            f"--nproc {saved_world} --output-dir <new directory> --set checkpoint.load_path="
+            f"{directory} --set training.steps={step}` saves step {step} in the format that "
+            "loads on any layout")
     if not 0 <= rank < saved_world:
         raise CheckpointError(f"{directory} was saved by {saved_world} rank(s); it has no "
                               f"files for rank {rank}")
     prefix = str(common.get("prefix", ""))
-    if int(common.get("version", 1)) >= layout.SHARDED_VERSION:
+    if sharded:
         return _whole_arrays(directory, common, rank, load_optimizer)
 
     def file(kind: str) -> tuple[Path, str | None]:

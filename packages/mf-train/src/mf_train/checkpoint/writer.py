@@ -29,10 +29,12 @@ complete checkpoint left.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import threading
+import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -48,16 +50,17 @@ from .atomic import (
     fsync_dir,
     remove_tree,
     write_json,
-    write_safetensors,
+    write_safetensors_streamed,
     write_text,
 )
 from .errors import CheckpointError
 from .params import storable
-from .pieces import Piece, stored, whole_piece
+from .pieces import Deferred, Piece, streamed, whole_piece
 from .progress import RunProgress
 from .rng import capture_rng_state
 
 Barrier = Callable[[], None]
+LOG = logging.getLogger(__name__)
 
 
 def _reached(stage: str) -> None:
@@ -75,6 +78,9 @@ class _Job:
     optimizer: dict[Piece, np.ndarray] | None
     rng: dict[str, Any]
     common: dict[str, Any]
+    started: float = field(default_factory=time.perf_counter)
+    written: int = 0
+    """Bytes of this rank's files."""
 
 
 class CheckpointManager:
@@ -239,16 +245,19 @@ class CheckpointManager:
         held: dict[Path, list[list[Any]]] = {}
         kinds = [("model", job.model)] + ([] if job.optimizer is None else
                                          [("opt", job.optimizer)])
+        digests = {}
         for kind, pieces in kinds:
             path = self._file(job, kind)
-            write_safetensors(path, stored(pieces), metadata)
+            digests[path] = write_safetensors_streamed(path, streamed(pieces), metadata)
             held[path] = [piece.record() for piece in pieces]
         written = [*held, self._file(job, "rng")]
         write_json(written[-1], job.rng)
-        write_json(self._file(job, "sums"), {
-            path.name: {"bytes": path.stat().st_size, "sha256": file_digest(path),
-                        **({"pieces": held[path]} if path in held else {})}
-            for path in written})
+        sums = {path.name: {"bytes": path.stat().st_size,
+                            "sha256": digests.get(path) or file_digest(path),
+                            **({"pieces": held[path]} if path in held else {})}
+                for path in written}
+        write_json(self._file(job, "sums"), sums)
+        job.written = sum(entry["bytes"] for entry in sums.values())
         _reached("rank_files")
 
     def _background(self, job: _Job) -> None:
@@ -256,7 +265,7 @@ class CheckpointManager:
             self._write_rank_files(job)
             if self.world_size == 1:
                 self._commit(job)
-                self._committed.append((job.step, self.root / layout.iteration_name(job.step)))
+                self._done(job)
         except BaseException as exc:  # raised again by the next poll(), save() or wait()
             self._error = (job.step, exc)
 
@@ -274,7 +283,13 @@ class CheckpointManager:
             raise CheckpointError(f"saving checkpoint step {job.step} to {self.root} failed "
                                   f"on rank {self.rank}: {error}; {self.last_good()}"
                                   ) from error
-        self._committed.append((job.step, self.root / layout.iteration_name(job.step)))
+        self._done(job)
+
+    def _done(self, job: _Job) -> None:
+        path = self.root / layout.iteration_name(job.step)
+        self._committed.append((job.step, path))
+        LOG.info("saved checkpoint step %d to %s in %.2f s (this rank wrote %.1f MiB)",
+                 job.step, path, time.perf_counter() - job.started, job.written / 2**20)
 
     def _commit(self, job: _Job) -> None:
         """Rank 0: make the temporary directory the complete `iteration_N` and track it."""
@@ -297,7 +312,10 @@ class CheckpointManager:
         fsync_dir(job.tmp_dir)
         _reached("common")
         final = self.root / layout.iteration_name(job.step)
-        if final.exists():
+        if final.exists() or final.is_symlink():
+            if not layout.written_by_mf(final):  # never remove what mf-train did not write
+                raise CheckpointError(f"{final} is not a checkpoint mf-train wrote; it is kept, "
+                                      "and this save is not committed: move it elsewhere")
             remove_tree(final, layout.DEL_MARK)
         os.rename(job.tmp_dir, final)
         fsync_dir(self.root)
@@ -310,22 +328,30 @@ class CheckpointManager:
 
     def _rotate(self, kept_step: int) -> None:
         """Keep the newest `save_max` iteration directories (always the one just written);
-        delete leftovers of killed saves and deletions."""
+        delete leftovers of killed saves and deletions. Only what mf-train wrote is deleted
+        (`layout.is_leftover`, `layout.written_by_mf`): anything else there is kept."""
         for entry in self.root.iterdir():
-            if entry.is_dir() and (layout.TMP_MARK in entry.name or layout.DEL_MARK in entry.name):
+            if layout.is_leftover(entry.name) and entry.is_dir() and not entry.is_symlink():
                 remove_tree(entry, layout.DEL_MARK)
-        others = [path for step, path in layout.iteration_dirs(self.root) if step != kept_step]
+        others = [path for step, path in layout.iteration_dirs(self.root)
+                  if step != kept_step and layout.written_by_mf(path)]
         keep_others = self.config.save_max - 1
         for path in others[:max(len(others) - keep_others, 0)]:
             remove_tree(path, layout.DEL_MARK)
 
 
-def _storable_pieces(arrays: Mapping[Piece | str, np.ndarray], copy: bool,
-                     ) -> dict[Piece, np.ndarray]:
+def _storable_pieces(arrays: Mapping[Piece | str, np.ndarray | Deferred], copy: bool,
+                     ) -> dict[Piece, np.ndarray | Deferred]:
     """`arrays` as the checkpoint stores them (`params.storable`), keyed by piece (a name
-    key: the whole tensor)."""
-    pieces = {}
+    key: the whole tensor). With `copy` (an asynchronous save) deferred values are read
+    now: the training step must not change them under the writer."""
+    pieces: dict[Piece, np.ndarray | Deferred] = {}
     for key, value in arrays.items():
+        if isinstance(value, Deferred):
+            if not isinstance(key, Piece):
+                raise ValueError(f"{key}: a deferred value needs a Piece key")
+            pieces[key] = storable(key.key, value.read(), False) if copy else value
+            continue
         piece = key if isinstance(key, Piece) else whole_piece(key, np.shape(value))
         pieces[piece] = storable(piece.key, value, copy)
     return pieces

@@ -17,8 +17,8 @@ import numpy as np
 from mindspore import Parameter, Tensor
 
 from ..checkpoint import CheckpointError
-from ..checkpoint.params import host_array
-from ..checkpoint.pieces import Piece, PieceIndex, bucket_slice, whole_piece
+from ..checkpoint.params import deferred_host_array, host_array
+from ..checkpoint.pieces import Deferred, Piece, PieceIndex, bucket_slice, whole_piece
 from ..checkpoint.reading import read_ahead
 from ..placement import Placement
 from .contract import StepLayout
@@ -26,13 +26,17 @@ from .contract import StepLayout
 _MAX_LISTED = 20
 
 
-def model_pieces(layout: StepLayout, placement: Placement) -> dict[Piece, np.ndarray]:
-    """What this rank writes of the model: host copies of the pieces it owns."""
-    pieces: dict[Piece, np.ndarray] = {}
+def model_pieces(layout: StepLayout, placement: Placement,
+                 ) -> dict[Piece, np.ndarray | Deferred]:
+    """What this rank writes of the model: the pieces it owns, each whole parameter's host
+    copy deferred until the writer reaches it (`Deferred`), its slices' ranges as views of
+    one host copy of each buffer slice."""
+    pieces: dict[Piece, np.ndarray | Deferred] = {}
     sliced = _sliced_ids(layout)
     for name, param in layout.model.parameters_and_names():
         if id(param) not in sliced and placement.owns(name, param):
-            pieces[whole_piece(name, param.shape, placement.tensor(param))] = host_array(param)
+            pieces[whole_piece(name, param.shape, placement.tensor(param))] = \
+                deferred_host_array(param)
     names = _names(layout)
     for bucket in layout.flat_buckets():
         owned = [(names[id(bucket.params[i])], i, low, high, offset)
@@ -44,7 +48,7 @@ def model_pieces(layout: StepLayout, placement: Placement) -> dict[Piece, np.nda
         for name, i, low, high, offset in owned:
             piece = Piece(name, bucket.flat.shapes[i], low, high,
                           placement.tensor(bucket.params[i]))
-            pieces[piece] = values[offset:offset + high - low].copy()
+            pieces[piece] = values[offset:offset + high - low]
     return pieces
 
 

@@ -14,8 +14,9 @@ top-level keys. Other lines are events and carry an `event` key:
 * `{"event": "save", "step": N, "path": ...}` follows each checkpoint.
 
 The file is only ever appended to, never truncated: a run owns its output directory
-(`mf_train.run_directory`), and a resumed run continues its predecessor's file. Each line is
-flushed as it is written (line-buffered file), so a crash loses no finished step.
+(`mf_train.run_directory`), and a resumed run continues its predecessor's file. It is never
+opened through a symbolic link (`mf_train.no_follow`). Each line is flushed as it is written
+(line-buffered file), so a crash loses no finished step.
 Non-finite numbers are written as `null` (strict JSON; `skipped` says why a step has no loss).
 """
 
@@ -23,11 +24,13 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import time
 from pathlib import Path
 from typing import IO, Any
 
 from ..callbacks import Callback, StepRecord, TrainContext
+from ..no_follow import open_no_follow
 
 FILE_NAME = "metrics.jsonl"
 
@@ -45,7 +48,8 @@ class MetricsWriter(Callback):
         path = Path(self.path) if self.path is not None else ctx.output_dir / FILE_NAME
         path.parent.mkdir(parents=True, exist_ok=True)
         self.path = path
-        self._file = path.open("a", encoding="utf-8", buffering=1)
+        fd = open_no_follow(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
+        self._file = os.fdopen(fd, "a", encoding="utf-8", buffering=1)
         event = {"event": "resume" if ctx.resumed else "start", "step": ctx.start_step,
                  "total_steps": ctx.total_steps, "world_size": ctx.world_size}
         if ctx.build_peak_memory_gib is not None:

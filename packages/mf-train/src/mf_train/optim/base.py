@@ -107,6 +107,7 @@ class ParameterOptimizer:
     def state_pieces(self, placement: Any, count: bool = True) -> dict[Any, np.ndarray]:
         """The update count (on the rank that writes scalars, with `count`) and each state
         tensor whole, where this rank owns its parameter (`protocol.Optimizer`)."""
+        from ..checkpoint.params import deferred_host_array
         from ..checkpoint.pieces import whole_piece
 
         pieces = {}
@@ -119,7 +120,7 @@ class ParameterOptimizer:
             param = self.params[self._index(key)]
             if placement.owns(name, param):
                 pieces[whole_piece(key, value.shape, placement.tensor(param))] = \
-                    value.asnumpy().copy()
+                    deferred_host_array(value)
         return pieces
 
     def load_state_pieces(self, index: Any, model: Any, placement: Any) -> None:

@@ -197,11 +197,11 @@ class ShardedAdamW:
             if buffer.master.dtype != FLOAT32:
                 states.append((MASTER_PREFIX, self.masters[b]))
             for prefix, tensor in states:
-                values = tensor.asnumpy()
+                values = tensor.asnumpy().copy()  # one host copy; the pieces are views
                 for name, i, low, high, offset in owned:
                     piece = Piece(f"{prefix}.{name}", buffer.flat.shapes[i], low, high,
                                   placement.tensor(buffer.params[i]))
-                    pieces[piece] = values[offset:offset + high - low].copy()
+                    pieces[piece] = values[offset:offset + high - low]
         return pieces
 
     def load_state_pieces(self, index: Any, model: Any, placement: Any) -> None:
