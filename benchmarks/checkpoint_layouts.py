@@ -11,7 +11,9 @@ second resumes from its checkpoint (0 steps left: it builds, loads and stops):
 - **save s**: the save event's time minus the step-2 line's (metrics.jsonl; the save is
   synchronous, so it is the whole save: gather, write, checksums, commit);
 - **load s**: the resumed run's start line minus its launch, less the same for the saving run
-  (which built the same layout without loading): the time the load adds.
+  (which built the same layout without loading): the time the load adds;
+- **built GiB**, **built and loaded GiB**: the largest rank's peak at the start line of the
+  saving run and of the resumed one (what loading adds to the build's peak).
 
 Usage: python benchmarks/checkpoint_layouts.py [--revisions A,B] [--layouts ...]
 """
@@ -61,7 +63,14 @@ def events(output: Path) -> list[dict]:
 
 
 def start_delay(output: Path, launched: float) -> float:
-    return next(e["time"] for e in events(output) if e.get("event") == "start") - launched
+    start = next(e for e in events(output) if e.get("event") in ("start", "resume"))
+    return start["time"] - launched
+
+
+def built_peak(output: Path) -> float:
+    """The largest rank's peak once built (and loaded, for a resumed run), GiB."""
+    return next(e["build_peak_memory_gib"] for e in events(output)
+                if e.get("event") in ("start", "resume"))
 
 
 def save_seconds(output: Path) -> float:
@@ -74,7 +83,8 @@ def disk(directory: Path, ranks: int) -> tuple[int, int]:
     """Bytes of every file, and the largest rank's (its `-<rank>-<world>` files)."""
     files = [path for path in directory.iterdir() if path.is_file()]
     per_rank = [sum(path.stat().st_size for path in files
-                    if f"-{rank}-{ranks}." in path.name) for rank in range(ranks)]
+                    if f"-{rank:07d}-{ranks:07d}." in path.name)
+                for rank in range(ranks)]
     return sum(path.stat().st_size for path in files), max(per_rank)
 
 
@@ -104,19 +114,23 @@ def main() -> None:
             directory = directories[code, name] = saved / "checkpoint" / "iteration_00000002"
             load = resumed_load(config, directory, ranks, sets, env, tmp / f"{saved.name}-r")
             rows.append((code, name, *(n / MIB for n in disk(directory, ranks)),
-                         save_seconds(saved), load - built[code, name]))
+                         save_seconds(saved), load - built[code, name],
+                         built_peak(saved), built_peak(tmp / f"{saved.name}-r")))
             print(rows[-1], flush=True)
     code, env = codes[-1]
     if (code, "FSDP 4") in directories and (code, "FSDP 2") in directories:
         ranks, sets = LAYOUTS["FSDP 2"]
         load = resumed_load(config, directories[code, "FSDP 4"], ranks, sets, env,
                             tmp / f"{code}-FSDP4-on-2")
-        rows.append((code, "FSDP 4 -> FSDP 2", None, None, None, load - built[code, "FSDP 2"]))
+        rows.append((code, "FSDP 4 -> FSDP 2", None, None, None, load - built[code, "FSDP 2"],
+                     built_peak(directories[code, "FSDP 2"].parents[1]),
+                     built_peak(tmp / f"{code}-FSDP4-on-2")))
     for tree in trees:
         subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(tree)],
                        check=False)
-    print("| code | layout | bytes on disk MiB | largest rank MiB | save s | load s |")
-    print("|---|---|---|---|---|---|")
+    print("| code | layout | bytes on disk MiB | largest rank MiB | save s | load s | "
+          "built GiB | built and loaded GiB |")
+    print("|---|---|---|---|---|---|---|---|")
     for code, name, *values in rows:
         cells = ["-" if value is None else f"{value:.2f}" for value in values]
         print(f"| {code} | {name} | {' | '.join(cells)} |")

@@ -125,27 +125,43 @@ class ParameterOptimizer:
 
     def load_state_pieces(self, index: Any, model: Any, placement: Any) -> None:
         """Every state tensor read whole at this rank's tensor place; a master the
-        checkpoint lacks from the model's pieces (`protocol.Optimizer`)."""
-        state, missing = {}, []
-        for key in self._expected_shapes():
-            if key == STEP_KEY:
-                source, stored, tensor = index, key, None
-            else:
-                tensor = placement.tensor(self.params[self._index(key)])
-                source, stored = index, key
-                if key.startswith(f"{MASTER_PREFIX}.") and not index.has(key, tensor):
-                    source, stored = model, key.partition(".")[2]
+        checkpoint lacks from the model's pieces (`protocol.Optimizer`). Names and shapes are
+        checked first (nothing changes on a mismatch); then each tensor is read and replaces
+        the one it restores before the next is read, so loading holds one tensor beside the
+        state."""
+        expected = self._expected_shapes()
+        reads, missing, problems = [], [], []
+        for key, shape in expected.items():
+            tensor = None if key == STEP_KEY else placement.tensor(self.params[self._index(key)])
+            source, stored = index, key
+            if key.startswith(f"{MASTER_PREFIX}.") and not index.has(key, tensor):
+                source, stored = model, key.partition(".")[2]
             if not source.has(stored, tensor):
                 missing.append(key)
                 continue
-            state[key] = source.read_whole(stored, tensor)
+            saved = tuple(source.shape(stored, tensor))
+            if key != STEP_KEY and saved != shape:
+                problems.append(f"{key}: expected shape {shape}, got {saved}")
+            reads.append((key, source, stored, tensor))
         if missing:
             raise OptimizerStateError(
                 f"{type(self).__name__}: the checkpoint holds no "
                 + ", ".join(missing[:_MAX_LISTED])
                 + (f" and {len(missing) - _MAX_LISTED} more" if len(missing) > _MAX_LISTED
                    else "") + " (saved by another optimizer?)")
-        self.load_state_dict(state)
+        if problems:
+            raise OptimizerStateError(f"{type(self).__name__} state does not fit:\n  "
+                                      + "\n  ".join(problems))
+        for key, source, stored, tensor in reads:
+            array, problem = _checked_array(key, source.read_whole(stored, tensor),
+                                            expected[key])
+            if problem:
+                raise OptimizerStateError(f"{type(self).__name__} state does not fit: "
+                                          f"{problem}")
+            if key == STEP_KEY:
+                self.global_step = int(array.reshape(()))
+            else:
+                self._set_loaded(key, Tensor(array))
 
     def _index(self, key: str) -> int:
         """The index of the parameter of state key `<prefix>.<name>`."""
