@@ -47,6 +47,7 @@ from . import export_command
 from .input_checks import check_inputs
 from .monitor.tensorboard import event_dir
 from .node_flags import NODE_OPTIONS, FlagError, add_node_flags, nodes_from
+from .resume_changes import changes
 from .run_directory import Claim, RunDirectoryError, claim
 from .stop_signals import LAUNCHER_STOP, StopSignals, name, status
 from .summary import stopped_line, summary_lines
@@ -136,6 +137,9 @@ def _launch(args: argparse.Namespace, argv: list[str], nodes: Nodes,
     owned = _claimed(args.output_dir, validated[0], lock=nodes.rank == 0)
     if owned is None:
         return 2
+    if not _resume_allowed(validated[0], owned, say=nodes.rank == 0):
+        owned.release()
+        return 2
     if signals.requested is not None:
         owned.release()
         return _stopped_before_start(signals.requested)
@@ -199,6 +203,19 @@ def _claimed(output_dir: str, config: TrainConfig, *, lock: bool = True) -> Clai
     if owned.note is not None and lock:
         print(f"mf-train: {owned.note}", file=sys.stderr)
     return owned
+
+
+def _resume_allowed(config: TrainConfig, owned: Claim, *, say: bool) -> bool:
+    """Whether the run may resume the checkpoint it loads with the settings it has
+    (`resume_changes`); printed when `say` (the launcher speaks for its ranks)."""
+    found = changes(config, owned.checkpoint.load_path)
+    if found is not None and found.refused:
+        if say:
+            print(f"mf-train: {found.refusal()}", file=sys.stderr)
+        return False
+    if found is not None and say:
+        print(f"mf-train: {found.warning()}", file=sys.stderr)
+    return True
 
 
 def _decided(owned: Claim) -> list[str]:
@@ -319,6 +336,9 @@ def _run_training(argv: Sequence[str], world_size: int, signals: StopSignals) ->
                                and os.environ.get("RANK_ID", "0") == "0")
     owned = _claimed(args.output_dir, config, lock=lock)
     if owned is None:
+        return 2
+    if not _resume_allowed(config, owned, say=os.environ.get(LAUNCHED) != "1"):
+        owned.release()
         return 2
     config = attrs.evolve(config, checkpoint=owned.checkpoint)
     output_dir = Path(args.output_dir)

@@ -56,8 +56,13 @@ def deferred_host_array(tensor: Any) -> Deferred:
     the numpy dtype of every other dtype)."""
     import mindspore as ms
 
-    dtype = np.float32 if tensor.dtype == ms.bfloat16 else ms.dtype_to_nptype(tensor.dtype)
-    return Deferred(dtype, functools.partial(host_array, tensor))
+    numpy_dtypes = {ms.bfloat16: np.float32, ms.float32: np.float32, ms.float16: np.float16,
+                    ms.float64: np.float64, ms.int64: np.int64, ms.int32: np.int32,
+                    ms.int16: np.int16, ms.int8: np.int8, ms.uint8: np.uint8,
+                    ms.bool_: np.bool_}
+    if tensor.dtype not in numpy_dtypes:
+        raise CheckpointError(f"cannot store dtype {tensor.dtype} (numbers and bools only)")
+    return Deferred(numpy_dtypes[tensor.dtype], functools.partial(host_array, tensor))
 
 
 def apply_model_params(named_params: Iterable[tuple[str, Parameter]],

@@ -1,0 +1,67 @@
+"""A run resuming a checkpoint compares its configuration with the one saved beside it:
+another model is refused before anything is built, listing every difference; other changes
+are listed in one warning, the learning-rate schedule stretched by a new step count said so;
+the same configuration resumes without a word about it."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("mindspore")
+
+from runs import QWEN3, QWEN3_2_LAYERS, arguments, steps
+
+from mf_train.cli import run
+
+
+@pytest.fixture
+def finished(runs, tmp_path) -> Path:
+    """A copy of the 2-layer tiny Qwen3's finished 4-step run, its checkpoints inside."""
+    copy = tmp_path / "run"
+    shutil.copytree(runs(QWEN3, *QWEN3_2_LAYERS), copy)
+    return copy
+
+
+def again(output: Path, prefix: str, *sets: str) -> list[str]:
+    return arguments(QWEN3, output, prefix, [*QWEN3_2_LAYERS, *sets])
+
+
+def test_another_model_is_refused_with_every_difference(data_prefix, finished,
+                                                        capsys) -> None:
+    capsys.readouterr()
+    assert run(again(finished, data_prefix, "model.intermediate_size=96",
+                     "model.rms_norm_eps=0.001")) == 2
+    err = capsys.readouterr().err
+    saved = finished / "ckpt" / "iteration_00000004"
+    assert err.splitlines()[-1] == (
+                   f"mf-train: {saved} was saved by a run with another model; a resumed run "
+                   "cannot change it (model.intermediate_size: 64 -> 96; model.rms_norm_eps: "
+                   "1e-06 -> 0.001): resume with the saved model settings "
+                   f"({saved}/config.yaml has them), or start a new run")
+    assert len(steps(finished)) == 4
+
+
+def test_other_changes_are_listed_and_applied(data_prefix, finished, capsys) -> None:
+    capsys.readouterr()
+    assert run(again(finished, data_prefix, "training.steps=6",
+                     "monitor.tensorboard.log_interval=2")) == 0
+    err = capsys.readouterr().err
+    assert (f"mf-train: resuming {finished / 'ckpt' / 'iteration_00000004'} at step 4 with "
+            "settings changed from the run that saved it, applied from here: "
+            "monitor.tensorboard.log_interval: 1 -> 2; training.steps: 4 -> 6 (the "
+            "learning-rate schedule follows training.steps: it is now 6 steps long, so the "
+            "rates from step 5 on differ from the saved run's)\n") in err
+    assert [s["step"] for s in steps(finished)] == [1, 2, 3, 4, 5, 6]
+
+
+def test_the_same_configuration_resumes_without_a_list(data_prefix, finished,
+                                                       capsys) -> None:
+    capsys.readouterr()
+    assert run(again(finished, data_prefix, "training.steps=5")) == 0
+    assert "changed from the run that saved it" in capsys.readouterr().err
+    capsys.readouterr()
+    assert run(again(finished, data_prefix, "training.steps=5")) == 0
+    assert "changed from the run that saved it" not in capsys.readouterr().err
