@@ -210,12 +210,17 @@ def megatron_parity(session: nox.Session) -> None:
 
 
 @nox.session(venv_backend=TORCH_BACKEND)
-def export_parity(session: nox.Session) -> None:
-    """`mf-train export-hf` against transformers 4.57.6 (torch CPU): the tiny Qwen3 and
-    DeepSeek-V3, trained 2 steps and exported, load with `AutoModelForCausalLM` and give mf's
-    logits to 1e-5."""
+@nox.parametrize("transformers", ["4.57.6", "newest"])
+def export_parity(session: nox.Session, transformers: str) -> None:
+    """`mf-train export-hf` against transformers (torch CPU), the pinned 4.57.6 and the newest
+    release users install today (`nox -s "export_parity(transformers='newest')"`): the tiny
+    Qwen3 and DeepSeek-V3, trained 2 steps and exported, load with `AutoModelForCausalLM` and
+    give mf's logits to 1e-5."""
     install_packages(session)
-    install_torch_cpu(session, "transformers==4.57.6")
+    install_torch_cpu(session, "transformers" if transformers == "newest"
+                      else f"transformers=={transformers}")
+    session.run("python", "-c", "import transformers; print('transformers', "
+                "transformers.__version__)")
     session.run("python", "tests/train/parity/export_parity.py")
 
 

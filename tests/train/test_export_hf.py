@@ -139,7 +139,7 @@ def test_qwen3_export_has_hugging_face_names_shapes_and_config(qwen3_export) -> 
     config = json.loads((qwen3_export / "config.json").read_text())
     assert config["architectures"] == ["Qwen3ForCausalLM"]
     assert config["model_type"] == "qwen3"
-    assert config["torch_dtype"] == "float32"
+    assert config["dtype"] == "float32" and "torch_dtype" not in config
     assert (config["hidden_size"], config["head_dim"], config["num_key_value_heads"]) == (32, 12, 2)
     assert config["tie_word_embeddings"] is True
     assert not {"compute_dtype", "params_dtype", "seq_length"} & set(config)
@@ -181,6 +181,43 @@ def raw_tensors(path: Path) -> dict[str, tuple[str, list[int], bytes]]:
     body = data[8 + length:]
     return {name: (info["dtype"], info["shape"], body[slice(*info["data_offsets"])])
             for name, info in header.items() if name != "__metadata__"}
+
+
+NUMBERS = {
+    "Qwen3ForCausalLM": {
+        int: ["vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
+              "num_attention_heads", "head_dim", "max_position_embeddings", "max_window_layers"],
+        float: ["initializer_range", "rms_norm_eps", "attention_dropout"],
+        bool: ["use_cache", "tie_word_embeddings", "attention_bias", "use_sliding_window"]},
+    "DeepseekV3ForCausalLM": {
+        int: ["vocab_size", "hidden_size", "intermediate_size", "moe_intermediate_size",
+              "num_hidden_layers", "num_attention_heads", "n_shared_experts", "n_routed_experts",
+              "kv_lora_rank", "qk_rope_head_dim", "qk_nope_head_dim", "max_position_embeddings"],
+        float: ["routed_scaling_factor", "initializer_range", "rms_norm_eps"],
+        bool: ["use_cache", "tie_word_embeddings", "attention_bias"]},
+}
+"""The config.json keys transformers 5.25's `Qwen3Config` and `DeepseekV3Config` type as a
+number or a bool without `None` (read from their dataclass fields); a `null` there makes
+`from_pretrained` fail (StrictDataclassFieldValidationError)."""
+
+
+@pytest.mark.parametrize("example", [QWEN3, DEEPSEEK], ids=["qwen3", "deepseek_v3"])
+def test_config_json_has_a_number_wherever_transformers_types_one(example, qwen3_export,
+                                                                 data_prefix,
+                                                                 tmp_path) -> None:
+    exported = qwen3_export
+    if example == DEEPSEEK:
+        checkpoint = train(DEEPSEEK, data_prefix, tmp_path / "run", DEEPSEEK_SHAPE)
+        exported = tmp_path / "hf"
+        assert export(None, checkpoint, exported) == 0
+    config = json.loads((exported / "config.json").read_text())
+    for kind, keys in NUMBERS[config["architectures"][0]].items():
+        for key in keys:
+            value = config.get(key)
+            if kind is float:
+                assert isinstance(value, (int, float)) and not isinstance(value, bool), key
+            else:
+                assert type(value) is kind, (key, value)
 
 
 def test_the_configuration_saved_with_the_checkpoint_is_the_run_s(data_prefix, qwen3_run,
@@ -230,8 +267,7 @@ def test_bfloat16_export_is_float32_rounded_to_nearest_even(qwen3_run, qwen3_exp
         assert dtype == "BF16" and shape == full[name][1]
         values = np.frombuffer(full[name][2], "<f4")
         assert np.frombuffer(data, "<u2").tolist() == bfloat16_reference(values).tolist(), name
-    assert json.loads((tmp_path / "bf16" / "config.json").read_text())["torch_dtype"] == \
-        "bfloat16"
+    assert json.loads((tmp_path / "bf16" / "config.json").read_text())["dtype"] == "bfloat16"
 
 
 def test_sharded_files_hold_the_same_weights(qwen3_run, qwen3_export, tmp_path) -> None:
@@ -249,6 +285,14 @@ def test_sharded_files_hold_the_same_weights(qwen3_run, qwen3_export, tmp_path) 
     assert index["metadata"]["total_size"] == sum(value.nbytes for value in whole.values())
     for name, value in whole.items():
         np.testing.assert_array_equal(sharded[name], value, err_msg=name)
+
+
+def test_the_help_of_mf_train_names_the_export(capsys) -> None:
+    with pytest.raises(SystemExit) as stopped:
+        run(["--help"])
+    assert stopped.value.code == 0
+    assert "mf-train export-hf --checkpoint DIR --output DIR" in \
+        " ".join(capsys.readouterr().out.split())
 
 
 def test_sizes_are_read_as_transformers_writes_them() -> None:

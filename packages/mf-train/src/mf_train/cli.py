@@ -57,8 +57,11 @@ from .summary import stopped_line, summary_lines
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="mf-train", description="Train the model a "
-                                     "train.yaml describes, on MindSpore in PyNative mode.")
+    parser = argparse.ArgumentParser(
+        prog="mf-train", description="Train the model a train.yaml describes, on MindSpore in "
+        "PyNative mode.", epilog=f"`mf-train {export_command.COMMAND} --checkpoint DIR --output "
+        "DIR` writes a checkpoint's model as a Hugging Face directory (`mf-train "
+        f"{export_command.COMMAND} --help`).")
     parser.add_argument("--config", required=True, metavar="FILE", help="train.yaml")
     parser.add_argument("--set", dest="overrides", action="append", default=[],
                         metavar="KEY=VALUE", help="override a value, e.g. training.steps=10")

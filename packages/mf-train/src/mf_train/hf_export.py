@@ -169,16 +169,24 @@ def gathered_weights(directory: Path, config: Any, plan: Any, model: Any,
 def hf_config(model_config: Any, settings: Any, dtype: str) -> dict[str, Any]:
     """`config.json`: the architecture, the model type, every setting under its Hugging Face
     name (head width and key/value heads resolved, not left to transformers' defaults) and
-    `torch_dtype`."""
+    `dtype` (transformers 4.56 on; 5.x deprecates `torch_dtype`).
+
+    No `null` where transformers types a number: transformers 5 refuses a config.json with
+    one (its strict config dataclasses). Qwen3's `max_window_layers` left unset is written as
+    `num_hidden_layers` (no layer uses sliding-window attention, as mf runs it); a `null`
+    stays only where transformers' field is optional and `null` is what mf means
+    (`sliding_window`, `layer_types`, DeepSeek-V3's `q_lora_rank`, token ids)."""
     values = {name: value for name, value in attrs.asdict(settings, recurse=False).items()
               if name not in MF_ONLY}
     if "head_dim" in values and values["head_dim"] is None and hasattr(settings, "head_size"):
         values["head_dim"] = settings.head_size()
     if values.get("num_key_value_heads") is None and hasattr(settings, "kv_heads"):
         values["num_key_value_heads"] = settings.kv_heads()
+    if "max_window_layers" in values and values["max_window_layers"] is None:
+        values["max_window_layers"] = values["num_hidden_layers"]
     architecture = model_config.architecture()
     return {"architectures": [architecture] if architecture else None,
-            "model_type": model_config.model_type, **_plain(values), "torch_dtype": dtype}
+            "model_type": model_config.model_type, **_plain(values), "dtype": dtype}
 
 
 def _plain(values: dict[str, Any]) -> dict[str, Any]:
