@@ -32,6 +32,7 @@ from mf_train.monitor import (
     TrainStateMonitor,
     standard_callbacks,
 )
+from mf_train.monitor.metrics import read_steps
 from mf_train.monitor.train_state import NameFilter, grad_norms
 
 
@@ -98,9 +99,12 @@ def test_a_resumed_run_appends_after_a_resume_marker(tmp_path: Path) -> None:
     run(MetricsWriter(), context(tmp_path, start_step=2), [record(3, loss=9.0), record(4)])
     lines = read_jsonl(tmp_path / "metrics.jsonl")
     assert [(line.get("event"), line["step"]) for line in lines] == [
-        ("start", 0), (None, 1), (None, 2), (None, 3), ("resume", 2), (None, 3), (None, 4)]
-    last_per_step = {line["step"]: line for line in lines if "event" not in line}
-    assert last_per_step[3]["loss"] == 9.0
+        ("start", 0), (None, 1), (None, 2), (None, 3), ("rewind", 2), ("resume", 2), (None, 3),
+        (None, 4)]
+    assert lines[4]["superseded"] == [3, 3]
+    records = read_steps(tmp_path / "metrics.jsonl")
+    assert [(record["step"], record["loss"]) for record in records] == [
+        (1, record(1).loss), (2, record(2).loss), (3, 9.0), (4, record(4).loss)]
 
 
 def test_the_file_is_never_truncated(tmp_path: Path) -> None:

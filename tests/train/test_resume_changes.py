@@ -1,10 +1,12 @@
 """A run resuming a checkpoint compares its configuration with the one saved beside it:
 another model is refused before anything is built, listing every difference; other changes
 are listed in one warning, the learning-rate schedule stretched by a new step count said so;
-the same configuration resumes without a word about it."""
+the same configuration resumes without a word about it. A resume from an earlier step than
+metrics.jsonl records marks the records it supersedes."""
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 
@@ -15,6 +17,7 @@ pytest.importorskip("mindspore")
 from runs import QWEN3, QWEN3_2_LAYERS, arguments, steps
 
 from mf_train.cli import run
+from mf_train.monitor.metrics import read_steps
 
 
 @pytest.fixture
@@ -65,3 +68,22 @@ def test_the_same_configuration_resumes_without_a_list(data_prefix, finished,
     capsys.readouterr()
     assert run(again(finished, data_prefix, "training.steps=5")) == 0
     assert "changed from the run that saved it" not in capsys.readouterr().err
+
+
+def test_a_resume_from_an_earlier_step_supersedes_the_later_records(data_prefix, finished,
+                                                                    ) -> None:
+    """The newest checkpoint gone (damaged, say), the same command resumes from step 2 and
+    logs steps 3-4 again: a `rewind` event marks the records it supersedes, and
+    `read_steps` gives one record per step, the later ones."""
+    ckpt = finished / "ckpt"
+    shutil.rmtree(ckpt / "iteration_00000004")
+    (ckpt / "latest_checkpointed_iteration.txt").write_text("2")
+    assert run(again(finished, data_prefix)) == 0
+    lines = [json.loads(line) for line in (finished / "metrics.jsonl").read_text().splitlines()]
+    assert [line["step"] for line in lines if "event" not in line] == [1, 2, 3, 4, 3, 4]
+    rewind = [line for line in lines if line.get("event") == "rewind"]
+    assert [(line["step"], line["superseded"]) for line in rewind] == [(2, [3, 4])]
+    records = read_steps(finished / "metrics.jsonl")
+    assert [record["step"] for record in records] == [1, 2, 3, 4]
+    assert records[2]["time"] > rewind[0]["time"] and records[3]["time"] > rewind[0]["time"]
+    assert records[2]["loss"] == steps(finished)[4]["loss"]  # the replayed step 3

@@ -11,6 +11,11 @@ top-level keys. Other lines are events and carry an `event` key:
 * `{"event": "resume", "step": N, ...}` marks a run resumed after N steps: the steps after the
   resumed checkpoint that the earlier run had already logged stay above the marker; for each
   step, the last line written is the one that counts;
+* `{"event": "rewind", "step": N, "superseded": [first, last]}` precedes the resume event of a
+  run resumed from a step before the last one the file records (a newer checkpoint was
+  damaged, or the run was killed between checkpoints): the records of steps first..last
+  written before it are superseded by the ones that follow. `read_steps` gives one record
+  per step accordingly; TensorBoard hides the superseded events too (`tensorboard`'s purge);
 * `{"event": "save", "step": N, "path": ...}` follows each checkpoint.
 
 The file is only ever appended to, never truncated: a run owns its output directory
@@ -49,7 +54,11 @@ class MetricsWriter(Callback):
         path.parent.mkdir(parents=True, exist_ok=True)
         self.path = path
         fd = open_no_follow(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
+        recorded = _last_step(path) if ctx.resumed else None  # opened: not a symbolic link
         self._file = os.fdopen(fd, "a", encoding="utf-8", buffering=1)
+        if recorded is not None and recorded > ctx.start_step:
+            self._write({"event": "rewind", "step": ctx.start_step,
+                         "superseded": [ctx.start_step + 1, recorded]})
         event = {"event": "resume" if ctx.resumed else "start", "step": ctx.start_step,
                  "total_steps": ctx.total_steps, "world_size": ctx.world_size}
         if ctx.build_peak_memory_gib is not None:
@@ -73,6 +82,30 @@ class MetricsWriter(Callback):
         assert self._file is not None
         line.setdefault("time", round(time.time(), 3))
         self._file.write(json.dumps(line, allow_nan=False) + "\n")
+
+
+def read_steps(path: Path) -> list[dict[str, Any]]:
+    """The step records of a metrics.jsonl, one per step in step order: the last written
+    counts, and a `rewind` (or `resume`) event at step N drops the records of later steps
+    written before it."""
+    kept: dict[int, dict[str, Any]] = {}
+    for line in Path(path).read_text(encoding="utf-8").splitlines():
+        entry = json.loads(line)
+        event = entry.get("event")
+        if event in ("rewind", "resume"):
+            kept = {step: record for step, record in kept.items() if step <= entry["step"]}
+        elif event is None:
+            kept[entry["step"]] = entry
+    return [kept[step] for step in sorted(kept)]
+
+
+def _last_step(path: Path) -> int | None:
+    """The largest step a metrics.jsonl records (None: no file or no step)."""
+    try:
+        steps = read_steps(path)
+    except (OSError, ValueError):
+        return None
+    return steps[-1]["step"] if steps else None
 
 
 def step_line(record: StepRecord) -> dict[str, Any]:
