@@ -28,7 +28,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from layout_memory import ROOT, prepare
+from layout_memory import prepare, remove_worktrees
 
 LAYOUTS = {
     "one process": (1, []),
@@ -125,9 +125,7 @@ def main() -> None:
         rows.append((code, "FSDP 4 -> FSDP 2", None, None, None, load - built[code, "FSDP 2"],
                      built_peak(directories[code, "FSDP 2"].parents[1]),
                      built_peak(tmp / f"{code}-FSDP4-on-2")))
-    for tree in trees:
-        subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(tree)],
-                       check=False)
+    remove_worktrees(trees)
     print("| code | layout | bytes on disk MiB | largest rank MiB | save s | load s | "
           "built GiB | built and loaded GiB |")
     print("|---|---|---|---|---|---|---|---|")

@@ -122,6 +122,13 @@ def revision_env(revision: str, tmp: Path) -> tuple[dict[str, str], Path]:
     return env, tree
 
 
+def remove_worktrees(trees: list[Path]) -> None:
+    """Remove the worktrees `revision_env` added."""
+    for tree in trees:
+        subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(tree)],
+                       check=False)
+
+
 def prepare(tmp: Path, revisions: str | None,
             ) -> tuple[Path, list[tuple[str, dict[str, str]]], list[Path]]:
     """The 127M configuration on a fresh corpus in `tmp`, and the code to run: each of the
@@ -169,9 +176,7 @@ def main() -> None:
                 failed |= code_rc != 0
                 rows.append((code, ranks, strategy, built, training, whole, estimate, code_rc))
                 print(rows[-1], flush=True)
-    for tree in trees:
-        subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(tree)],
-                       check=False)
+    remove_worktrees(trees)
     print("| code | ranks | strategy | built GiB | training GiB | whole run GiB | "
           "estimate GiB | exit |")
     print("|---|---|---|---|---|---|---|---|")
