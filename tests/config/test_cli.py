@@ -87,6 +87,18 @@ def test_warnings_are_printed_but_the_file_is_valid(good) -> None:
     assert result.stdout == f"{good}: OK\n"
 
 
+def test_a_global_batch_that_local_batches_do_not_divide_is_said(good, capsys) -> None:
+    good.write_text(SKELETON.replace("local_batch_size: 1", "local_batch_size: 3"))
+    assert main(["validate", str(good)]) == 0
+    captured = capsys.readouterr()
+    assert captured.out == f"{good}: OK\n"
+    assert captured.err.startswith(
+        f"{good}:{line_of(good, 'global_batch_size')}: training.global_batch_size: warning: 8 "
+        "is not a multiple of local_batch_size (3), so not of data_parallel x local_batch_size "
+        "either: each step rounds it down to a multiple of that, 6 samples on one "
+        "data-parallel rank")
+
+
 @pytest.mark.parametrize("args", [[], ["validate"], ["frobnicate"], ["show"],
                                   ["validate", "x.yaml", "--set"]])
 def test_usage_errors_exit_2(args) -> None:

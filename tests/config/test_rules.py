@@ -278,6 +278,19 @@ def test_sequence_parallel_false_with_tensor_parallel_is_a_warning() -> None:
         valid(data)
 
 
+def test_a_global_batch_local_batches_do_not_divide_is_a_warning() -> None:
+    """The spec: the global batch is rounded down to a multiple of data_parallel x
+    local_batch_size, with no error; said at validation, whatever the data-parallel size."""
+    data = patched("training.local_batch_size", 2, patched("training.global_batch_size", 3))
+    assert problems(data) == []
+    assert problems(data, "warning") == [(
+        "training.global_batch_size",
+        "3 is not a multiple of local_batch_size (2), so not of data_parallel x "
+        "local_batch_size either: each step rounds it down to a multiple of that, 2 samples "
+        "on one data-parallel rank; give a multiple of local_batch_size x data_parallel")]
+    assert problems(patched("training.global_batch_size", 4, data), "warning") == []
+
+
 @pytest.mark.parametrize(("layout", "interleave", "error"), [
     ([6, 6], 1, None),
     ("6, 6", 1, None),

@@ -16,6 +16,7 @@ from mf_data.builder import SAMPLE_SETTINGS, build_datasets, gpt_config
 from mf_data.errors import DataError
 from mf_data.gpt_dataset import GPTDataset, GPTDatasetConfig
 from mf_data.indexed import IndexedDataset, write_indexed
+from mf_data.loader import BatchLoader
 from mf_data.loader_config import MegatronDatasetSettings
 from mf_data.split import split_indices
 
@@ -69,9 +70,11 @@ def test_gpt_config_feeds_every_sample_field_from_the_settings() -> None:
     for name, field in SAMPLE_SETTINGS.items():
         assert getattr(config, field) == getattr(settings, name), name
     assert set(SAMPLE_SETTINGS) <= set(declared_fields(MegatronDatasetSettings))
-    fed = {*SAMPLE_SETTINGS.values(), "eod_pad_length", "tokenizer_identifiers"}
+    fed = {*SAMPLE_SETTINGS.values(), "eod_pad_length", "tokenizer_identifiers", "vocab_size"}
     assert fed == set(GPTDatasetConfig.__dataclass_fields__)
     assert config.tokenizer_identifiers is None
+    assert config.vocab_size is None  # the model's, given by the trainer
+    assert gpt_config(settings, vocab_size=300).vocab_size == 300
 
 
 def test_a_split_without_share_is_none(corpora) -> None:
@@ -88,6 +91,41 @@ def test_weights_give_a_blend_of_the_requested_size(corpora) -> None:
     counts = np.bincount(np.asarray(train.dataset_index), minlength=2)
     assert counts.tolist() == [70, 30]
     assert set(train[0]) >= {"tokens", "labels", "loss_mask", "position_ids", "dataset_id"}
+
+
+def test_keeping_the_remainder_of_a_weighted_blend_pads_the_last_batch(corpora) -> None:
+    """`drop_remainder: false` over a weighted `data_path`: the last global batch is kept,
+    padded with padding samples (no loss), as over a single dataset."""
+    train, _, _ = build_datasets(dataloader({
+        "data_path": ["0.7", str(corpora / "a"), "0.3", str(corpora / "b")]},
+        sizes=(21, 0, 0)))
+    assert isinstance(train, BlendedDataset) and len(train) == 22  # ceil(14.7) + ceil(6.3)
+    columns = ["input_ids", "labels", "loss_mask"]
+    ranks = [list(BatchLoader(train, micro_batch_size=4, data_parallel=2, rank=rank,
+                              column_names=columns, drop_remainder=False))
+             for rank in range(2)]
+    assert [len(batches) for batches in ranks] == [3, 3]  # 22 samples in global batches of 8
+    last = np.concatenate([ranks[0][-1]["loss_mask"], ranks[1][-1]["loss_mask"]])
+    assert last.any(axis=1).tolist() == [True] * 6 + [False] * 2  # samples 16-21, 2 paddings
+    real = [row for batches in ranks for batch in batches
+            for row, mask in zip(batch["input_ids"], batch["loss_mask"], strict=True)
+            if mask.any()]
+    assert len(real) == 22
+
+
+def test_a_blend_cache_that_does_not_fit_is_refused(corpora, tmp_path) -> None:
+    config = {"data_path": ["0.7", str(corpora / "a"), "0.3", str(corpora / "b")],
+              "path_to_cache": str(tmp_path)}
+    train, _, _ = build_datasets(dataloader(config, sizes=(30, 0, 0)))
+    path = train.cache_path("dataset_sample_index.npy")
+    np.save(path, np.load(path) + 1000)
+    with pytest.raises(DataError) as caught:
+        build_datasets(dataloader(config, sizes=(30, 0, 0)))
+    assert str(caught.value) == (
+        f"{path}: names sample 1000 of dataset 0, which has {len(train.datasets[0])} samples: "
+        "this blend's index cache does not fit its datasets (written for other data under the "
+        "same prefixes, or damaged); delete its files "
+        f"({train.cache_path('*')}) to rebuild it")
 
 
 def test_blend_per_split_draws_each_split_from_its_own_files(corpora) -> None:

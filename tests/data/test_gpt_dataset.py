@@ -319,6 +319,79 @@ def test_default_cache_directory_and_reuse(tmp_path: Path) -> None:
     assert_same_sample(second[3], first[3])
 
 
+def _spoil_document_index(array: np.ndarray) -> np.ndarray:
+    return array + 1000
+
+
+def _spoil_sample_index(array: np.ndarray) -> np.ndarray:
+    return array[::-1].copy()
+
+
+def _spoil_shuffle_index(array: np.ndarray) -> np.ndarray:
+    return array + len(array)
+
+
+@pytest.mark.parametrize(("name", "spoil", "problem"), [
+    ("document_index", _spoil_document_index, "holds sequence ids 1000 to 1039, but the "
+                                              "split's sequences are 0 to 39"),
+    ("sample_index", _spoil_sample_index, "starts at ("),
+    ("shuffle_index", _spoil_shuffle_index, "names sample "),
+])
+def test_a_cache_of_the_right_shape_with_wrong_values_is_refused(
+        tmp_path: Path, name: str, spoil, problem: str) -> None:
+    """A cache that matches the description and the shapes but cannot be this dataset's
+    indices (written for other data under the same prefix): one error naming the file and
+    how to rebuild it, not `not enough values to unpack` from the first sample."""
+    prefix = str(tmp_path / "cached")
+    write_indexed(prefix, _documents(3), dtype=np.int32)
+    config = GPTDatasetConfig(sequence_length=16, eod=EOD, split="1")
+    indices = np.arange(40, dtype=np.int32)
+    first = GPTDataset(IndexedDataset(prefix), prefix, indices, 25, "train", config)
+    base = f"{default_cache_dir(prefix)}/{first.unique_description_hash}-GPTDataset-train-"
+    np.save(f"{base}{name}.npy", spoil(np.load(f"{base}{name}.npy")))
+    with pytest.raises(DataError) as caught:
+        GPTDataset(IndexedDataset(prefix), prefix, indices, 25, "train", config)
+    message = str(caught.value)
+    assert message.startswith(f"{base}{name}.npy: {problem}")
+    assert message.endswith(": this GPT index cache does not fit the dataset (written for "
+                            "other data under the same prefix, or damaged); delete its files "
+                            f"({base}*) to rebuild it")
+    assert "\n" not in message
+
+
+def test_a_token_id_outside_the_vocabulary_names_the_file(tmp_path: Path) -> None:
+    """The model's embedding would fail on it inside a step, naming nothing."""
+    prefix = str(tmp_path / "ids")
+    documents = [[1, 2, 3, 4, 5, 6, 7, 8], [9, 10, 11, 300, 12, 13, 14, 15], [1, 2, 3, 4, 5]]
+    write_indexed(prefix, documents, dtype=np.uint16)
+    config = dict(sequence_length=4, split="1", path_to_cache="")
+    samples = _dataset_of(prefix, len(documents), vocab_size=301, **config)
+    assert max(int(samples[i]["tokens"].max()) for i in range(len(samples))) == 300
+    dataset = _dataset_of(prefix, len(documents), vocab_size=300, **config)
+    with pytest.raises(DataError) as caught:
+        for i in range(len(dataset)):
+            dataset[i]
+    assert str(caught.value) == (
+        f"{prefix}.bin: token id 300 (sequence 1, in sample {i} of the train split) is "
+        "outside the model's vocabulary: model.vocab_size is 300 (ids 0 to 299); make the data "
+        "with the model's tokenizer, or give the model a vocabulary of at least 301")
+
+
+def test_ids_that_cannot_leave_the_vocabulary_are_not_checked(tmp_path: Path) -> None:
+    prefix = str(tmp_path / "bytes")
+    write_indexed(prefix, [[1, 255, 3, 4, 5, 6]], dtype=np.uint8)
+    assert not _dataset_of(prefix, 1, vocab_size=256, sequence_length=2, split="1",
+                           path_to_cache="")._check_ids
+    assert _dataset_of(prefix, 1, vocab_size=255, sequence_length=2, split="1",
+                       path_to_cache="")._check_ids
+
+
+def _dataset_of(prefix: str, sequences: int, **config_fields) -> GPTDataset:
+    config = GPTDatasetConfig(eod=EOD, **config_fields)
+    return GPTDataset(IndexedDataset(prefix), prefix, np.arange(sequences, dtype=np.int32),
+                      None, "train", config)
+
+
 def test_description_names_the_configured_path(corpus) -> None:
     prefix, _ = corpus
     dataset = _dataset(prefix, num_samples=9)

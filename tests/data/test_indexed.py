@@ -238,3 +238,37 @@ def test_get_index_out_of_range(tmp_path: Path) -> None:
         dataset.get(2)
     with pytest.raises(DataError, match="sequence index -3 out of range"):
         dataset.get(-3)
+
+
+def test_an_index_whose_dtype_byte_was_changed_names_both_files(tmp_path: Path) -> None:
+    """uint16 tokens described as uint8: the .bin holds twice the bytes the .idx describes.
+    Read as they are, every token would be misread (and training would run on them)."""
+    write_indexed(tmp_path / "c", [[1, 2, 300], [4, 5]], dtype=np.uint16)
+    raw = bytearray((tmp_path / "c.idx").read_bytes())
+    assert raw[17] == 8  # uint16
+    raw[17] = 1  # uint8
+    (tmp_path / "c.idx").write_bytes(bytes(raw))
+    with pytest.raises(DataError) as caught:
+        IndexedDataset(tmp_path / "c")
+    assert str(caught.value) == (
+        f"{tmp_path}/c.bin: sizes disagree: the data file has 10 bytes but {tmp_path}/c.idx "
+        "describes 5 tokens of uint8 (1 byte each) = 5 bytes (the data holds 2 bytes per "
+        "token, as int16 or uint16 would: the index's dtype does not match the data's); the "
+        "two files do not belong together: write both again (mf-data preprocess)")
+
+
+def test_a_data_file_longer_than_the_index_says(tmp_path: Path) -> None:
+    write_indexed(tmp_path / "l", [[1, 2, 3], [4, 5]])
+    with open(tmp_path / "l.bin", "ab") as data:
+        data.write(b"\0" * 3)
+    with pytest.raises(DataError, match=r"l\.bin: sizes disagree: the data file has 23 bytes "
+                                        r"but .*l\.idx describes 5 tokens of int32 \(4 bytes "
+                                        r"each\) = 20 bytes; the two files"):
+        IndexedDataset(tmp_path / "l")
+
+
+def test_pointers_that_do_not_follow_the_lengths(tmp_path: Path) -> None:
+    write_pair(tmp_path / "p", hand_index(4, [1, 1], [4, 0], [0, 1, 2]), b"\x00" * 8)
+    with pytest.raises(DataError, match=r"p\.idx: sequence 0 starts at byte 4 of .*p\.bin, "
+                                        r"but the lengths before it put it at byte 0"):
+        IndexedDataset(tmp_path / "p")

@@ -112,6 +112,22 @@ def test_an_index_that_is_not_megatron_s(tmp_path: Path) -> None:
     assert issue.message.startswith(f"{prefix}.idx is not a Megatron index")
 
 
+def test_an_index_that_does_not_describe_its_data(tmp_path: Path) -> None:
+    """uint16 tokens whose index says uint8 would be read as other tokens (and train with
+    exit status 0): refused before launch, at the prefix's line, naming both files."""
+    prefix = tmp_path / "corpus"
+    write_indexed(prefix, [[1, 2, 3], [4, 5]], dtype=np.uint16)
+    index = bytearray(Path(f"{prefix}.idx").read_bytes())
+    index[17] = 1  # the dtype code: uint16 (8) -> uint8 (1)
+    Path(f"{prefix}.idx").write_bytes(bytes(index))
+    path = config_file(tmp_path, f'      data_path: ["{prefix}"]')
+    [issue] = problems(path)
+    assert (issue.line, issue.path) == (line_of(path, "data_path:"), f"{DATA}data_path[0]")
+    assert issue.message.startswith(
+        f"{prefix}.bin: sizes disagree: the data file has 10 bytes but {prefix}.idx describes "
+        "5 tokens of uint8 (1 byte each) = 5 bytes")
+
+
 def test_a_prefix_given_with_its_extension(tmp_path: Path) -> None:
     prefix = dataset(tmp_path / "corpus")
     [issue] = problems(config_file(tmp_path, f'      data_path: ["{prefix}.bin"]'))

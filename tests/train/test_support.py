@@ -21,7 +21,13 @@ from mf_config.components import installed_entry_points as entry_points
 from mf_config.sections import Section, declared_fields
 from mf_config.validate import config_from_source, load_source
 from mf_train.cli import run
-from mf_train.job import make_job_plan
+from mf_train.job import (
+    BACKENDS,
+    check_support,
+    device_issues,
+    installed_backends,
+    make_job_plan,
+)
 from mf_train.support import FIELDS, support_issues, support_table
 from mf_train.support_rules import Rule, Target
 
@@ -228,3 +234,69 @@ def test_the_launcher_says_what_has_no_effect_once(data_prefix, tmp_path: Path, 
 def test_the_readme_lists_what_has_no_effect_and_what_is_refused() -> None:
     readme = (ROOT / "packages" / "mf-train" / "README.md").read_text(encoding="utf-8")
     assert support_table() in readme, "regenerate the table: print(support_table())"
+
+
+# --- what MindSpore and the batch sizes allow, said before any rank starts ----------------
+
+
+def test_a_device_this_mindspore_cannot_run_is_refused() -> None:
+    """From the plugins MindSpore loaded at import (`installed_backends`): no device is
+    initialised to find out."""
+    import mindspore
+
+    source = load_source(EXAMPLE, ["context.device_target=GPU"])
+    config = config_from_source(source)
+    [issue] = device_issues(config, "GPU", source, backends=("CPU",))
+    assert (issue.path, issue.origin) == ("context.device_target",
+                                          "--set context.device_target=GPU")
+    assert issue.message == (
+        f"GPU is not available to this MindSpore ({mindspore.__version__}): its GPU plugin did "
+        "not load (an installation without GPU support, or the GPU's drivers are missing); it "
+        "runs on CPU here: set device_target to CPU or auto, or install MindSpore for GPU")
+    assert device_issues(config, "GPU", source, backends=("GPU", "CPU")) == []
+    auto = config_from_source(load_source(EXAMPLE, ["context.device_target=auto"]))
+    assert device_issues(auto, "GPU", source, backends=("CPU",)) == []
+    assert "CPU" in installed_backends()
+
+
+@pytest.mark.parametrize("nproc", [[], ["--nproc", "2"]], ids=["one process", "launcher"])
+def test_mf_train_refuses_a_missing_backend_before_starting(nproc: list[str], tmp_path: Path,
+                                                            capsys) -> None:
+    missing = [name for name in BACKENDS if name not in installed_backends()]
+    if not missing:
+        pytest.skip("this MindSpore runs on every backend")
+    status = run(["--config", str(EXAMPLE), "--output-dir", str(tmp_path / "out"),
+                  "--set", f"context.device_target={missing[0]}", *nproc])
+    err = capsys.readouterr().err
+    assert status == 2
+    assert (f"{EXAMPLE} (--set context.device_target={missing[0]}): context.device_target: "
+            f"{missing[0]} is not available to this MindSpore") in err
+    assert "Traceback" not in err and "starting 2 ranks" not in err
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_global_batch_rounded_down_over_data_parallel_ranks_is_said(
+        data_prefix, tmp_path: Path, capsys, monkeypatch: pytest.MonkeyPatch) -> None:
+    """6 samples a step in micro-batches of 2 on 2 data-parallel ranks: each step uses 4.
+    mf-config cannot know the data-parallel size; the launcher says it, once, before msrun."""
+    import mf_train.cli
+
+    monkeypatch.setattr(mf_train.cli, "run_ranks", lambda *args, **kwargs: None)
+    status = run(["--config", str(EXAMPLE), "--output-dir", str(tmp_path / "out"),
+                  "--set", "training.global_batch_size=6", "--nproc", "2",
+                  "--set", f"train_dataset.dataloader.config.data_path=['1','{data_prefix}']"])
+    err = capsys.readouterr().err
+    assert status == 0
+    assert err.count(
+        f"{EXAMPLE} (--set training.global_batch_size=6): training.global_batch_size: warning: "
+        "global_batch_size 6 is not a multiple of data_parallel (2) x local_batch_size (2); "
+        "each step uses 1 accumulation steps, an effective global batch of 4") == 1
+
+
+def test_the_trainer_gets_the_batch_warning_to_log(tmp_path: Path) -> None:
+    source = load_source(EXAMPLE, ["training.global_batch_size=6"])
+    config = config_from_source(source)
+    warnings = check_support(config, make_job_plan(config, 2, source), "CPU", source)
+    assert [issue.path for issue in warnings] == ["training.global_batch_size"]
+    on_one = check_support(config, make_job_plan(config, 1, source), "CPU", source)
+    assert on_one == []  # 6 divides by 2: nothing to say on one process

@@ -71,16 +71,17 @@ def test_launcher_rejects_a_bad_file_before_touching_anything(tmp_path, capsys) 
 
 
 def test_launcher_damaged_data_is_one_line(data_prefix, tmp_path, capsys) -> None:
-    """Data that is there but damaged (the corpus' index beside an empty .bin) is found when it
-    is read: status 1 and one line (missing data stops the launcher earlier:
-    test_input_checks.py)."""
+    """Data that is there but damaged (the corpus' index beside an empty .bin) is found before
+    any rank starts, as missing data is (test_input_checks.py): status 2 and one line at the
+    prefix's value."""
     Path(f"{tmp_path}/truncated.idx").write_bytes(Path(f"{data_prefix}.idx").read_bytes())
     Path(f"{tmp_path}/truncated.bin").write_bytes(b"")
     code = run(["--config", str(EXAMPLE), "--output-dir", str(tmp_path / "out"),
                 *[arg for o in overrides(f"{tmp_path}/truncated", 1) for arg in ("--set", o)]])
-    assert code == 1
+    assert code == 2
     err = capsys.readouterr().err
-    assert "mf-train: " in err and "truncated.bin: sizes disagree" in err
+    assert "train_dataset.dataloader.config.data_path[1]: " in err
+    assert "truncated.bin: sizes disagree" in err
     assert "Traceback" not in err
 
 

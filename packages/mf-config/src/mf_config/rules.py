@@ -133,6 +133,13 @@ def training_rules(check: Check) -> None:
                     f"local_batch_size ({training.local_batch_size}) exceeds global_batch_size "
                     f"({training.global_batch_size}); one micro-batch cannot be larger than the "
                     "global batch")
+    gbs, lbs = training.global_batch_size, training.local_batch_size
+    if gbs >= lbs > 0 and gbs % lbs:
+        check.warn(("training", "global_batch_size"),
+                   f"{gbs} is not a multiple of local_batch_size ({lbs}), so not of "
+                   f"data_parallel x local_batch_size either: each step rounds it down to a "
+                   f"multiple of that, {gbs // lbs * lbs} samples on one data-parallel rank; "
+                   "give a multiple of local_batch_size x data_parallel")
     rampup = training.rampup_batch_size
     if rampup is None:
         return

@@ -119,7 +119,13 @@ class BlendedDataset:
     def __len__(self) -> int:
         return int(self.dataset_index.shape[0])
 
-    def __getitem__(self, index: int) -> dict[str, Any]:
+    def __getitem__(self, index: int | None) -> dict[str, Any]:
+        """Sample `index` of the blend; None is a batch-padding sample (the loader pads the
+        last global batch with them under `drop_remainder: false`): the padding sample of the
+        constituent of the blend's first sample, its loss mask all zeros."""
+        if index is None:
+            dataset_id = self.dataset_index[0]
+            return {"dataset_id": dataset_id, **self.datasets[dataset_id][None]}
         dataset_id = self.dataset_index[index]
         sample = self.datasets[dataset_id][int(self.dataset_sample_index[index])]
         return {"dataset_id": dataset_id, **sample}
@@ -134,13 +140,30 @@ class BlendedDataset:
     def _load_or_build(self) -> tuple[np.ndarray, np.ndarray]:
         if self.cache_dir is not None and all(
                 os.path.isfile(self.cache_path(suffix)) for suffix in CACHE_SUFFIXES):
-            return (np.load(self.cache_path("dataset_index.npy"), mmap_mode="r"),
-                    np.load(self.cache_path("dataset_sample_index.npy"), mmap_mode="r"))
+            cached = (np.load(self.cache_path("dataset_index.npy"), mmap_mode="r"),
+                      np.load(self.cache_path("dataset_sample_index.npy"), mmap_mode="r"))
+            self._check_cached(*cached)
+            return cached
         dataset_index, dataset_sample_index = self._build()
         self._check_not_oversampled(dataset_index)
         if self.cache_dir is not None:
             self._write_cache(dataset_index, dataset_sample_index)
         return dataset_index, dataset_sample_index
+
+    def _check_cached(self, dataset_index: np.ndarray, dataset_sample_index: np.ndarray) -> None:
+        """Cached arrays that could not be this blend's (a constituent or sample that does not
+        exist, the wrong length) are refused, naming the file: the description matched, so
+        they were written for other data under the same prefixes, or damaged."""
+        size = self.size if self.size is not None else sum(int(w) for w in self.weights)
+        found = _cache_problem(dataset_index, dataset_sample_index,
+                               [len(dataset) for dataset in self.datasets], size)
+        if found is None:
+            return
+        suffix, problem = found
+        others = self.cache_path("*")
+        raise DataError(f"{self.cache_path(suffix)}: {problem}: this blend's index cache does "
+                        f"not fit its datasets (written for other data under the same "
+                        f"prefixes, or damaged); delete its files ({others}) to rebuild it")
 
     def _build(self) -> tuple[np.ndarray, np.ndarray]:
         if self.size is None:
@@ -165,6 +188,33 @@ class BlendedDataset:
         description = self.unique_description.encode("utf-8")
         write_atomically(self.cache_path("description.txt"),
                          lambda stream: stream.write(description))
+
+
+def _cache_problem(dataset_index: np.ndarray, dataset_sample_index: np.ndarray,
+                   lengths: list[int], size: int) -> tuple[str, str] | None:
+    """(the cache file's suffix, what is wrong) when the arrays cannot be a blend of `size`
+    samples from constituents of `lengths` samples, else None. Bounds only, in a few
+    vectorised passes."""
+    if dataset_index.ndim != 1 or dataset_sample_index.shape != dataset_index.shape:
+        return ("dataset_sample_index.npy", f"has shape {dataset_sample_index.shape}, but "
+                                            f"the dataset index has {dataset_index.shape}")
+    if len(dataset_index) != size:
+        return ("dataset_index.npy", f"has {len(dataset_index):,} entries, but the blend has "
+                                     f"{size:,} samples")
+    if not len(dataset_index):
+        return None
+    low, high = int(dataset_index.min()), int(dataset_index.max())
+    if low < 0 or high >= len(lengths):
+        return ("dataset_index.npy", f"names dataset {low if low < 0 else high}, but the "
+                                     f"blend has {len(lengths)} (0 to {len(lengths) - 1})")
+    limits = np.asarray(lengths, dtype=np.int64)[dataset_index]
+    outside = np.flatnonzero((dataset_sample_index < 0) | (dataset_sample_index >= limits))
+    if outside.size:
+        at = int(outside[0])
+        return ("dataset_sample_index.npy", f"names sample {int(dataset_sample_index[at])} of "
+                                            f"dataset {int(dataset_index[at])}, which has "
+                                            f"{int(limits[at]):,} samples")
+    return None
 
 
 def _dataset_name(dataset: Any) -> str:

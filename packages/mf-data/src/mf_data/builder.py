@@ -45,12 +45,15 @@ WHOLE = (0.0, 1.0)
 """The bookends of a split that draws from a whole file (blend per split)."""
 
 
-def build_datasets(dataloader: DataloaderConfig) -> tuple[Dataset | None, ...]:
+def build_datasets(dataloader: DataloaderConfig, *,
+                   vocab_size: int | None = None) -> tuple[Dataset | None, ...]:
     """The three split datasets of a configuration, built as Megatron's builder builds them.
 
     Args:
         dataloader: the `train_dataset.dataloader` section (type
             `BlendedMegatronDatasetDataLoader`).
+        vocab_size: the model's vocabulary: reading a sample with a token id outside
+            `[0, vocab_size)` is an error naming the file (None: ids are not checked).
 
     Returns:
         `(train, valid, test)`: each a `GPTDataset` or `BlendedDataset`, or None for a split
@@ -62,7 +65,7 @@ def build_datasets(dataloader: DataloaderConfig) -> tuple[Dataset | None, ...]:
     """
     settings = megatron_settings(dataloader)
     config = settings.config
-    builder = SplitBuilder(gpt_config(config), mmap=config.mmap_bin_files,
+    builder = SplitBuilder(gpt_config(config, vocab_size), mmap=config.mmap_bin_files,
                            threads=config.num_dataset_builder_threads)
     per_split = [config.train_data_path, config.valid_data_path, config.test_data_path]
     if any(per_split):
@@ -92,17 +95,19 @@ fields (Megatron's names). Written out, not matched by name, so that a setting n
 stays visible (mf-train's test_support looks for every key by name)."""
 
 
-def gpt_config(settings: MegatronDatasetSettings) -> GPTDatasetConfig:
+def gpt_config(settings: MegatronDatasetSettings,
+               vocab_size: int | None = None) -> GPTDatasetConfig:
     """mf-data's sample settings from the loader's config block.
 
     Args:
         settings: the checked `train_dataset.dataloader.config`.
+        vocab_size: the model's vocabulary, to check token ids against (None: unchecked).
 
     Returns:
         The `GPTDatasetConfig` of the same values, under Megatron's names; `eod_pad_length` is
         resolved from either of its names.
     """
-    return GPTDatasetConfig(eod_pad_length=settings.pad_length(),
+    return GPTDatasetConfig(eod_pad_length=settings.pad_length(), vocab_size=vocab_size,
                             **{field: getattr(settings, name)
                                for name, field in SAMPLE_SETTINGS.items()})
 

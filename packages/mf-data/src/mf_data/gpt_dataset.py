@@ -34,7 +34,7 @@ import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
 from mf_data.errors import DataError
-from mf_data.gpt_indices import GPTIndices, build_gpt_indices
+from mf_data.gpt_indices import GPTIndices, build_gpt_indices, index_problem
 from mf_data.index_cache import default_cache_dir, describe, description_hash, load_or_build
 from mf_data.indexed import IndexedDataset
 from mf_data.split import SPLIT_NAMES, parse_split, split_matrix
@@ -67,6 +67,9 @@ class GPTDatasetConfig:
     path_to_cache: str | None = None
     # Megatron's tokenizer ``unique_identifiers`` for the cache description (None = null).
     tokenizer_identifiers: Any = field(default=None, hash=False)
+    # The model's vocabulary: every token id read must be in [0, vocab_size) (None: not
+    # checked). Not Megatron's, and not in the cache description: it changes no index.
+    vocab_size: int | None = None
 
     def __post_init__(self) -> None:
         _require_int("sequence_length", self.sequence_length, minimum=1)
@@ -74,6 +77,8 @@ class GPTDatasetConfig:
         _require_int("pad", self.pad)
         _require_int("random_seed", self.random_seed, minimum=0, maximum=2**32 - 1)
         _require_int("eod_pad_length", self.eod_pad_length, minimum=1)
+        if self.vocab_size is not None:
+            _require_int("vocab_size", self.vocab_size, minimum=1)
         if self.split is not None:
             parse_split(self.split)
 
@@ -145,12 +150,14 @@ class GPTDataset:
         if cache_dir is None:
             cache_dir = default_cache_dir(indexed.prefix)
         built, self.built_anew_on_cache_miss = load_or_build(
-            cache_dir, self.unique_description, index_split, self._build_indices)
+            cache_dir, self.unique_description, index_split, self._build_indices,
+            check=lambda cached: index_problem(cached, indexed.sequence_lengths, self.indices))
         # Plain ndarray views of the (possibly memory-mapped) arrays: cheaper to index.
         self.document_index = np.asarray(built.document_index)
         self.sample_index = np.asarray(built.sample_index)
         self.shuffle_index = np.asarray(built.shuffle_index)
         self._masks = _SampleMasks(config, self.pad)
+        self._check_ids = _ids_can_leave(indexed.dtype, config.vocab_size)
 
     def _build_indices(self) -> GPTIndices:
         drop_last = True
@@ -193,9 +200,37 @@ class GPTDataset:
                 part = get(int(document_index[position]), offset, size)
                 text[filled:filled + len(part)] = part
                 filled += len(part)
+        if self._check_ids and filled:
+            self._check_vocabulary(text[:filled], idx, first, last)
         if filled < len(text):
             text[filled:] = self.pad
         return text
+
+    def _check_vocabulary(self, tokens: np.ndarray, idx: int, first: int, last: int) -> None:
+        """Every id of the sample is in the model's vocabulary, else an error naming the file,
+        the sequence, the id and the vocabulary size (the embedding's gather would fail on it
+        inside a training step, naming nothing)."""
+        vocab_size = self.config.vocab_size
+        assert vocab_size is not None
+        if int(tokens.view(np.uint64).max()) < vocab_size:  # one pass: negatives wrap high
+            return
+        low, high = int(tokens.min()), int(tokens.max())
+        bad = low if low < 0 else high
+        sequences = [int(self.document_index[position]) for position in range(first, last + 1)]
+        sequence = next(s for s in sequences if bad in np.asarray(self.dataset.get(s)))
+        raise DataError(f"{self.dataset.data_file}: token id {bad} (sequence {sequence}, in "
+                        f"sample {idx} of the {self.index_split} split) is outside the model's "
+                        f"vocabulary: model.vocab_size is {vocab_size} (ids 0 to "
+                        f"{vocab_size - 1}); make the data with the model's tokenizer, or give "
+                        f"the model a vocabulary of at least {bad + 1}")
+
+
+def _ids_can_leave(dtype: np.dtype, vocab_size: int | None) -> bool:
+    """Whether tokens of `dtype` can fall outside `[0, vocab_size)`: not when unsigned and no
+    larger than the vocabulary (uint16 tokens for a 151,936-token model need no check)."""
+    if vocab_size is None:
+        return False
+    return dtype.kind != "u" or int(np.iinfo(dtype).max) >= vocab_size
 
 
 class _SampleMasks:

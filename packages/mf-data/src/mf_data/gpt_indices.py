@@ -314,6 +314,70 @@ def build_gpt_indices(sequence_lengths: np.ndarray, indices: np.ndarray,
     return GPTIndices(document_index, sample_index, shuffle_index)
 
 
+def index_problem(indices: GPTIndices, sequence_lengths: np.ndarray,
+                  exposed: np.ndarray) -> tuple[str, str] | None:
+    """What in `indices` cannot be Megatron's indices over the `exposed` sequence ids (of an
+    indexed dataset with `sequence_lengths`): `(the array's name, what is wrong)`, or None.
+
+    Only what Megatron guarantees is checked, in a few vectorised passes (no sort, nothing
+    the size of the corpus): the document index holds whole epochs of the exposed ids; the
+    sample index starts at (0, 0), never moves backwards, and points into the document index
+    at offsets inside their sequences; the shuffle index names existing samples. Arrays that
+    pass can still be another build's, but every sample read from them is inside the data.
+    """
+    document_index, sample_index, shuffle_index = indices
+    documents, count = len(document_index), len(exposed)
+    if (documents == 0) != (count == 0) or (count and documents % count):
+        return ("document_index", f"has {documents:,} entries, not a whole number of epochs "
+                                  f"of the split's {count:,} sequences")
+    if documents:
+        low, high = int(document_index.min()), int(document_index.max())
+        first, last = int(exposed.min()), int(exposed.max())
+        if low < first or high > last:
+            return ("document_index", f"holds sequence ids {low} to {high}, but the split's "
+                                      f"sequences are {first} to {last}")
+    problem = _sample_index_problem(sample_index, document_index, sequence_lengths)
+    if problem is not None:
+        return ("sample_index", problem)
+    samples = len(sample_index) - 1
+    if len(shuffle_index) and (int(shuffle_index.min()) < 0
+                               or int(shuffle_index.max()) >= samples):
+        bad = int(shuffle_index.min()) if int(shuffle_index.min()) < 0 else \
+            int(shuffle_index.max())
+        return ("shuffle_index", f"names sample {bad}, but there are {samples:,} samples "
+                                 f"(0 to {samples - 1})")
+    return None
+
+
+def _sample_index_problem(sample_index: np.ndarray, document_index: np.ndarray,
+                          sequence_lengths: np.ndarray) -> str | None:
+    if len(sample_index) == 0 or tuple(int(v) for v in sample_index[0]) != (0, 0):
+        start = tuple(int(v) for v in sample_index[0]) if len(sample_index) else None
+        return f"starts at {start}, but every sample index starts at (0, 0)"
+    if len(sample_index) == 1:
+        return None
+    positions = np.asarray(sample_index[:, 0], dtype=np.int64)
+    offsets = np.asarray(sample_index[:, 1], dtype=np.int64)
+    low, high = int(positions.min()), int(positions.max())
+    if low < 0 or high >= len(document_index):
+        return (f"points to document-index position {low if low < 0 else high}, but the "
+                f"document index has {len(document_index):,} entries")
+    steps = np.diff(positions)
+    backwards = np.flatnonzero((steps < 0) | ((steps == 0) & (np.diff(offsets) < 0)))
+    if backwards.size:
+        row = int(backwards[0]) + 1
+        return (f"row {row} ({int(positions[row])}, {int(offsets[row])}) lies before row "
+                f"{row - 1} ({int(positions[row - 1])}, {int(offsets[row - 1])}); the rows "
+                f"of a sample index never move backwards")
+    lengths = np.asarray(sequence_lengths)[np.asarray(document_index)[positions]]
+    outside = np.flatnonzero((offsets < 0) | (offsets > lengths))
+    if outside.size:
+        row = int(outside[0])
+        return (f"row {row} starts at token {int(offsets[row])} of a sequence of "
+                f"{int(lengths[row])} tokens")
+    return None
+
+
 _OVERLAP_FROM = 16_384
 """Document-index length from which building the sample index in a thread pays off."""
 _EXECUTOR: list[ThreadPoolExecutor] = []

@@ -15,7 +15,11 @@ cache directory with Megatron.
 Unlike Megatron, every file goes to a temporary name and is renamed into place, and the
 description is written last: a crash never leaves a set of files that looks complete. A cached
 set is used only if its description matches and all three arrays load and agree in shape;
-otherwise it is rebuilt, and the reason is logged.
+otherwise it is rebuilt, and the reason is logged. A set that loads but whose values cannot
+be the dataset's indices (`gpt_indices.index_problem`: a sample outside the data, rows that
+move backwards) is refused instead, naming the file: its description matched, so it was
+written for other data under the same prefix (the description does not see the files'
+contents) or damaged, and the user should know before deleting it to rebuild.
 """
 
 from __future__ import annotations
@@ -95,8 +99,19 @@ def cache_paths(cache_dir: str | os.PathLike, description: str, index_split: str
                         for affix in _AFFIXES))
 
 
-def load_indices(paths: CachePaths, description: str) -> GPTIndices | None:
-    """The cached indices (memory-mapped, read-only), or None with the reason logged."""
+Check = Callable[[GPTIndices], tuple[str, str] | None]
+"""(indices) -> (the array's field name, what is wrong) or None: `gpt_indices.index_problem`
+bound to the dataset."""
+
+
+def load_indices(paths: CachePaths, description: str,
+                 check: Check | None = None) -> GPTIndices | None:
+    """The cached indices (memory-mapped, read-only), or None with the reason logged.
+
+    Raises:
+        DataError: `check` finds values that cannot be the dataset's indices; names the
+            file and says to delete the cache to rebuild it.
+    """
     missing = [path for path in paths if not os.path.isfile(path)]
     if missing:
         logger.info("GPT index cache miss: %s not found", ", ".join(missing))
@@ -122,6 +137,15 @@ def load_indices(paths: CachePaths, description: str) -> GPTIndices | None:
     if problem:
         logger.warning("GPT index cache: %s in %s; rebuilding", problem, paths.sample_index)
         return None
+    found = check(indices) if check is not None else None
+    if found is not None:
+        field, problem = found
+        path = getattr(paths, field)
+        others = os.path.join(os.path.dirname(path),
+                              os.path.basename(paths.description).replace(_AFFIXES[0], "*"))
+        raise DataError(f"{path}: {problem}: this GPT index cache does not fit the dataset "
+                        f"(written for other data under the same prefix, or damaged); delete "
+                        f"its files ({others}) to rebuild it")
     logger.info("GPT index cache hit: %s", paths.description)
     return indices
 
@@ -148,16 +172,18 @@ def save_indices(paths: CachePaths, description: str, indices: GPTIndices) -> No
 
 
 def load_or_build(cache_dir: str | os.PathLike | None, description: str, index_split: str,
-                  build: Callable[[], GPTIndices]) -> tuple[GPTIndices, bool]:
+                  build: Callable[[], GPTIndices],
+                  check: Check | None = None) -> tuple[GPTIndices, bool]:
     """Cached indices if valid, else ``build()`` (saved to the cache when there is one).
 
-    ``cache_dir`` None or "" means no cache, as Megatron's falsy ``path_to_cache``. Returns the
-    indices and whether they were built anew.
+    ``cache_dir`` None or "" means no cache, as Megatron's falsy ``path_to_cache``. ``check``
+    looks at the values of cached indices (see `load_indices`). Returns the indices and
+    whether they were built anew.
     """
     if not cache_dir:
         return build(), True
     paths = cache_paths(cache_dir, description, index_split)
-    cached = load_indices(paths, description)
+    cached = load_indices(paths, description, check)
     if cached is not None:
         return cached, False
     indices = build()

@@ -164,17 +164,48 @@ class IndexedDataset:
             raise DataError(f"{path}: document indices decrease; they must be non-decreasing")
 
     def _check_data_size(self) -> None:
+        """The `.bin` holds exactly the tokens the `.idx` describes, back to back, as Megatron
+        writes them: a `.bin` of another size (a dtype byte changed, the pair from two
+        different runs) would otherwise be read as other tokens, silently."""
         lengths, pointers = self.sequence_lengths, self.sequence_pointers
-        if lengths.size == 0:
-            return
-        if lengths.min() < 0 or pointers.min() < 0:
+        if lengths.size and (lengths.min() < 0 or pointers.min() < 0):
             raise DataError(f"{self.index_file}: negative sequence length or pointer")
-        ends = pointers + lengths.astype(np.int64) * self.dtype.itemsize
-        needed = int(ends.max())
+        itemsize = self.dtype.itemsize
+        ends = pointers + lengths.astype(np.int64) * itemsize
+        needed = int(ends.max()) if lengths.size else 0
         if needed > self._data.size:
             raise DataError(f"{self.data_file}: sizes disagree: the data file has "
                             f"{self._data.size} bytes but {self.index_file} points up to byte "
                             f"{needed}; the pair is truncated or mismatched")
+        tokens = int(lengths.sum(dtype=np.int64))
+        if self._data.size != tokens * itemsize:
+            raise DataError(f"{self.data_file}: sizes disagree: the data file has "
+                            f"{self._data.size:,} bytes but {self.index_file} describes "
+                            f"{tokens:,} tokens of {self.dtype.name} ({itemsize} "
+                            f"byte{'s' if itemsize > 1 else ''} each) = {tokens * itemsize:,} "
+                            f"bytes{self._dtype_hint(tokens)}; the two files do not belong "
+                            f"together: write both again (mf-data preprocess)")
+        starts = np.zeros_like(ends)
+        np.cumsum(ends[:-1] - pointers[:-1], out=starts[1:])
+        wrong = np.flatnonzero(pointers != starts)
+        if wrong.size:
+            first = int(wrong[0])
+            raise DataError(f"{self.index_file}: sequence {first} starts at byte "
+                            f"{int(pointers[first])} of {self.data_file}, but the lengths "
+                            f"before it put it at byte {int(starts[first])}; the index is "
+                            f"damaged: write the pair again (mf-data preprocess)")
+
+    def _dtype_hint(self, tokens: int) -> str:
+        """Why the sizes disagree, when the data file holds a whole number of bytes per token
+        that another dtype has: the index's dtype is not the data's."""
+        if not tokens or self._data.size % tokens:
+            return ""
+        per_token = self._data.size // tokens
+        others = [dtype.name for dtype in DType._BY_CODE.values() if dtype.itemsize == per_token]
+        if per_token == self.dtype.itemsize or not others:
+            return ""
+        return (f" (the data holds {per_token} bytes per token, as {' or '.join(others)} "
+                f"would: the index's dtype does not match the data's)")
 
     def __len__(self) -> int:
         return len(self.sequence_lengths)

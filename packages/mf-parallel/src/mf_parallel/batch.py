@@ -3,7 +3,8 @@
 A micro-batch is `local_batch_size` samples on one data-parallel rank. One optimizer step
 accumulates `global_batch_size // (data_parallel * local_batch_size)` micro-batches on every
 rank. As in MindFormers and the spec, a global batch that does not divide is rounded down (with a
-warning that says the batch actually used); a global batch smaller than one micro-batch per rank
+warning that says the batch actually used: `warnings`, which `mf-parallel plan` prints and
+`mf-train` says before any rank starts); a global batch smaller than one micro-batch per rank
 is an error. `rampup_batch_size` grows the global batch with the samples consumed, the way
 Megatron-LM's `RampupBatchsizeNumMicroBatches` does.
 """

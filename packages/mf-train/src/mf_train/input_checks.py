@@ -3,16 +3,21 @@
 A valid configuration can still name files that are not there. Training would find out only
 when it reads them: the dataset after the whole model is built, the checkpoint when it loads.
 `mf-train` checks them in the launching process, before msrun starts a rank, and the trainer
-again before it builds the model. The checks only look at the file system (no MindSpore, no
-file read past the 9 bytes of an index's magic), so they cost milliseconds however large the
-data is. Every problem is one `ConfigIssue` at the value that names the file (its line in the
-YAML file, or the `--set` that wrote it), saying what is missing and what is accepted:
+again before it builds the model. The checks look at the file system and read each dataset's
+index (no MindSpore, no token read: the `.idx` is 12 bytes per sequence, whatever the size of
+the `.bin`), so they cost milliseconds. Every problem is one `ConfigIssue` at the value that
+names the file (its line in the YAML file, or the `--set` that wrote it), saying what is
+missing or wrong and what is accepted:
 
 * `train_dataset.dataloader.config.data_path` (and `train_data_path`, `valid_data_path`,
   `test_data_path`) of `BlendedMegatronDatasetDataLoader`: each prefix, weighted or not, must
-  have both `PREFIX.idx` (a Megatron index) and `PREFIX.bin`. A relative prefix is read from
-  the working directory and `~` is expanded, as mf-data's builder reads it. A list the
-  builder cannot parse (a weight without its prefix, say) is reported here too.
+  have both `PREFIX.idx` (a Megatron index) and `PREFIX.bin`, and the pair must agree as
+  mf-data's `IndexedDataset` checks it when it opens them: the header, the counts, and a
+  `.bin` of exactly the bytes the index describes (its sequence lengths times the token
+  dtype's size; a `.bin` of another size, such as an index whose dtype byte was changed,
+  would be read as other tokens). A relative prefix is read from the working directory and
+  `~` is expanded, as mf-data's builder reads it. A list the builder cannot parse (a weight
+  without its prefix, say) is reported here too.
 * `checkpoint.load_path`, when given: it must exist, as a directory (an mf save path, one of
   its `iteration_XXXXXXXX` directories, or a Hugging Face directory) or a `.safetensors`
   file. Empty starts from scratch, or resumes the run's own checkpoints (`run_directory`),
@@ -21,7 +26,10 @@ YAML file, or the `--set` that wrote it), saying what is missing and what is acc
 
 The configuration names no other input file: the tokenizer ran when the data was
 preprocessed (`mf-data preprocess`), and the other paths (`checkpoint.save_path`,
-`path_to_cache`, `monitor.tensorboard.output_dir`, `profiler.output_path`) are written.
+`path_to_cache`, `monitor.tensorboard.output_dir`, `profiler.output_path`) are written. The
+token ids themselves are checked against `model.vocab_size` as the samples are read
+(`mf_data.gpt_dataset`: one maximum per sample), not here: that would read the whole corpus
+before every start.
 """
 
 from __future__ import annotations
@@ -35,7 +43,7 @@ from mf_config.errors import Path
 from mf_config.yaml_source import Source
 from mf_data.blending import parse_blend
 from mf_data.errors import DataError
-from mf_data.indexed import INDEX_MAGIC, data_path, index_path
+from mf_data.indexed import INDEX_MAGIC, IndexedDataset, data_path, index_path
 from mf_data.loader_config import LOADER_TYPE, PATH, megatron_settings
 
 DATA_FIELDS = ("data_path", "train_data_path", "valid_data_path", "test_data_path")
@@ -112,6 +120,12 @@ def _dataset_problem(prefix: str) -> str | None:
     if magic != INDEX_MAGIC:
         return (f"{index} is not a Megatron index (it does not start with {INDEX_MAGIC!r}); "
                 f"{MAKE_DATA}")
+    try:
+        IndexedDataset(path)
+    except DataError as exc:  # names the file, says what disagrees
+        return str(exc)
+    except OSError as exc:
+        return f"{data} cannot be read: {exc.strerror or exc}"
     return None
 
 

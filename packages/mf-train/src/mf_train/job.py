@@ -2,6 +2,10 @@
 
 `mf-train` calls these in the launching process (so a bad configuration fails before msrun
 starts a rank) and every rank calls them again when its `Trainer` is built.
+
+A `context.device_target` this MindSpore cannot run (GPU on a CPU-only installation) is refused
+here in one line, from the device plugins MindSpore loaded when it was imported: no device is
+initialised, and no rank is started to fail in `mindspore.set_device`.
 """
 
 from __future__ import annotations
@@ -10,12 +14,30 @@ import mindspore as ms
 
 from mf_config import ConfigError, ConfigIssue, TrainConfig
 from mf_config.components import decoder_layers, sequence_length
+from mf_config.errors import Path
 from mf_config.yaml_source import Source
 from mf_parallel import Plan, make_plan
 
 from .layouts import LayoutSections, check_layout
 from .support import support_issues
 from .support_rules import Target
+
+BACKENDS = ("Ascend", "GPU", "CPU")
+"""The backends `context.device_target` names, in the order `auto` prefers them."""
+
+
+def installed_backends() -> tuple[str, ...] | None:
+    """The backends this MindSpore can run here: those whose device plugin loaded when it
+    was imported (what `mindspore.device_context.gpu.is_available()` and its siblings read,
+    without their log lines); no device is initialised. None when this MindSpore cannot say.
+    """
+    try:
+        from mindspore._c_expression import MSContext
+
+        context = MSContext.get_instance()
+        return tuple(name for name in BACKENDS if context.is_pkg_support_device(name))
+    except (ImportError, AttributeError, RuntimeError):
+        return None
 
 
 def resolve_device(device_target: str) -> str:
@@ -51,17 +73,56 @@ def make_job_plan(config: TrainConfig, world_size: int, source: Source | None = 
 
 def check_support(config: TrainConfig, plan: Plan, device: str,
                   source: Source | None = None) -> list[ConfigIssue]:
-    """What the trainer does with every field here (`support.FIELDS`).
+    """What the trainer does with every field here (`support.FIELDS`), whether this MindSpore
+    runs `device` (`device_issues`), and the global batch each step really uses when the
+    data-parallel ranks round it down.
 
     Returns:
-        The warnings for values that have no effect here (to say once).
+        The warnings for values that have no effect here and for a rounded-down global batch
+        (to say once).
 
     Raises:
         ConfigError: every value the trainer refuses.
     """
-    issues = support_issues(Target(config, plan.dims.world_size, device, source,
-                                   plan.dims.data_shard))
+    issues = device_issues(config, device, source)
+    issues += support_issues(Target(config, plan.dims.world_size, device, source,
+                                    plan.dims.data_shard))
+    issues += _batch_warnings(plan, source)
     errors = [issue for issue in issues if issue.severity == "error"]
     if errors:
         raise ConfigError(errors)
     return [issue for issue in issues if issue.severity == "warning"]
+
+
+def device_issues(config: TrainConfig, device: str, source: Source | None,
+                  backends: tuple[str, ...] | None = None) -> list[ConfigIssue]:
+    """An error when `context.device_target` names a backend this MindSpore cannot run
+    (`backends`: the installed ones, found when not given)."""
+    if config.context.device_target == "auto":
+        return []  # resolved to what this MindSpore runs
+    backends = installed_backends() if backends is None else backends
+    if backends is None or device in backends:
+        return []
+    usable = " or ".join(backends) if backends else "no backend"
+    message = (f"{device} is not available to this MindSpore ({ms.__version__}): its {device} "
+               f"plugin did not load (an installation without {device} support, or the "
+               f"{device}'s drivers are missing); it runs on {usable} here: set "
+               f"device_target to {' or '.join((*backends, 'auto'))}, or install MindSpore "
+               f"for {device}")
+    return [_issue(("context", "device_target"), message, "error", source)]
+
+
+def _batch_warnings(plan: Plan, source: Source | None) -> list[ConfigIssue]:
+    """The batch actually used, when `global_batch_size` is not a multiple of data_parallel x
+    local_batch_size. On one data-parallel rank validation has said it already (mf-config
+    warns whenever the global batch is not a multiple of local_batch_size)."""
+    if plan.batch.data_parallel == 1:
+        return []
+    return [_issue(("training", "global_batch_size"), warning, "warning", source)
+            for warning in plan.batch.warnings()]
+
+
+def _issue(path: Path, message: str, severity: str, source: Source | None) -> ConfigIssue:
+    if source is not None:
+        return source.issue(path, message, severity)
+    return ConfigIssue(".".join(path), message, severity=severity)

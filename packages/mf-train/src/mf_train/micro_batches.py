@@ -14,6 +14,11 @@ structure with `create_compressed_eod_mask` (the compact document ends, `actual_
 else with `reset_attention_mask` and `create_attention_mask` (the dense bool mask). Without
 them the model attends causally over the whole sequence, so the loader's shared causal mask is
 not carried. Under context parallelism the loader gives each rank only its tokens.
+
+Every sample's token ids are checked against the model's vocabulary as it is read (mf-data's
+`GPTDataset`: one maximum per sample), so an id the embedding cannot look up stops the run
+with one line naming the file, the sequence, the id and `model.vocab_size`, instead of failing
+inside MindSpore's gather.
 """
 
 from __future__ import annotations
@@ -97,10 +102,11 @@ class MicroBatchStream:
 
 @DATALOADERS.register("BlendedMegatronDatasetDataLoader")
 def megatron_stream(train_dataset: TrainDatasetConfig, plan: Plan, rank: int, *,
-                    consumed_samples: int, seed: int,
-                    source: Source | None = None) -> MicroBatchStream:
-    """mf-data's Megatron GPT datasets (the training split) as this rank's stream."""
-    train, _valid, _test = build_datasets(train_dataset.dataloader)
+                    consumed_samples: int, seed: int, source: Source | None = None,
+                    vocab_size: int | None = None) -> MicroBatchStream:
+    """mf-data's Megatron GPT datasets (the training split) as this rank's stream, every
+    token id checked against `vocab_size` (None: not checked)."""
+    train, _valid, _test = build_datasets(train_dataset.dataloader, vocab_size=vocab_size)
     if train is None:
         raise ValueError("train_dataset.dataloader.sizes[0]: the training split is empty")
     data = megatron_settings(train_dataset.dataloader).config
@@ -111,7 +117,8 @@ def megatron_stream(train_dataset: TrainDatasetConfig, plan: Plan, rank: int, *,
 
 
 def build_stream(train_dataset: TrainDatasetConfig, plan: Plan, rank: int, *,
-                 consumed_samples: int, seed: int, source: Source | None = None) -> Any:
+                 consumed_samples: int, seed: int, source: Source | None = None,
+                 vocab_size: int | None = None) -> Any:
     """This rank's micro-batch stream, from the loader `train_dataset.dataloader.type` names.
 
     Args:
@@ -121,6 +128,8 @@ def build_stream(train_dataset: TrainDatasetConfig, plan: Plan, rank: int, *,
         consumed_samples: samples already consumed over all ranks (where a resumed run is).
         seed: the loader's seed when `shuffle` (plus the pass number).
         source: the YAML source, for error lines.
+        vocab_size: the model's vocabulary: a token id outside it stops the stream with one
+            line naming the file (None: ids are not checked).
 
     Returns:
         An iterator of `MicroBatch` with a `consumed_samples` count.
@@ -128,4 +137,4 @@ def build_stream(train_dataset: TrainDatasetConfig, plan: Plan, rank: int, *,
     make = DATALOADERS.get(train_dataset.dataloader.type,
                            ("train_dataset", "dataloader", "type"), source)
     return make(train_dataset, plan, rank, consumed_samples=consumed_samples, seed=seed,
-                source=source)
+                source=source, vocab_size=vocab_size)
