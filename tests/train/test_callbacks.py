@@ -60,7 +60,7 @@ def test_step_record_fields_are_keyword_only() -> None:
 def test_loss_line_text() -> None:
     # tokens/s = 1518 / 0.123 = 12341.46...; step time 123 ms
     assert format_step_line(make_record()) == (
-        "step [  3/100] loss 4.123456 lr 1.0e-04 grad_norm 1.234 tokens/s 12341 "
+        "step [  3/100] loss 4.123456 lr 1.0e-04 grad_norm 1.234 tokens/s(global) 12341 "
         "step_time 123 ms")
 
 
@@ -76,7 +76,7 @@ def test_loss_line_with_the_largest_ranks_peak_memory() -> None:
 def test_loss_line_of_small_norms_skips_and_nan() -> None:
     line = format_step_line(make_record(step=12, total=12, loss=float("nan"), grad_norm=3.2e-6,
                                         lr=2.5e-5, skipped=True))
-    assert line == ("step [12/12] loss nan lr 2.5e-05 grad_norm 3.2e-06 tokens/s 12341 "
+    assert line == ("step [12/12] loss nan lr 2.5e-05 grad_norm 3.2e-06 tokens/s(global) 12341 "
                     "step_time 123 ms skipped")
 
 

@@ -32,7 +32,8 @@ MindFormers' `callbacks[i]` built by its register (`get_instance_from_cfg`), wit
 checked.
 
 `LossLogger` is MindFormers' LossCallback: one line per step on rank 0, through `logging`:
-`step [  3/100] loss 4.123456 lr 1.0e-04 grad_norm 1.234 tokens/s 12345 step_time 123 ms
+`step [  3/100] loss 4.123456 lr 1.0e-04 grad_norm 1.234 tokens/s(global) 12345
+tokens/s/rank 6172 tflops/rank 0.0457 mfu 2.77% step_time 123 ms elapsed 1.2s eta 12.0s
 peak_mem 4.61 GiB`.
 """
 
@@ -41,7 +42,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -50,6 +51,7 @@ from mf_config.component_settings import settings_error, structure_settings
 from mf_config.yaml_source import Source
 
 from .registry import CALLBACKS
+from .throughput import duration
 
 logger = logging.getLogger(__name__)
 
@@ -65,6 +67,11 @@ class StepRecord:
     `skipped` marks a step whose update was skipped (non-finite loss or gradient norm, spike).
     `peak_memory_gib` is the largest rank's peak memory so far (`mf_train.process_memory`) and
     `peak_memory_rank` that rank (None in a one-process run).
+    `tokens_per_s_per_rank` is `tokens_per_s` over the world size; `tflops` the achieved TFLOP/s
+    of a rank (model FLOPs per token x `tokens_per_s_per_rank`, `mf_train.model_flops`); `mfu`
+    is `tflops` over the peak TFLOP/s of a rank (a fraction); `elapsed_s` the seconds since the
+    run's first step began and `eta_s` the seconds left (`mf_train.throughput`). The trainer
+    sets them; each is None when not known.
     `extra` holds the monitors' values (`local_loss/micro1`, `moe/layer3/expert0`, ...);
     its keys never repeat a field name. Numbers are converted with `float()`/`int()`, so a
     numpy scalar or a 0-d tensor is accepted.
@@ -82,6 +89,11 @@ class StepRecord:
     tokens_per_s: float | None = None
     peak_memory_gib: float | None = None
     peak_memory_rank: int | None = None
+    tokens_per_s_per_rank: float | None = None
+    tflops: float | None = None
+    mfu: float | None = None
+    elapsed_s: float | None = None
+    eta_s: float | None = None
     extra: dict[str, float] = dataclasses.field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -96,12 +108,19 @@ class StepRecord:
 
     def scalars(self) -> dict[str, float]:
         """The per-step numbers every writer shows: loss, lr, grad_norm, tokens_per_s,
-        step_time, and peak_memory_gib when measured."""
+        step_time, and those of tokens_per_s_per_rank, tflops, mfu, elapsed_s, eta_s and
+        peak_memory_gib that are known."""
         values = {"loss": self.loss, "lr": self.lr, "grad_norm": self.grad_norm,
                   "tokens_per_s": float(self.tokens_per_s or 0.0), "step_time": self.step_time}
-        if self.peak_memory_gib is not None:
-            values["peak_memory_gib"] = self.peak_memory_gib
+        for name in _OPTIONAL_SCALARS:
+            value = getattr(self, name)
+            if value is not None:
+                values[name] = float(value)
         return values
+
+
+_OPTIONAL_SCALARS = ("tokens_per_s_per_rank", "tflops", "mfu", "elapsed_s", "eta_s",
+                     "peak_memory_gib")
 
 
 @dataclasses.dataclass(kw_only=True)
@@ -125,6 +144,12 @@ class TrainContext:
     collectives: Any = dataclasses.field(default=None, repr=False)
     build_peak_memory_gib: float | None = None
     """The largest rank's peak memory once everything was built and loaded (before step 1)."""
+    model_flops_per_token: int | None = None
+    """Model FLOPs of training on one token (`mf_train.model_flops`), None when unknown."""
+    peak_tflops: float | None = None
+    """The peak TFLOP/s of a rank that MFU divides by, None when unknown."""
+    peak_source: str | None = None
+    """Where `peak_tflops` comes from (`measured at start: float32 1024x1024 matmul ...`)."""
 
     def __post_init__(self) -> None:
         self.output_dir = Path(self.output_dir)
@@ -251,18 +276,32 @@ class LossLogger(Callback):
 
 
 def format_step_line(record: StepRecord) -> str:
-    """`step [  3/100] loss 4.123456 lr 1.0e-04 grad_norm 1.234 tokens/s 12345 step_time
-    123 ms peak_mem 4.61 GiB (rank 2)`, with ` skipped` appended when the update was skipped
-    (the memory part only when measured, the rank only with several ranks)."""
+    """`step [  3/100] loss 4.123456 lr 1.0e-04 grad_norm 1.234 tokens/s(global) 12345
+    tokens/s/rank 6172 tflops/rank 0.0457 mfu 2.77% step_time 123 ms elapsed 1.2s eta 12.0s
+    peak_mem 4.61 GiB (rank 2)`, with ` skipped` appended when the update was skipped (each
+    of tokens/s/rank, tflops/rank, mfu, elapsed, eta and peak_mem only when known, the rank
+    only with several ranks)."""
     width = len(str(record.total_steps))
-    line = (f"step [{record.step:>{width}}/{record.total_steps}] loss {record.loss:.6f} "
-            f"lr {record.lr:.1e} grad_norm {record.grad_norm:.4g} "
-            f"tokens/s {_whole(record.tokens_per_s)} step_time {_whole(record.step_time * 1e3)} ms")
+    parts = [f"step [{record.step:>{width}}/{record.total_steps}] loss {record.loss:.6f}",
+             f"lr {record.lr:.1e} grad_norm {record.grad_norm:.4g}",
+             f"tokens/s(global) {_whole(record.tokens_per_s)}"]
+    parts += _known(("tokens/s/rank", record.tokens_per_s_per_rank, _whole),
+                    ("tflops/rank", record.tflops, "{:.3g}".format),
+                    ("mfu", record.mfu, lambda mfu: f"{mfu * 100:.3g}%"))
+    parts.append(f"step_time {_whole(record.step_time * 1e3)} ms")
+    parts += _known(("elapsed", record.elapsed_s, duration), ("eta", record.eta_s, duration))
     if record.peak_memory_gib is not None:
-        line += f" peak_mem {record.peak_memory_gib:.2f} GiB"
+        parts.append(f"peak_mem {record.peak_memory_gib:.2f} GiB")
         if record.peak_memory_rank is not None:
-            line += f" (rank {record.peak_memory_rank})"
-    return f"{line} skipped" if record.skipped else line
+            parts.append(f"(rank {record.peak_memory_rank})")
+    if record.skipped:
+        parts.append("skipped")
+    return " ".join(parts)
+
+
+def _known(*fields: tuple[str, float | None, Callable[[float], str]]) -> list[str]:
+    """`label value` of each (label, value, format) whose value is known (not None)."""
+    return [f"{label} {text(value)}" for label, value, text in fields if value is not None]
 
 
 def _whole(value: float | None) -> str:

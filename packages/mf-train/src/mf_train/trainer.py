@@ -13,10 +13,12 @@ order, each part from the typed section it needs: backend, memory cap and seeds 
 refused value raises, a value with no effect here is logged once on rank 0), communication
 (mf-parallel), the model (`model`, through the `MODELS` registry), recompute, communication
 recompute and swap (mf-memory), the step layout with its optimizer, the LR schedule, the
-checkpoint manager and the resumed state (`checkpoint`), and the callbacks (`monitor`,
-`callbacks`). `train()` then runs `training.steps` optimizer steps, each of
-`plan.batch.accumulation_steps()` micro-batches; a stop request (`stop_signals`: SIGINT,
-SIGTERM) ends it at a step boundary, every rank at the same one, after a checkpoint.
+checkpoint manager and the resumed state (`checkpoint`), the callbacks (`monitor`,
+`callbacks`), and what the step lines' TFLOP/s and MFU need (`throughput`: the model's FLOPs
+per token from its shape, `model_flops`, and a peak measured on every rank). `train()` then
+runs `training.steps` optimizer steps, each of `plan.batch.accumulation_steps()`
+micro-batches; a stop request (`stop_signals`: SIGINT, SIGTERM) ends it at a step boundary,
+every rank at the same one, after a checkpoint.
 
 With `training.use_skip_step_on_nan` a step whose norm is not finite, or above
 `monitor.health_checkpoint.global_norm_skip_threshold`, is skipped: no update, the
@@ -41,9 +43,10 @@ import numpy as np
 from mindspore import nn
 
 from mf_config import TrainConfig
+from mf_config.components import model_shape, sequence_length
 from mf_config.yaml_source import Source, dump_text
 from mf_memory.estimate import rank_summary, size
-from mf_memory.model_shape import EstimateError
+from mf_memory.model_shape import EstimateError, shape_of
 from mf_memory.recompute import apply_recompute, apply_recompute_comm
 from mf_memory.swap import ActivationSwap
 from mf_parallel import Plan
@@ -82,6 +85,7 @@ from .layouts.saved_model import load_model_pieces, model_pieces
 from .lr_scheduler import build_lr_schedule
 from .lr_schedules import LrSchedule
 from .micro_batches import MicroBatchStream, build_stream
+from .model_flops import flops_per_token, matmul_weights_per_token
 from .models import build_model, load_hf_state
 from .monitor import standard_callbacks
 from .optim import Optimizer
@@ -90,6 +94,7 @@ from .process_memory import largest_peak, return_freed_host_memory
 from .run_directory import checkpoint_root
 from .step_monitors import MonitorObserver
 from .tensor_recut import RecutIndex
+from .throughput import RunPace, Throughput, measure_peak_flops
 
 LOG = logging.getLogger("mf_train")
 
@@ -278,6 +283,11 @@ class Trainer:
         self.build_peak = largest_peak(self.device, self.comm.world_size)
         """The largest rank's peak memory once everything is built (a collective)."""
         LOG.info("%s", self._memory_line())
+        self.throughput = self._throughput()
+        """FLOPs per token and peak: a step's TFLOP/s and MFU (measures the peak: every rank
+        at once)."""
+        if self.comm.rank == 0:
+            LOG.info("%s", self.throughput.describe())
 
     def _memory_line(self) -> str:
         """`parameters: 31.8M on rank 0 of 127.2M in the model; peak memory once built
@@ -296,6 +306,30 @@ class Trainer:
         if summary is not None:
             line += f"; mf-memory estimates {size(summary.peak_bytes)} for rank {rank}'s step"
         return line
+
+    def _throughput(self) -> Throughput:
+        """The model's FLOPs per token (`model_flops`, from its shape and the sequence length)
+        and this rank's peak FLOP/s, measured now (the configuration has no peak setting:
+        `throughput`); FLOPs unknown, for a model without a shape, leaves the peak unmeasured."""
+        world = self.comm.world_size
+        try:
+            shape = shape_of(self.config.model)
+            seq = sequence_length(self.config)
+            if seq is None:
+                raise EstimateError("no sequence length: model.seq_length or "
+                                    "train_dataset.dataloader.config.seq_length")
+            flops = flops_per_token(shape, seq)
+        except ValueError as exc:  # EstimateError is one
+            return Throughput(world, unknown=str(exc))
+        return Throughput(world, flops, measure_peak_flops(self.device), seq_length=seq,
+                          matmul_weights=matmul_weights_per_token(shape))
+
+    @property
+    def model_vocab_size(self) -> int | None:
+        """The model's vocabulary, which every token id read must fit (None: a model type
+        without declared settings, whose ids are not checked)."""
+        shape = model_shape(self.config.model, self.source)
+        return None if shape is None else shape.vocab_size
 
     @property
     def optimizer(self) -> Optimizer:
@@ -435,7 +469,8 @@ class Trainer:
         """This rank's micro-batch stream from the current consumed-sample count."""
         return build_stream(self.config.train_dataset, self.plan, self.comm.rank,
                             consumed_samples=self.consumed_samples,
-                            seed=self.config.training.seed, source=self.source)
+                            seed=self.config.training.seed, source=self.source,
+                            vocab_size=self.model_vocab_size)
 
     def run_step(self, stream: MicroBatchStream) -> StepOutcome:
         """One optimizer step on the next micro-batches of `stream`, at the schedule's rate."""
@@ -452,7 +487,11 @@ class Trainer:
                             rank=self.comm.rank, world_size=self.comm.world_size,
                             start_step=self.step_count, monitor=self.config.monitor,
                             model=self.model, collectives=self.collectives,
-                            build_peak_memory_gib=round(self.build_peak.gib, 3))
+                            build_peak_memory_gib=round(self.build_peak.gib, 3),
+                            model_flops_per_token=self.throughput.flops_per_token,
+                            peak_tflops=self.throughput.peak_tflops,
+                            peak_source=(self.throughput.peak.source
+                                         if self.throughput.peak is not None else None))
 
     def train(self, stop: Callable[[], bool] | None = None) -> list[StepOutcome]:
         """Run the remaining steps up to `training.steps`, calling the callbacks' hooks.
@@ -466,6 +505,7 @@ class Trainer:
         last, skipped_in_a_row = None, 0
         self.stopped = False
         self.callbacks.on_train_begin(ctx)
+        pace = RunPace(total)
         try:
             while self.step_count < total:
                 if stop is not None and self._stop_agreed(stop()):
@@ -476,7 +516,7 @@ class Trainer:
                 self.callbacks.on_step_begin(ctx, self.step_count + 1)
                 outcome = self.run_step(stream)
                 outcomes.append(outcome)
-                last = self._record(outcome)
+                last = self._record(outcome, pace)
                 self.callbacks.on_step_end(ctx, last)
                 self.save_checkpoint()
                 self._report_saves(ctx)
@@ -506,16 +546,19 @@ class Trainer:
             return asked
         return not world_group.all_ranks(not asked)
 
-    def _record(self, outcome: StepOutcome) -> StepRecord:
-        """The step as the callbacks see it (tokens over all data and context ranks, the
-        largest rank's peak memory so far: a collective), with the compilation it included, if
-        any (`compile_time`, `compiled_graphs`)."""
+    def _record(self, outcome: StepOutcome, pace: RunPace) -> StepRecord:
+        """The step as the callbacks see it (tokens over all data and context ranks; tokens/s
+        per rank, TFLOP/s and MFU; elapsed time and ETA from `pace`; the largest rank's peak
+        memory so far: a collective), with the compilation it included, if any
+        (`compile_time`, `compiled_graphs`)."""
         record = StepRecord(step=self.step_count, total_steps=self.config.training.steps,
                             loss=outcome.loss, lr=outcome.lr, grad_norm=outcome.grad_norm,
                             step_time=outcome.seconds,
                             tokens=outcome.tokens * self.plan.batch.data_parallel
                             * self.plan.dims.context,
                             consumed_samples=self.consumed_samples, skipped=outcome.skipped)
+        self.throughput.fill(record)
+        record.elapsed_s, record.eta_s = pace.step_done(self.step_count)
         peak = largest_peak(self.device, self.comm.world_size)
         record.peak_memory_gib = round(peak.gib, 3)
         record.peak_memory_rank = peak.rank if self.comm.world_size > 1 else None

@@ -1,13 +1,20 @@
 """`metrics.jsonl`: one JSON object per optimizer step, written by rank 0.
 
 A step line holds `step`, `total_steps`, `loss`, `lr`, `grad_norm`, `step_time` (seconds),
-`tokens`, `tokens_per_s`, `consumed_samples`, `skipped`, `time` (Unix seconds),
-`peak_memory_gib` (the largest rank's peak memory so far) and `peak_memory_rank` (which rank,
-with several), and the
-record's `extra` values (the monitors' `local_loss/micro1`, `moe/layer3/expert0`, ...) as
-top-level keys. Other lines are events and carry an `event` key:
+`tokens` (over all ranks), `tokens_per_s` (global: `tokens / step_time`),
+`tokens_per_s_per_rank` (`tokens_per_s / world_size`), `tflops` (achieved TFLOP/s of a rank:
+model FLOPs per token x `tokens_per_s_per_rank`), `mfu` (`tflops / peak_tflops`, a fraction),
+`elapsed_s` (seconds since this run's first step began), `eta_s` (seconds left: the mean step
+of this run, the first left out, times the steps left), `consumed_samples`, `skipped`, `time`
+(Unix seconds), `peak_memory_gib` (the largest rank's peak memory so far) and
+`peak_memory_rank` (which rank, with several), and the record's `extra` values (the monitors'
+`local_loss/micro1`, `moe/layer3/expert0`, ...) as top-level keys; a value the trainer could
+not know (`tflops` of a model without a shape) is left out. Other lines are events and carry
+an `event` key:
 * `{"event": "start", "step": 0, ...}` opens a new run (`build_peak_memory_gib`: the largest
-  rank's peak memory once the model, optimizer and resumed state were built);
+  rank's peak memory once the model, optimizer and resumed state were built;
+  `model_flops_per_token`, `peak_tflops` and `peak_source`: what `tflops` and `mfu` are made
+  of, `mf_train.throughput`);
 * `{"event": "resume", "step": N, ...}` marks a run resumed after N steps: the steps after the
   resumed checkpoint that the earlier run had already logged stay above the marker; for each
   step, the last line written is the one that counts;
@@ -61,8 +68,10 @@ class MetricsWriter(Callback):
                          "superseded": [ctx.start_step + 1, recorded]})
         event = {"event": "resume" if ctx.resumed else "start", "step": ctx.start_step,
                  "total_steps": ctx.total_steps, "world_size": ctx.world_size}
-        if ctx.build_peak_memory_gib is not None:
-            event["build_peak_memory_gib"] = ctx.build_peak_memory_gib
+        for key in ("build_peak_memory_gib", "model_flops_per_token", "peak_tflops",
+                    "peak_source"):
+            if getattr(ctx, key) is not None:
+                event[key] = getattr(ctx, key)
         self._write(event)
 
     def on_step_end(self, ctx: TrainContext, record: StepRecord) -> None:

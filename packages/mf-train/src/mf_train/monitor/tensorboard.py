@@ -4,9 +4,11 @@ Directory: `monitor.tensorboard.output_dir` (as written, relative to the working
 or `<output_dir>/tensorboard` when it is empty. Every `log_interval` steps
 (`step % log_interval == 0`, as MindFormers' TensorboardMonitor) one event at global step
 `record.step` holds the scalars `loss`, `lr`, `grad_norm`, `tokens_per_s`, `step_time`
-(seconds) and every `record.extra` value (tag = its key), and one more event holds
-`loss_vs_samples` at step `consumed_samples`. Monitors with their own interval (MoE counts)
-reach TensorBoard only on steps that are also logging steps; metrics.jsonl has every value.
+(seconds), those of `tokens_per_s_per_rank`, `tflops`, `mfu`, `elapsed_s`, `eta_s` and
+`peak_memory_gib` the record has (`StepRecord.scalars`), and every `record.extra` value (tag
+= its key), and one more event holds `loss_vs_samples` at step `consumed_samples`. Monitors
+with their own interval (MoE counts) reach TensorBoard only on steps that are also logging
+steps; metrics.jsonl has every value.
 Tags keep letters, digits and `_ . / -`; other characters become `_` (TensorBoard's rule).
 
 The events go through tensorboardX's synchronous `EventsWriter`, not its `SummaryWriter`:

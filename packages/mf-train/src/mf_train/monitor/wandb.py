@@ -8,7 +8,8 @@ Configured as an item of `callbacks:` (its keys: `mf_train.settings.wandb.WandbS
         mode: offline
 
 Every `log_interval` steps, one history row at step `record.step` holds what TensorBoard gets
-(`loss`, `lr`, `grad_norm`, `tokens_per_s`, `step_time` and every `record.extra` value) and
+(`loss`, `lr`, `grad_norm`, `tokens_per_s`, `step_time`, the record's other scalars such as
+`tflops` and `mfu`, and every `record.extra` value) and
 `consumed_samples` (TensorBoard's `loss_vs_samples` is `loss` against it). wandb is imported
 when training begins, on rank 0 only; the other ranks never touch it.
 """
