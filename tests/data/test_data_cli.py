@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -176,3 +179,28 @@ def test_corpus_stats_buckets_zero_lengths_and_empty_corpus(tmp_path: Path) -> N
     assert (empty.sequences, empty.tokens, empty.histogram) == (0, 0, ())
     assert format_stats(empty).splitlines()[-1] == (
         "length     min 0, mean 0.0, max 0 tokens per sequence")
+
+
+def test_ctrl_c_during_preprocess_is_one_line_and_leaves_no_file(tmp_path: Path) -> None:
+    """Ctrl-C reaches the terminal's whole process group, the encoding workers included: one
+    line, status 130, and neither the outputs nor their temporary files are left."""
+    write_jsonl(tmp_path / "in.jsonl", [f"document {i} " + "words " * 300 for i in range(20000)])
+    job = subprocess.Popen([sys.executable, "-m", "mf_data", "preprocess", "--input", "in.jsonl",
+                            "--output-prefix", "out", "--workers", "2"], cwd=tmp_path,
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                           start_new_session=True)
+    try:
+        deadline = time.monotonic() + 120
+        while not any(path.stat().st_size for path in tmp_path.glob(".out.bin.*.tmp")):
+            assert job.poll() is None and time.monotonic() < deadline, "no encoding seen"
+            time.sleep(0.01)
+        os.killpg(job.pid, signal.SIGINT)  # the first chunks are written: workers are up
+        _, err = job.communicate(timeout=120)
+    finally:
+        if job.poll() is None:
+            os.killpg(job.pid, signal.SIGKILL)
+            job.wait()
+    assert job.returncode == 130, err
+    assert err.strip().splitlines()[-1] == "mf-data: interrupted (SIGINT); nothing was written"
+    assert "Traceback" not in err
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["in.jsonl"]

@@ -140,6 +140,24 @@ def test_a_second_ctrl_c_aborts_at_once_in_one_line(data_prefix, tmp_path: Path)
     assert not steps(out)  # the step it was in never ended
 
 
+def test_ctrl_c_while_mf_train_starts_is_one_line(data_prefix, tmp_path: Path) -> None:
+    """Ctrl-C in the seconds the launcher's own modules import (before the run's handlers
+    exist): one line, status 130, nothing written. `-X importtime` says when mf-config is
+    being imported: the console script's handler is in place by then."""
+    out = tmp_path / "out"
+    status, err = signalled(mf_train(out, data_prefix), [signal.SIGINT], watch="stderr",
+                            after=re.compile(r"\|\s+mf_config"), program=CONSOLE_SCRIPT)
+    assert status == 130, err
+    assert err.strip().splitlines()[-1] == ("mf-train: stopped by SIGINT while starting; "
+                                            "nothing was run or written")
+    assert "Traceback" not in err and not out.exists()
+
+
+CONSOLE_SCRIPT = ("-X", "importtime", "-c",
+                  "import sys; from mf_train.script import main; sys.exit(main())")
+"""`mf-train` as its console script starts it, with each import's end on stderr."""
+
+
 # ------------------------------------------------------------------ the launcher of ranks
 
 @pytest.mark.ranks

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import signal
 from collections import deque
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
@@ -113,6 +114,9 @@ def _start_worker(encoder: ChunkEncoder) -> None:
     # thread pool in each would only oversubscribe them. (In this process, with one worker,
     # encode_batch keeps its threads.)
     os.environ["TOKENIZERS_PARALLELISM"] = "false"
+    # Ctrl-C reaches every process of the terminal's group: the main process answers it (one
+    # line, the pool stopped); a worker's KeyboardInterrupt would only add a traceback.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     _worker_encoder = encoder
 
 

@@ -227,3 +227,7 @@ def run(argv: Sequence[str] | None = None) -> int:
     except (DataError, OSError) as error:
         print(f"{PROGRAM}: error: {error}", file=sys.stderr)
         return 1
+    except KeyboardInterrupt:
+        # outputs are written under temporary names, removed on the way out (`indexed`)
+        print(f"{PROGRAM}: interrupted (SIGINT); nothing was written", file=sys.stderr)
+        return 130
