@@ -136,6 +136,18 @@ def test_runs_one_after_the_other_resume_and_append(data_prefix, tmp_path: Path,
     assert run(elsewhere) == 2
     assert (f"{out / 'checkpoint'} holds checkpoints of an earlier run (newest: "
             "iteration_00000004), and this run loads") in capsys.readouterr().err
+    # a run that starts from another's checkpoint, then is run again (after a stop, or with
+    # more steps): it continues from its own checkpoints, not from its load_path again
+    tuned = tmp_path / "tuned"
+    from_out = f"checkpoint.load_path={out / 'checkpoint'}"
+    assert run(small(data_prefix, tuned, 5, from_out)) == 0
+    assert "finished steps 5-5 of 5" in capsys.readouterr().err
+    assert run(small(data_prefix, tuned, 6, from_out)) == 0
+    again = capsys.readouterr().err
+    assert (f"mf-train: {tuned} holds this run's checkpoints (it started from "
+            f"{out / 'checkpoint'}): resuming from {tuned / 'checkpoint' / 'iteration_00000005'}"
+            ) in again
+    assert "finished steps 6-6 of 6 (1 in this run)" in again
 
 
 FAILING_SAVE = """
@@ -205,6 +217,31 @@ def test_two_runs_cannot_share_a_save_path(data_prefix, tmp_path: Path, capsys) 
         holder.send_signal(signal.SIGKILL)
         holder.wait(timeout=30)
     claim(tmp_path / "second", CheckpointConfig(save_path=str(shared))).release()
+
+
+@pytest.mark.parametrize("option", ["monitor.tensorboard.output_dir", "profiler.output_path"])
+def test_two_runs_cannot_share_a_tensorboard_or_profiler_directory(option: str, data_prefix,
+                                                                   tmp_path: Path,
+                                                                   capsys) -> None:
+    """Different output directories, one TensorBoard (or profiler) directory elsewhere: the
+    second run is refused in one line while the first holds it, and takes it afterwards."""
+    shared = tmp_path / "shared"
+    profiling = ["profiler.enable_profiling=true"] if option.startswith("profiler") else []
+    first = claim(tmp_path / "first", CheckpointConfig(), also=[(shared, option)])
+    try:
+        assert (shared / ".mf-run.lock").is_file()
+        assert run(small(data_prefix, tmp_path / "second", 1, f"{option}={shared}",
+                         *profiling)) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert err[-1].startswith(f"mf-train: {shared} is in use by another run (PID ")
+        assert err[-1].endswith(f"; wait for it to finish, or choose another {option}")
+        assert not (tmp_path / "second" / "metrics.jsonl").exists()
+    finally:
+        first.release()
+    inside = claim(tmp_path / "third", CheckpointConfig(),
+                   also=[(tmp_path / "third" / "tensorboard", option)])
+    assert len(inside.locks) == 2  # the output and checkpoint directories: inside is covered
+    inside.release()
 
 
 def test_a_users_directory_under_the_save_path_is_kept(data_prefix, tmp_path: Path,

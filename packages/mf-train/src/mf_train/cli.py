@@ -199,13 +199,23 @@ def _claimed(output_dir: str, config: TrainConfig, *, lock: bool = True) -> Clai
     """The run's claim on `output_dir` (see `run_directory`), or None after printing why not;
     says what the run does with an earlier run it found."""
     try:
-        owned = claim(output_dir, config.checkpoint, lock=lock)
+        owned = claim(output_dir, config.checkpoint, lock=lock,
+                      also=_written_elsewhere(config, Path(output_dir)))
     except RunDirectoryError as exc:
         print(f"mf-train: {exc}", file=sys.stderr)
         return None
     if owned.note is not None and lock:
         print(f"mf-train: {owned.note}", file=sys.stderr)
     return owned
+
+
+def _written_elsewhere(config: TrainConfig, output_dir: Path) -> list[tuple[Path, str]]:
+    """The directories other than the output and checkpoint directories the run writes, with
+    the option naming each: TensorBoard's, and the profiler's when it profiles."""
+    found = [(event_dir(config.monitor.tensorboard, output_dir), "monitor.tensorboard.output_dir")]
+    if config.profiler.enable_profiling and config.profiler.output_path:
+        found.append((Path(config.profiler.output_path), "profiler.output_path"))
+    return found
 
 
 def _resume_allowed(config: TrainConfig, owned: Claim, *, say: bool) -> bool:

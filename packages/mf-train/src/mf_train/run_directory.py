@@ -4,8 +4,9 @@
 ranks under `--nproc`):
 
 * It creates the output directory and the checkpoint directory (an unwritable one is one
-  clear error) and takes an exclusive lock on `.mf-run.lock` in each, held for the run's life:
-  every directory the run writes is covered, so two runs with different output directories but
+  clear error) and takes an exclusive lock on `.mf-run.lock` in each, held for the run's life,
+  and in the TensorBoard and profiler directories when they lie elsewhere: every directory
+  the run writes is covered, so two runs with different output directories but
   one `checkpoint.save_path` cannot both run (the second would resume from the first's
   checkpoints as they are written). A second run into a directory in use fails at once, naming
   the holder's PID, host and start time. The lock is `flock`: the system releases it when every
@@ -36,14 +37,17 @@ import json
 import os
 import socket
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import IO
 
 import attrs
+import yaml
 
 from mf_config import CheckpointConfig
 
 from .checkpoint import layout
+from .checkpoint.errors import CheckpointError
 from .monitor.metrics import FILE_NAME as METRICS
 from .no_follow import LinkRefused, open_no_follow
 
@@ -83,7 +87,7 @@ def checkpoint_root(checkpoint: CheckpointConfig, output_dir: Path) -> Path:
 
 
 def claim(output_dir: str | os.PathLike[str], checkpoint: CheckpointConfig, *,
-          lock: bool = True) -> Claim:
+          lock: bool = True, also: Sequence[tuple[Path, str]] = ()) -> Claim:
     """Claim the directories this run writes and decide how the run starts.
 
     Args:
@@ -91,6 +95,9 @@ def claim(output_dir: str | os.PathLike[str], checkpoint: CheckpointConfig, *,
         checkpoint: the `checkpoint` section (where checkpoints go, what to load).
         lock: lock the output directory and, when saving, the checkpoint directory (False:
             the launcher holds the locks for its ranks).
+        also: other directories the run writes, each with the option that names it
+            (`monitor.tensorboard.output_dir`, `profiler.output_path`): locked too when they
+            lie outside the output directory.
 
     Returns:
         The claim: the checkpoint section to run with (resuming the directory's own
@@ -105,7 +112,7 @@ def claim(output_dir: str | os.PathLike[str], checkpoint: CheckpointConfig, *,
     owned: list[IO[str]] = []
     try:
         if lock:
-            for path, option in _written(directory, checkpoint):
+            for path, option in _written(directory, checkpoint, also):
                 owned.append(_lock(path, option))
         checkpoint, note = _decide(directory, checkpoint)
     except RunDirectoryError:
@@ -115,22 +122,34 @@ def claim(output_dir: str | os.PathLike[str], checkpoint: CheckpointConfig, *,
     return Claim(directory, checkpoint, note, tuple(owned))
 
 
-def _written(directory: Path, checkpoint: CheckpointConfig) -> list[tuple[Path, str]]:
+def _written(directory: Path, checkpoint: CheckpointConfig,
+             also: Sequence[tuple[Path, str]]) -> list[tuple[Path, str]]:
     """Each directory the run writes, once, with the option that chooses it: the output
-    directory, and the checkpoint directory when saving."""
+    directory, the checkpoint directory when saving, and those of `also` outside the output
+    directory (its lock covers what lies inside)."""
     found = [(directory, "--output-dir")]
     if checkpoint.enable_save:
         root = checkpoint_root(checkpoint, directory)
         if root.resolve() != directory.resolve():
             found.append((root, "checkpoint.save_path"))
+    for path, option in also:
+        if not any(path.resolve() == held.resolve() for held, _ in found) and \
+                not path.resolve().is_relative_to(directory.resolve()):
+            found.append((path, option))
     return found
+
+
+WHAT = {"--output-dir": "the output directory", "checkpoint.save_path": "the checkpoint directory",
+        "monitor.tensorboard.output_dir": "the TensorBoard directory",
+        "profiler.output_path": "the profiler's directory"}
+"""How a lock's error names the directory the option chooses."""
 
 
 def _lock(directory: Path, option: str) -> IO[str]:
     """Create `directory` and hold `<directory>/.mf-run.lock` (exclusive, not blocking);
     `option` is what the user changes to choose another directory."""
     path = directory / LOCK
-    what = "the output directory" if option == "--output-dir" else "the checkpoint directory"
+    what = WHAT.get(option, "a directory of the run")
     try:
         directory.mkdir(parents=True, exist_ok=True)
         handle = os.fdopen(open_no_follow(path, os.O_RDWR | os.O_CREAT), "r+", encoding="utf-8")
@@ -166,6 +185,11 @@ def _decide(directory: Path, checkpoint: CheckpointConfig) -> tuple[CheckpointCo
     complete = layout.complete_iterations(root)
     if checkpoint.load_path:
         if complete and not _inside(Path(checkpoint.load_path), root):
+            newest = complete[-1][1]
+            if _started_from(newest, checkpoint.load_path):
+                return attrs.evolve(resolved, load_path=str(root)), (
+                    f"{directory} holds this run's checkpoints (it started from "
+                    f"{checkpoint.load_path}): resuming from {newest}")
             raise RunDirectoryError(
                 f"{root} holds checkpoints of an earlier run (newest: {complete[-1][1].name}), "
                 f"and this run loads {checkpoint.load_path} and would save beside them, "
@@ -184,6 +208,27 @@ def _decide(directory: Path, checkpoint: CheckpointConfig) -> tuple[CheckpointCo
             f"step{'s' if steps != 1 else ''}) but no checkpoint "
             f"to resume from in {root}; choose another --output-dir, or remove {directory}")
     return resolved, None
+
+
+def _started_from(checkpoint: Path, load_path: str) -> bool:
+    """Whether the run that saved `checkpoint` started from `load_path` too (its saved
+    configuration names the same file or directory): the same command run again after a stop,
+    which continues that run from its own checkpoints, as torchtitan's `initial_load_path`
+    only applies while the checkpoint folder is empty."""
+    try:
+        text = layout.read_run_config(checkpoint, layout.read_common(checkpoint))
+    except CheckpointError:
+        return False
+    try:
+        saved = (yaml.safe_load(text or "") or {}).get("checkpoint", {}).get("load_path")
+    except (yaml.YAMLError, AttributeError):
+        return False
+    return bool(saved) and _same_path(str(saved), load_path)
+
+
+def _same_path(first: str, second: str) -> bool:
+    return os.path.realpath(os.path.expanduser(first)) == os.path.realpath(
+        os.path.expanduser(second))
 
 
 def _refuse_foreign(root: Path) -> None:
