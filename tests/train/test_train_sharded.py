@@ -176,6 +176,27 @@ def test_a_format_2_checkpoint_is_converted_without_training(data_prefix, single
     assert_resumed_across_layouts(tmp_path / "zero2", single)
 
 
+def test_a_format_2_checkpoint_that_does_not_fit_names_its_conversion(data_prefix, single,
+                                                                       tmp_path,
+                                                                       capsys) -> None:
+    """On the same world size a format-2 checkpoint cannot tell a layout change from a model
+    change (it has no configuration): the parameters that do not fit are listed, then the
+    command that converts it on the layout that saved it."""
+    old = as_format_2(single / "ckpt" / iteration_name(2), tmp_path / "old" / iteration_name(2))
+    capsys.readouterr()
+    args = arguments(QWEN3, tmp_path / "run", data_prefix,
+                     [*QWEN3_2_LAYERS, f"checkpoint.load_path={old}", "model.intermediate_size=96"])
+    assert run(args) == 1
+    err = capsys.readouterr().err
+    assert "checkpoint does not fit the model (4 problems)" in err
+    assert "decoder_layers.0.mlp.gate_up.weight: shape (128, 32)" in err
+    assert (f"{old} is in format 2 (an earlier mf's), which loads only on the layout that saved "
+            "it; if that layout was not this one, convert it on its layout, training nothing: "
+            "`mf-train --config <its train.yaml> --nproc 1 --output-dir <new directory> --set "
+            f"checkpoint.load_path={old} --set training.steps=2`") in err
+    assert "Traceback" not in err
+
+
 def test_fsdp_loads_weights_saved_by_zero(data_prefix, single, sharded, tmp_path) -> None:
     """Weights only (`no_load_optim`): FSDP gathers its model, loads the whole model ZeRO-1
     saved at step 2 and takes its slices from it; it then trains as one process does from its

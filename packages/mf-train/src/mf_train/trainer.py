@@ -58,6 +58,7 @@ from mf_parallel.runtime.tensor_parallel import TensorGroup
 from . import world_group
 from .callbacks import CallbackList, StepRecord, TrainContext, build_callbacks
 from .checkpoint import (
+    CheckpointError,
     CheckpointManager,
     Resumed,
     RunProgress,
@@ -65,6 +66,8 @@ from .checkpoint import (
     restore_rng_state,
     resume,
 )
+from .checkpoint.layout import read_common
+from .checkpoint.reader import conversion
 from .checkpoint.reading import read_ahead
 from .compiled_layers import CompileReport, compile_layers
 from .expert_bias import ExpertBiasUpdate, NoExpertBiasUpdate
@@ -430,7 +433,14 @@ class Trainer:
             LOG.info("loaded Hugging Face weights from %s: this rank read %s of the %s there",
                      resumed.path, size(weights.bytes_read), size(weights.nbytes))
             return
-        apply_model_params(self.model.parameters_and_names(), resumed.model_params)
+        try:
+            apply_model_params(self.model.parameters_and_names(), resumed.model_params)
+        except CheckpointError as exc:  # format 1 or 2: tied to the layout that saved it
+            common = read_common(resumed.path)
+            raise CheckpointError(f"{exc}\n{resumed.path} is in format "
+                                  f"{common.get('version', 1)} (an earlier mf's), which loads "
+                                  "only on the layout that saved it; if that layout was not "
+                                  f"this one, {conversion(resumed.path, common)}") from None
         if resumed.optimizer_state is None:
             self.optimizer.reload_main_params_from_model()
         else:

@@ -72,14 +72,10 @@ def load_checkpoint(path: str | os.PathLike[str], rank: int = 0, *,
     saved_world = int(common.get("world_size", 1))
     sharded = int(common.get("version", 1)) >= layout.SHARDED_VERSION
     if world_size is not None and world_size != saved_world and not sharded:
-        step = int(common.get("global_step", 0))
         raise CheckpointError(
             f"{directory} was saved by {saved_world} rank(s) in format 2 (an earlier mf's), "
             f"which loads only on the layout that saved it; this run has {world_size}: "
-            f"convert it on its layout, training nothing: `mf-train --config <its train.yaml> "
-            f"--nproc {saved_world} --output-dir <new directory> --set checkpoint.load_path="
-            f"{directory} --set training.steps={step}` saves step {step} in the format that "
-            "loads on any layout")
+            f"{conversion(directory, common)}")
     if not 0 <= rank < saved_world:
         raise CheckpointError(f"{directory} was saved by {saved_world} rank(s); it has no "
                               f"files for rank {rank}")
@@ -100,6 +96,16 @@ def load_checkpoint(path: str | os.PathLike[str], rank: int = 0, *,
     rng = _read_json(*file("rng"))
     state = RunProgress.from_common(common, rng, str(directory / layout.COMMON))
     return LoadedCheckpoint(model, optimizer[0] if optimizer else None, state)
+
+
+def conversion(directory: Path, common: dict[str, Any]) -> str:
+    """How to turn a format-2 checkpoint into one that loads on any layout: `convert it on its
+    layout, training nothing: `mf-train ... --set training.steps=S` saves step S in ...`."""
+    step, world = int(common.get("global_step", 0)), int(common.get("world_size", 1))
+    return (f"convert it on its layout, training nothing: `mf-train --config <its train.yaml> "
+            f"--nproc {world} --output-dir <new directory> --set checkpoint.load_path="
+            f"{directory} --set training.steps={step}` saves step {step} in the format that "
+            "loads on any layout")
 
 
 def resume(config: CheckpointConfig, rank: int = 0, world_size: int = 1,
