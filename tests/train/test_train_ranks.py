@@ -55,11 +55,11 @@ def test_summed_and_averaged_gradients_give_the_same_update(runs) -> None:
 
 
 def test_a_failing_rank_stops_the_job_with_its_error(data_prefix, tmp_path, capsys) -> None:
-    """The corpus' index with an empty .bin: both files are there (the launcher's check), and
-    each rank finds that they disagree when it opens them."""
-    Path(f"{tmp_path}/truncated.idx").write_bytes(Path(f"{data_prefix}.idx").read_bytes())
-    Path(f"{tmp_path}/truncated.bin").write_bytes(b"")
-    args = arguments(QWEN3, tmp_path, f"{tmp_path}/truncated", QWEN3_2_LAYERS)
+    """The byte-level corpus (ids up to 256) for a model of 200 ids: nothing the launcher
+    checks, and each rank finds the first id outside the vocabulary when it reads a sample
+    (a .bin that disagrees with its .idx is refused before launch: test_input_checks.py)."""
+    args = arguments(QWEN3, tmp_path, data_prefix, [*QWEN3_2_LAYERS, "model.vocab_size=200"])
     assert run([*args, "--nproc", "2", "--timeout", "300"]) == 1
     err = capsys.readouterr().err
-    assert "failed: " in err and "truncated.bin: sizes disagree" in err and "worker_" in err
+    assert "failed: " in err and "worker_" in err
+    assert "is outside the model's vocabulary: model.vocab_size is 200" in err

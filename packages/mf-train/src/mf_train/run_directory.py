@@ -42,9 +42,9 @@ from pathlib import Path
 from typing import IO
 
 import attrs
-import yaml
 
-from mf_config import CheckpointConfig
+from mf_config import CheckpointConfig, ConfigError
+from mf_config.yaml_source import load_text
 
 from .checkpoint import layout
 from .checkpoint.errors import CheckpointError
@@ -219,9 +219,11 @@ def _started_from(checkpoint: Path, load_path: str) -> bool:
         text = layout.read_run_config(checkpoint, layout.read_common(checkpoint))
     except CheckpointError:
         return False
+    if text is None:
+        return False
     try:
-        saved = (yaml.safe_load(text or "") or {}).get("checkpoint", {}).get("load_path")
-    except (yaml.YAMLError, AttributeError):
+        saved = load_text(text).data.get("checkpoint", {}).get("load_path")
+    except (ConfigError, AttributeError):
         return False
     return bool(saved) and _same_path(str(saved), load_path)
 
