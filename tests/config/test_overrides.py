@@ -146,6 +146,23 @@ def test_malformed_overrides(skeleton_file, override, fragment) -> None:
     assert issue.message.startswith(f"bad override {override!r}") and fragment in issue.message
 
 
+@pytest.mark.parametrize(("value", "problem"), [
+    ("[1,2", "did not find expected ',' or ']' at the end of the value"),
+    ("{a: [1}", "did not find expected ',' or ']' at character 7"),
+    ("a: b: c", "mapping values are not allowed in this context at character 5"),
+])
+def test_a_value_that_is_not_yaml_is_one_line(skeleton_file, value, problem) -> None:
+    """PyYAML's five-line complaint becomes one line: its problem, where in the value, and
+    how to write one."""
+    with pytest.raises(ConfigError) as exc:
+        load_config(skeleton_file, [f"training.steps={value}"])
+    (issue,) = exc.value.errors
+    assert issue.message == (f"bad override 'training.steps={value}': not a YAML value: "
+                             f"{problem}; write a list as [a, b], a mapping as {{key: value}}, "
+                             "and text with YAML's special characters in quotes")
+    assert "\n" not in str(issue)
+
+
 def test_override_values_obey_the_nesting_limit(skeleton_file) -> None:
     deep = "model" + ".a" * 8 + "={b: {c: 1}}"
     with pytest.raises(ConfigError) as exc:

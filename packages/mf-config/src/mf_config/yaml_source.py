@@ -142,6 +142,21 @@ def load_file(path: str | FilePath) -> Source:
     return load_text(_decode(raw, name), name)
 
 
+
+def _one_line(exc: yaml.YAMLError, text: str) -> str:
+    """PyYAML's multi-line complaint about an override's value as one line: its problem and
+    where in the value (`did not find expected ',' or ']' at the end of the value`)."""
+    problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+    mark = getattr(exc, "problem_mark", None)
+    where = ""
+    if mark is not None:
+        offset = sum(len(line) + 1 for line in text.split("\n")[:mark.line]) + mark.column
+        where = (" at the end of the value" if offset >= len(text.rstrip())
+                 else f" at character {offset + 1}")
+    return (f"not a YAML value: {problem}{where}; write a list as [a, b], a mapping as "
+            "{key: value}, and text with YAML's special characters in quotes")
+
+
 def load_text(text: str, file: str | None = None) -> Source:
     """Parse configuration YAML from a string, by the same strict rules as a file.
 
@@ -244,7 +259,7 @@ def load_value(text: str, depth: int = 0, level: int = 0) -> Any:
     except yaml.YAMLError as exc:
         if "maximum nesting depth" in str(getattr(exc, "problem", "")):
             raise ValueError(TOO_DEEP) from None
-        raise ValueError(f"not a YAML value: {exc}") from None
+        raise ValueError(_one_line(exc, text)) from None
     except RecursionError:
         raise ValueError(TOO_DEEP) from None
     if node is None:
