@@ -17,6 +17,7 @@ import pytest
 
 from mf_parallel.errors import PlanError
 from mf_parallel.launch import LaunchError, run_ranks
+from mf_parallel.log_echo import MINDSPORE_INFO, echoing
 from mf_parallel.msrun import free_port, msrun_command
 from mf_parallel.nodes import Nodes
 from mf_parallel.rank_watch import LogScan, RankWatch, rank_failure_message
@@ -309,3 +310,20 @@ def test_msrun_reports_a_worker_the_watch_never_saw(tmp_path) -> None:
     (tmp_path / "worker_1.log").write_text(UNCAUGHT)
     assert watch.failure() == (
         f"rank 1 failed: ValueError: bad batch (log: {tmp_path / 'worker_1.log'})")
+
+
+def test_the_echo_leaves_out_mindspore_info_lines(tmp_path) -> None:
+    """MindSpore's C++ INFO lines stay in the rank's log but are not echoed; its warnings and
+    every other line are."""
+    (tmp_path / "worker_0.log").write_text(
+        "step [1/4] loss 6.1\n"
+        "[INFO] DISTRIBUTED(29457,7fc17affd6c0,python):2026-12-05-16:15:48.868.700 "
+        "[tcp_client.cc:367] Start] Event base dispatch success!\n"
+        "[WARNING] ME(29457,7fc1,python):2026-12-05 [ops.cc:1] kept\n"
+        "[INFO] is how a user's line may start\n")
+    console = io.StringIO()
+    with echoing(tmp_path, 0, console, drop=MINDSPORE_INFO):
+        pass
+    assert console.getvalue().splitlines() == [
+        "[rank 0] step [1/4] loss 6.1", "[rank 0] [WARNING] ME(29457,7fc1,python):2026-12-05 "
+        "[ops.cc:1] kept", "[rank 0] [INFO] is how a user's line may start"]

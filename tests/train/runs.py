@@ -16,6 +16,7 @@ second on 2 CPU cores.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 from collections.abc import Sequence
@@ -60,10 +61,23 @@ def arguments(config: Path, output: Path, prefix: str, sets: Sequence[str]) -> l
 def train(config: Path, output: Path, prefix: str, *sets: str, nproc: int = 1,
           timeout: int = 600) -> Path:
     """Train `config` with `sets` on `nproc` ranks (msrun when more than one) into `output`,
-    which it returns; the run must succeed."""
-    launch = ["--nproc", str(nproc), "--timeout", str(timeout)] if nproc > 1 else []
-    assert run([*arguments(config, output, prefix, sets), *launch]) == 0
+    which it returns; the run must succeed. A launched run's console output (stdout and
+    stderr, as a terminal shows them) is kept in `output/console.txt`."""
+    if nproc == 1:
+        assert run(arguments(config, output, prefix, sets)) == 0
+        return output
+    # what the user's terminal shows (the launcher's lines, rank 0's echo) kept in CONSOLE
+    output.mkdir(parents=True, exist_ok=True)
+    launch = ["--nproc", str(nproc), "--timeout", str(timeout)]
+    with (open(output / CONSOLE, "w", encoding="utf-8") as console,
+          contextlib.redirect_stdout(console), contextlib.redirect_stderr(console)):
+        status = run([*arguments(config, output, prefix, sets), *launch])
+    assert status == 0, (output / CONSOLE).read_text(encoding="utf-8")
     return output
+
+
+CONSOLE = "console.txt"
+"""A launched run's console output, beside its metrics."""
 
 
 def _key(config: Path, sets: Sequence[str], nproc: int) -> str:

@@ -4,13 +4,14 @@ stops the job with that rank's error."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
 
 pytest.importorskip("mindspore")
 
-from runs import QWEN3, QWEN3_2_LAYERS, arguments, assert_same_run, steps
+from runs import CONSOLE, QWEN3, QWEN3_2_LAYERS, arguments, assert_same_run, steps, worker_log
 
 from mf_train.cli import run
 
@@ -63,3 +64,18 @@ def test_a_failing_rank_stops_the_job_with_its_error(data_prefix, tmp_path, caps
     err = capsys.readouterr().err
     assert "failed: " in err and "worker_" in err
     assert "is outside the model's vocabulary: model.vocab_size is 200" in err
+
+
+def test_the_console_says_each_warning_once_without_mindspore_info(runs) -> None:
+    """What a user's terminal shows of `--nproc 2`: a configuration warning (mf-config's) and
+    a no-effect warning (the trainer's) once each, from the launcher; none of MindSpore's C++
+    INFO lines, which stay in the rank's log."""
+    output = runs(QWEN3, *QWEN3_2_LAYERS, REPLICATED, "recompute.select_module={mlp: ['1']}",
+                  "parallelism.cpu_offload=true", nproc=2)  # recompute.mode stays None
+    console = (output / CONSOLE).read_text(encoding="utf-8")
+    assert console.count("recompute.select_module: warning: ignored because mode is 'None'") == 1
+    assert console.count("parallelism.cpu_offload: warning: has no effect") == 1
+    assert "ConfigWarning" not in console
+    assert re.search(r"^\[rank 0\] .* step \[2/4\] loss ", console, re.MULTILINE)
+    assert not re.search(r"^\[rank 0\] \[(INFO|DEBUG)\] ", console, re.MULTILINE)
+    assert re.search(r"^\[INFO\] DISTRIBUTED\(", worker_log(output), re.MULTILINE)

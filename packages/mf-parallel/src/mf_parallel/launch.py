@@ -68,7 +68,8 @@ def run_ranks(script: str | Path, nproc: int, *, log_dir: str | Path, timeout: f
               args: Sequence[str] = (), env: dict[str, str] | None = None,
               echo_rank: int | None = None, echo_to: TextIO | None = None,
               nodes: Nodes | None = None, forward: Forward | None = None,
-              hold_fds: Sequence[int] = ()) -> LaunchResult:
+              hold_fds: Sequence[int] = (),
+              echo_drop: re.Pattern[str] | None = None) -> LaunchResult:
     """Run `script` on `nproc` ranks of this host through msrun and wait for them.
 
     Args:
@@ -81,6 +82,8 @@ def run_ranks(script: str | Path, nproc: int, *, log_dir: str | Path, timeout: f
             prefixed `[rank N] `; the ranks then run with PYTHONUNBUFFERED=1 (unless the
             environment sets it) so that their prints reach the log when they happen.
         echo_to: the stream for `echo_rank` (default: sys.stdout).
+        echo_drop: `echo_rank`'s lines it matches stay in its log but are not echoed
+            (`log_echo.MINDSPORE_INFO`: MindSpore's C++ INFO lines).
         nodes: this host's place in a job over several hosts (default: the only node, on
             127.0.0.1 and a free port). Its ranks are `nodes.local_ranks(nproc)`; `echo_rank`
             must be one of them.
@@ -104,7 +107,8 @@ def run_ranks(script: str | Path, nproc: int, *, log_dir: str | Path, timeout: f
         raise ValueError(f"echo_rank must be a rank of this host ({ranks[0]} to "
                          f"{ranks[-1]}), got {echo_rank}")
     failure, returncode, seconds = _run_msrun(script, nproc, log_dir, timeout, args, env,
-                                              (echo_rank, echo_to), nodes, forward, hold_fds)
+                                              (echo_rank, echo_to, echo_drop), nodes, forward,
+                                              hold_fds)
     if failure == TIMED_OUT:
         raise LaunchError(f"{nproc}-rank job {Path(script).name} did not finish in "
                           f"{timeout:.0f} s and was killed; logs in {log_dir}")
@@ -120,7 +124,7 @@ def run_ranks(script: str | Path, nproc: int, *, log_dir: str | Path, timeout: f
 
 def _run_msrun(script: str | Path, nproc: int, log_dir: Path, timeout: float,
                args: Sequence[str], env: dict[str, str] | None,
-               echo: tuple[int | None, TextIO | None], nodes: Nodes,
+               echo: tuple[int | None, TextIO | None, re.Pattern[str] | None], nodes: Nodes,
                forward: Forward | None = None,
                hold_fds: Sequence[int] = ()) -> tuple[str | None, int, float]:
     """Run msrun until it exits, a rank fails or the time is up, then end every process of

@@ -30,17 +30,20 @@ import os
 import shutil
 import sys
 import time
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
 
 import attrs
 
 from mf_config import ConfigError, TrainConfig
+from mf_config.errors import ConfigWarning
 from mf_config.validate import config_from_source, load_source
 from mf_config.yaml_source import Source, UnreadableFile
 from mf_data.errors import DataError
 from mf_parallel import PlanError
 from mf_parallel.launch import Forward, LaunchError, Nodes, run_ranks
+from mf_parallel.log_echo import MINDSPORE_INFO
 from mf_parallel.msrun import path_with_interpreter
 
 from . import export_command
@@ -153,13 +156,16 @@ def _launch(args: argparse.Namespace, argv: list[str], nodes: Nodes,
     print(f"mf-train: starting {_ranks_phrase(nodes, ranks)}; logs in "
           f"{logs}/worker_<rank>.log", file=sys.stderr)
     start = time.monotonic()
-    # MindSpore's C++ warnings would crowd rank 0's lines on the console (GLOG_v 3: errors)
-    quiet = {} if "GLOG_v" in os.environ else {"GLOG_v": "3"}
+    # MindSpore's C++ warnings would crowd rank 0's lines on the console (GLOG_v 3: errors;
+    # the INFO lines it writes regardless stay in the rank's log), unless the user sets GLOG_v
+    chosen = "GLOG_v" in os.environ
+    quiet = {} if chosen else {"GLOG_v": "3"}
     try:
         run_ranks(worker, args.nproc, log_dir=logs, timeout=timeout, args=rank_args,
                   env={LAUNCHED: "1", LAUNCHER_PID: str(os.getpid()), **quiet},
                   echo_rank=ranks[0], echo_to=sys.stdout, nodes=nodes,
-                  forward=Forward(LAUNCHER_STOP, signals), hold_fds=owned.lock_fds())
+                  forward=Forward(LAUNCHER_STOP, signals), hold_fds=owned.lock_fds(),
+                  echo_drop=None if chosen else MINDSPORE_INFO)
     except LaunchError as exc:
         print(f"mf-train: {exc}", file=sys.stderr)
         return 1
@@ -284,22 +290,39 @@ def _validated(args: argparse.Namespace, world_size: int, *,
     (`support`) are valid and the files it reads are there (`input_checks`); else print the
     problems and return None. With `say_warnings`, the settings that have no effect here are
     printed too (the launcher says them once for all ranks; a single process logs them when
-    the trainer starts)."""
+    the trainer starts). The configuration's own warnings (`ConfigWarning`) are printed as
+    one line each, by the launcher or a single process; a rank the launcher started keeps
+    quiet about them."""
     from .job import check_support, make_job_plan, resolve_device  # MindSpore
 
     try:
-        source = load_source(args.config, args.overrides)
-        config = config_from_source(source)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always", ConfigWarning)
+            source = load_source(args.config, args.overrides)
+            config = config_from_source(source)
+        _say_config_warnings(caught, quiet=os.environ.get(LAUNCHED) == "1")
         plan = make_job_plan(config, world_size=world_size, source=source)
         device = resolve_device(config.context.device_target)
-        warnings = check_support(config, plan, device, source)
+        no_effect = check_support(config, plan, device, source)
         check_inputs(config, source)
     except (ConfigError, UnreadableFile, PlanError) as exc:
         print(f"mf-train: {exc}", file=sys.stderr)
         return None
-    for warning in warnings if say_warnings else ():
+    for warning in no_effect if say_warnings else ():
         print(f"mf-train: {warning}", file=sys.stderr)
     return config, source
+
+
+def _say_config_warnings(caught: list[warnings.WarningMessage], *, quiet: bool) -> None:
+    """Print each `ConfigWarning` as one `mf-train: ` line (unless `quiet`); other warnings
+    go on to the warnings module as they came."""
+    for warning in caught:
+        if issubclass(warning.category, ConfigWarning):
+            if not quiet:
+                print(f"mf-train: {warning.message}", file=sys.stderr)
+        else:
+            warnings.warn_explicit(warning.message, warning.category, warning.filename,
+                                   warning.lineno)
 
 
 def _log_to_file(path: Path) -> logging.Handler:
@@ -383,7 +406,8 @@ def _train(config: TrainConfig, source: Source, output_dir: Path, world_size: in
     from .trainer import Trainer, TrainingStopped  # MindSpore
 
     try:
-        trainer = Trainer(config, output_dir=output_dir, source=source, world_size=world_size)
+        trainer = Trainer(config, output_dir=output_dir, source=source, world_size=world_size,
+                          say_warnings=os.environ.get(LAUNCHED) != "1")
         trainer.train(stop)
     except (ConfigError, DataError, ValueError, OSError, TrainingStopped) as exc:
         if world_size > 1:

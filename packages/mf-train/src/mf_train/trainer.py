@@ -233,7 +233,8 @@ class Trainer:
     """Whether the last `train()` ended early because a stop was asked for."""
 
     def __init__(self, config: TrainConfig, *, output_dir: str | Path,
-                 source: Source | None = None, world_size: int = 1):
+                 source: Source | None = None, world_size: int = 1,
+                 say_warnings: bool = True):
         self.config, self.source, self.output_dir = config, source, Path(output_dir)
         self.device = resolve_device(config.context.device_target)
         ms.set_context(mode=ms.PYNATIVE_MODE)
@@ -247,7 +248,8 @@ class Trainer:
         no_effect = check_support(config, self.plan, self.device, source)
         check_inputs(config, source)  # before a rank joins the group or builds anything
         self.comm = init_communication(self.plan, self.device)
-        for warning in no_effect if self.comm.rank == 0 else ():
+        # the launcher of ranks has said them, before any rank started (`say_warnings` False)
+        for warning in no_effect if self.comm.rank == 0 and say_warnings else ():
             LOG.warning("%s", warning)
         self.collectives = Collectives(self.comm)
         self.tensor_group = (TensorGroup(self.collectives, sequence_parallel=True)
