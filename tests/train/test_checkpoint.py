@@ -13,7 +13,6 @@ import subprocess
 import sys
 import textwrap
 import threading
-import warnings
 from pathlib import Path
 
 import mindspore as ms
@@ -507,7 +506,13 @@ def test_sigkill_at_any_stage_leaves_a_complete_checkpoint(tmp_path):
 
 # ----- finding and errors -----
 
-def test_find_checkpoint_paths_and_errors(tmp_path):
+def logged(caplog: pytest.LogCaptureFixture) -> list[str]:
+    """The WARNING lines mf_train.checkpoint logged (one line each, no source line)."""
+    return [record.getMessage() for record in caplog.records
+            if record.name.startswith("mf_train.checkpoint") and record.levelname == "WARNING"]
+
+
+def test_find_checkpoint_paths_and_errors(tmp_path, caplog):
     root = tmp_path / "ckpt"
     assert find_checkpoint(tmp_path) is None  # an existing directory without checkpoints
     manager = CheckpointManager(config(root))
@@ -527,9 +532,11 @@ def test_find_checkpoint_paths_and_errors(tmp_path):
                                               r":\n  .*model-0000000-0000001\.safetensors: "
                                               r"\d+ bytes, common\.json records \d+"):
         find_checkpoint(root / "iteration_00000002")
-    with pytest.warns(RuntimeWarning, match="names iteration 2, which is missing or incomplete;"
-                                            " loading the newest complete checkpoint"):
-        assert find_checkpoint(root) == root / "iteration_00000001"
+    caplog.clear()
+    assert find_checkpoint(root) == root / "iteration_00000001"
+    assert logged(caplog) == [f"{root / 'latest_checkpointed_iteration.txt'} names iteration 2, "
+                              "which is missing or incomplete; loading the newest complete "
+                              f"checkpoint {root / 'iteration_00000001'}"]
     model_file.unlink()
     assert [p.endswith("model-0000000-0000001.safetensors: missing")
             for p in check_complete(root / "iteration_00000002")] == [True]
@@ -588,7 +595,7 @@ def test_unusable_save_path_is_reported(tmp_path):
         save(manager, 1)
 
 
-def test_config_errors(tmp_path):
+def test_config_errors(tmp_path, caplog):
     with pytest.raises(ConfigError, match=r"checkpoint\.save_path: save_path must be provided"):
         CheckpointManager(CheckpointConfig())
     CheckpointManager(CheckpointConfig(enable_save=False))  # loading only: fine
@@ -597,8 +604,10 @@ def test_config_errors(tmp_path):
     with pytest.raises(ConfigError, match=r"checkpoint\.load_path: .*nowhere does not exist"):
         resume(CheckpointConfig(load_path=str(tmp_path / "nowhere")))
     assert resume(CheckpointConfig()) is None
-    with pytest.warns(RuntimeWarning, match="holds no complete checkpoint yet"):
-        assert resume(CheckpointConfig(load_path=str(tmp_path))) is None
+    caplog.clear()
+    assert resume(CheckpointConfig(load_path=str(tmp_path))) is None
+    assert logged(caplog) == [f"checkpoint.load_path {tmp_path} holds no complete checkpoint "
+                              "yet; training starts from scratch"]
     with pytest.raises(CheckpointError, match="RNG state lacks mindspore"):
         restore_rng_state({"python": {}, "numpy": {}})
 
@@ -708,22 +717,23 @@ def flip_a_byte(path: Path) -> None:
     path.write_bytes(bytes(data))
 
 
-def test_a_corrupt_checkpoint_falls_back_to_the_newest_valid_one(tmp_path):
+def test_a_corrupt_checkpoint_falls_back_to_the_newest_valid_one(tmp_path, caplog):
     manager = CheckpointManager(config(tmp_path))
     for step in (1, 2, 3):
         save(manager, step)
     flip_a_byte(tmp_path / "iteration_00000003" / "checkpoint-opt-0000000-0000001.safetensors")
     flip_a_byte(tmp_path / "iteration_00000002" / "checkpoint-rng-0000000-0000001.json")
     assert find_checkpoint(tmp_path) == tmp_path / "iteration_00000003"  # sizes are intact
-    with pytest.warns(RuntimeWarning) as warned:
-        resumed = resume(config(tmp_path, load_path=str(tmp_path)))
+    resumed = resume(config(tmp_path, load_path=str(tmp_path)))
     assert resumed.path == tmp_path / "iteration_00000001"
     assert resumed.state.global_step == 1
     assert_same_bits(whole(resumed.model_params), arrays(1))
-    messages = [str(w.message) for w in warned]
+    messages = logged(caplog)
     assert messages[0].startswith(f"{tmp_path / 'iteration_00000003'} is corrupt (")
     assert "opt-0000000-0000001.safetensors: its bytes do not match the SHA-256" in messages[0]
-    assert "trying the next newest complete checkpoint" in messages[1]
+    assert messages[0].endswith("): it is not resumed; trying the next newest complete "
+                                "checkpoint")
+    assert messages[1].startswith(f"{tmp_path / 'iteration_00000002'} is corrupt (")
     named = tmp_path / "iteration_00000003"  # asked for by name: no fallback
     with pytest.raises(CorruptCheckpointError, match="its bytes do not match"):
         resume(config(tmp_path, load_path=str(named)))
@@ -750,10 +760,8 @@ def test_every_rank_falls_back_when_one_finds_its_file_corrupt(tmp_path):
         return verdict
 
     def load(rank, _barrier):
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", RuntimeWarning)
-            chosen[rank] = resume(config(tmp_path, load_path=str(tmp_path)), rank, 2,
-                                  agree=agree).path
+        chosen[rank] = resume(config(tmp_path, load_path=str(tmp_path)), rank, 2,
+                              agree=agree).path
 
     assert run_ranks(2, load) == []
     assert chosen == {0: tmp_path / "iteration_00000001", 1: tmp_path / "iteration_00000001"}

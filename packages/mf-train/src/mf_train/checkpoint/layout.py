@@ -32,13 +32,15 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import re
-import warnings
 from pathlib import Path
 from typing import Any
 
 from .errors import CheckpointError
+
+LOG = logging.getLogger(__name__)
 
 TRACKER = "latest_checkpointed_iteration.txt"
 COMMON = "common.json"
@@ -236,7 +238,6 @@ def _newest_in_root(root: Path) -> Path | None:
         return None
     newest = complete[-1][1]
     if tracked is not None:
-        warnings.warn(f"{root / TRACKER} names iteration {tracked}, which is missing or "
-                      f"incomplete; loading the newest complete checkpoint {newest}",
-                      RuntimeWarning, stacklevel=3)
+        LOG.warning("%s names iteration %s, which is missing or incomplete; loading the "
+                    "newest complete checkpoint %s", root / TRACKER, tracked, newest)
     return newest

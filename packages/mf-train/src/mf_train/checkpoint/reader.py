@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
-import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -23,6 +23,8 @@ from .hf import HFCheckpoint, is_hf_checkpoint
 from .pieces import PieceIndex, verify_share
 from .progress import RunProgress
 from .reading import read_files
+
+LOG = logging.getLogger(__name__)
 
 _NO_OPTIMIZER = ("no_load_optim is False but no optimizer checkpoint found in {directory}. It "
                  "was saved with checkpoint.no_save_optim: True; set "
@@ -129,8 +131,8 @@ def resume(config: CheckpointConfig, rank: int = 0, world_size: int = 1,
         return _hf_weights(path, config, source)
     directory = layout.find_checkpoint(path)
     if directory is None:
-        warnings.warn(f"checkpoint.load_path {path} holds no complete checkpoint yet; "
-                      "training starts from scratch", RuntimeWarning, stacklevel=2)
+        LOG.warning("checkpoint.load_path %s holds no complete checkpoint yet; training starts "
+                    "from scratch", path)
         return None
     tries = [directory] if directory == path else layout.candidates(path)
     for candidate in tries:
@@ -139,8 +141,8 @@ def resume(config: CheckpointConfig, rank: int = 0, world_size: int = 1,
             return Resumed(candidate, "pieces" if _sharded(candidate) else "mf", *loaded)
         if candidate == path:  # the one the user named: no other to fall back to
             raise corrupt or CorruptCheckpointError(f"{candidate} is corrupt on another rank")
-        warnings.warn(f"{candidate} is corrupt ({corrupt or 'on another rank'}); trying the "
-                      "next newest complete checkpoint", RuntimeWarning, stacklevel=2)
+        LOG.warning("%s is corrupt (%s): it is not resumed; trying the next newest complete "
+                    "checkpoint", candidate, corrupt or "on another rank")
     raise CheckpointError(f"{path}: every complete checkpoint is corrupt; nothing to resume "
                           "from")
 
