@@ -89,11 +89,11 @@ def test_two_ranks_move_the_bias_as_one_process(data_prefix, single, tmp_path, l
 
 
 def own_counts(output: Path, rank: int) -> dict[tuple[int, int], np.ndarray]:
-    """(step, layer) -> the tokens per expert `rank` routed, from its log's JSON lines."""
+    """(step, layer) -> the tokens per expert `rank` routed, from its own JSON lines."""
     found = {}
-    for line in (output / "logs" / f"worker_{rank}.log").read_text().splitlines():
-        if '{"step"' in line and '"tpe"' in line:
-            record = json.loads(line[line.index('{"step"'):])
-            assert record["rank"] == rank
-            found[record["step"], record["layer"]] = np.array(record["tpe"])
+    for line in (output / "moe_tokens" / f"rank_{rank}.jsonl").read_text().splitlines():
+        record = json.loads(line)
+        assert record["rank"] == rank
+        found[record["step"], record["layer"]] = np.array(record["tpe"])
+    assert '"tpe"' not in (output / "logs" / f"worker_{rank}.log").read_text()
     return found

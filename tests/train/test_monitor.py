@@ -392,9 +392,11 @@ def test_moe_counts_every_interval_for_target_layers(tmp_path: Path, caplog) -> 
                                 "moe/layer1/max_over_mean": pytest.approx(4 / (7 / 4))}
     assert records[3].extra["moe/layer1/expert1"] == 8.0
     assert records[3].extra["moe/layer1/max_over_mean"] == pytest.approx(8 / (13 / 4))
-    assert [json.loads(m) for m in caplog.messages] == [
+    own = (tmp_path / "moe_tokens" / "rank_0.jsonl").read_text().splitlines()
+    assert [json.loads(line) for line in own] == [
         {"step": 2, "layer": 1, "rank": 0, "tpe": [2, 4, 0, 1]},
         {"step": 4, "layer": 1, "rank": 0, "tpe": [4, 8, 0, 1]}]
+    assert not any('"tpe"' in message for message in caplog.messages)  # off the console
 
 
 def test_moe_sums_micro_batches_and_int_target_layers(tmp_path: Path, caplog) -> None:

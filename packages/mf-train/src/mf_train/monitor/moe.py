@@ -19,9 +19,10 @@ the numbers the auxiliary-loss-free bias update sees:
 
 Per-expert counts per rank would be ranks x layers x experts scalars (118,784 for the 671B model
 on 8 ranks), too many for TensorBoard; the imbalance per rank is one number per rank and layer,
-and each rank's own counts are in its log: every rank logs one JSON line per layer
+and each rank's own counts go to its own file, `<output_dir>/moe_tokens/rank_<r>.jsonl`
+(appended, never through a symbolic link): one JSON line per layer and recorded step
 (`{"step": 100, "layer": 3, "rank": 1, "tpe": [...]}`, the shape of MindFormers'
-Megatron-format record plus the rank).
+Megatron-format record plus the rank), off the console.
 
 The collective runs on the recorded steps, on every rank (the interval and the layers are the
 same everywhere; `TrainContext.collectives`, None in one process).
@@ -38,7 +39,9 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 from collections.abc import Mapping
+from pathlib import Path
 
 import numpy as np
 
@@ -48,10 +51,13 @@ from mf_config.yaml_source import Source
 
 from ..callbacks import Callback, StepRecord, TrainContext
 from ..expert_counts import StepCounts, per_rank_counts
+from ..no_follow import open_no_follow
 
 logger = logging.getLogger(__name__)
 
 PATH = ("monitor", "moe_monitor")
+TOKENS_DIR = "moe_tokens"
+"""Under the output directory: each rank's own tokens per expert (`rank_<r>.jsonl`)."""
 
 
 class MoeMonitor(Callback):
@@ -107,9 +113,20 @@ class MoeMonitor(Callback):
                 for index, rank in enumerate(ranks):
                     loads = processed[layer][index] if layer in processed else None
                     record.extra.update(_rank_extras(layer, rank, table[index], loads))
-            logger.info("%s", json.dumps({"step": record.step, "layer": layer,
-                                          "rank": ctx.rank, "tpe": counts[layer].tolist()}))
+        self._write_own_counts(ctx, record.step, counts)
         self._due = False
+
+    @staticmethod
+    def _write_own_counts(ctx: TrainContext, step: int, counts: Mapping[int, np.ndarray]) -> None:
+        """Append this rank's counts of `step`, one JSON line per layer, to its own file."""
+        path = Path(ctx.output_dir) / TOKENS_DIR / f"rank_{ctx.rank}.jsonl"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        lines = "".join(json.dumps({"step": step, "layer": layer, "rank": ctx.rank,
+                                    "tpe": counts[layer].tolist()}) + "\n"
+                        for layer in sorted(counts))
+        with os.fdopen(open_no_follow(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT), "a",
+                       encoding="utf-8") as stream:
+            stream.write(lines)
 
     def _processed(self, ctx: TrainContext) -> dict[int, np.ndarray]:
         """Layer -> `[ranks, n_routed_experts]` pairs each rank's experts computed in the step
