@@ -87,7 +87,7 @@ def test_exit_codes(config_file: str, tmp_path: Path) -> None:
     assert invalid.returncode == 1 and "training.local_batch_size" in invalid.stderr
     assert run("estimate", "--config", str(tmp_path / "missing.yaml"),
                "--world-size", "1").returncode == 2
-    assert run("estimate", "--config", config_file).returncode == 2
+    assert run("estimate", "--world-size", "1").returncode == 2
     assert run().returncode == 2
 
 
@@ -130,3 +130,20 @@ def test_estimate_never_imports_mindspore(config_file: str) -> None:
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                             timeout=60, check=True)
     assert result.stdout.strip().endswith("[]")
+
+
+def test_the_world_size_defaults_to_the_smallest_the_layout_fits(config_file: str) -> None:
+    """Tensor parallel 2 x pipeline 2 needs 4 ranks: without --world-size the estimate is that
+    of 4, said on stderr (stdout stays the JSON); a layout no world fits is one line."""
+    layout = ["--set", "parallelism.tensor_parallel=2", "--set", "parallelism.pipeline_parallel=2"]
+    given = run("estimate", "--config", config_file, "--world-size", "4", "--json", *layout)
+    default = run("estimate", "--config", config_file, "--json", *layout)
+    assert default.returncode == 0, default.stderr
+    assert json.loads(default.stdout) == json.loads(given.stdout)
+    assert default.stderr == ("world size 4: the smallest the layout fits (--world-size N for "
+                              "another)\n")
+    # shards of 4 need 4 data-parallel ranks of 3 samples each: a batch of 6 fits no world
+    none = run("estimate", "--config", config_file, "--set", "parallelism.data_parallel_shard=4")
+    assert none.returncode == 1
+    assert none.stderr.strip().endswith("no world size up to 65536 fits the parallel layout; "
+                                        "give the job's with --world-size N")

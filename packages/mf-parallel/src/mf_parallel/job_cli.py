@@ -1,7 +1,7 @@
 """The command line of one training job on N ranks: its arguments, its config, its exit statuses.
 
 Public: every command about a job (`mf-parallel plan`, `mf-memory estimate`, a tool of your
-own) takes the same `--config FILE --world-size N [--json] [--set key.path=value ...]` and
+own) takes the same `--config FILE [--world-size N] [--json] [--set key.path=value ...]` and
 reports a bad config the same way. mf-parallel owns it because it owns the job's layout: the
 config and the world size.
 
@@ -19,6 +19,9 @@ import sys
 from collections.abc import Callable, Sequence
 
 from mf_config import ConfigError, TrainConfig, UnreadableFile, load_config
+
+from .errors import PlanError
+from .plan import make_plan
 
 #: Exit statuses: the command did its work; the config or layout is invalid; usage error or
 #: unreadable file.
@@ -55,8 +58,8 @@ def add_job_arguments(parser: argparse.ArgumentParser) -> None:
         parser: the (sub)parser of the command.
     """
     parser.add_argument("--config", required=True, metavar="FILE", help="train.yaml")
-    parser.add_argument("--world-size", required=True, type=int, metavar="N",
-                        help="number of ranks")
+    parser.add_argument("--world-size", type=int, metavar="N",
+                        help="number of ranks (default: the smallest the layout fits)")
     parser.add_argument("--json", action="store_true", help="print JSON instead of text")
     parser.add_argument("--set", dest="overrides", action="append", default=[],
                         metavar="KEY.PATH=VALUE", help="override a config value (repeatable)")
@@ -81,7 +84,32 @@ def parse_job(parser: argparse.ArgumentParser,
     config = load_job_config(args)
     if isinstance(config, int):
         return config
+    if args.world_size is None:
+        args.world_size = smallest_world(config)
+        if args.world_size is None:
+            print(f"{args.config}: no world size up to {MAX_WORLD} fits the parallel layout; "
+                  "give the job's with --world-size N", file=sys.stderr)
+            return EXIT_INVALID
+        print(f"world size {args.world_size}: the smallest the layout fits (--world-size N for "
+              "another)", file=sys.stderr)
     return args, config
+
+
+MAX_WORLD = 65536
+"""The largest world size `smallest_world` tries."""
+
+
+def smallest_world(config: TrainConfig) -> int | None:
+    """The smallest number of ranks the configuration's parallel layout can be planned on
+    (its parallel degrees, the batch over data-parallel ranks), None when none up to
+    `MAX_WORLD` can."""
+    for world in range(1, MAX_WORLD + 1):
+        try:
+            make_plan(config.parallelism, config.training, world)
+        except PlanError:
+            continue
+        return world
+    return None
 
 
 def run_job(parser: argparse.ArgumentParser, argv: Sequence[str] | None,
