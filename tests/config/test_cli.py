@@ -14,7 +14,10 @@ from mf_config import load_config
 from mf_config.cli import main
 
 SCRIPT = Path(sys.executable).parent / "mf-config"
-SKELETON = spec_yaml_blocks()[0]
+SPEC_SKELETON = spec_yaml_blocks()[0]
+SKELETON = SPEC_SKELETON.replace("target_layers: [0, 1, 2]", "target_layers: [3, 4, 5]")
+"""The spec's skeleton with its MoE monitor on MoE layers: as written it watches the first
+three, which DeepSeek-V3 keeps dense (test_the_spec_skeleton_monitors_dense_layers)."""
 
 
 def run(*args: str) -> subprocess.CompletedProcess[str]:
@@ -211,3 +214,19 @@ def test_a_20_mb_file_without_aliases_is_valid(tmp_path) -> None:
                             text=True, timeout=600)
     assert (result.returncode, result.stdout) == (0, f"{path}: OK\n")
     assert "error" not in result.stderr and "Traceback" not in result.stderr
+
+
+def test_the_spec_skeleton_monitors_dense_layers(tmp_path) -> None:
+    """With mf-train installed the model's shape is known: its first_k_dense_replace 3 layers
+    have no router, so the skeleton's target_layers [0, 1, 2] get a warning, not silence."""
+    pytest.importorskip("mf_train")
+    path = tmp_path / "train.yaml"
+    path.write_text(SPEC_SKELETON, encoding="utf-8")
+    result = run("validate", str(path))
+    assert result.returncode == 0
+    assert result.stderr == (
+        f"{path}:{line_of(path, 'target_layers')}: monitor.moe_monitor.target_layers: warning: "
+        "layers 0, 1, 2 are dense (the first 3 layers, first_k_dense_replace): no router, so "
+        "no tokens per expert; the MoE layers are 3 to 11\n")
+    assert run("validate", str(path), "--set", "monitor.moe_monitor.target_layers=2").stderr \
+        .count("layers 0, 1 are dense") == 1

@@ -283,6 +283,33 @@ def monitor_rules(check: Check) -> None:
             elif num_layers is not None and layer >= num_layers:
                 check.error((*path, index), f"layer {layer} does not exist; the model has "
                             f"{num_layers} layers")
+    moe_monitor_layer_warnings(check)
+
+
+def moe_monitor_layer_warnings(check: Check) -> None:
+    """Target layers of the MoE monitor that have no router (a dense model, or the first
+    `first_k_dense_replace` layers) give no counts: said before launch, not when the monitor
+    first fires."""
+    monitor = check.config.monitor.moe_monitor
+    shape = check.shape
+    if monitor.save_tokens_per_expert_interval is None or shape is None:
+        return
+    path = ("monitor", "moe_monitor", "save_tokens_per_expert_interval")
+    if shape.routed_experts is None:
+        check.warn(path, "the model has no mixture-of-experts layers, so the MoE monitor "
+                   "records nothing; remove monitor.moe_monitor")
+        return
+    dense = 0 if shape.experts is None else shape.experts.first_dense_layers
+    targets = monitor.target_layers
+    chosen = (range(targets) if isinstance(targets, int)
+              else targets if isinstance(targets, list) else [])
+    listed = sorted({layer for layer in chosen if 0 <= layer < dense})
+    if listed:
+        check.warn(("monitor", "moe_monitor", "target_layers"),
+                   f"layer{'s' if len(listed) > 1 else ''} {', '.join(map(str, listed))} "
+                   f"{'are' if len(listed) > 1 else 'is'} dense (the first {dense} layers, "
+                   "first_k_dense_replace): no router, so no tokens per expert; the MoE "
+                   f"layers are {dense} to {shape.num_layers - 1}")
 
 
 @rule("profiler")
