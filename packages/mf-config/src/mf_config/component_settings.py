@@ -90,6 +90,22 @@ def settings_error(found: list[tuple[Path, str]], source: Source | None = None) 
     Returns:
         The error (to raise), one `ConfigIssue` per pair.
     """
+    return ConfigError([located_issue(where, message, source=source) for where, message in found])
+
+
+def located_issue(path: Path, message: str, severity: str = "error",
+                  source: Source | None = None) -> ConfigIssue:
+    """One issue at `path`, with its file and line when `source` is given.
+
+    Args:
+        path: where in the configuration (`("training", "steps")`).
+        message: what is wrong, and what is allowed.
+        severity: "error", "warning" or "note".
+        source: locates the value (its line, or the `--set` that wrote it).
+
+    Returns:
+        The issue.
+    """
     if source is not None:
-        return ConfigError([source.issue(where, message) for where, message in found])
-    return ConfigError([ConfigIssue(format_path(where), message) for where, message in found])
+        return source.issue(path, message, severity)
+    return ConfigIssue(format_path(path), message, severity=severity)

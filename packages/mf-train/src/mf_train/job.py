@@ -13,8 +13,8 @@ from __future__ import annotations
 import mindspore as ms
 
 from mf_config import ConfigError, ConfigIssue, TrainConfig
+from mf_config.component_settings import located_issue
 from mf_config.components import decoder_layers, sequence_length
-from mf_config.errors import Path
 from mf_config.yaml_source import Source
 from mf_parallel import Plan, make_plan
 
@@ -109,7 +109,7 @@ def device_issues(config: TrainConfig, device: str, source: Source | None,
                f"{device}'s drivers are missing); it runs on {usable} here: set "
                f"device_target to {' or '.join((*backends, 'auto'))}, or install MindSpore "
                f"for {device}")
-    return [_issue(("context", "device_target"), message, "error", source)]
+    return [located_issue(("context", "device_target"), message, "error", source)]
 
 
 def _batch_warnings(plan: Plan, source: Source | None) -> list[ConfigIssue]:
@@ -118,11 +118,5 @@ def _batch_warnings(plan: Plan, source: Source | None) -> list[ConfigIssue]:
     warns whenever the global batch is not a multiple of local_batch_size)."""
     if plan.batch.data_parallel == 1:
         return []
-    return [_issue(("training", "global_batch_size"), warning, "warning", source)
+    return [located_issue(("training", "global_batch_size"), warning, "warning", source)
             for warning in plan.batch.warnings()]
-
-
-def _issue(path: Path, message: str, severity: str, source: Source | None) -> ConfigIssue:
-    if source is not None:
-        return source.issue(path, message, severity)
-    return ConfigIssue(".".join(path), message, severity=severity)

@@ -11,8 +11,8 @@ import warnings
 from typing import Any
 
 from mf_config import LrSchedulerConfig
-from mf_config.component_settings import settings_error, structure_settings
-from mf_config.errors import ConfigIssue, ConfigWarning, format_path
+from mf_config.component_settings import located_issue, settings_error, structure_settings
+from mf_config.errors import ConfigWarning
 from mf_config.sections import declared_fields
 from mf_config.yaml_source import Source
 
@@ -78,7 +78,6 @@ def _schedule_length(settings: Any, total_steps: int, source: Source | None) -> 
         where = (*PATH, "total_steps")
         message = (f"the schedule ({written} steps) is shorter than training.steps "
                    f"({total_steps}): the rate holds its final value from step {written} on")
-        issue = (source.issue(where, message, "warning") if source is not None
-                 else ConfigIssue(format_path(where), message, severity="warning"))
+        issue = located_issue(where, message, "warning", source)
         warnings.warn(str(issue), ConfigWarning, stacklevel=3)
     return written
