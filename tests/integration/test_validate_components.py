@@ -119,6 +119,34 @@ def test_values_too_large_to_mean_anything_are_refused(tmp_path: Path, override:
     assert message in result.stderr, result.stderr
 
 
+def test_a_callback_type_that_names_no_callback_is_refused(tmp_path: Path) -> None:
+    """A registered name, an installed one or a `module:Class` path to a Callback subclass
+    passes; anything else is refused where it is written, and a class's keys are checked."""
+    path = tmp_path / "train.yaml"
+    path.write_text(TYPOS.replace("hiden_size", "hidden_size").replace("lr_endd", "lr_end")
+                    .replace("seq_lenght", "seq_length") + (
+                        "callbacks:\n"
+                        "  - type: collections:OrderedDict\n"
+                        "  - type: NoSuchCallback\n"
+                        "  - type: no_such_module:Thing\n"
+                        "  - type: mf_train.monitor.wandb:WandbWriter\n"
+                        "    projct: x\n"
+                        "  - type: wandb\n"
+                        "  - type: mf_train.callbacks:LossLogger\n"), encoding="utf-8")
+    result = validate(path)
+    assert result.returncode == 1
+    assert result.stderr.splitlines() == [
+        f"{path}:22: callbacks[0].type: 'collections:OrderedDict' is not a callback: a "
+        "subclass of mf_train.callbacks.Callback is required",
+        f"{path}:23: callbacks[1].type: unknown callback type 'NoSuchCallback'; registered: "
+        "wandb; or give a 'module:Class' path",
+        f"{path}:24: callbacks[2].type: cannot load callback type 'no_such_module:Thing': No "
+        "module named 'no_such_module'",
+        f"{path}:26: callbacks[3].projct: Unknown configuration keys for callback type "
+        "'mf_train.monitor.wandb:WandbWriter': "
+        "['projct']; did you mean 'project'?"]
+
+
 def test_without_the_components_their_sections_are_noted(monkeypatch: pytest.MonkeyPatch,
                                                          tmp_path: Path) -> None:
     monkeypatch.setattr(components, "_ENTRY_POINTS", {kind: () for kind in components.KINDS})

@@ -222,7 +222,7 @@ def problems(*items: CallbackConfig) -> list[str]:
 
 def test_unknown_type() -> None:
     [text] = problems(config("EveryNForTest"), config("NoSuchCallback"))
-    assert text.startswith("callbacks[1].type: unknown callbacks type 'NoSuchCallback'; "
+    assert text.startswith("callbacks[1].type: unknown callback type 'NoSuchCallback'; "
                            "registered: ")
     assert "EveryNForTest" in text
 
@@ -231,7 +231,7 @@ def test_missing_type_and_unloadable_path() -> None:
     [text] = problems(config(None, every=2))
     assert text.startswith("callbacks[0].type: required: one of ")
     [text] = problems(config(f"{__name__}:Nope"))
-    assert text.startswith(f"callbacks[0].type: cannot load callbacks type '{__name__}:Nope'")
+    assert text.startswith(f"callbacks[0].type: cannot load callback type '{__name__}:Nope'")
 
 
 def test_a_class_that_is_not_a_callback() -> None:
@@ -269,9 +269,13 @@ def test_errors_carry_the_yaml_line(tmp_path: Path) -> None:
                     "training:\n  global_batch_size: 1\ncallbacks:\n"
                     "  - type: EveryNForTest\n    every: 2\n"
                     "  - type: EveryNForTest\n    every: -1\n")
-    train_config = load_config(path)
-    with pytest.raises(ConfigError) as info:
+    with pytest.raises(ConfigError) as validated:  # validation resolves the registered name
+        load_config(path)
+    train_config = load_config(path, ["callbacks[1].every=3"])
+    train_config.callbacks[1].extras["every"] = -1
+    with pytest.raises(ConfigError) as built:
         build_callbacks(train_config.callbacks, load_source(path))
-    [issue] = info.value.errors
-    assert (issue.path, issue.line) == ("callbacks[1].every", 12)
-    assert str(issue) == f"{path}:12: callbacks[1].every: must be >= 1, got -1"
+    for info in (validated, built):
+        [issue] = info.value.errors
+        assert (issue.path, issue.line) == ("callbacks[1].every", 12)
+        assert str(issue) == f"{path}:12: callbacks[1].every: must be >= 1, got -1"

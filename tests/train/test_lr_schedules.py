@@ -473,7 +473,7 @@ def test_wrong_types(key, value, message) -> None:
 
 def test_unknown_type_lists_the_registered_names() -> None:
     text = problem("CosineWarmup")
-    assert "lr_scheduler.type: unknown lr_schedulers type 'CosineWarmup'; registered: " in text
+    assert "lr_scheduler.type: unknown lr_scheduler type 'CosineWarmup'; registered: " in text
     for name in SEVEN:
         assert name in text
 

@@ -144,7 +144,7 @@ def test_registry_resolves_names_and_aliases() -> None:
 def test_unknown_optimizer_type() -> None:
     with pytest.raises(ConfigError) as info:
         build_optimizer(OptimizerConfig(type="Lion"), named_params())
-    assert errors(info) == ["<config>: optimizer.type: unknown optimizers type 'Lion'; "
+    assert errors(info) == ["<config>: optimizer.type: unknown optimizer type 'Lion'; "
                             "registered: AdamW, Muon, adamw, muon; or give a 'module:Class' path"]
 
 

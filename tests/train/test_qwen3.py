@@ -415,7 +415,7 @@ def test_build_model_dispatches_on_architectures_then_model_type() -> None:
     by_type = build_model(ModelConfig(model_type="qwen3", extras=SIZES))
     as_listed = build_model(ModelConfig(architectures=["Qwen3ForCausalLM"], extras=SIZES))
     assert type(by_arch) is type(by_type) is type(as_listed) is Qwen3ForCausalLM
-    with pytest.raises(ConfigError, match=r"model\.architectures: unknown models type 'Llama'"):
+    with pytest.raises(ConfigError, match=r"model\.architectures: unknown model type 'Llama'"):
         build_model(ModelConfig(architectures="Llama", model_type="qwen3", extras=SIZES))
     with pytest.raises(ConfigError, match=r"model\.model_type: required"):
         build_model(ModelConfig(extras=SIZES))

@@ -33,16 +33,16 @@ def test_unknown_type_lists_the_registered_ones() -> None:
     with pytest.raises(ConfigError) as info:
         things.get("Beta", ("optimizer", "type"))
     assert str(info.value.errors[0]) == (
-        "<config>: optimizer.type: unknown things type 'Beta'; registered: Alpha; "
+        "<config>: optimizer.type: unknown thing type 'Beta'; registered: Alpha; "
         "or give a 'module:Class' path")
 
 
 def test_module_class_path() -> None:
     things = Registry("things")
     assert things.get("collections:OrderedDict", ("t",)).__name__ == "OrderedDict"
-    with pytest.raises(ConfigError, match="cannot load things type 'collections:Nope'"):
+    with pytest.raises(ConfigError, match="cannot load thing type 'collections:Nope'"):
         things.get("collections:Nope", ("t",))
-    with pytest.raises(ConfigError, match="cannot load things type 'no_such_mod:X'"):
+    with pytest.raises(ConfigError, match="cannot load thing type 'no_such_mod:X'"):
         things.get("no_such_mod:X", ("t",))
 
 

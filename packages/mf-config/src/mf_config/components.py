@@ -18,9 +18,15 @@ in a module that imports neither MindSpore nor numpy. It may define two hooks:
 `component_settings.structure_settings`) and `config_problems(self, config, path)` for checks
 against other sections (run here). Models subclass `model_shape.ModelSettings`.
 
-A type no installed package declares is not an error here (it may be registered in code, or
-be a `module:Class` path): validation says, as a note, that its keys were not checked; the
-component checks them when it is built.
+A type no installed package declares settings for may still be a component: registered in
+code, published under the package's own registry, or a `module:Class` path. A package may
+declare, under the group `mf_config.component_classes`, a resolver for a kind (the entry
+point's name is the kind, such as `callbacks`): a function `(type_name, type_path, source)`
+that returns the settings class of the component the type names (None when it declares
+none) and raises `ConfigError` when the type names no component of that kind. Validation
+then refuses such a type and checks the keys its class declares. Without a resolver, or when
+the class declares no settings, validation says, as a note, that the keys were not checked;
+the component checks them when it is built.
 """
 
 from __future__ import annotations
@@ -44,6 +50,9 @@ KINDS = {"models": "model type", "optimizers": "optimizer type",
          "lr_schedulers": "learning-rate scheduler type", "dataloaders": "data loader type",
          "callbacks": "callback type"}
 """Entry-point group suffix -> how a type of that kind is named in messages."""
+RESOLVERS = "component_classes"
+"""Entry-point group suffix of the resolvers: kind -> `(type_name, type_path, source)` ->
+the settings class of the component that type names (see the module's docstring)."""
 
 
 class Selection(NamedTuple):
@@ -123,9 +132,13 @@ def _check(selection: Selection, config: TrainConfig,
         return None, _keys_without_type(selection, source)
     try:
         cls = settings_class(selection.kind, selection.type_name)
+        if cls is None:
+            cls = _resolved_settings(selection, source)
     except (ImportError, AttributeError) as exc:  # a broken installation: say which
         return None, [source.issue(selection.type_path, f"cannot load the settings of "
                                    f"{KINDS[selection.kind]} {selection.type_name!r}: {exc}")]
+    except ConfigError as exc:  # the type names no component of its kind
+        return None, exc.errors
     if cls is None and not extras:
         return None, []  # nothing to check
     if cls is None:
@@ -142,6 +155,15 @@ def _check(selection: Selection, config: TrainConfig,
     hook = getattr(settings, "config_problems", None)
     found = hook(config, selection.path) if hook is not None else []
     return settings, [source.issue(where, message) for where, message in found]
+
+
+def _resolved_settings(selection: Selection, source: Source) -> type | None:
+    """The settings class of the component a type names, through the kind's resolver; None
+    when no installed package declares a resolver for the kind or the class declares none."""
+    for entry in installed_entry_points(RESOLVERS):
+        if entry.name == selection.kind:
+            return entry.load()(selection.type_name, selection.type_path, source)
+    return None
 
 
 def _keys_without_type(selection: Selection, source: Source) -> list[ConfigIssue]:
@@ -235,16 +257,17 @@ def installed_entry_points(kind: str) -> tuple[EntryPoint, ...]:
     The groups of all kinds are read once per process, on first use.
 
     Args:
-        kind: a key of `KINDS`, such as "models".
+        kind: a key of `KINDS`, such as "models", or `RESOLVERS`.
 
     Returns:
-        The group's entry points; each names a type and the settings class declared for it.
+        The group's entry points; each names a type and the settings class declared for it
+        (for `RESOLVERS`, a kind and its resolver).
     """
     if not _ENTRY_POINTS:
-        found = entry_points(GROUP_PREFIX + name for name in KINDS)
-        for name in KINDS:
+        found = entry_points(GROUP_PREFIX + name for name in (*KINDS, RESOLVERS))
+        for name in (*KINDS, RESOLVERS):
             _ENTRY_POINTS[name] = tuple(found[GROUP_PREFIX + name])
-    return _ENTRY_POINTS[kind]
+    return _ENTRY_POINTS.get(kind, ())
 
 
 

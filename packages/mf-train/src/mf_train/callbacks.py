@@ -48,6 +48,7 @@ from typing import Any, TypeVar
 
 from mf_config import CallbackConfig, MonitorConfig
 from mf_config.component_settings import settings_error, structure_settings
+from mf_config.errors import Path as YamlPath
 from mf_config.yaml_source import Source
 
 from .registry import CALLBACKS
@@ -247,13 +248,29 @@ def build_callbacks(configs: Sequence[CallbackConfig],
     return [_build_one(config, index, source) for index, config in enumerate(configs)]
 
 
+def callback_class(type_name: Any, type_path: YamlPath,
+                   source: Source | None = None) -> type[Callback]:
+    """The callback class a `callbacks[i].type` names; `ConfigError` at `type_path` when it
+    names nothing registered, cannot be loaded, or is not a `Callback` subclass."""
+    cls = CALLBACKS.get(type_name, type_path, source)
+    if not (isinstance(cls, type) and issubclass(cls, Callback)):
+        raise settings_error([(type_path, f"{type_name!r} is not a callback: a subclass of "
+                                          "mf_train.callbacks.Callback is required")], source)
+    return cls
+
+
+def callback_settings(type_name: Any, type_path: YamlPath,
+                      source: Source | None = None) -> type | None:
+    """`mf-config validate`'s resolver for callbacks (entry point `mf_config.
+    component_classes`): the `Settings` of the class a type names, None when it has none;
+    `ConfigError` as `callback_class` says. Code-registered names count when registered in
+    the validating process."""
+    return getattr(callback_class(type_name, type_path, source), "Settings", None)
+
+
 def _build_one(config: CallbackConfig, index: int, source: Source | None) -> Callback:
     path = ("callbacks", index)
-    cls = CALLBACKS.get(config.type, (*path, "type"), source)
-    if not (isinstance(cls, type) and issubclass(cls, Callback)):
-        raise settings_error([((*path, "type"), f"{config.type!r} is not a callback: a "
-                                                "subclass of mf_train.callbacks.Callback "
-                                                "is required")], source)
+    cls = callback_class(config.type, (*path, "type"), source)
     settings_cls = getattr(cls, "Settings", None)
     if settings_cls is None:
         if config.extras:

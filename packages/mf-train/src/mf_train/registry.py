@@ -28,6 +28,8 @@ class Registry(Generic[T]):
 
     def __init__(self, kind: str):
         self.kind = kind
+        self.noun = kind.removesuffix("s")
+        """One of the kind, in messages: `unknown callback type 'X'`."""
         self.group = f"mf_train.{kind}"
         self._classes: dict[str, T] = {}
 
@@ -60,7 +62,7 @@ class Registry(Generic[T]):
                 return self._load(ep.load, type_name, path, source)
         if ":" in type_name:
             return self._load(lambda: _import_path(type_name), type_name, path, source)
-        raise settings_error([(path, f"unknown {self.kind} type {type_name!r}; registered: "
+        raise settings_error([(path, f"unknown {self.noun} type {type_name!r}; registered: "
                                      f"{', '.join(self.names())}; or give a 'module:Class' "
                                      "path")], source)
 
@@ -74,7 +76,7 @@ class Registry(Generic[T]):
         try:
             return load()
         except (ImportError, AttributeError) as exc:
-            raise settings_error([(path, f"cannot load {self.kind} type {type_name!r}: "
+            raise settings_error([(path, f"cannot load {self.noun} type {type_name!r}: "
                                          f"{exc}")], source) from None
 
 
