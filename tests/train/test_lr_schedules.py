@@ -292,18 +292,27 @@ def test_other_ratios_override_their_counts(type_, extras, attribute, value) -> 
     assert getattr(build(type_, 200, **extras), attribute) == value
 
 
-def test_yaml_total_steps_overrides_the_trainer_and_warns_when_shorter() -> None:
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
+def test_yaml_total_steps_overrides_the_trainer_and_validation_warns_when_shorter(
+        tmp_path) -> None:
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # building says nothing: validation did
         schedule = build("LinearWithWarmUpLR", 100, warmup_steps=0, total_steps=50)
     assert schedule(25) == pytest.approx(5e-4)
     assert schedule(50) == 0.0
+    path = tmp_path / "train.yaml"
+    path.write_text("model: {model_type: qwen3, vocab_size: 8, hidden_size: 8, "
+                    "intermediate_size: 8, num_hidden_layers: 1, num_attention_heads: 2}\n"
+                    "train_dataset:\n  dataloader:\n    type: Mock\n"
+                    "training:\n  global_batch_size: 1\n  steps: 100\nlr_scheduler:\n"
+                    "  type: LinearWithWarmUpLR\n  warmup_steps: 0\n  total_steps: 50\n")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        load_config(path)
     [warning] = caught
     assert warning.category is ConfigWarning
     assert str(warning.message) == (
-        "<config>: lr_scheduler.total_steps: warning: the schedule (50 steps) is shorter "
+        f"{path}:11: lr_scheduler.total_steps: warning: the schedule (50 steps) is shorter "
         "than training.steps (100): the rate holds its final value from step 50 on")
-    assert warning.filename == __file__
 
 
 def test_longer_yaml_total_steps_is_silent() -> None:

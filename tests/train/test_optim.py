@@ -3,7 +3,7 @@ their state dicts: round trips that continue bit-identically, and clear errors."
 
 from __future__ import annotations
 
-from contextlib import nullcontext
+import logging
 
 import mindspore as ms
 import numpy as np
@@ -145,11 +145,15 @@ def test_adamw_update_on_a_slice_equals_the_slice_of_the_whole_update() -> None:
         np.testing.assert_array_equal(full.asnumpy()[10:25], part.asnumpy())
 
 
-def test_low_precision_parameters_follow_a_float32_master() -> None:
+def test_low_precision_parameters_follow_a_float32_master(
+        caplog: pytest.LogCaptureFixture) -> None:
     dtypes = {"layers.0.mlp.weight": ms.float16, "layers.0.norm.weight": ms.bfloat16}
-    with pytest.warns(UserWarning, match="bfloat16") if _on_cpu() else nullcontext():
+    with caplog.at_level(logging.WARNING, logger="mf_train.optim"):
         named = make_params(dtypes=dtypes)
         opt = AdamW(named, weight_decay=0.0)
+    said = [record.getMessage() for record in caplog.records]
+    assert [message.startswith("bfloat16 parameters (layers.0.norm.weight) on the CPU")
+            for message in said] == ([True] if _on_cpu() else [])
     start = {n: values(named)[n].astype(np.float64) for n in dtypes}
     ref = {n: (start[n], 0.0, 0.0) for n in dtypes}
     for step in range(3):

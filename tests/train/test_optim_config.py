@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import warnings
 
 import mindspore as ms
@@ -82,10 +83,12 @@ def test_decay_groups_get_the_configured_decay_and_others_none() -> None:
     assert decay["router.bias"] == 0.0
 
 
-def test_a_rule_that_matches_nothing_warns() -> None:
+def test_a_rule_that_matches_nothing_warns(caplog: pytest.LogCaptureFixture) -> None:
     config = OptimizerConfig(weight_decay_exclude=["norm", "nrom"])
-    with pytest.warns(UserWarning, match=r"weight_decay_exclude: \['nrom'\] match no parameter"):
+    with caplog.at_level(logging.WARNING, logger="mf_train.optim"):
         build_optimizer(config, named_params())
+    assert [(record.levelname, record.getMessage()) for record in caplog.records] == [
+        ("WARNING", "optimizer.weight_decay_exclude: ['nrom'] match no parameter name")]
 
 
 def test_an_empty_rule_is_an_error() -> None:

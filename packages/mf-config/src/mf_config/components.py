@@ -16,7 +16,8 @@ Groups: `mf_config.models`, `mf_config.optimizers`, `mf_config.lr_schedulers`,
 in a module that imports neither MindSpore nor numpy. It may define two hooks:
 `problems(self, path)` for checks within its keys (run whenever they are structured, see
 `component_settings.structure_settings`) and `config_problems(self, config, path)` for checks
-against other sections (run here). Models subclass `model_shape.ModelSettings`.
+against other sections (run here; each problem a `(path, message)` error or a `(path,
+message, "warning")`). Models subclass `model_shape.ModelSettings`.
 
 A type no installed package declares settings for may still be a component: registered in
 code, published under the package's own registry, or a `module:Class` path. A package may
@@ -154,7 +155,7 @@ def _check(selection: Selection, config: TrainConfig,
         return None, exc.errors
     hook = getattr(settings, "config_problems", None)
     found = hook(config, selection.path) if hook is not None else []
-    return settings, [source.issue(where, message) for where, message in found]
+    return settings, [source.issue(*problem) for problem in found]
 
 
 def _resolved_settings(selection: Selection, source: Source) -> type | None:

@@ -7,12 +7,10 @@ checked here, with every problem a `ConfigError` at `lr_scheduler.<key>`.
 
 from __future__ import annotations
 
-import warnings
 from typing import Any
 
 from mf_config import LrSchedulerConfig
-from mf_config.component_settings import located_issue, settings_error, structure_settings
-from mf_config.errors import ConfigWarning
+from mf_config.component_settings import settings_error, structure_settings
 from mf_config.sections import declared_fields
 from mf_config.yaml_source import Source
 
@@ -50,7 +48,7 @@ def build_lr_schedule(config: LrSchedulerConfig, total_steps: int,
     settings = structure_settings(settings_class, config.extras, PATH, source,
                                   owner=f"learning-rate scheduler type {config.type!r}",
                                   also_allowed=declared_fields(LrSchedulerConfig))
-    length = _schedule_length(settings, total_steps, source)
+    length = _schedule_length(settings, total_steps)
     try:
         return cls(config.learning_rate, settings, length)
     except SettingProblems as exc:
@@ -68,16 +66,8 @@ def _reject_keys_without_type(config: LrSchedulerConfig, source: Source | None) 
     raise settings_error([((*PATH, key), message) for key in config.extras], source)
 
 
-def _schedule_length(settings: Any, total_steps: int, source: Source | None) -> int:
-    """`lr_scheduler.total_steps` when written, else the trainer's `training.steps`; a
-    schedule shorter than the run warns."""
+def _schedule_length(settings: Any, total_steps: int) -> int:
+    """`lr_scheduler.total_steps` when written, else the trainer's `training.steps` (a
+    schedule shorter than the run is warned about when the file is validated)."""
     written = getattr(settings, "total_steps", None)
-    if written is None:
-        return total_steps
-    if written < total_steps:
-        where = (*PATH, "total_steps")
-        message = (f"the schedule ({written} steps) is shorter than training.steps "
-                   f"({total_steps}): the rate holds its final value from step {written} on")
-        issue = located_issue(where, message, "warning", source)
-        warnings.warn(str(issue), ConfigWarning, stacklevel=3)
-    return written
+    return total_steps if written is None else written

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import contextlib
 import math
-import warnings
 from collections.abc import Iterator, Sequence
 
 import attrs
@@ -40,7 +39,7 @@ from mf_parallel.runtime.grad_sync import GradientSync
 
 from ..gradient_norm import square_sum
 from ..optim import build_optimizer
-from ..optim.base import UNMATCHED, warn_unmatched_rules
+from ..optim.base import rules_unchecked, warn_unmatched_rules
 from ..optim.joined import JoinedOptimizer
 from .contract import (
     LayoutParts,
@@ -93,8 +92,7 @@ def _rules_checked_once(parts: LayoutParts) -> Iterator[None]:
     """The weight-decay rules checked against the whole model, not against each of the two
     optimizers' parts (a rule for norms matches nothing among the experts)."""
     names = [p.name for p in parts.model.trainable_params()]
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message=f".*{UNMATCHED}")
+    with rules_unchecked():
         yield
     warn_unmatched_rules(parts.optimizer, names, parts.source)
 

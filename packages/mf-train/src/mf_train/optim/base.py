@@ -15,8 +15,10 @@ checkpoint.
 
 from __future__ import annotations
 
-import warnings
-from collections.abc import Mapping, Sequence
+import contextlib
+import logging
+from collections.abc import Iterator, Mapping, Sequence
+from contextvars import ContextVar
 from typing import Any
 
 import mindspore as ms
@@ -258,16 +260,32 @@ def decay_flags(config: OptimizerConfig, named_params: Sequence[tuple[str, Param
 
 UNMATCHED = "match no parameter name"
 """The end of the warning about weight-decay rules that select nothing."""
+logger = logging.getLogger(__name__)
+_RULES_UNCHECKED: ContextVar[bool] = ContextVar("rules_unchecked", default=False)
+
+
+@contextlib.contextmanager
+def rules_unchecked() -> Iterator[None]:
+    """Optimizers built inside do not check the weight-decay rules against their parameters
+    (a layout that splits the model over several optimizers checks the whole model once)."""
+    token = _RULES_UNCHECKED.set(True)
+    try:
+        yield
+    finally:
+        _RULES_UNCHECKED.reset(token)
 
 
 def warn_unmatched_rules(config: OptimizerConfig, names: Sequence[str],
                          source: Source | None = None) -> None:
-    """Warn about the weight-decay rules that match none of `names` (usually typos)."""
+    """Log one warning line per weight-decay key whose rules match none of `names` (usually
+    typos)."""
+    if _RULES_UNCHECKED.get():
+        return
     for key in ("weight_decay_include", "weight_decay_exclude"):
         rules = check_rules(getattr(config, key), ("optimizer", key), source)
         unused = unmatched_rules(list(names), rules)
         if unused:
-            warnings.warn(f"optimizer.{key}: {unused} {UNMATCHED}", stacklevel=3)
+            logger.warning("optimizer.%s: %s %s", key, unused, UNMATCHED)
 
 
 def _checked_params(named_params: Sequence[tuple[str, Parameter]],
@@ -291,10 +309,10 @@ def _warn_if_bf16_on_cpu(names: Sequence[str], params: Sequence[Parameter]) -> N
             if param.dtype == ms.bfloat16]
     if bf16 and ms.get_context("device_target") == "CPU":
         listed = ", ".join(bf16[:3]) + (", ..." if len(bf16) > 3 else "")
-        warnings.warn(f"bfloat16 parameters ({listed}) on the CPU backend: the optimizer "
-                      "updates float32 masters and works, but MindSpore's CPU kernels for "
-                      "MatMul, Softmax, Exp and reductions lack bfloat16, so the model "
-                      "cannot train; use float32 on CPU", stacklevel=3)
+        logger.warning("bfloat16 parameters (%s) on the CPU backend: the optimizer updates "
+                       "float32 masters and works, but MindSpore's CPU kernels for MatMul, "
+                       "Softmax, Exp and reductions lack bfloat16, so the model cannot train; "
+                       "use float32 on CPU", listed)
 
 
 def _key_problems(state: Mapping[str, Any], expected: Mapping[str, tuple[int, ...]]) -> list[str]:

@@ -69,10 +69,21 @@ class WarmupSettings(Section):
                                     f"{number(default)})"))
         return found
 
-    def config_problems(self, config: TrainConfig, path: Path) -> list[tuple[Path, str]]:
+    def config_problems(self, config: TrainConfig, path: Path) -> list[tuple[Path, ...]]:
         total = self.total_steps or config.training.steps
-        return [((*path, key), message) for key, message in
-                self.fit_problems(config.lr_scheduler.learning_rate, total)]
+        problems: list[tuple[Path, ...]] = [
+            ((*path, key), message)
+            for key, message in self.fit_problems(config.lr_scheduler.learning_rate, total)]
+        if self.total_steps is not None and self.total_steps < config.training.steps:
+            problems.append(((*path, "total_steps"), shorter_than_run(
+                self.total_steps, config.training.steps), "warning"))
+        return problems
+
+
+def shorter_than_run(schedule_steps: int, training_steps: int) -> str:
+    """The warning for a schedule whose `total_steps` ends before `training.steps`."""
+    return (f"the schedule ({schedule_steps} steps) is shorter than training.steps "
+            f"({training_steps}): the rate holds its final value from step {schedule_steps} on")
 
 
 def floor_of_ratio(ratio: float, total: int) -> int:
