@@ -156,7 +156,10 @@ def test_missing_file_is_rebuilt(tmp_path: Path, caplog) -> None:
     with caplog.at_level(logging.INFO, logger=index_cache.__name__):
         indices, built = load_or_build(tmp_path, EXPECTED_DESCRIPTION, "train", build)
     assert built and build.calls == 2
-    assert "not found" in caplog.text
+    stem = os.path.basename(paths.description).removesuffix("description.txt")
+    assert [record.getMessage() for record in caplog.records
+            if "cache miss" in record.getMessage()] == [
+        f"GPT index cache miss: building {tmp_path} ({stem}*, 1 of 4 files missing)"]
     assert os.path.isfile(paths.sample_index)
     _assert_same(indices, build.indices)
 

@@ -114,7 +114,9 @@ def load_indices(paths: CachePaths, description: str,
     """
     missing = [path for path in paths if not os.path.isfile(path)]
     if missing:
-        logger.info("GPT index cache miss: %s not found", ", ".join(missing))
+        stem = os.path.commonprefix([os.path.basename(path) for path in paths])
+        logger.info("GPT index cache miss: building %s (%s*, %d of %d files missing)",
+                    os.path.dirname(paths.description), stem, len(missing), len(paths))
         return None
     try:
         stored = Path(paths.description).read_text(encoding="utf-8")
