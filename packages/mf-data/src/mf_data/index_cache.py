@@ -114,7 +114,7 @@ def load_indices(paths: CachePaths, description: str,
     """
     missing = [path for path in paths if not os.path.isfile(path)]
     if missing:
-        stem = os.path.commonprefix([os.path.basename(path) for path in paths])
+        stem = os.path.basename(paths.description).removesuffix("description.txt")
         logger.info("GPT index cache miss: building %s (%s*, %d of %d files missing)",
                     os.path.dirname(paths.description), stem, len(missing), len(paths))
         return None
