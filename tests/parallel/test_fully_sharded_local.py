@@ -67,3 +67,26 @@ def test_forward_and_backward_gather_and_free_the_units(collectives) -> None:
     assert [tuple(p.shape) for p in fsdp.params][:4] == [(0,), (0,), (0,), (0,)]
     fsdp.step(grads)
     assert all(tuple(p.shape) == (0,) for p in fsdp.params)
+
+
+@pytest.mark.parametrize(("shapes", "kept"), [([(6, 4), (3,)], True), ([(3,), (6, 4)], False)])
+def test_a_gather_keeps_a_dominant_first_tensor_in_the_gathered_buffer(
+        collectives, monkeypatch, shapes, kept) -> None:
+    """The root unit's embedding is most of its buffer: it is the gathered buffer itself
+    (no second copy of that size); every other tensor is a copy of its own."""
+    from mf_parallel.runtime.flat_shard import FlatShard
+
+    flat = FlatShard(shapes, collectives)
+    gathered = []
+    all_gather = collectives.all_gather
+    monkeypatch.setattr(collectives, "all_gather",
+                        lambda tensor, group: gathered.append(all_gather(tensor, group))
+                        or gathered[-1])
+    values = [np.arange(np.prod(shape), dtype=np.float32).reshape(shape) + 100 * i
+              for i, shape in enumerate(shapes)]
+    tensors = flat.all_gather(flat.own(flat.flatten([ms.Tensor(v) for v in values])))
+    for got, want in zip(tensors, values, strict=True):
+        np.testing.assert_array_equal(got.asnumpy(), want)
+    [buffer] = gathered
+    shares = [tensor.data_ptr() == buffer.data_ptr() for tensor in tensors]
+    assert shares == [kept, False]

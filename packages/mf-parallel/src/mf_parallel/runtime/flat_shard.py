@@ -134,12 +134,17 @@ class FlatShard:
 
         Each is a copy, not a view into the gathered buffer: MindSpore copies a view with an
         offset each time an operation uses it, and a saved copy is not the parameter, so
-        fully sharded data parallel could not recognise it (see `fully_sharded`).
+        fully sharded data parallel could not recognise it (see `fully_sharded`). The one
+        exception: when the first tensor fills at least half of the buffer (the root unit's
+        embedding), it is the buffer itself, reshaped (offset 0, contiguous, its data pointer
+        the buffer's), which saves a copy of that size: the largest transient of a gather.
         """
         full = self.collectives.all_gather(mine, "shard")
         pieces = mint.split(full, [*self.numels, self.padding] if self.padding else self.numels)
-        return [fresh_copy(piece.reshape(shape))
-                for piece, shape in zip(pieces, self.shapes, strict=False)]
+        keep_first = 2 * self.numels[0] >= len(full)
+        return [piece.reshape(shape) if index == 0 and keep_first
+                else fresh_copy(piece.reshape(shape))
+                for index, (piece, shape) in enumerate(zip(pieces, self.shapes, strict=False))]
 
 
 class FlatBucket:

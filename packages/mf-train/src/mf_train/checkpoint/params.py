@@ -54,6 +54,16 @@ def host_array(param: Parameter | Tensor) -> np.ndarray:
 def deferred_host_array(tensor: Any) -> Deferred:
     """`host_array(tensor)` made when a checkpoint writer reaches it (float32 for bfloat16,
     the numpy dtype of every other dtype)."""
+    return Deferred(_stored_dtype(tensor), functools.partial(host_array, tensor))
+
+
+def deferred_host_range(flat: Any, start: int, stop: int) -> Deferred:
+    """`host_array(flat[start:stop])` of a 1-D tensor (a slice buffer), made when the writer
+    reaches it: a save holds one range's host copy at a time, not the whole buffer's."""
+    return Deferred(_stored_dtype(flat), lambda: host_array(flat[start:stop]))
+
+
+def _stored_dtype(tensor: Any) -> type:
     import mindspore as ms
 
     numpy_dtypes = {ms.bfloat16: np.float32, ms.float32: np.float32, ms.float16: np.float16,
@@ -62,7 +72,7 @@ def deferred_host_array(tensor: Any) -> Deferred:
                     ms.bool_: np.bool_}
     if tensor.dtype not in numpy_dtypes:
         raise CheckpointError(f"cannot store dtype {tensor.dtype} (numbers and bools only)")
-    return Deferred(numpy_dtypes[tensor.dtype], functools.partial(host_array, tensor))
+    return numpy_dtypes[tensor.dtype]
 
 
 def apply_model_params(named_params: Iterable[tuple[str, Parameter]],

@@ -17,7 +17,7 @@ import numpy as np
 from mindspore import Parameter, Tensor
 
 from ..checkpoint import CheckpointError
-from ..checkpoint.params import deferred_host_array, host_array
+from ..checkpoint.params import deferred_host_array, deferred_host_range
 from ..checkpoint.pieces import Deferred, Piece, PieceIndex, bucket_slice, whole_piece
 from ..checkpoint.reading import read_ahead
 from ..placement import Placement
@@ -29,8 +29,8 @@ _MAX_LISTED = 20
 def model_pieces(layout: StepLayout, placement: Placement,
                  ) -> dict[Piece, np.ndarray | Deferred]:
     """What this rank writes of the model: the pieces it owns, each whole parameter's host
-    copy deferred until the writer reaches it (`Deferred`), its slices' ranges as views of
-    one host copy of each buffer slice."""
+    copy deferred until the writer reaches it (`Deferred`), and so is each range of its
+    slices."""
     pieces: dict[Piece, np.ndarray | Deferred] = {}
     sliced = _sliced_ids(layout)
     for name, param in layout.model.parameters_and_names():
@@ -44,11 +44,10 @@ def model_pieces(layout: StepLayout, placement: Placement,
                  if placement.owns(names[id(bucket.params[i])], bucket.params[i], sliced=True)]
         if not owned:
             continue
-        values = host_array(bucket.master)
         for name, i, low, high, offset in owned:
             piece = Piece(name, bucket.flat.shapes[i], low, high,
                           placement.tensor(bucket.params[i]))
-            pieces[piece] = values[offset:offset + high - low]
+            pieces[piece] = deferred_host_range(bucket.master, offset, offset + high - low)
     return pieces
 
 

@@ -177,10 +177,11 @@ class ShardedAdamW:
             for key in SLICE_KEYS)
         self._publish()
 
-    def state_pieces(self, placement: Any, count: bool = True) -> dict[Any, np.ndarray]:
+    def state_pieces(self, placement: Any, count: bool = True) -> dict[Any, Any]:
         """The ranges of `adam_m.<name>` and `adam_v.<name>` (and `main_param.<name>` for
         parameters below float32) this rank's slices hold, where it owns them
         (`protocol.Optimizer`): the state of one process's AdamW, cut where the slices cut."""
+        from ..checkpoint.params import deferred_host_range
         from ..checkpoint.pieces import Piece, whole_piece
 
         pieces = {}
@@ -197,11 +198,10 @@ class ShardedAdamW:
             if buffer.master.dtype != FLOAT32:
                 states.append((MASTER_PREFIX, self.masters[b]))
             for prefix, tensor in states:
-                values = tensor.asnumpy().copy()  # one host copy; the pieces are views
                 for name, i, low, high, offset in owned:
                     piece = Piece(f"{prefix}.{name}", buffer.flat.shapes[i], low, high,
                                   placement.tensor(buffer.params[i]))
-                    pieces[piece] = values[offset:offset + high - low]
+                    pieces[piece] = deferred_host_range(tensor, offset, offset + high - low)
         return pieces
 
     def load_state_pieces(self, index: Any, model: Any, placement: Any) -> None:
