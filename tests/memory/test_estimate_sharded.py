@@ -46,6 +46,18 @@ def test_zero_1_holds_whole_gradients_and_sliced_state() -> None:
     assert result.total == result.backward_peak
 
 
+def test_accumulating_micro_batches_holds_a_second_whole_gradient_under_zero_1_only() -> None:
+    """With several micro-batches the running sum and a micro-batch's gradients are whole
+    together (ZeRO-1, as replicated data parallelism); ZeRO-2 reduces each into its float32
+    slices, so accumulation adds nothing there."""
+    def grads(strategy: str, micro_batches: int) -> int:
+        return on_ranks(strategy, training__local_batch_size=1,
+                        training__global_batch_size=4 * micro_batches).grads
+
+    assert (grads("optim", 1), grads("optim", 2)) == (4 * P, 2 * 4 * P)
+    assert grads("optim_grads", 2) == grads("optim_grads", 1) < grads("optim", 1)
+
+
 def test_zero_2_reduces_one_buffer_at_a_time_into_float32_slices() -> None:
     result = on_ranks("optim_grads")
     # float32 sums 4 N, the last layer's whole gradients beside the head's and final norm's
@@ -122,7 +134,8 @@ def test_pipeline_stages_accumulate_whole_gradients() -> None:
                              parallelism__data_parallel_shard_strategy="optim_grads",
                              context__device_target="CPU"), world_size=4, stage=1)
     stage = P_L + 24 + 1200                         # layer 1, final norm, head
-    assert result.grads == 4 * stage                # the pipeline's own backward: whole
+    # the pipeline's own backward: whole, the running sum and one micro-batch's
+    assert result.grads == 2 * 4 * stage
     assert result.optimizer == 12 * (P_L // 2 + (24 + 1200) // 2)  # 2 data ranks: S = 2
 
 

@@ -101,6 +101,8 @@ class DataParallelRank:
     """The head reuses the embedding table."""
     reduce_copy: int
     """c."""
+    micro_batches: int = 1
+    """Micro-batches per optimizer step on this rank (gradient accumulation)."""
 
     @property
     def sharded(self) -> bool:
@@ -186,7 +188,9 @@ class DataParallelRank:
         """Gradients at the backward pass's peak.
 
         Accumulated whole (replicated, ZeRO-1, and every strategy under pipeline or expert
-        parallelism): Σ P·p over the trainable groups. Reduced during backward (ZeRO-2, FSDP
+        parallelism): Σ P·p over the trainable groups, twice with several micro-batches (the
+        running sum and the micro-batch's own gradients while mf-train adds them, tensor by
+        tensor). Reduced during backward (ZeRO-2, FSDP
         otherwise): the float32 sums of this rank's slices 4·N (each buffer's is added as the
         buffer completes; from the second micro-batch on all of them exist), the whole
         gradients in flight (`in_flight_grads`), and those of the trainable parameters outside
@@ -194,7 +198,8 @@ class DataParallelRank:
         """
         p = self.param_bytes
         if not self.scatters:
-            return self.elements(self.groups, lambda g: g.trainable) * p
+            copies = 2 if self.micro_batches > 1 else 1
+            return copies * self.elements(self.groups, lambda g: g.trainable) * p
         return 4 * sum(self.slices) + self.in_flight_grads() + self._outside(True) * p
 
     def in_flight_grads(self) -> int:
@@ -336,7 +341,8 @@ def data_parallel_rank(config: TrainConfig, plan: Plan, units: list[list[ParamGr
         units=tuple(tuple(unit) for unit in units), root=tuple(root), strategy=strategy,
         degree=d.data_shard, tp=d.tensor, ep=d.expert, param_bytes=param_bytes,
         scatters=d.data_shard > 1 and strategy != ZERO_1 and d.pipeline == 1 and d.expert == 1,
-        tied=tied, reduce_copy=1 if config.context.device_target == "CPU" else 2)
+        tied=tied, reduce_copy=1 if config.context.device_target == "CPU" else 2,
+        micro_batches=plan.batch.accumulation_steps())
 
 
 def expert_shard_degree(plan: Plan) -> int:

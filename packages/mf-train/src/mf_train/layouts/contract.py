@@ -206,8 +206,12 @@ class StepLayout(ABC):
             micro_loss, micro_grads = self._grad_fn(*batch.model_inputs())
             observer.micro_batch(index, micro_loss / self._scale, micro_grads)
             loss = micro_loss if loss is None else loss + micro_loss
-            grads = list(micro_grads) if not grads else [
-                g + m for g, m in zip(grads, micro_grads, strict=True)]
+            if not grads:
+                grads = list(micro_grads)
+            else:  # tensor by tensor: each old sum freed as its new one exists
+                for i, micro in enumerate(micro_grads):
+                    grads[i] = grads[i] + micro
+            del micro_grads
             tokens += int(batch.tokens.size)
         if loss is None:
             raise ValueError("a training step needs at least one micro-batch")
