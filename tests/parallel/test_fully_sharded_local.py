@@ -90,3 +90,36 @@ def test_a_gather_keeps_a_dominant_first_tensor_in_the_gathered_buffer(
     [buffer] = gathered
     shares = [tensor.data_ptr() == buffer.data_ptr() for tensor in tensors]
     assert shares == [kept, False]
+
+
+def test_units_cut_as_they_are_built_train_as_units_cut_after(collectives) -> None:
+    """A model whose units were cut to this rank's slice as soon as they existed (their
+    parameters empty before the wrapper sees them) gives the gradients and update of one
+    wrapped whole; a unit that lost parameters since it was cut is refused."""
+    from mf_parallel.runtime.flat_shard import BUILT_SHAPE, built_shape, preslice
+
+    net, reference = tiny_mlp(5, depth=2), tiny_mlp(5, depth=2)
+    shapes = [tuple(p.shape) for p in net.trainable_params()]
+    for unit in (net[0], net[2]):
+        preslice(unit, collectives)
+    assert [tuple(p.shape) for p in net[0].trainable_params()] == [(0,), (0,)]
+    assert [built_shape(p) for p in net.trainable_params()] == shapes
+    cut = FullyShardedDataParallel(net, [net[0], net[2]], collectives, lr=1e-2)
+    whole = FullyShardedDataParallel(reference, [reference[0], reference[2]], collectives,
+                                     lr=1e-2)
+    x = ops.ones((3, 16), ms.float32)
+    for _ in range(2):
+        _, got = ms.value_and_grad(lambda a: net(a).sum(), None, cut.params)(x)
+        _, want = ms.value_and_grad(lambda a: reference(a).sum(), None, whole.params)(x)
+        for g, w in zip(got, want, strict=True):
+            np.testing.assert_array_equal(g.asnumpy(), w.asnumpy())
+        cut.step(got)
+        whole.step(want)
+    for a, b in zip(cut.full_parameters(), whole.full_parameters(), strict=True):
+        np.testing.assert_array_equal(a.asnumpy(), b.asnumpy())
+    again = tiny_mlp(5, depth=2)
+    preslice(again[0], collectives)
+    delattr(again[0].trainable_params()[1], BUILT_SHAPE)
+    again[0].trainable_params()[1].requires_grad = False
+    with pytest.raises(ValueError, match="was cut for 2 parameters when built and holds 1"):
+        FullyShardedDataParallel(again, [again[0]], collectives, lr=1e-2)

@@ -42,7 +42,7 @@ import mindspore as ms
 import numpy as np
 from mindspore import nn
 
-from mf_config import TrainConfig
+from mf_config import ParallelismConfig, TrainConfig
 from mf_config.components import model_shape, sequence_length
 from mf_config.yaml_source import Source, dump_text
 from mf_memory.estimate import rank_summary, size
@@ -53,6 +53,7 @@ from mf_parallel import Plan
 from mf_parallel.runtime import Collectives, Communication, init_communication
 from mf_parallel.runtime.context_parallel import ContextGroup
 from mf_parallel.runtime.expert_dispatch import ExpertGroup
+from mf_parallel.runtime.flat_shard import preslice
 from mf_parallel.runtime.tensor_parallel import TensorGroup
 
 from . import world_group
@@ -75,6 +76,7 @@ from .gradient_norm import clip_coefficient
 from .input_checks import check_inputs
 from .job import check_support, make_job_plan, resolve_device
 from .layouts import (
+    FSDP,
     LayoutParts,
     MicroBatch,
     Observers,
@@ -82,6 +84,7 @@ from .layouts import (
     StepObserver,
     Unobserved,
     build_layout,
+    layout_for,
     stage_part,
 )
 from .layouts.saved_model import load_model_pieces, model_pieces
@@ -264,7 +267,8 @@ class Trainer:
                                  seed=config.training.seed,
                                  part=stage_part(self.plan, self.comm.rank),
                                  expert_group=self.expert_group,
-                                 context_group=self.context_group)
+                                 context_group=self.context_group,
+                                 layer_built=self._layer_slicer(config.parallelism))
         self.swap = self._apply_memory()
         self.layout = build_layout(LayoutParts(
             self.model, config.optimizer, config.parallelism, self.plan.dims, self.collectives,
@@ -342,6 +346,18 @@ class Trainer:
         return self.layout.optimizer
 
     # ------------------------------------------------------------------ build
+
+    def _layer_slicer(self, parallelism: ParallelismConfig,
+                      ) -> Callable[[nn.Cell], object] | None:
+        """Under FSDP, each decoder layer cut to this rank's slice as soon as the model has
+        built it (`flat_shard.preslice`), so that no rank holds the model whole: the build
+        peak is the rank's share, the root unit (embedding, final norm, head) and one layer.
+        None for every other layout (FSDP composed with pipeline, expert or context
+        parallelism still builds its part whole, then shards it)."""
+        chosen = layout_for(self.plan.dims, parallelism)
+        if chosen is None or not issubclass(chosen, FSDP):
+            return None
+        return lambda layer: preslice(layer, self.collectives)
 
     def _apply_memory(self) -> ActivationSwap:
         """Recompute and communication recompute marked on the model; the activation swap."""

@@ -27,6 +27,10 @@ them. `step(grads)` does both with `mindspore.experimental.optim.AdamW` (one lr,
 decay) when the wrapper was built with `lr`. AdamW is element-wise, so the result equals plain
 data parallelism: the tests compare them on real ranks. Parameters must be used only inside the
 cell that owns them (no weight shared between units), and units must not nest.
+
+A model may be built unit by unit with each unit cut to this rank's slice as soon as it
+exists (`flat_shard.preslice`): its parameters are then empty from the start and the wrapper
+takes the recorded slice, so no rank ever holds more than one unit of the model whole.
 """
 
 from __future__ import annotations
@@ -42,18 +46,18 @@ from mindspore.experimental.optim import AdamW
 from mf_parallel.reshard_policy import reshard_plan
 
 from .collectives import Collectives
-from .flat_shard import FlatBucket
+from .flat_shard import PRESLICED, FlatBucket, Presliced
 
 
 class ShardedUnit(FlatBucket):
     """The parameters one cell owns, kept as this rank's slice and gathered on demand."""
 
     def __init__(self, name: str, params: Sequence[Parameter], collectives: Collectives,
-                 reshard_after_forward: bool):
-        super().__init__(f"fsdp_{name}", params, collectives)
+                 reshard_after_forward: bool, presliced: Presliced | None = None):
+        super().__init__(f"fsdp_{name}", params, collectives, presliced)
         self.name = name
         self.reshard_after_forward = reshard_after_forward
-        self.gathered = True
+        self.gathered = presliced is None
         self.gathers = 0
         """All-gathers so far (tests and benchmarks read it)."""
         self.reshard()
@@ -155,8 +159,10 @@ class FullyShardedDataParallel:
         owned = _owned_params(units, self.params)
         root = [p for p in self.params if id(p) not in {id(q) for ps in owned for q in ps}]
         reshard = reshard_plan(reshard_after_forward_policy, len(units), pipeline_parallel)
-        self.units = [ShardedUnit(f"unit{i}", ps, collectives, flag)
-                      for i, (ps, flag) in enumerate(zip(owned, reshard, strict=True))]
+        self.units = [ShardedUnit(f"unit{i}", ps, collectives, flag,
+                                  _presliced(cell, ps))
+                      for i, (cell, ps, flag) in enumerate(zip(units, owned, reshard,
+                                                               strict=True))]
         self.root = ShardedUnit("root", root, collectives, False) if root else None
         self._index = {id(p): i for i, p in enumerate(self.params)}
         self.saved = _SavedParams()
@@ -288,6 +294,17 @@ class FullyShardedDataParallel:
     def _hook_root(self, model: nn.Cell) -> None:
         model.register_forward_pre_hook(lambda _cell, _inputs: self._enter_forward())
         model.register_forward_hook(lambda _cell, _inputs, _output: self.saved.exit())
+
+
+def _presliced(cell: nn.Cell, params: Sequence[Parameter]) -> Presliced | None:
+    """The slice `flat_shard.preslice` cut from this unit when it was built, if it did: for
+    the same parameters (a check: a unit cut before some of its parameters were left out of
+    the sharding could not be laid out again)."""
+    presliced = getattr(cell, PRESLICED, None)
+    if presliced is not None and len(presliced.shapes) != len(params):
+        raise ValueError(f"unit {type(cell).__name__} was cut for {len(presliced.shapes)} "
+                         f"parameters when built and holds {len(params)} trainable ones now")
+    return presliced
 
 
 def _owned_params(units: Sequence[nn.Cell], params: list[Parameter]) -> list[list[Parameter]]:

@@ -8,6 +8,7 @@ package imports MindSpore and registers the built-in models.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from mf_config import ModelConfig
@@ -42,7 +43,8 @@ def build_model(config: ModelConfig, *, tensor_group: TensorGroup | None = None,
                 source: Source | None = None, seed: int | None = None,
                 part: ModelPart | None = None,
                 expert_group: ExpertGroup | None = None,
-                context_group: ContextGroup | None = None) -> nn.Cell:
+                context_group: ContextGroup | None = None,
+                layer_built: Callable[[nn.Cell], object] | None = None) -> nn.Cell:
     """The model the `model` section describes (its class from the `MODELS` registry).
 
     Args:
@@ -56,6 +58,9 @@ def build_model(config: ModelConfig, *, tensor_group: TensorGroup | None = None,
             the model class must take `expert_group` (a mixture-of-experts model).
         context_group: this rank's context-parallel group (None: the whole sequence here);
             the model class must take `context_group`.
+        layer_built: called with each decoder layer as soon as it is built (fully sharded
+            data parallelism cuts it to this rank's slice there); the model class must take
+            `layer_built`.
 
     Returns:
         The model: a cell taking (tokens, labels, loss mask, position ids, document ends,
@@ -74,5 +79,7 @@ def build_model(config: ModelConfig, *, tensor_group: TensorGroup | None = None,
         options["expert_group"] = expert_group
     if context_group is not None and context_group.size > 1:
         options["context_group"] = context_group
+    if layer_built is not None:
+        options["layer_built"] = layer_built
     return cls.from_config(config, tensor_group=tensor_group, source=source, seed=seed,
                            **options)

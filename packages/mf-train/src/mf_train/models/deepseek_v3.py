@@ -66,7 +66,7 @@ reader (`checkpoint/fp8.py`).
 """
 
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 
 import mindspore as ms
 import numpy as np
@@ -79,6 +79,7 @@ from mf_config.errors import Path
 from mf_config.yaml_source import Source
 from mf_parallel.runtime.context_parallel import ContextGroup
 from mf_parallel.runtime.expert_dispatch import ExpertGroup
+from mf_parallel.runtime.flat_shard import built_shape
 from mf_parallel.runtime.tensor_parallel import TensorGroup
 
 from ..registry import MODELS
@@ -107,6 +108,7 @@ from .hf_weights import hf_state as _hf_state
 from .hf_weights import load_hf_state as _load_hf_state
 from .mla import MultiLatentAttention
 from .moe import MoE
+from .parts import each_built
 
 PATH: Path = ("model",)
 
@@ -206,7 +208,8 @@ class DeepseekV3ForCausalLM(nn.Cell):
     def __init__(self, settings: DeepseekV3Settings, *, tensor_group: TensorGroup | None = None,
                  seed: int | None = None, source: Source | None = None,
                  expert_group: ExpertGroup | None = None,
-                 context_group: ContextGroup | None = None):
+                 context_group: ContextGroup | None = None,
+                 layer_built: Callable[[nn.Cell], object] | None = None):
         super().__init__()
         group = tensor_group if is_parallel(tensor_group) else None
         context = context_group if context_group is not None and context_group.size > 1 \
@@ -232,8 +235,8 @@ class DeepseekV3ForCausalLM(nn.Cell):
         vocab = (s.vocab_size, s.hidden_size)
         self.embedding = embedding(init.normal("model.embed_tokens.weight", vocab), group)
         self.decoder_layers = nn.CellList([
-            DeepseekV3DecoderLayer(s, index, init, self.compute_dtype, group, expert_group,
-                                   context)
+            each_built(DeepseekV3DecoderLayer(s, index, init, self.compute_dtype, group,
+                                              expert_group, context), layer_built)
             for index in range(s.num_hidden_layers)])
         flash = any(layer.attention.core.flash for layer in self.decoder_layers)
         self.places = AttentionPlaces(context, varlen=flash)
@@ -248,21 +251,25 @@ class DeepseekV3ForCausalLM(nn.Cell):
             s, expert_group)
         self.last_balance_loss: Tensor | None = None
         _cast_parameters(self, params_dtype)
-        self.built_shapes = {name: tuple(param.shape) for name, param in
+        self.built_shapes = {name: built_shape(param) for name, param in
                              self.parameters_and_names()}
-        """Each parameter's shape as built (FSDP later empties the parameters it shards)."""
+        """Each parameter's shape as built (FSDP empties the parameters it shards)."""
 
     @classmethod
     def from_config(cls, config: ModelConfig, *, tensor_group: TensorGroup | None = None,
                     source: Source | None = None, seed: int | None = None,
                     expert_group: ExpertGroup | None = None,
-                    context_group: ContextGroup | None = None) -> "DeepseekV3ForCausalLM":
+                    context_group: ContextGroup | None = None,
+                    layer_built: Callable[[nn.Cell], object] | None = None,
+                    ) -> "DeepseekV3ForCausalLM":
         """The model the `model` section describes (keys checked, see `DeepseekV3Settings`),
         split over `tensor_group` when it has more than one rank. `seed` draws the initial
         weights (default: MindSpore's global seed, else 0); `expert_group` splits the routed
-        experts (None: all on this rank)."""
+        experts (None: all on this rank); `layer_built` is called with each decoder layer
+        once built."""
         return cls(deepseek_v3_settings(config, source), tensor_group=tensor_group, seed=seed,
-                   source=source, expert_group=expert_group, context_group=context_group)
+                   source=source, expert_group=expert_group, context_group=context_group,
+                   layer_built=layer_built)
 
     # --- forward ------------------------------------------------------------------------
 

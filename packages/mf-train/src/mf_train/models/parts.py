@@ -13,9 +13,9 @@ runs its pieces separately: `embed`, `decoder` (some of its layers) and `head_lo
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
+from typing import Protocol, TypeVar, runtime_checkable
 
 from mindspore import Tensor, nn
 
@@ -35,6 +35,18 @@ class ModelPart:
     def whole(cls, num_layers: int) -> ModelPart:
         """Every piece: the model of a run without pipeline parallelism."""
         return cls(tuple(range(num_layers)), True, True)
+
+
+C = TypeVar("C", bound=nn.Cell)
+
+
+def each_built(layer: C, layer_built: Callable[[nn.Cell], object] | None) -> C:
+    """`layer`, after `layer_built(layer)` when given: a model calls it on each decoder layer
+    as soon as the layer exists (fully sharded data parallelism cuts it to this rank's slice
+    there, so the model is never whole on a rank)."""
+    if layer_built is not None:
+        layer_built(layer)
+    return layer
 
 
 class LayerStack(nn.Cell):

@@ -18,7 +18,7 @@ Qwen3Settings`, MindSpore-free so that `mf-config validate` checks them), so a Q
 (sliding windows, rope scaling, attention dropout, other activations) are rejected.
 """
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import mindspore as ms
@@ -59,7 +59,7 @@ from .blocks import (
 )
 from .context_attention import SequenceExchange
 from .hf_weights import WeightMap
-from .parts import LayerStack, ModelPart
+from .parts import LayerStack, ModelPart, each_built
 
 PATH: Path = ("model",)
 
@@ -233,7 +233,8 @@ class Qwen3ForCausalLM(nn.Cell):
 
     def __init__(self, settings: Qwen3Settings, *, tensor_group: TensorGroup | None = None,
                  seed: int | None = None, source: Source | None = None,
-                 part: ModelPart | None = None, context_group: ContextGroup | None = None):
+                 part: ModelPart | None = None, context_group: ContextGroup | None = None,
+                 layer_built: Callable[[nn.Cell], object] | None = None):
         super().__init__()
         group = tensor_group if is_parallel(tensor_group) else None
         context = context_group if context_group is not None and context_group.size > 1 \
@@ -259,8 +260,9 @@ class Qwen3ForCausalLM(nn.Cell):
         if self.part.embedding or (self.part.head and self.tied):
             self.embedding = embedding(init.normal("model.embed_tokens.weight", vocab), group)
         self.decoder_layers = LayerStack({
-            i: Qwen3DecoderLayer(settings, initial_weights(layer_weight_maps(settings, i), init),
-                                 i, rotary, core, group, context)
+            i: each_built(Qwen3DecoderLayer(
+                settings, initial_weights(layer_weight_maps(settings, i), init), i, rotary,
+                core, group, context), layer_built)
             for i in self.part.layers})
         if self.part.head:
             self.final_norm = RMSNorm(settings.hidden_size, settings.rms_norm_eps)
@@ -278,12 +280,15 @@ class Qwen3ForCausalLM(nn.Cell):
     def from_config(cls, config: ModelConfig, *, tensor_group: TensorGroup | None = None,
                     source: Source | None = None, seed: int | None = None,
                     part: ModelPart | None = None,
-                    context_group: ContextGroup | None = None) -> "Qwen3ForCausalLM":
+                    context_group: ContextGroup | None = None,
+                    layer_built: Callable[[nn.Cell], object] | None = None,
+                    ) -> "Qwen3ForCausalLM":
         """The model the `model` section describes (keys checked, see `Qwen3Settings`); only
-        `part` of it on a pipeline stage."""
+        `part` of it on a pipeline stage; `layer_built` called with each decoder layer once
+        built."""
         settings = qwen3_settings(config.extras, source, tensor_size(tensor_group))
         return cls(settings, tensor_group=tensor_group, seed=seed, source=source, part=part,
-                   context_group=context_group)
+                   context_group=context_group, layer_built=layer_built)
 
     def weight_maps(self) -> list[WeightMap]:
         """The parameters this model (or pipeline part) holds, with their Hugging Face names."""

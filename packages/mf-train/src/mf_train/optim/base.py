@@ -28,6 +28,7 @@ from mindspore import Parameter, Tensor, ops
 from mf_config import OptimizerConfig
 from mf_config.component_settings import settings_error
 from mf_config.yaml_source import Source
+from mf_parallel.runtime.flat_shard import built_shape
 
 from .param_groups import check_rules, unmatched_rules, weight_decay_flags
 from .protocol import FLOAT32, STEP_KEY, OptimizerStateError, checked_lr
@@ -254,7 +255,7 @@ def decay_flags(config: OptimizerConfig, named_params: Sequence[tuple[str, Param
     exclude = check_rules(config.weight_decay_exclude, ("optimizer", "weight_decay_exclude"),
                           source)
     warn_unmatched_rules(config, [name for name, _ in named_params], source)
-    return weight_decay_flags([(name, len(param.shape)) for name, param in named_params],
+    return weight_decay_flags([(name, len(built_shape(param))) for name, param in named_params],
                               include, exclude)
 
 
