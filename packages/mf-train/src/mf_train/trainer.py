@@ -96,7 +96,7 @@ from .models import build_model, load_hf_state
 from .monitor import standard_callbacks
 from .optim import Optimizer
 from .placement import Placement
-from .process_memory import largest_peak, return_freed_host_memory
+from .process_memory import largest_peak, map_large_allocations, return_freed_host_memory
 from .run_directory import checkpoint_root
 from .step_monitors import MonitorObserver
 from .tensor_recut import RecutIndex
@@ -246,6 +246,7 @@ class Trainer:
             LOG.info("CPU backend: kernels launched synchronously (faster here than a launch "
                      "thread competing with the kernels' threads)")
         cap_device_memory(config.context.max_device_memory, self.device)
+        map_large_allocations()  # freed tensors leave the resident set (process_memory)
         seed_everything(config.training.seed, config.training.deterministic)
         self.plan = make_job_plan(config, world_size, source)
         no_effect = check_support(config, self.plan, self.device, source)
