@@ -2,7 +2,8 @@
 
 The model is a 127M-parameter Qwen3 (hidden 1024, 8 layers, 16 heads / 8 key-value heads,
 head dim 64, MLP 2816, vocabulary 32000, tied embedding, float32), AdamW, sequence 128,
-global batch 4 (local batch 4 / ranks: one micro-batch per rank), 2 steps and a checkpoint,
+global batch 4 (local batch 4 / ranks: one micro-batch per rank; `--micro-batches K`: global
+batch 4K, K micro-batches), 2 steps and a checkpoint,
 trained on the Python-docs corpus `nox -s train` builds (examples/data/make_corpus.py). For
 each number of ranks (1, 2, 4) and each data-parallel strategy (plain, `optim` = ZeRO-1,
 `optim_grads` = ZeRO-2, `optim_grads_params` = FSDP) one real `mf-train --nproc N` run:
@@ -56,8 +57,11 @@ def config_text(data_prefix: Path) -> str:
     return text[:text.index("recompute:")] + text[text.index("monitor:"):]
 
 
-def overrides(ranks: int, strategy: str) -> list[str]:
-    sets = [f"training.local_batch_size={4 // ranks}"]
+def overrides(ranks: int, strategy: str, micro_batches: int = 1) -> list[str]:
+    """The `--set` arguments of one run: `micro_batches` micro-batches per step on each rank
+    (global batch 4 x micro_batches)."""
+    sets = [f"training.local_batch_size={4 // ranks}",
+            f"training.global_batch_size={4 * micro_batches}"]
     if strategy == "plain":  # the default shards over every data-parallel rank
         sets += ["parallelism.data_parallel_shard=1"]
     else:
@@ -87,13 +91,15 @@ def polled_peak(command: list[str], env: dict[str, str], log: Path) -> tuple[int
     return process.returncode, peak / GIB
 
 
-def estimate_gib(config_path: Path, ranks: int, strategy: str) -> float | None:
+def estimate_gib(config_path: Path, ranks: int, strategy: str,
+                 micro_batches: int = 1) -> float | None:
     from mf_config import load_config
     from mf_memory.estimate import estimate
 
     loaded = load_config(config_path)
     config = loaded[0] if isinstance(loaded, tuple) else loaded
-    training = attrs.evolve(config.training, local_batch_size=4 // ranks)
+    training = attrs.evolve(config.training, local_batch_size=4 // ranks,
+                            global_batch_size=4 * micro_batches)
     parallelism = attrs.evolve(config.parallelism, data_parallel_shard=1) \
         if strategy == "plain" else attrs.evolve(
             config.parallelism, data_parallel_shard=-1, data_parallel_shard_strategy=strategy)
@@ -155,6 +161,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--ranks", default="1,2,4")
     parser.add_argument("--strategies", default=",".join(STRATEGIES))
+    parser.add_argument("--micro-batches", type=int, default=1,
+                        help="micro-batches per step on each rank (gradient accumulation)")
     parser.add_argument("--revisions", help="git revisions to measure, comma-separated "
                                             "(default: the installed packages)")
     args = parser.parse_args()
@@ -165,12 +173,12 @@ def main() -> None:
         for strategy in args.strategies.split(","):
             if ranks == 1 and strategy != "plain":
                 continue
-            estimate = estimate_gib(config, ranks, strategy)
+            estimate = estimate_gib(config, ranks, strategy, args.micro_batches)
             for code, env in codes:
                 output = tmp / f"{code.replace(' ', '_')}-{ranks}-{strategy}"
                 launch = ["--nproc", str(ranks)] if ranks > 1 else []
                 command = ["mf-train", "--config", str(config), "--output-dir", str(output),
-                           *launch, *overrides(ranks, strategy)]
+                           *launch, *overrides(ranks, strategy, args.micro_batches)]
                 code_rc, whole = polled_peak(command, env, tmp / f"{output.name}.log")
                 built, training = metrics_peaks(output) if code_rc == 0 else (None, None)
                 failed |= code_rc != 0
