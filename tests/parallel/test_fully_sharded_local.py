@@ -69,11 +69,14 @@ def test_forward_and_backward_gather_and_free_the_units(collectives) -> None:
     assert all(tuple(p.shape) == (0,) for p in fsdp.params)
 
 
-@pytest.mark.parametrize(("shapes", "kept"), [([(6, 4), (3,)], True), ([(3,), (6, 4)], False)])
+@pytest.mark.parametrize(("shapes", "share", "kept"), [
+    ([(6, 4), (3,)], True, True), ([(3,), (6, 4)], True, False),
+    ([(6, 4), (3,)], False, False)])
 def test_a_gather_keeps_a_dominant_first_tensor_in_the_gathered_buffer(
-        collectives, monkeypatch, shapes, kept) -> None:
-    """The root unit's embedding is most of its buffer: it is the gathered buffer itself
-    (no second copy of that size); every other tensor is a copy of its own."""
+        collectives, monkeypatch, shapes, share, kept) -> None:
+    """The root unit's embedding is most of its buffer: when asked (a unit that stays
+    gathered), it is the gathered buffer itself (no second copy of that size); every other
+    tensor, and every tensor of a unit freed after forward, is a copy of its own."""
     from mf_parallel.runtime.flat_shard import FlatShard
 
     flat = FlatShard(shapes, collectives)
@@ -84,7 +87,8 @@ def test_a_gather_keeps_a_dominant_first_tensor_in_the_gathered_buffer(
                         or gathered[-1])
     values = [np.arange(np.prod(shape), dtype=np.float32).reshape(shape) + 100 * i
               for i, shape in enumerate(shapes)]
-    tensors = flat.all_gather(flat.own(flat.flatten([ms.Tensor(v) for v in values])))
+    tensors = flat.all_gather(flat.own(flat.flatten([ms.Tensor(v) for v in values])),
+                              share_first=share)
     for got, want in zip(tensors, values, strict=True):
         np.testing.assert_array_equal(got.asnumpy(), want)
     [buffer] = gathered

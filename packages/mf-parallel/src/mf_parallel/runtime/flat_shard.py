@@ -130,19 +130,21 @@ class FlatShard:
             pieces.append(ops.zeros(end - max(begin, offset), flats[0].dtype))
         return fresh_copy(pieces[0]) if len(pieces) == 1 else ops.cat(pieces)
 
-    def all_gather(self, mine: ms.Tensor) -> list[ms.Tensor]:
+    def all_gather(self, mine: ms.Tensor, share_first: bool = False) -> list[ms.Tensor]:
         """The full tensors, in their shapes, from every rank's slice.
 
         Each is a copy, not a view into the gathered buffer: MindSpore copies a view with an
-        offset each time an operation uses it, and a saved copy is not the parameter, so
-        fully sharded data parallel could not recognise it (see `fully_sharded`). The one
-        exception: when the first tensor fills at least half of the buffer (the root unit's
-        embedding), it is the buffer itself, reshaped (offset 0, contiguous, its data pointer
-        the buffer's), which saves a copy of that size: the largest transient of a gather.
+        offset each time an operation uses it, and an operation saves a copy of a view, not
+        the view, so fully sharded data parallel could not recognise a saved parameter (see
+        `fully_sharded`). With `share_first` (a caller that need not recognise saved
+        tensors: a unit that stays gathered through backward), when the first tensor fills
+        at least half of the buffer (the root unit's embedding) it is the buffer itself,
+        reshaped (offset 0, contiguous), which saves a copy of that size: the largest
+        transient of a gather.
         """
         full = self.collectives.all_gather(mine, "shard")
         pieces = mint.split(full, [*self.numels, self.padding] if self.padding else self.numels)
-        keep_first = 2 * self.numels[0] >= len(full)
+        keep_first = share_first and 2 * self.numels[0] >= len(full)
         return [piece.reshape(shape) if index == 0 and keep_first
                 else fresh_copy(piece.reshape(shape))
                 for index, (piece, shape) in enumerate(zip(pieces, self.shapes, strict=False))]
