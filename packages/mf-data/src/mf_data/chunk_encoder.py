@@ -12,9 +12,11 @@ from __future__ import annotations
 import multiprocessing
 import os
 import signal
+import threading
 from collections import deque
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -125,6 +127,20 @@ def _encode_in_worker(chunk: LineChunk) -> EncodedChunk:
     return _worker_encoder(chunk)
 
 
+def _pool_ignoring_sigint(workers: int, encoder: ChunkEncoder) -> Any:
+    """The workers' pool, started with SIGINT ignored: an ignored signal stays ignored across
+    the exec of a spawned worker, and Python then installs no KeyboardInterrupt handler, so a
+    Ctrl-C during a worker's start-up (before `_start_worker` runs) prints no traceback."""
+    context = multiprocessing.get_context("spawn")
+    main = threading.current_thread() is threading.main_thread()  # signal.signal needs it
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN) if main else None
+    try:
+        return context.Pool(workers, initializer=_start_worker, initargs=(encoder,))
+    finally:
+        if main:
+            signal.signal(signal.SIGINT, previous)
+
+
 def encode_chunks(encoder: ChunkEncoder, chunks: Iterable[LineChunk],
                   workers: int) -> Iterator[EncodedChunk]:
     """The encoded chunks in input order, encoded here (``workers == 1``) or by ``workers``
@@ -133,8 +149,7 @@ def encode_chunks(encoder: ChunkEncoder, chunks: Iterable[LineChunk],
     if workers == 1:
         yield from map(encoder, chunks)
         return
-    context = multiprocessing.get_context("spawn")
-    with context.Pool(workers, initializer=_start_worker, initargs=(encoder,)) as pool:
+    with _pool_ignoring_sigint(workers, encoder) as pool:
         pending: deque = deque()
         for chunk in chunks:
             pending.append(pool.apply_async(_encode_in_worker, (chunk,)))
