@@ -10,6 +10,7 @@ import io
 import json
 import logging
 import math
+import os
 import struct
 import subprocess
 import sys
@@ -489,8 +490,14 @@ def test_standard_callbacks_order_and_a_whole_run(tmp_path: Path, caplog) -> Non
 
 def test_tensorboard_writes_without_importing_pytorch(tmp_path: Path) -> None:
     """tensorboardX's package imports PyTorch when it is installed (seconds and ~190 MiB on
-    rank 0); the writer does not need it. In a fresh process, with torch importable."""
-    pytest.importorskip("torch")
+    rank 0); the writer does not need it. In a fresh process where `import torch` would
+    succeed: a stand-in `torch` package first on the path records every import of it."""
+    stand_in = tmp_path / "path" / "torch"
+    stand_in.mkdir(parents=True)
+    imports = tmp_path / "torch_imports.txt"
+    (stand_in / "__init__.py").write_text(
+        f"with open({str(imports)!r}, 'a') as f:\n    f.write('imported\\n')\n"
+        "Tensor = object\n")
     script = (
         "import sys\n"
         "from pathlib import Path\n"
@@ -501,10 +508,13 @@ def test_tensorboard_writes_without_importing_pytorch(tmp_path: Path) -> None:
         "writer.on_train_begin(ctx)\n"
         "writer.on_train_end(ctx, None)\n"
         "print('torch' in sys.modules, 'tensorboardX' in sys.modules)\n"
-        "import torch\n"  # the hidden import left nothing behind
-        "print(torch.ones(3).numel())\n")
+        "import torch\n"  # the hidden import left nothing behind: torch imports again
+        "print(torch.Tensor is object)\n")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+        [str(tmp_path / "path"), os.environ.get("PYTHONPATH", "")]))
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
-                            timeout=120, check=True)
-    assert result.stdout.split() == ["False", "True", "3"]
+                            timeout=120, check=True, env=env)
+    assert result.stdout.split() == ["False", "True", "True"]
+    assert imports.read_text().splitlines() == ["imported"]  # only the script's own import
     assert [event.file_version for event in read_events(tmp_path / "tensorboard")] == [
         "brain.Event:2"]
