@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import Any, NamedTuple
+from typing import Any
 
 import mindspore as ms
 import numpy as np
@@ -150,16 +150,8 @@ class FlatShard:
                 for index, (piece, shape) in enumerate(zip(pieces, self.shapes, strict=False))]
 
 
-class Presliced(NamedTuple):
-    """A unit's parameters already cut to this rank's slice (`preslice`): their shapes as
-    built, and the slice of their flat buffer."""
-
-    shapes: list[tuple[int, ...]]
-    mine: ms.Tensor
-
-
 PRESLICED = "mf_presliced"
-"""The attribute of a cell whose parameters `preslice` emptied: its `Presliced`."""
+"""The attribute of a cell whose parameters `preslice` emptied: this rank's slice of them."""
 BUILT_SHAPE = "mf_built_shape"
 """The attribute of a parameter `preslice` emptied: its shape as built."""
 
@@ -169,44 +161,47 @@ def built_shape(param: Parameter) -> tuple[int, ...]:
     return getattr(param, BUILT_SHAPE, None) or tuple(param.shape)
 
 
-def preslice(cell: Any, collectives: Collectives) -> Presliced:
+def preslice(cell: Any, collectives: Collectives) -> ms.Tensor:
     """Cut a freshly built unit to this rank's slice of its flat buffer at once, emptying
-    its parameters, so that a model built unit by unit never holds more than one unit whole
-    (fully sharded data parallel then takes the slice instead of cutting it, see
-    `FlatBucket`). Records the result on the cell (`PRESLICED`).
+    its parameters (each keeps its shape as built, `built_shape`), so that a model built
+    unit by unit never holds more than one unit whole (fully sharded data parallel then takes
+    the slice instead of cutting it, see `FlatBucket`). Records the slice on the cell
+    (`PRESLICED`).
 
     Args:
         cell: the unit (a decoder layer), its parameters whole.
         collectives: the groups the slice is taken over (`shard`).
 
     Returns:
-        The parameters' shapes and this rank's slice.
+        This rank's slice.
     """
     params = list(cell.trainable_params())
     flat = FlatShard([p.shape for p in params], collectives)
-    done = Presliced([tuple(p.shape) for p in params], flat.own(flat.flatten(params)))
+    mine = flat.own(flat.flatten(params))
     for param in params:
         setattr(param, BUILT_SHAPE, tuple(param.shape))
         param.set_data(ops.zeros((0,), param.dtype), slice_shape=True)
-    setattr(cell, PRESLICED, done)
-    return done
+    setattr(cell, PRESLICED, mine)
+    return mine
 
 
 class FlatBucket:
     """Parameters laid out in one `FlatShard`, with this rank's slice of their values as
     `master` (a Parameter in their dtype): one buffer of the sharded strategies. With
-    `presliced`, the parameters are already empty and the slice is given."""
+    `presliced` (`preslice`'s slice), the parameters are already empty and the slice given."""
 
     def __init__(self, name: str, params: Sequence[Parameter], collectives: Collectives,
-                 presliced: Presliced | None = None):
+                 presliced: ms.Tensor | None = None):
         self.name = name
         self.params = list(params)
+        self.flat = FlatShard([built_shape(p) for p in self.params], collectives)
         if presliced is None:
-            self.flat = FlatShard([p.shape for p in self.params], collectives)
             mine = self.flat.own(self.flat.flatten(self.params))
+        elif tuple(presliced.shape) != (self.flat.length,):
+            raise ValueError(f"{name}: a slice of {presliced.shape[0]} elements was cut when "
+                             f"the unit was built; its parameters now need "
+                             f"{self.flat.length}")
         else:
-            self.flat = FlatShard(presliced.shapes, collectives)
             dtype = self.params[0].dtype  # a model may cast its parameters once built
-            mine = presliced.mine if presliced.mine.dtype == dtype \
-                else ops.cast(presliced.mine, dtype)
+            mine = presliced if presliced.dtype == dtype else ops.cast(presliced, dtype)
         self.master = Parameter(mine, name=f"mf_sharded_{name}")

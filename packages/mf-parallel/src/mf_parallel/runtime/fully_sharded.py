@@ -46,14 +46,14 @@ from mindspore.experimental.optim import AdamW
 from mf_parallel.reshard_policy import reshard_plan
 
 from .collectives import Collectives
-from .flat_shard import PRESLICED, FlatBucket, Presliced
+from .flat_shard import PRESLICED, FlatBucket
 
 
 class ShardedUnit(FlatBucket):
     """The parameters one cell owns, kept as this rank's slice and gathered on demand."""
 
     def __init__(self, name: str, params: Sequence[Parameter], collectives: Collectives,
-                 reshard_after_forward: bool, presliced: Presliced | None = None):
+                 reshard_after_forward: bool, presliced: ms.Tensor | None = None):
         super().__init__(f"fsdp_{name}", params, collectives, presliced)
         self.name = name
         self.reshard_after_forward = reshard_after_forward
@@ -162,7 +162,7 @@ class FullyShardedDataParallel:
         root = [p for p in self.params if id(p) not in {id(q) for ps in owned for q in ps}]
         reshard = reshard_plan(reshard_after_forward_policy, len(units), pipeline_parallel)
         self.units = [ShardedUnit(f"unit{i}", ps, collectives, flag,
-                                  _presliced(cell, ps))
+                                  getattr(cell, PRESLICED, None))
                       for i, (cell, ps, flag) in enumerate(zip(units, owned, reshard,
                                                                strict=True))]
         self.root = ShardedUnit("root", root, collectives, False) if root else None
@@ -296,17 +296,6 @@ class FullyShardedDataParallel:
     def _hook_root(self, model: nn.Cell) -> None:
         model.register_forward_pre_hook(lambda _cell, _inputs: self._enter_forward())
         model.register_forward_hook(lambda _cell, _inputs, _output: self.saved.exit())
-
-
-def _presliced(cell: nn.Cell, params: Sequence[Parameter]) -> Presliced | None:
-    """The slice `flat_shard.preslice` cut from this unit when it was built, if it did: for
-    the same parameters (a check: a unit cut before some of its parameters were left out of
-    the sharding could not be laid out again)."""
-    presliced = getattr(cell, PRESLICED, None)
-    if presliced is not None and len(presliced.shapes) != len(params):
-        raise ValueError(f"unit {type(cell).__name__} was cut for {len(presliced.shapes)} "
-                         f"parameters when built and holds {len(params)} trainable ones now")
-    return presliced
 
 
 def _owned_params(units: Sequence[nn.Cell], params: list[Parameter]) -> list[list[Parameter]]:
