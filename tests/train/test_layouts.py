@@ -98,6 +98,36 @@ def test_context_ranks_count_as_data_ranks_for_the_inner_layout(world, paralleli
     assert sorted(RankMesh(folded).groups("data")) == sorted(RankMesh(whole).groups("loss"))
 
 
+@pytest.mark.parametrize(("world", "parallelism", "shards"), [
+    (2, {"data_parallel_shard_strategy": "optim_grads_params"}, 2),
+    (4, {"pipeline_parallel": 2}, 2),  # FSDP over each stage's 2 data ranks
+    (4, {"context_parallel": 2}, 4),  # FSDP over data x context
+    (2, {"data_parallel_shard_strategy": "optim_grads"}, None),
+    (2, {"data_parallel_shard": 1}, None),
+    (4, {"pipeline_parallel": 2, "data_parallel_shard": 1}, None),
+    (2, {"context_parallel": 2, "data_parallel_shard": 1}, None),
+    (1, {}, None),
+])
+def test_layers_are_cut_as_built_wherever_fsdp_runs(world, parallelism, shards) -> None:
+    """FSDP, also inside the pipeline and context layouts, cuts each decoder layer to rank
+    0's slice (over the group FSDP shards over) as the model builds it; every layout that
+    keeps parameters whole leaves the layers as built."""
+    from mf_parallel.mesh import RankMesh
+    from mf_parallel.runtime.comm import Communication
+    from mf_parallel.runtime.flat_shard import PRESLICED
+
+    plan_dims, config = dims(world, **parallelism)
+    comm = Communication(rank=0, world_size=world, device_target="CPU",
+                         group_ranks=RankMesh(plan_dims).groups_of(0), group_names={})
+    hook = layout_for(plan_dims, config).layer_built(plan_dims, config, Collectives(comm))
+    assert (hook is not None) == (shards is not None)
+    if hook is not None:
+        layer = ms.nn.Dense(3, 5)  # 20 elements
+        hook(layer)
+        assert [tuple(p.shape) for p in layer.trainable_params()] == [(0,), (0,)]
+        assert tuple(getattr(layer, PRESLICED).shape) == (-(-20 // shards),)
+
+
 @pytest.mark.parametrize("strategy", ["optim", "optim_grads", "optim_grads_params"])
 def test_sharding_with_tensor_parallelism_is_not_refused(strategy) -> None:
     """Data parallel 2 x tensor parallel 2: each sharded strategy runs (the 4-rank runs are

@@ -53,7 +53,6 @@ from mf_parallel import Plan
 from mf_parallel.runtime import Collectives, Communication, init_communication
 from mf_parallel.runtime.context_parallel import ContextGroup
 from mf_parallel.runtime.expert_dispatch import ExpertGroup
-from mf_parallel.runtime.flat_shard import preslice
 from mf_parallel.runtime.tensor_parallel import TensorGroup
 
 from . import world_group
@@ -76,7 +75,6 @@ from .gradient_norm import clip_coefficient
 from .input_checks import check_inputs
 from .job import check_support, make_job_plan, resolve_device
 from .layouts import (
-    FSDP,
     LayoutParts,
     MicroBatch,
     Observers,
@@ -350,15 +348,10 @@ class Trainer:
 
     def _layer_slicer(self, parallelism: ParallelismConfig,
                       ) -> Callable[[nn.Cell], object] | None:
-        """Under FSDP, each decoder layer cut to this rank's slice as soon as the model has
-        built it (`flat_shard.preslice`), so that no rank holds the model whole: the build
-        peak is the rank's share, the root unit (embedding, final norm, head) and one layer.
-        None for every other layout (FSDP composed with pipeline, expert or context
-        parallelism still builds its part whole, then shards it)."""
+        """The chosen layout's `layer_built` hook (None when no layout runs this plan)."""
         chosen = layout_for(self.plan.dims, parallelism)
-        if chosen is None or not issubclass(chosen, FSDP):
-            return None
-        return lambda layer: preslice(layer, self.collectives)
+        return None if chosen is None else chosen.layer_built(self.plan.dims, parallelism,
+                                                              self.collectives)
 
     def _apply_memory(self) -> ActivationSwap:
         """Recompute and communication recompute marked on the model; the activation swap."""

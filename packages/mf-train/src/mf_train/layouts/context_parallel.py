@@ -18,8 +18,10 @@ averaged gradient is its gradient.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 
 import attrs
+from mindspore import nn
 
 from mf_config import ParallelismConfig
 from mf_parallel.dims import ParallelDims
@@ -65,6 +67,18 @@ class ContextParallel(StepLayout):
         from . import inner_problems
 
         return inner_problems(without_context(dims), sections)
+
+    @classmethod
+    def layer_built(cls, dims: ParallelDims, parallelism: ParallelismConfig,
+                    collectives: Collectives) -> Callable[[nn.Cell], object] | None:
+        """The layers cut as the inner layout cuts them, over data x context (as `build`
+        gives it its collectives)."""
+        from . import layout_for
+
+        folded = without_context(dims)
+        inner = layout_for(folded, parallelism)
+        return None if inner is None else inner.layer_built(
+            folded, parallelism, Collectives(collectives.comm.context_as_data()))
 
     @classmethod
     def build(cls, parts: LayoutParts) -> ContextParallel:

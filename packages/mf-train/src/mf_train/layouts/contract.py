@@ -20,7 +20,7 @@ from __future__ import annotations
 import contextlib
 import math
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import ClassVar, Protocol
@@ -177,6 +177,16 @@ class StepLayout(ABC):
     def problems(cls, dims: ParallelDims, sections: LayoutSections) -> list[Problem]:
         """The settings this layout cannot run with, found before any rank starts."""
         return []
+
+    @classmethod
+    def layer_built(cls, dims: ParallelDims, parallelism: ParallelismConfig,
+                    collectives: Collectives) -> Callable[[nn.Cell], object] | None:
+        """What to do with each decoder layer as soon as the model has built it, before the
+        next is built (`build_model(layer_built=)`): a layout that shards parameters cuts it
+        to this rank's part there, so the model never exists whole on a rank; a composing
+        layout asks its inner one. None (the default) keeps layers as built; `build` then
+        receives the model whole."""
+        return None
 
     @classmethod
     @abstractmethod

@@ -18,9 +18,10 @@ under their model-wide names.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import attrs
-from mindspore import Parameter, Tensor
+from mindspore import Parameter, Tensor, nn
 
 from mf_config import ParallelismConfig
 from mf_memory.layers import ids_text
@@ -81,6 +82,16 @@ class Pipelined(StepLayout):
         from . import inner_problems
 
         return inner_problems(without_pipeline(dims), sections, dims)
+
+    @classmethod
+    def layer_built(cls, dims: ParallelDims, parallelism: ParallelismConfig,
+                    collectives: Collectives) -> Callable[[nn.Cell], object] | None:
+        """The stage's layers cut as its inner layout cuts them (FSDP: as they are built)."""
+        from . import layout_for
+
+        inner = layout_for(without_pipeline(dims), parallelism)
+        return None if inner is None else inner.layer_built(without_pipeline(dims),
+                                                            parallelism, collectives)
 
     @classmethod
     def build(cls, parts: LayoutParts) -> Pipelined:

@@ -37,7 +37,7 @@ and FSDP's do not stack).
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from typing import Any
 
@@ -49,6 +49,7 @@ from mf_config.yaml_source import Source
 from mf_parallel import runtime
 from mf_parallel.dims import ParallelDims
 from mf_parallel.runtime import Collectives
+from mf_parallel.runtime.flat_shard import preslice
 from mf_parallel.runtime.grad_shards import ShardedGradients
 from mf_parallel.runtime.tensor_parallel import (
     SEQUENCE_PARALLEL_ATTRIBUTE,
@@ -311,6 +312,14 @@ class FSDP(ZeRO):
                                     f"{'.'.join(path)}: false or choose "
                                     "data_parallel_shard_strategy 'optim_grads' (ZeRO-2)"))
         return found
+
+    @classmethod
+    def layer_built(cls, dims: ParallelDims, parallelism: ParallelismConfig,
+                    collectives: Collectives) -> Callable[[nn.Cell], object]:
+        """Each decoder layer cut to this rank's slice as soon as it is built
+        (`flat_shard.preslice`; the wrapper takes the slice): the build peak is the rank's
+        share, the root unit (embedding, final norm, head) and one layer."""
+        return lambda layer: preslice(layer, collectives)
 
     @classmethod
     def shard(cls, parts: LayoutParts, params: list[Parameter]) -> Any:
