@@ -69,31 +69,23 @@ def test_forward_and_backward_gather_and_free_the_units(collectives) -> None:
     assert all(tuple(p.shape) == (0,) for p in fsdp.params)
 
 
-@pytest.mark.parametrize(("shapes", "share", "kept"), [
-    ([(6, 4), (3,)], True, True), ([(3,), (6, 4)], True, False),
-    ([(6, 4), (3,)], False, False)])
-def test_a_gather_keeps_a_dominant_first_tensor_in_the_gathered_buffer(
-        collectives, monkeypatch, shapes, share, kept) -> None:
-    """The root unit's embedding is most of its buffer: when asked (a unit that stays
-    gathered), it is the gathered buffer itself (no second copy of that size); every other
-    tensor, and every tensor of a unit freed after forward, is a copy of its own."""
-    from mf_parallel.runtime.flat_shard import FlatShard
+@pytest.mark.parametrize("dtype", [ms.float32, ms.bfloat16])  # bfloat16: no CPU pad kernel
+@pytest.mark.parametrize(("shape", "low", "count"), [
+    ((3, 2, 4), 5, 7), ((5,), 1, 3), ((4, 3), 0, 12), ((4, 3), 3, 3), ((4, 3), 2, 9),
+    ((), 0, 1)])
+def test_a_rank_s_part_is_placed_in_a_zero_tensor_of_the_whole_shape(
+        dtype, shape, low, count) -> None:
+    """What each rank contributes to the emulated all-gather of one tensor: its elements at
+    their row-major positions, zeros elsewhere, in memory of its own."""
+    from mf_parallel.runtime.flat_shard import _placed_in
 
-    flat = FlatShard(shapes, collectives)
-    gathered = []
-    all_gather = collectives.all_gather
-    monkeypatch.setattr(collectives, "all_gather",
-                        lambda tensor, group: gathered.append(all_gather(tensor, group))
-                        or gathered[-1])
-    values = [np.arange(np.prod(shape), dtype=np.float32).reshape(shape) + 100 * i
-              for i, shape in enumerate(shapes)]
-    tensors = flat.all_gather(flat.own(flat.flatten([ms.Tensor(v) for v in values])),
-                              share_first=share)
-    for got, want in zip(tensors, values, strict=True):
-        np.testing.assert_array_equal(got.asnumpy(), want)
-    [buffer] = gathered
-    shares = [tensor.data_ptr() == buffer.data_ptr() for tensor in tensors]
-    assert shares == [kept, False]
+    part = ms.Tensor(np.arange(1, count + 1, dtype=np.float32)).astype(dtype)
+    placed = _placed_in(shape, part, low)
+    want = np.zeros(int(np.prod(shape)), np.float32)
+    want[low:low + count] = np.arange(1, count + 1)
+    assert tuple(placed.shape) == shape and placed.dtype == dtype
+    np.testing.assert_array_equal(placed.astype(ms.float32).asnumpy().reshape(-1), want)
+    assert placed.data_ptr() != part.data_ptr()
 
 
 def test_units_cut_as_they_are_built_train_as_units_cut_after(collectives) -> None:

@@ -10,6 +10,10 @@ from mindspore import Tensor
 from mf_config import ParallelismConfig, TrainingConfig
 from mf_parallel import make_plan
 from mf_parallel.runtime import Collectives
+from mf_parallel.runtime.flat_shard import FlatShard
+
+FLAT_SHAPES = [(5, 3), (4,), (2, 2, 2)]
+"""The tensors of the flat-buffer gather: 31 elements, padded on every shard degree."""
 
 
 def run(connect, *, world: int, tensor_parallel: int) -> dict:
@@ -31,8 +35,11 @@ def run(connect, *, world: int, tensor_parallel: int) -> dict:
         size = comm.group_size(kind)
         x = value((2 * size, 3))
         transposed = value((3, 2 * size)).T  # non-contiguous input
+        summed_in_place = x * 1  # a tensor of its own (the input stays as it was)
+        col.all_reduce_in_place(summed_in_place, kind)
         results[kind] = {
             "all_reduce": col.all_reduce(x, kind).asnumpy().tolist(),
+            "all_reduce_in_place": summed_in_place.asnumpy().tolist(),
             "all_reduce_noncontiguous": col.all_reduce(transposed, kind).asnumpy().tolist(),
             "all_reduce_max": col.all_reduce(x, kind, op="max").asnumpy().tolist(),
             "all_gather": col.all_gather(x, kind).asnumpy().tolist(),
@@ -41,6 +48,14 @@ def run(connect, *, world: int, tensor_parallel: int) -> dict:
             "broadcast": col.broadcast(x, kind,
                                        src=comm.group_ranks[kind][-1]).asnumpy().tolist(),
         }
+    flat = FlatShard(FLAT_SHAPES, col)  # over the shard group
+    wholes = [Tensor(np.arange(np.prod(shape), dtype=np.float32).reshape(shape) + 100 * i)
+              for i, shape in enumerate(FLAT_SHAPES)]
+    gathered = flat.all_gather(flat.own(flat.flatten(wholes)))
+    results["flat_gather"] = {
+        "values": [t.asnumpy().tolist() for t in gathered],
+        "own_memory": len({t.data_ptr() for t in gathered}) == len(gathered)
+        and all(t.is_contiguous() and t.storage_offset() == 0 for t in gathered)}
     if comm.world_size >= 2:  # rank 0 sends to the last rank
         last = comm.world_size - 1
         payload = value((2, 2), 0.5) if rank == 0 else Tensor(np.zeros((2, 2), np.float32))

@@ -13,7 +13,7 @@ not reduce-scatter, all-to-all or send/recv (see shared/reference/mindspore-cpu.
 - send/recv = that broadcast inside a two-rank group of sender and receiver.
 Ascend and GPU use the real operations. Every input is made contiguous first: the CPU backend
 silently reduces wrong values from non-contiguous tensors (the transposed weight's gradient).
-All operations are out of place and return new tensors.
+All operations but `all_reduce_in_place` are out of place and return new tensors.
 
 `start_all_gather` launches an all-gather without waiting for it (MindSpore's `async_op`
 collectives: on Ascend and GPU on the communication stream, on CPU the emulation's all-reduce)
@@ -77,6 +77,13 @@ class Collectives:
         stacked = self.all_gather(tensor.reshape(1, *tensor.shape), kind)
         assert stacked.shape[0] == size
         return _LOCAL_REDUCTIONS[op](stacked)
+
+    def all_reduce_in_place(self, tensor: ms.Tensor, kind: str) -> None:
+        """Sum `tensor` (contiguous, not a view) over the group, in place: no second buffer
+        of its size, which an out-of-place reduction allocates."""
+        group = self.comm.group(kind)
+        if group is not None:
+            mint.distributed.all_reduce(tensor, group=group)
 
     def all_gather(self, tensor: ms.Tensor, kind: str) -> ms.Tensor:
         """The group's tensors concatenated along dim 0, in group-rank order."""

@@ -130,24 +130,69 @@ class FlatShard:
             pieces.append(ops.zeros(end - max(begin, offset), flats[0].dtype))
         return fresh_copy(pieces[0]) if len(pieces) == 1 else ops.cat(pieces)
 
-    def all_gather(self, mine: ms.Tensor, share_first: bool = False) -> list[ms.Tensor]:
+    def all_gather(self, mine: ms.Tensor) -> list[ms.Tensor]:
         """The full tensors, in their shapes, from every rank's slice.
 
-        Each is a copy, not a view into the gathered buffer: MindSpore copies a view with an
-        offset each time an operation uses it, and an operation saves a copy of a view, not
-        the view, so fully sharded data parallel could not recognise a saved parameter (see
-        `fully_sharded`). With `share_first` (a caller that need not recognise saved
-        tensors: a unit that stays gathered through backward), when the first tensor fills
-        at least half of the buffer (the root unit's embedding) it is the buffer itself,
-        reshaped (offset 0, contiguous), which saves a copy of that size: the largest
-        transient of a gather.
+        Each is a tensor of its own, not a view into a gathered buffer: MindSpore copies a
+        view each time an operation uses it (for the 131 MB embedding, at every lookup and
+        at the head's matmul), and an operation saves a copy of a view for backward, so fully
+        sharded data parallel could not recognise a saved parameter (see `fully_sharded`).
+
+        Where collectives are emulated (CPU), each tensor is gathered into its own memory: a
+        zero tensor of its shape holding this rank's elements, summed over the group in
+        place. The largest transient of a gather is then the unit's tensors themselves,
+        against the gathered buffer, the emulation's placed copy of it and the tensors cut
+        from it (three times the unit) otherwise. Elsewhere the backend's all-gather runs on
+        the flat buffer and each tensor is copied out of it.
         """
+        if self.shards > 1 and self.collectives.emulates("all_gather"):
+            held = {index: (low, high, offset) for index, low, high, offset
+                    in self.own_ranges()}
+            fulls = []
+            for index, shape in enumerate(self.shapes):
+                if index in held:
+                    low, high, offset = held[index]
+                    full = _placed_in(shape, mine[offset:offset + high - low], low)
+                else:
+                    full = ops.zeros(shape, mine.dtype)
+                self.collectives.all_reduce_in_place(full, "shard")
+                fulls.append(full)
+            return fulls
         full = self.collectives.all_gather(mine, "shard")
         pieces = mint.split(full, [*self.numels, self.padding] if self.padding else self.numels)
-        keep_first = share_first and 2 * self.numels[0] >= len(full)
-        return [piece.reshape(shape) if index == 0 and keep_first
-                else fresh_copy(piece.reshape(shape))
-                for index, (piece, shape) in enumerate(zip(pieces, self.shapes, strict=False))]
+        return [fresh_copy(piece.reshape(shape))
+                for piece, shape in zip(pieces, self.shapes, strict=False)]
+
+
+def _placed_in(shape: tuple[int, ...], part: ms.Tensor, low: int) -> ms.Tensor:
+    """A tensor of `shape` (memory of its own, not a view) holding `part` as its row-major
+    elements `[low, low + len(part))` and zeros elsewhere. Built by padding: the rows `part`
+    touches, then the rows before and after (MindSpore's slice assignment builds index
+    tensors of the part's size, several times the part in transient memory)."""
+    high = low + part.shape[0]
+    if not shape:
+        return part.reshape(()) * 1
+    inner = math.prod(shape[1:])
+    first, last = low // inner, -(-high // inner)
+    before, after = low - first * inner, last * inner - high
+    rows = _zero_rows_around(part, before, after) if before or after else part
+    block = rows.reshape((last - first, *shape[1:]))
+    if first == 0 and last == shape[0]:
+        return fresh_copy(block)
+    return _zero_rows_around(block, first, shape[0] - last)
+
+
+PAD_DTYPES = (ms.float16, ms.float32, ms.float64)
+"""The dtypes MindSpore 2.10's CPU pad kernel takes (not bfloat16)."""
+
+
+def _zero_rows_around(tensor: ms.Tensor, before: int, after: int) -> ms.Tensor:
+    """`tensor` between `before` and `after` zero rows (along dim 0): a new tensor, padded in
+    one operation where the kernel exists, else concatenated with zero blocks."""
+    if tensor.dtype in PAD_DTYPES:
+        return ops.pad(tensor, (0, 0) * (tensor.ndim - 1) + (before, after))
+    return ops.cat([ops.zeros((rows, *tensor.shape[1:]), tensor.dtype)
+                    if rows != -1 else tensor for rows in (before, -1, after)])
 
 
 PRESLICED = "mf_presliced"

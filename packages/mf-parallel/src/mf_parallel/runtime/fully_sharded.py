@@ -66,9 +66,7 @@ class ShardedUnit(FlatBucket):
         """Put the full parameters into the model (no-op when they are there)."""
         if self.gathered:
             return
-        # a unit freed after forward has its saved parameters recognised: no shared buffer
-        gathered = self.flat.all_gather(self.master.value(),
-                                        share_first=not self.reshard_after_forward)
+        gathered = self.flat.all_gather(self.master.value())
         for param, full in zip(self.params, gathered, strict=True):
             param.set_data(full, slice_shape=True)
         self.gathered = True
