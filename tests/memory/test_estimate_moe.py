@@ -172,9 +172,12 @@ def test_fsdp_slices_experts_only_without_expert_parallelism() -> None:
     # 2 experts per rank, kept whole (mf-train's ExpertParallel updates them apart), and
     # whole gradients accumulated over the micro-batches (its own backward pass)
     buffers = [DENSE_LAYER, MOE_LAYER - BIAS - EXPERTS, OUTER]
-    assert with_ep.routed_experts == (4, 2, 1)
+    assert with_ep.routed_experts == (4, 2, 2)
     assert with_ep.params == 4 * (sum(b // 4 for b in buffers) + EXPERTS // 2 + BIAS)
     assert with_ep.grads == 4 * (PARAMS - BIAS - EXPERTS // 2)
+    # the experts' AdamW over their slices of the 2-rank expert-data group (moments and a
+    # float32 master, 12 B per element, as ZeRO's), the rest's FSDP slices (moments, 8 B)
+    assert with_ep.optimizer == 8 * sum(b // 4 for b in buffers) + 12 * (EXPERTS // 2 // 2)
 
 
 def test_tensor_parallel_splits_mla_as_megatron_does() -> None:

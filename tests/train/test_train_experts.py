@@ -92,25 +92,40 @@ def test_expert_parallel_resumes_bit_for_bit(data_prefix, two_ranks, tmp_path) -
 
 def test_fsdp_over_four_ranks_with_expert_parallel_two(data_prefix, single, tmp_path) -> None:
     """FSDP over 4 ranks x expert parallel 2: each expert on two ranks (its expert-data group),
-    whose gradients are summed over just those two."""
+    whose gradients are summed over just those two, and the experts sliced over those two
+    as the rest is over the four (each keeps AdamW's state of half its experts)."""
     ranks(data_prefix, tmp_path, 4, "parallelism.expert_parallel=2",
           "training.local_batch_size=1")
     assert_same_run(tmp_path, single)
     assert_same_weights(tmp_path, single)
-    # ranks 2 and 3 hold the experts of ranks 0 and 1 (their expert-data groups): written once
+    # ranks 0 and 2 hold experts 0-1, ranks 1 and 3 experts 2-3; each MoE layer's experts
+    # are one flat buffer cut in two: the first rank's half is its first expert
     assert [experts_written(tmp_path, rank, 4) for rank in range(4)] == \
-        [{0, 1}, {2, 3}, set(), set()]
+        [{0}, {2}, {1}, {3}]
+    assert ("expert parallel 2 (experts 0-1 of 4 here, all-to-all, sliced over 2 expert-data "
+            "ranks) x FSDP over 4 ranks") in worker_log(tmp_path)
+    # AdamW's state: each rank writes (and holds) the moments of its half of its experts
+    held = [sum(piece.stop - piece.start for piece in
+                rank_pieces(tmp_path, 4, "opt", rank, 4, PREFIXES[DEEPSEEK])
+                if piece.name.startswith("adam_m.") and ".mlp.experts." in piece.name)
+            for rank in range(4)]
+    experts = {name: array.size for name, array in saved_tensors(single, 4).items()
+               if ".mlp.experts." in name}
+    per_rank = sum(experts.values()) // 2  # each rank's 2 of the 4 experts
+    assert held == [per_rank // 2] * 4
 
 
 def test_tensor_fsdp_and_expert_parallel_on_four_ranks(data_prefix, single, tmp_path) -> None:
     """Tensor parallel 2 x FSDP 2 x expert parallel 2 (over the shard ranks): each tensor rank
     routes its sequence slice to the experts of its expert group; the two tensor ranks of a
-    place hold the same experts and sum their gradients (the expert-data group)."""
+    place hold the same experts, sum their gradients and slice them (the expert-data
+    group)."""
     ranks(data_prefix, tmp_path, 4, "parallelism.expert_parallel=2",
           "parallelism.tensor_parallel=2")
     assert_same_run(tmp_path, single)
-    assert ("expert parallel 2 (experts 0-1 of 4 here, all-to-all) x FSDP over 2 ranks, "
-            "tensor parallel 2 (sequence parallel)") in worker_log(tmp_path)
+    assert ("expert parallel 2 (experts 0-1 of 4 here, all-to-all, sliced over 2 expert-data "
+            "ranks) x FSDP over 2 ranks, tensor parallel 2 (sequence parallel)"
+            ) in worker_log(tmp_path)
 
 
 def test_expert_parallel_over_the_tensor_ranks(data_prefix, single, tmp_path) -> None:

@@ -120,11 +120,14 @@ def describe(result: MemoryEstimate, tips: Sequence[tuple[str, int]] = ()) -> st
 
 def _experts_note(result: MemoryEstimate) -> str:
     """`256 per MoE layer, 32 here (expert_parallel 8, whole experts), not sliced` (or
-    `sliced over 8 ranks` by FSDP/ZeRO without expert parallelism)."""
+    `sliced over 8 ranks` by FSDP/ZeRO without expert parallelism, or with it `optimizer
+    state sliced over 2 expert-data ranks`)."""
     assert result.routed_experts is not None
     total, here, ranks = result.routed_experts
     parallel = total // here
-    sliced = f"sliced over {ranks} ranks" if ranks > 1 else "not sliced"
+    sliced = "not sliced" if ranks == 1 else (
+        f"sliced over {ranks} ranks" if parallel == 1
+        else f"optimizer state sliced over {ranks} expert-data ranks")
     return (f"{total} per MoE layer, {here} here (expert_parallel {parallel}, whole experts), "
             f"{sliced}")
 

@@ -103,6 +103,9 @@ class DataParallelRank:
     """c."""
     micro_batches: int = 1
     """Micro-batches per optimizer step on this rank (gradient accumulation)."""
+    expert_data: int = 1
+    """E_d, the ranks routed experts are sliced over under expert parallelism with a sharded
+    strategy (their expert-data group); 1 when each rank keeps its experts' state whole."""
 
     @property
     def sharded(self) -> bool:
@@ -243,16 +246,21 @@ class DataParallelRank:
 
             ZeRO: N·(12 + [p < 4]·p)        FSDP: N·(8 + [p < 4]·4)
 
-        plus `optimizer_bytes` of the groups outside the buffers (routed experts under expert
-        parallelism, with their own optimizer).
+        plus the state of the groups outside the buffers: routed experts under expert
+        parallelism have their own optimizer, over their slices of the expert-data group
+        (E_d > 1: ZeRO's per element, ⌈P_experts / E_d⌉·(12 + [p < 4]·p)) or whole
+        (`optimizer_bytes`).
         """
         if not self.sharded:
             return optimizer_bytes(self.groups, self.tp, kind, self.param_bytes, self.ep)
         p = self.param_bytes
         per_element = 8 + (4 if p < 4 else 0) if self.fsdp else 12 + (p if p < 4 else 0)
         outside = [g for g in self.groups if not self.in_buffers(g)]
-        return (sum(self.slices) * per_element
-                + optimizer_bytes(outside, self.tp, kind, p, self.ep))
+        sliced = [g for g in outside if g.expert and g.trainable and self.expert_data > 1]
+        whole = [g for g in outside if all(g is not s for s in sliced)]
+        experts = shard(self.elements(sliced), self.expert_data) * (12 + (p if p < 4 else 0))
+        return (sum(self.slices) * per_element + experts
+                + optimizer_bytes(whole, self.tp, kind, p, self.ep))
 
     def gathered(self, policy: str, pipeline: int) -> int:
         """Parameters FSDP gathers beside this rank's slices (which stay, in `params`).
@@ -342,10 +350,16 @@ def data_parallel_rank(config: TrainConfig, plan: Plan, units: list[list[ParamGr
         degree=d.data_shard, tp=d.tensor, ep=d.expert, param_bytes=param_bytes,
         scatters=d.data_shard > 1 and strategy != ZERO_1 and d.pipeline == 1 and d.expert == 1,
         tied=tied, reduce_copy=1 if config.context.device_target == "CPU" else 2,
-        micro_batches=plan.batch.accumulation_steps())
+        micro_batches=plan.batch.accumulation_steps(),
+        expert_data=expert_shard_degree(plan) if d.expert > 1 else 1)
 
 
 def expert_shard_degree(plan: Plan) -> int:
-    """The degree that slices the routed experts: without expert parallelism they are sliced
-    with the rest over the shard group; with it, each rank keeps its experts whole."""
-    return plan.dims.data_shard if plan.dims.expert == 1 else 1
+    """The degree that slices the routed experts' optimizer state: without expert parallelism
+    they are sliced with the rest over the shard group; with it and a sharded strategy, over
+    their expert-data group (the ranks holding the same experts, world / (pipeline x
+    expert)); replicated, each rank keeps its experts' state whole."""
+    d = plan.dims
+    if d.expert == 1:
+        return d.data_shard
+    return d.world_size // (d.pipeline * d.expert) if d.data_shard > 1 else 1

@@ -16,8 +16,9 @@ class ParamGroup:
     matrix: bool
     """A hidden 2-D weight (Muon updates these; embeddings, head and norms use AdamW)."""
     expert: bool = False
-    """Routed experts: split over the expert-parallel ranks, whole on each ("ETP 1"), and
-    under expert parallelism not sliced by FSDP/ZeRO (`data_parallel.expert_shard_degree`)."""
+    """Routed experts: split over the expert-parallel ranks, whole on each ("ETP 1"); under
+    expert parallelism outside the FSDP/ZeRO buffers, their optimizer state sliced over the
+    expert-data ranks instead (`data_parallel.expert_shard_degree`)."""
     trainable: bool = True
     """False for buffers kept as parameters (DeepSeek's routing bias): no gradient, no
     optimizer state."""

@@ -12,7 +12,8 @@ read it. `Placement` answers, for one parameter of this rank:
   parallelism does not split, tensor ranks; the expert-data ranks for a routed expert under
   expert parallelism (they hold the same experts); and of the two pipeline stages holding a
   tied embedding, the first. A slice of a ZeRO or FSDP buffer (`sliced`) is this rank's
-  alone within its shard group, so only its HSDP replicas (`replicate`) hold it too.
+  alone within its shard group, so only its HSDP replicas (`replicate`) hold it too; a slice
+  of routed experts (sliced over their expert-data group) is this rank's alone.
 - `writes_scalars`: rank 0 writes what every rank has the same (the optimizer's step count).
 """
 
@@ -58,7 +59,7 @@ class Placement:
         if name in self.copies:
             return False
         if self.dims.expert > 1 and expert_index(name) is not None:
-            groups = ["expert_data"]
+            groups = [] if sliced else ["expert_data"]  # sliced over the expert-data group
         else:
             groups = ["replicate" if sliced else "loss"]
             if self.dims.tensor > 1 and self.tensor(param) is None:

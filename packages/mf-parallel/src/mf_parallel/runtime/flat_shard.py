@@ -4,6 +4,8 @@ The buffer is padded with zeros to a multiple of the shard degree, so each rank 
 contiguous slice of equal length. ZeRO-1/2 keep one such buffer for all parameters; fully
 sharded data parallel keeps one per sharded unit. With HSDP (replicate > 1) the slices are
 taken over the `shard` group, and reduced slices are then summed over the `replicate` group.
+Routed experts under expert parallelism are sliced the same way over the `expert_data` group
+(the ranks holding the same experts; `EXPERT_DATA_GROUPS`).
 """
 
 from __future__ import annotations
@@ -19,22 +21,33 @@ from mindspore import Parameter, mint, ops
 from .collectives import Collectives
 from .copies import fresh_copy
 
+DATA_GROUPS = ("shard", "replicate")
+"""The groups of sharded data parallelism: sliced over `shard`, summed over `replicate` too."""
+EXPERT_DATA_GROUPS = ("expert_data", None)
+"""The groups routed experts are sliced over under expert parallelism: every rank holding the
+same experts (torchtitan's `efsdp`); no replicas."""
+
 
 class FlatShard:
-    """This rank's slice of the flat buffer of tensors with the given shapes."""
+    """This rank's slice of the flat buffer of tensors with the given shapes, over the groups
+    `groups` names: `(shard kind, replicate kind or None)`."""
 
-    def __init__(self, shapes: Sequence[tuple[int, ...]], collectives: Collectives):
+    def __init__(self, shapes: Sequence[tuple[int, ...]], collectives: Collectives,
+                 groups: tuple[str, str | None] = DATA_GROUPS):
         self.shapes = [tuple(shape) for shape in shapes]
         self.numels = [math.prod(shape) for shape in self.shapes]
         self.collectives = collectives
+        self.shard_kind, self.replicate_kind = groups
         comm = collectives.comm
-        self.shards = comm.group_size("shard")
-        self.replicas = comm.group_size("replicate")
+        self.shards = comm.group_size(self.shard_kind)
+        self.replicas = comm.group_size(self.replicate_kind) if self.replicate_kind else 1
         total = sum(self.numels)
         self.length = -(-total // self.shards)
         """Elements in each rank's slice."""
         self.padding = self.length * self.shards - total
-        self.start = comm.group_rank("shard") * self.length
+        self.rank = comm.group_rank(self.shard_kind)
+        """This rank's place in the shard group."""
+        self.start = self.rank * self.length
 
     @property
     def data_ranks(self) -> int:
@@ -103,8 +116,7 @@ class FlatShard:
 
     def reduce_scatter(self, flat: ms.Tensor) -> ms.Tensor:
         """Sum a full flat buffer over every data-parallel rank; return this rank's slice."""
-        mine = self.collectives.reduce_scatter(flat, "shard")
-        return self.collectives.all_reduce(mine, "replicate")
+        return self._over_replicas(self.collectives.reduce_scatter(flat, self.shard_kind))
 
     def reduce_scatter_tensors(self, tensors: Sequence[ms.Tensor]) -> ms.Tensor:
         """`reduce_scatter(flatten(tensors))` without the whole flat buffer where the backend
@@ -115,8 +127,14 @@ class FlatShard:
         flats = [t.reshape(-1) for t in tensors]
         mine = self.collectives.reduce_scatter_slices(
             lambda shard: self._range(flats, shard * self.length, (shard + 1) * self.length),
-            "shard")
-        return self.collectives.all_reduce(mine, "replicate")
+            self.shard_kind)
+        return self._over_replicas(mine)
+
+    def _over_replicas(self, mine: ms.Tensor) -> ms.Tensor:
+        """A reduced slice summed over the replicate group (HSDP), if there is one."""
+        if self.replicate_kind is None:
+            return mine
+        return self.collectives.all_reduce(mine, self.replicate_kind)
 
     def _range(self, flats: Sequence[ms.Tensor], begin: int, end: int) -> ms.Tensor:
         """Elements `[begin, end)` of the padded concatenation of `flats` (a new tensor)."""
@@ -155,10 +173,10 @@ class FlatShard:
                     full = _placed_in(shape, mine[offset:offset + high - low], low)
                 else:
                     full = ops.zeros(shape, mine.dtype)
-                self.collectives.all_reduce_in_place(full, "shard")
+                self.collectives.all_reduce_in_place(full, self.shard_kind)
                 fulls.append(full)
             return fulls
-        full = self.collectives.all_gather(mine, "shard")
+        full = self.collectives.all_gather(mine, self.shard_kind)
         pieces = mint.split(full, [*self.numels, self.padding] if self.padding else self.numels)
         return [fresh_copy(piece.reshape(shape))
                 for piece, shape in zip(pieces, self.shapes, strict=False)]
@@ -236,10 +254,11 @@ class FlatBucket:
     `presliced` (`preslice`'s slice), the parameters are already empty and the slice given."""
 
     def __init__(self, name: str, params: Sequence[Parameter], collectives: Collectives,
-                 presliced: ms.Tensor | None = None):
+                 presliced: ms.Tensor | None = None,
+                 groups: tuple[str, str | None] = DATA_GROUPS):
         self.name = name
         self.params = list(params)
-        self.flat = FlatShard([built_shape(p) for p in self.params], collectives)
+        self.flat = FlatShard([built_shape(p) for p in self.params], collectives, groups)
         if presliced is None:
             mine = self.flat.own(self.flat.flatten(self.params))
         elif tuple(presliced.shape) != (self.flat.length,):

@@ -30,7 +30,7 @@ from mindspore import Parameter, ops
 from mindspore.experimental.optim import AdamW
 
 from .collectives import Collectives
-from .flat_shard import FlatBucket
+from .flat_shard import DATA_GROUPS, FlatBucket
 
 STRATEGIES = ("optim", "optim_grads")
 
@@ -58,6 +58,8 @@ class ShardedDataParallel:
             the slices (`reduce_grads`, then `publish`).
         betas, eps, weight_decay: the built-in AdamW's settings.
         average: average the gradients over the data-parallel ranks instead of summing.
+        groups: the groups the slices are taken over, `(shard, replicate or None)`:
+            `flat_shard.DATA_GROUPS`, or `EXPERT_DATA_GROUPS` for routed experts.
 
     Raises:
         ValueError: an unknown strategy (`optim_grads_params` is `FullyShardedDataParallel`),
@@ -67,7 +69,8 @@ class ShardedDataParallel:
     def __init__(self, params: Sequence[Parameter], collectives: Collectives, strategy: str, *,
                  units: Sequence[Sequence[Parameter]] | None = None, lr: float | None = None,
                  betas: tuple[float, float] = (0.9, 0.95), eps: float = 1e-8,
-                 weight_decay: float = 0.0, average: bool = True):
+                 weight_decay: float = 0.0, average: bool = True,
+                 groups: tuple[str, str | None] = DATA_GROUPS):
         if strategy not in STRATEGIES:
             hint = (" (use fully_sharded.FullyShardedDataParallel)"
                     if strategy == "optim_grads_params" else "")
@@ -77,7 +80,7 @@ class ShardedDataParallel:
         self.collectives = collectives
         self.strategy = strategy
         self.average = average
-        self._buffers = [FlatBucket(f"bucket{i}", group, collectives)
+        self._buffers = [FlatBucket(f"bucket{i}", group, collectives, groups=groups)
                          for i, group in enumerate(_groups(self.params, units or []))]
         self._index = {id(p): i for i, p in enumerate(self.params)}
         self.optimizer = None if lr is None else AdamW(

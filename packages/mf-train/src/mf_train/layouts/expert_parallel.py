@@ -4,10 +4,16 @@ Each rank holds its share of the routed experts (the model is built with mf-para
 `ExpertGroup`, which also dispatches the tokens). Everything else (attention, dense and shared
 MLPs, router, embedding, head) is reduced and updated by the layout the plan's other degrees
 select (replicated data parallelism, tensor parallelism, ZeRO or FSDP: the `inner` layout, built
-over the model with the routed experts left out). The routed experts are updated apart, whole,
-by the optimizer `optimizer.type` names, and their gradients are reduced over the plan's
-expert-data-parallel group (every rank holding the same experts; `mf_parallel.mesh`), not the
-whole data-parallel group:
+over the model with the routed experts left out). The routed experts are updated apart, and
+their gradients are reduced over the plan's expert-data-parallel group (every rank holding the
+same experts; `mf_parallel.mesh`), not the whole data-parallel group. With a replicated inner
+layout they are updated whole by the optimizer `optimizer.type` names. Under ZeRO and FSDP
+they are sliced over the expert-data group as the rest is over the shard group (torchtitan's
+`efsdp`): one flat buffer per MoE layer (`flat_shard.EXPERT_DATA_GROUPS`), gradients
+reduce-scattered to this rank's slice, AdamW's state and update for that slice only
+(`ShardedAdamW`), the updated slices all-gathered back into the experts, which stay whole
+between steps (ZeRO-2 for the experts; their parameters are not yet freed between passes
+under FSDP). In both cases:
 
 - a rank's expert gradient already holds the contributions of every token its experts
   computed, from whichever rank the token came (the dispatch's backward sends them back);
@@ -19,7 +25,8 @@ whole data-parallel group:
 
 The global norm adds the squares of the reduced expert gradients summed over the expert group
 (each expert counted once: the group's ranks hold different experts, their replicas equal
-gradients) to the inner layout's norm.
+gradients; sliced, the squares of the slices are first summed over the expert-data group) to
+the inner layout's norm.
 """
 
 from __future__ import annotations
@@ -29,18 +36,20 @@ import math
 from collections.abc import Iterator, Sequence
 
 import attrs
-from mindspore import Parameter, nn
+from mindspore import Parameter, Tensor, nn, ops
 
 from mf_config import ParallelismConfig
 from mf_memory.layers import ids_text
 from mf_parallel.dims import ParallelDims
-from mf_parallel.runtime import Collectives
+from mf_parallel.runtime import Collectives, ShardedDataParallel
+from mf_parallel.runtime.flat_shard import EXPERT_DATA_GROUPS
 from mf_parallel.runtime.grad_sync import GradientSync
 
 from ..gradient_norm import square_sum
-from ..optim import build_optimizer
+from ..optim import ShardedAdamW, build_optimizer
 from ..optim.base import rules_unchecked, warn_unmatched_rules
 from ..optim.joined import JoinedOptimizer
+from ..optim.protocol import FLOAT32
 from .contract import (
     LayoutParts,
     LayoutSections,
@@ -97,6 +106,23 @@ def _rules_checked_once(parts: LayoutParts) -> Iterator[None]:
     warn_unmatched_rules(parts.optimizer, names, parts.source)
 
 
+def sliced_experts_optimizer(parts: LayoutParts, experts: list[Parameter]) -> ShardedAdamW:
+    """AdamW over this rank's slices of its routed experts, sliced over the expert-data group
+    in one flat buffer per MoE layer (gradients summed, not averaged: `reduce` scales them
+    as the replicated path does)."""
+    from .sharded import adamw_settings_of
+
+    named = [(p.name, p) for p in experts]
+    layers: dict[str, list[Parameter]] = {}
+    for param in experts:
+        layers.setdefault(param.name.split(EXPERT_MARK)[0], []).append(param)
+    sliced = ShardedDataParallel(experts, parts.collectives, "optim_grads",
+                                 units=list(layers.values()), average=False,
+                                 groups=EXPERT_DATA_GROUPS)
+    return ShardedAdamW(named, sliced, parts.collectives,
+                        **adamw_settings_of(parts.optimizer, named, parts.source))
+
+
 class ExpertParallel(StepLayout):
     """Routed experts split over the expert group, the inner layout for the rest."""
 
@@ -111,8 +137,12 @@ class ExpertParallel(StepLayout):
         self.compile_blocker = inner.compile_blocker
         data = DataParallelLoss(collectives, parallelism)
         self.scale = 1.0 / data.size if data.average else 1.0
-        self.sync = GradientSync(collectives, [tuple(p.shape) for p in experts],
-                                 kind="expert_data")
+        own = optimizer.second
+        self.sliced = own.sharded if isinstance(own, ShardedAdamW) else None
+        """The experts' sliced buffers (`ShardedDataParallel`) under ZeRO and FSDP; None
+        when they are updated whole."""
+        self.sync = None if self.sliced is not None else GradientSync(
+            collectives, [tuple(p.shape) for p in experts], kind="expert_data")
 
     @classmethod
     def selects(cls, dims: ParallelDims, parallelism: ParallelismConfig) -> bool:
@@ -135,9 +165,14 @@ class ExpertParallel(StepLayout):
                             "over expert_parallel ranks")
         with _rules_checked_once(parts), left_out(experts):
             inner = inner_cls.build(parts)
-            own = build_optimizer(parts.optimizer, [(p.name, p) for p in experts],
-                                  parts.source)
-        optimizer = JoinedOptimizer(inner.optimizer, own, STATE_PREFIX)
+            if isinstance(inner.optimizer, ShardedAdamW):  # ZeRO or FSDP: sliced as well
+                own = sliced_experts_optimizer(parts, experts)
+                count = len(own.sharded.buffers)
+            else:
+                own = build_optimizer(parts.optimizer, [(p.name, p) for p in experts],
+                                      parts.source)
+                count = None
+        optimizer = JoinedOptimizer(inner.optimizer, own, STATE_PREFIX, count)
         return cls(inner, experts, optimizer, parts.collectives, parts.parallelism, parts.dims)
 
     def describe(self) -> str:
@@ -145,17 +180,25 @@ class ExpertParallel(StepLayout):
         total = len(held) * self.dims.expert
         dispatch = ("all-to-all" if self.dispatcher == "alltoall"
                     else f"deredundant, devices of {self.dims.expert_node}")
+        ranks = 1 if self.sliced is None else self.sliced.buffers[0].flat.shards
+        sliced = f", sliced over {ranks} expert-data ranks" if ranks > 1 else ""
         return (f"expert parallel {self.dims.expert} (experts {ids_text(held)} of {total} "
-                f"here, {dispatch}) x {self.inner.describe()}")
+                f"here, {dispatch}{sliced}) x {self.inner.describe()}")
 
     def reduce(self, local: LocalGradients) -> ReducedGradients:
         split = len(local.grads) - len(self.experts)
         reduced = self.inner.reduce(LocalGradients(local.loss, local.grads[:split],
                                                    local.tokens))
-        experts = list(self.sync(local.grads[split:]))
+        if self.sliced is None:
+            experts = list(self.sync(local.grads[split:]))
+        else:  # each MoE layer's gradients reduce-scattered to this rank's float32 slice
+            experts = [ops.cast(s, FLOAT32) for s in self.sliced.reduce_grads(local.grads[split:])]
         if self.scale != 1.0:  # a multiplication, as GradientSync averages (exact for 2^n)
             experts = [g * self.scale for g in experts]
-        squares = self.collectives.all_reduce(square_sum(experts).reshape(1), "expert")
+        squares = square_sum(experts).reshape(1)
+        if self.sliced is not None:  # the slices partition the experts this rank holds
+            squares = self.collectives.all_reduce(squares, "expert_data")
+        squares = self.collectives.all_reduce(squares, "expert")
         norm = math.sqrt(reduced.norm ** 2 + float(squares.asnumpy()[0]))
         return ReducedGradients(reduced.loss, [*reduced.grads, *experts], norm)
 
@@ -163,10 +206,14 @@ class ExpertParallel(StepLayout):
         return self.inner.whole_model()
 
     def flat_buckets(self):
-        return self.inner.flat_buckets()
+        return [*self.inner.flat_buckets(), *(self.sliced.buffers if self.sliced else ())]
 
-    def publish_slices(self, slices):
-        self.inner.publish_slices(slices)
+    def publish_slices(self, slices: Sequence[Tensor]) -> None:
+        inner = len(self.inner.flat_buckets())
+        if inner:
+            self.inner.publish_slices(slices[:inner])
+        if self.sliced is not None:
+            self.sliced.publish(list(slices[inner:]))
 
     def held_parameters(self) -> int:
         return self.inner.held_parameters()

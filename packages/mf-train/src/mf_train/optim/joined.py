@@ -2,10 +2,11 @@
 
 Expert parallelism updates the routed experts apart from the rest of the model: the rest is
 updated by the optimizer of the layout of the other degrees (replicated, ZeRO or FSDP
-slices), the experts each rank holds by a plain optimizer over whole expert parameters. The
-trainer, the checkpoints and the logs see one optimizer: the gradients are the first part's
-followed by the second's (one whole gradient per parameter), the state dict the first's keys
-and the second's under a prefix, and both count the same steps.
+slices), the experts each rank holds by their own optimizer (over whole expert parameters, or
+under ZeRO and FSDP over the rank's slices of them). The trainer, the checkpoints and the logs
+see one optimizer: the gradients are the first part's followed by the second's (one whole
+gradient per parameter, or one slice per buffer), the state dict the first's keys and the
+second's under a prefix, and both count the same steps.
 """
 
 from __future__ import annotations
@@ -20,16 +21,20 @@ from .protocol import Optimizer, OptimizerStateError
 
 
 class JoinedOptimizer:
-    """`first` then `second`; `second` takes the last `len(second.params)` gradients.
+    """`first` then `second`; `second` takes the last `second_grads` gradients.
 
     Args:
         first: the optimizer of the model's other parameters.
-        second: the optimizer of the parameters updated apart (whole gradients).
+        second: the optimizer of the parameters updated apart.
         prefix: put before `second`'s state-dict keys (`experts.`).
+        second_grads: how many of a step's gradients are `second`'s (default: one whole
+            gradient per parameter; a sharded optimizer takes one slice per buffer).
     """
 
-    def __init__(self, first: Optimizer, second: Optimizer, prefix: str):
+    def __init__(self, first: Optimizer, second: Optimizer, prefix: str,
+                 second_grads: int | None = None):
         self.first, self.second, self.prefix = first, second, prefix
+        self.second_grads = len(second.params) if second_grads is None else second_grads
         self.names: list[str] = [*first.names, *second.names]
         self.params: list[Parameter] = [*first.params, *second.params]
 
@@ -38,7 +43,7 @@ class JoinedOptimizer:
         return self.first.global_step
 
     def step(self, grads: Sequence[Tensor], lr: float, clip: float = 1.0) -> None:
-        split = len(grads) - len(self.second.params)
+        split = len(grads) - self.second_grads
         self.first.step(grads[:split], lr, clip)
         self.second.step(grads[split:], lr, clip)
 

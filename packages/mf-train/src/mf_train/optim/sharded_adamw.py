@@ -298,7 +298,9 @@ def _numpy(parts: Sequence[Tensor]) -> np.ndarray:
 
 def _shard_layout(buffers: Sequence[Any], collectives: Any) -> np.ndarray:
     comm = collectives.comm
-    return np.array([comm.group_size("shard"), comm.group_rank("shard"),
+    shards, rank = ((buffers[0].flat.shards, buffers[0].flat.rank) if buffers
+                    else (comm.group_size("shard"), comm.group_rank("shard")))
+    return np.array([shards, rank,
                      sum(buffer.flat.total for buffer in buffers),
                      sum(buffer.flat.length for buffer in buffers), len(buffers)],
                     dtype=np.int64)
