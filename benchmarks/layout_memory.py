@@ -45,15 +45,25 @@ STRATEGIES = ("plain", "optim", "optim_grads", "optim_grads_params")
 GIB = 2**30
 
 
-def config_text(data_prefix: Path) -> str:
-    """examples/qwen3_tiny.yaml at 127M parameters, 2 steps, saved once, no recompute."""
-    text = (ROOT / "examples" / "qwen3_tiny.yaml").read_text()
+def scaled_example(name: str, data_prefix: Path, sizes: dict[str, int],
+                   replacements: dict[str, str]) -> str:
+    """examples/`name` reading the corpus at `data_prefix`, each text of `replacements`
+    replaced and each model size of `sizes` set."""
+    text = (ROOT / "examples" / name).read_text()
     text = text.replace("./output/data/python_docs_text_document", str(data_prefix))
-    text = text.replace("steps: 50", "steps: 2").replace("save_interleaved_steps: 25",
-                                                          "save_interleaved_steps: 2")
-    for key, value in SIZES.items():
+    for old, new in replacements.items():
+        text = text.replace(old, new)
+    for key, value in sizes.items():
         head, _, rest = text.partition(f"  {key}: ")
         text = f"{head}  {key}: {value}{rest[rest.index(chr(10)):]}"
+    return text
+
+
+def config_text(data_prefix: Path) -> str:
+    """examples/qwen3_tiny.yaml at 127M parameters, 2 steps, saved once, no recompute."""
+    text = scaled_example("qwen3_tiny.yaml", data_prefix, SIZES,
+                          {"steps: 50": "steps: 2",
+                           "save_interleaved_steps: 25": "save_interleaved_steps: 2"})
     return text[:text.index("recompute:")] + text[text.index("monitor:"):]
 
 

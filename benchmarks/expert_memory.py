@@ -1,0 +1,108 @@
+"""Per-rank memory of a DeepSeek-V3 whose routed experts dominate, under expert parallelism.
+
+examples/deepseek_v3_tiny.yaml scaled up (hidden 512, 5 layers: one dense, 4 with 16 routed
+experts of width 1024, top 2, one shared expert; vocabulary 512; float32, AdamW, sequence
+128): 101M routed-expert parameters of 121M. One real `mf-train --nproc 4` run per layout,
+one micro-batch of one sample per rank, 2 steps and a checkpoint:
+
+- `ep2`: expert parallel 2 over replicated data parallelism (each rank holds 8 experts
+  whole, with their AdamW state whole);
+- `ep2_fsdp`: expert parallel 2 x FSDP over the 4 ranks (the rest sliced over 4; each
+  rank's 8 experts sliced over its 2-rank expert-data group);
+- `fsdp`: FSDP over the 4 ranks, no expert parallelism (all 16 experts in the flat
+  buffers, sliced over 4 and gathered layer by layer).
+
+Columns as layout_memory.py's (built, training, whole run, mf-memory's estimate), and
+mf-memory's figure for the optimizer state a rank holds. `--revisions A,B` measures each git
+revision's packages side by side in the same run.
+Usage: python benchmarks/expert_memory.py [--layouts ep2,ep2_fsdp,fsdp] [--revisions ...]
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+
+import attrs
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import layout_memory  # a sibling script: corpus, polling, worktrees
+
+SIZES = {"hidden_size": 512, "moe_intermediate_size": 1024, "intermediate_size": 1408,
+         "num_hidden_layers": 5, "n_routed_experts": 16}
+LAYOUTS = {
+    "ep2": ["parallelism.expert_parallel=2", "parallelism.data_parallel_shard=1"],
+    "ep2_fsdp": ["parallelism.expert_parallel=2", "parallelism.data_parallel_shard=-1"],
+    "fsdp": ["parallelism.data_parallel_shard=-1"],
+}
+RANKS = 4
+GIB = 2**30
+
+
+def config_text(data_prefix: Path) -> str:
+    """examples/deepseek_v3_tiny.yaml scaled up, 2 steps, saved once, one sample per rank."""
+    text = layout_memory.scaled_example(
+        "deepseek_v3_tiny.yaml", data_prefix, SIZES,
+        {"steps: 60": "steps: 2", "save_interleaved_steps: 30": "save_interleaved_steps: 2",
+         "local_batch_size: 2": "local_batch_size: 1"})
+    return text[:text.index("monitor:")]
+
+
+def estimate(config_path: Path, layout: str) -> tuple[float | None, float | None]:
+    """mf-memory's whole estimate and its optimizer-state figure for one rank, GiB."""
+    from mf_config import load_config
+    from mf_memory.estimate import estimate as memory_estimate
+
+    loaded = load_config(config_path)
+    config = loaded[0] if isinstance(loaded, tuple) else loaded
+    sets = dict(item.split("=", 1) for item in LAYOUTS[layout])
+    parallelism = attrs.evolve(
+        config.parallelism, expert_parallel=int(sets.get("parallelism.expert_parallel", 1)),
+        data_parallel_shard=int(sets["parallelism.data_parallel_shard"]))
+    try:
+        result = memory_estimate(attrs.evolve(config, parallelism=parallelism), RANKS)
+    except Exception as exc:  # an estimate that fails is reported, not fatal
+        print(f"estimate failed: {exc}", file=sys.stderr)
+        return None, None
+    return result.total / GIB, result.optimizer / GIB
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--layouts", default=",".join(LAYOUTS))
+    parser.add_argument("--revisions", help="git revisions to measure, comma-separated "
+                                            "(default: the installed packages)")
+    args = parser.parse_args()
+    tmp = Path(tempfile.mkdtemp(prefix="mf-expert-memory-"))  # kept if a run fails
+    _, codes, trees = layout_memory.prepare(tmp, args.revisions)
+    config = tmp / "deepseek_v3_121m.yaml"
+    config.write_text(config_text(tmp / "docs"))
+    rows, failed = [], False
+    for layout in args.layouts.split(","):
+        total, optimizer = estimate(config, layout)
+        for code, env in codes:
+            output = tmp / f"{code}-{layout}"
+            command = ["mf-train", "--config", str(config), "--output-dir", str(output),
+                       "--nproc", str(RANKS), "--set", "training.global_batch_size=4",
+                       *[arg for item in LAYOUTS[layout] for arg in ("--set", item)]]
+            rc, whole = layout_memory.polled_peak(command, env, tmp / f"{output.name}.log")
+            built, training = layout_memory.metrics_peaks(output) if rc == 0 else (None, None)
+            failed |= rc != 0
+            rows.append((code, layout, built, training, whole, total, optimizer, rc))
+            print(rows[-1], flush=True)
+    layout_memory.remove_worktrees(trees)
+    print("| code | layout | built GiB | training GiB | whole run GiB | estimate GiB | "
+          "optimizer state (estimate) GiB | exit |")
+    print("|---|---|---|---|---|---|---|---|")
+    for code, layout, *figures, rc in rows:
+        cells = " | ".join("-" if value is None else f"{value:.2f}" for value in figures)
+        print(f"| {code} | {layout} | {cells} | {rc} |")
+    if not failed:
+        shutil.rmtree(tmp)
+
+
+if __name__ == "__main__":
+    main()
