@@ -2,15 +2,15 @@
 
 examples/deepseek_v3_tiny.yaml scaled up (hidden 512, 5 layers: one dense, 4 with 16 routed
 experts of width 1024, top 2, one shared expert; vocabulary 512; float32, AdamW, sequence
-128): 101M routed-expert parameters of 121M. One real `mf-train --nproc 4` run per layout,
-one micro-batch of one sample per rank, 2 steps and a checkpoint:
+128): 101M routed-expert parameters of 121M. One real `mf-train --nproc N` run per layout,
+global batch 4 (one micro-batch per rank), 2 steps and a checkpoint:
 
-- `ep2`: expert parallel 2 over replicated data parallelism (each rank holds 8 experts
-  whole, with their AdamW state whole);
-- `ep2_fsdp`: expert parallel 2 x FSDP over the 4 ranks (the rest sliced over 4; each
-  rank's 8 experts sliced over its 2-rank expert-data group);
-- `fsdp`: FSDP over the 4 ranks, no expert parallelism (all 16 experts in the flat
-  buffers, sliced over 4 and gathered layer by layer).
+- `ep2`: expert parallel 2 on 2 ranks (each holds 8 experts, no other rank holds them: their
+  AdamW state whole; the rest under FSDP over the 2);
+- `ep2_fsdp2`: expert parallel 2 x FSDP 2 on 4 ranks (the rest sliced over 4; each rank's
+  8 experts sliced over its 2-rank expert-data group: half their AdamW state);
+- `fsdp4`: FSDP on 4 ranks, no expert parallelism (all 16 experts in the flat buffers,
+  sliced over 4 and gathered layer by layer).
 
 Columns as layout_memory.py's (built, training, whole run, mf-memory's estimate), and
 mf-memory's figure for the optimizer state a rank holds. `--revisions A,B` measures each git
@@ -33,17 +33,17 @@ import layout_memory  # a sibling script: corpus, polling, worktrees
 
 SIZES = {"hidden_size": 512, "moe_intermediate_size": 1024, "intermediate_size": 1408,
          "num_hidden_layers": 5, "n_routed_experts": 16}
-LAYOUTS = {
-    "ep2": ["parallelism.expert_parallel=2", "parallelism.data_parallel_shard=1"],
-    "ep2_fsdp": ["parallelism.expert_parallel=2", "parallelism.data_parallel_shard=-1"],
-    "fsdp": ["parallelism.data_parallel_shard=-1"],
+LAYOUTS = {  # name: (ranks, --set arguments)
+    "ep2": (2, ["parallelism.expert_parallel=2", "training.local_batch_size=2"]),
+    "ep2_fsdp2": (4, ["parallelism.expert_parallel=2"]),
+    "fsdp4": (4, []),
 }
-RANKS = 4
 GIB = 2**30
 
 
 def config_text(data_prefix: Path) -> str:
-    """examples/deepseek_v3_tiny.yaml scaled up, 2 steps, saved once, one sample per rank."""
+    """examples/deepseek_v3_tiny.yaml scaled up, 2 steps, saved once, one sample per rank
+    (global batch 4: 4 ranks)."""
     text = layout_memory.scaled_example(
         "deepseek_v3_tiny.yaml", data_prefix, SIZES,
         {"steps: 60": "steps: 2", "save_interleaved_steps: 30": "save_interleaved_steps: 2",
@@ -58,12 +58,14 @@ def estimate(config_path: Path, layout: str) -> tuple[float | None, float | None
 
     loaded = load_config(config_path)
     config = loaded[0] if isinstance(loaded, tuple) else loaded
-    sets = dict(item.split("=", 1) for item in LAYOUTS[layout])
+    ranks, sets = LAYOUTS[layout]
+    values = dict(item.split("=", 1) for item in sets)
     parallelism = attrs.evolve(
-        config.parallelism, expert_parallel=int(sets.get("parallelism.expert_parallel", 1)),
-        data_parallel_shard=int(sets["parallelism.data_parallel_shard"]))
+        config.parallelism, expert_parallel=int(values.get("parallelism.expert_parallel", 1)))
+    training = attrs.evolve(config.training, local_batch_size=4 // ranks)
     try:
-        result = memory_estimate(attrs.evolve(config, parallelism=parallelism), RANKS)
+        result = memory_estimate(attrs.evolve(config, parallelism=parallelism,
+                                              training=training), ranks)
     except Exception as exc:  # an estimate that fails is reported, not fatal
         print(f"estimate failed: {exc}", file=sys.stderr)
         return None, None
@@ -85,9 +87,9 @@ def main() -> None:
         total, optimizer = estimate(config, layout)
         for code, env in codes:
             output = tmp / f"{code}-{layout}"
+            ranks, sets = LAYOUTS[layout]
             command = ["mf-train", "--config", str(config), "--output-dir", str(output),
-                       "--nproc", str(RANKS), "--set", "training.global_batch_size=4",
-                       *[arg for item in LAYOUTS[layout] for arg in ("--set", item)]]
+                       "--nproc", str(ranks), *[arg for item in sets for arg in ("--set", item)]]
             rc, whole = layout_memory.polled_peak(command, env, tmp / f"{output.name}.log")
             built, training = layout_memory.metrics_peaks(output) if rc == 0 else (None, None)
             failed |= rc != 0
