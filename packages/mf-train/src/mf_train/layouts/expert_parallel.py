@@ -7,13 +7,13 @@ select (replicated data parallelism, tensor parallelism, ZeRO or FSDP: the `inne
 over the model with the routed experts left out). The routed experts are updated apart, and
 their gradients are reduced over the plan's expert-data-parallel group (every rank holding the
 same experts; `mf_parallel.mesh`), not the whole data-parallel group. With a replicated inner
-layout they are updated whole by the optimizer `optimizer.type` names. Under ZeRO and FSDP
-they are sliced over the expert-data group as the rest is over the shard group (torchtitan's
-`efsdp`): one flat buffer per MoE layer (`flat_shard.EXPERT_DATA_GROUPS`), gradients
-reduce-scattered to this rank's slice, AdamW's state and update for that slice only
-(`ShardedAdamW`), the updated slices all-gathered back into the experts, which stay whole
-between steps (ZeRO-2 for the experts; their parameters are not yet freed between passes
-under FSDP). In both cases:
+layout (or when no other rank holds the same experts) they are updated whole by the optimizer
+`optimizer.type` names. Under ZeRO and FSDP they are sliced over the expert-data group as the
+rest is over the shard group (torchtitan's `efsdp`): one flat buffer per MoE layer
+(`flat_shard.EXPERT_DATA_GROUPS`), gradients reduce-scattered to this rank's slice, AdamW's
+state and update for that slice only (`ShardedAdamW`), the updated slices all-gathered back
+into the experts, which stay whole between steps (ZeRO-2 for the experts; their parameters
+are not yet freed between passes under FSDP). In both cases:
 
 - a rank's expert gradient already holds the contributions of every token its experts
   computed, from whichever rank the token came (the dispatch's backward sends them back);
@@ -165,7 +165,8 @@ class ExpertParallel(StepLayout):
                             "over expert_parallel ranks")
         with _rules_checked_once(parts), left_out(experts):
             inner = inner_cls.build(parts)
-            if isinstance(inner.optimizer, ShardedAdamW):  # ZeRO or FSDP: sliced as well
+            holders = parts.collectives.comm.group_size("expert_data")
+            if isinstance(inner.optimizer, ShardedAdamW) and holders > 1:  # ZeRO, FSDP
                 own = sliced_experts_optimizer(parts, experts)
                 count = len(own.sharded.buffers)
             else:
