@@ -158,6 +158,26 @@ CONSOLE_SCRIPT = ("-X", "importtime", "-c",
 """`mf-train` as its console script starts it, with each import's end on stderr."""
 
 
+def test_ctrl_c_while_a_rank_started_by_hand_starts_is_one_line(data_prefix, tmp_path: Path,
+                                                                monkeypatch) -> None:
+    """`mf-train-rank` started by hand (as msrun would, without the launcher): Ctrl-C while
+    its modules import is one line and status 130, as for `mf-train`."""
+    monkeypatch.setenv("MS_WORKER_NUM", "1")
+    monkeypatch.delenv("MF_TRAIN_LAUNCHED", raising=False)
+    out = tmp_path / "out"
+    status, err = signalled(mf_train(out, data_prefix), [signal.SIGINT], watch="stderr",
+                            after=re.compile(r"\|\s+mf_config"), program=RANK_SCRIPT)
+    assert status == 130, err
+    assert err.strip().splitlines()[-1] == ("mf-train-rank: stopped by SIGINT while starting; "
+                                            "nothing was run or written")
+    assert "Traceback" not in err and not out.exists()
+
+
+RANK_SCRIPT = ("-X", "importtime", "-c",
+               "import sys; from mf_train.rank_worker import main; sys.exit(main())")
+"""`mf-train-rank` as its console script starts it, with each import's end on stderr."""
+
+
 # ------------------------------------------------------------------ the launcher of ranks
 
 @pytest.mark.ranks

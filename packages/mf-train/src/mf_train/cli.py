@@ -52,7 +52,7 @@ from .monitor.tensorboard import event_dir
 from .node_flags import NODE_OPTIONS, FlagError, add_node_flags, nodes_from
 from .resume_changes import changes
 from .run_directory import Claim, RunDirectoryError, claim
-from .stop_signals import LAUNCHER_STOP, StopSignals, name, status
+from .stop_signals import LAUNCHED, LAUNCHER_PID, LAUNCHER_STOP, StopSignals, name, status
 from .summary import stopped_line, summary_lines
 
 # `.job` and `.trainer` import MindSpore (about 2.7 s here), so they are imported where a run
@@ -192,13 +192,6 @@ def _ranks_phrase(nodes: Nodes, ranks: range) -> str:
     return (f"ranks {ranks[0]}-{ranks[-1]} of {nodes.count * len(ranks)} as node "
             f"{nodes.rank} of {nodes.count} (master {nodes.master_addr}:{nodes.master_port})")
 
-
-LAUNCHED = "MF_TRAIN_LAUNCHED"
-"""Set for the ranks the launcher starts: it holds the run's locks for them, and reports a
-stop (they exit with status 0 once stopped)."""
-LAUNCHER_PID = "MF_TRAIN_LAUNCHER_PID"
-"""The launcher's PID, for its ranks: a rank that starts after its launcher died exits at once
-(`rank_worker`)."""
 
 
 def _claimed(output_dir: str, config: TrainConfig, *, lock: bool = True) -> Claim | None:

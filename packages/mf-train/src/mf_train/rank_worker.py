@@ -10,36 +10,49 @@ A rank never outlives msrun: the kernel kills it when msrun dies (`die_with_pare
 and a rank whose launcher is already gone when it starts exits at once. Which stop signals it
 handles depends on what it is (`stop_signals`): a rank the launcher started stops at the
 launcher's request (`LAUNCHER_STOP`); a rank started by hand stops on SIGTERM (after its
-communication starts, MindSpore takes SIGINT); msrun's scheduler (the same command, with
-`MS_ROLE=MS_SCHED`) handles none, so that ending the job ends it at once.
+communication starts, MindSpore takes SIGINT), and SIGINT or SIGTERM while its modules import
+ends it with one line (`script.stopped_while_starting`), as a SIGINT before training does;
+msrun's scheduler (the same command, with `MS_ROLE=MS_SCHED`) handles none, so that ending
+the job ends it at once.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import sys
 
-import psutil
+from mf_train.script import stopped_while_starting
+from mf_train.stop_signals import LAUNCHED, LAUNCHER_PID, LAUNCHER_STOP, StopSignals
 
-from mf_parallel.parent_death import die_with_parent
-from mf_train.cli import LAUNCHED, LAUNCHER_PID, run_training
-from mf_train.stop_signals import LAUNCHER_STOP, StopSignals
+PROGRAM = "mf-train-rank"
 
 
 def main() -> int:
     """Entry point of the `mf-train-rank` script."""
     parent = os.getppid()
-    die_with_parent(signal.SIGKILL)
-    if os.getppid() != parent or not _launcher_alive():
-        return 1  # msrun or the launcher died before this rank started: nothing to join
-    return run_training(sys.argv[1:], world_size=int(os.environ["MS_WORKER_NUM"]),
-                        signals=_stop_signals())
+    by_hand = os.environ.get(LAUNCHED) != "1" and os.environ.get("MS_ROLE") != "MS_SCHED"
+    with stopped_while_starting(PROGRAM) if by_hand else contextlib.nullcontext():
+        from mf_parallel.parent_death import die_with_parent
+
+        die_with_parent(signal.SIGKILL)
+        if os.getppid() != parent or not _launcher_alive():
+            return 1  # msrun or the launcher died before this rank started: nothing to join
+        from mf_train.cli import run_training
+    try:
+        return run_training(sys.argv[1:], world_size=int(os.environ["MS_WORKER_NUM"]),
+                            signals=_stop_signals())
+    except KeyboardInterrupt:  # by hand, before MindSpore's communication takes SIGINT
+        print(f"{PROGRAM}: interrupted (SIGINT)", file=sys.stderr)
+        return 128 + signal.SIGINT
 
 
 def _launcher_alive() -> bool:
     """Whether the launcher that started this rank's job still runs (True when the job was
     started by hand: there is no launcher)."""
+    import psutil
+
     pid = os.environ.get(LAUNCHER_PID)
     if pid is None:
         return True

@@ -6,26 +6,24 @@ Python raises KeyboardInterrupt for SIGINT from its start; `cli` installs the ru
 handlers (`stop_signals`) only once it is imported. Until then, this module's handler answers
 SIGINT and SIGTERM: nothing has been read or written yet, so it says so and exits with 128 +
 the signal's number. Past that, a SIGINT that reaches a command without its own handling
-(`mf-train export-hf`) is one line and status 130. No import here but the standard
-library's.
+(`mf-train export-hf`) is one line and status 130. `mf-train-rank` started by hand does the
+same (`rank_worker`). No import here but the standard library's.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import sys
+from collections.abc import Iterator
 from types import FrameType
 
 
 def main() -> int:
     """Entry point of the `mf-train` script (`cli.run`, once imported)."""
-    previous = {signum: signal.signal(signum, _stopped_while_starting)
-                for signum in (signal.SIGINT, signal.SIGTERM)}
-    from .cli import run
-
-    for signum, handler in previous.items():
-        signal.signal(signum, handler)
+    with stopped_while_starting("mf-train"):
+        from .cli import run
     try:
         return run()
     except KeyboardInterrupt:  # a training run handles SIGINT itself: `mf-train export-hf`
@@ -33,7 +31,21 @@ def main() -> int:
         return 128 + signal.SIGINT
 
 
-def _stopped_while_starting(signum: int, _frame: FrameType | None) -> None:
-    os.write(2, f"mf-train: stopped by {signal.Signals(signum).name} while starting; nothing "
-                "was run or written\n".encode())
-    os._exit(128 + signum)
+@contextlib.contextmanager
+def stopped_while_starting(program: str) -> Iterator[None]:
+    """Inside the block (the program's imports), SIGINT and SIGTERM end the process at once
+    with one line on stderr and status 128 + the signal's number; the handlers before the
+    block are back after it."""
+
+    def stop(signum: int, _frame: FrameType | None) -> None:
+        os.write(2, f"{program}: stopped by {signal.Signals(signum).name} while starting; "
+                    "nothing was run or written\n".encode())
+        os._exit(128 + signum)
+
+    previous = {signum: signal.signal(signum, stop)
+                for signum in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)

@@ -29,6 +29,12 @@ STOP = (signal.SIGINT, signal.SIGTERM)
 """The signals that stop a run (a single process, the launcher, ranks started by hand)."""
 LAUNCHER_STOP = signal.SIGUSR1
 """What the launcher sends its ranks to ask them to stop at the next step boundary."""
+LAUNCHED = "MF_TRAIN_LAUNCHED"
+"""Set for the ranks the launcher starts: it holds the run's locks for them, and reports a
+stop (they exit with status 0 once stopped)."""
+LAUNCHER_PID = "MF_TRAIN_LAUNCHER_PID"
+"""The launcher's PID, for its ranks: a rank that starts after its launcher died exits at once
+(`rank_worker`)."""
 
 
 def status(signum: int) -> int:
