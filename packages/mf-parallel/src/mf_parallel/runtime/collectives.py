@@ -78,6 +78,12 @@ class Collectives:
         assert stacked.shape[0] == size
         return _LOCAL_REDUCTIONS[op](stacked)
 
+    def gathers_natively(self, kind: str) -> bool:
+        """Whether `all_gather` over `kind`'s group runs the backend's all-gather (Ascend and
+        GPU; on CPU the world group only), rather than an all-reduce of a placed buffer."""
+        group = self.comm.group(kind)
+        return group is None or self._native_everywhere(group)
+
     def all_reduce_in_place(self, tensor: ms.Tensor, kind: str) -> None:
         """Sum `tensor` (contiguous, not a view) over the group, in place: no second buffer
         of its size, which an out-of-place reduction allocates."""

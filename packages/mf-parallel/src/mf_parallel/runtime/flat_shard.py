@@ -156,14 +156,16 @@ class FlatShard:
         at the head's matmul), and an operation saves a copy of a view for backward, so fully
         sharded data parallel could not recognise a saved parameter (see `fully_sharded`).
 
-        Where collectives are emulated (CPU), each tensor is gathered into its own memory: a
-        zero tensor of its shape holding this rank's elements, summed over the group in
-        place. The largest transient of a gather is then the unit's tensors themselves,
-        against the gathered buffer, the emulation's placed copy of it and the tensors cut
-        from it (three times the unit) otherwise. Elsewhere the backend's all-gather runs on
-        the flat buffer and each tensor is copied out of it.
+        Where the all-gather itself is emulated (CPU, over a group other than the world),
+        each tensor is gathered into its own memory: a zero tensor of its shape holding this
+        rank's elements, summed over the group in place. The largest transient of a gather is
+        then the unit's tensors themselves, against the placed buffer, its all-reduced copy
+        and the tensors cut from it (three times the unit) through the emulated gather; it
+        moves the same bytes. Where the backend's all-gather runs, it gathers the flat buffer
+        (a slice's worth of traffic per rank, against a whole unit's for an all-reduce) and
+        each tensor is copied out of it: twice the unit at most.
         """
-        if self.shards > 1 and self.collectives.emulates("all_gather"):
+        if self.shards > 1 and not self.collectives.gathers_natively(self.shard_kind):
             held = {index: (low, high, offset) for index, low, high, offset
                     in self.own_ranges()}
             fulls = []
