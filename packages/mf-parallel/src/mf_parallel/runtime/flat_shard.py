@@ -28,6 +28,12 @@ EXPERT_DATA_GROUPS = ("expert_data", None)
 same experts (torchtitan's `efsdp`); no replicas."""
 
 
+IN_PLACE_GATHER_BYTES = 64 << 20
+"""On CPU, a unit at least this large is gathered tensor by tensor in place also where the
+all-gather runs natively (`FlatShard.all_gather`): a model's root unit (its embedding), whose
+gathered buffer and copies would be the step's largest transient."""
+
+
 class FlatShard:
     """This rank's slice of the flat buffer of tensors with the given shapes, over the groups
     `groups` names: `(shard kind, replicate kind or None)`."""
@@ -156,16 +162,20 @@ class FlatShard:
         at the head's matmul), and an operation saves a copy of a view for backward, so fully
         sharded data parallel could not recognise a saved parameter (see `fully_sharded`).
 
-        Where the all-gather itself is emulated (CPU, over a group other than the world),
-        each tensor is gathered into its own memory: a zero tensor of its shape holding this
-        rank's elements, summed over the group in place. The largest transient of a gather is
-        then the unit's tensors themselves, against the placed buffer, its all-reduced copy
-        and the tensors cut from it (three times the unit) through the emulated gather; it
-        moves the same bytes. Where the backend's all-gather runs, it gathers the flat buffer
-        (a slice's worth of traffic per rank, against a whole unit's for an all-reduce) and
-        each tensor is copied out of it: twice the unit at most.
+        On CPU, where the all-gather itself is emulated (a group other than the world) and
+        for a unit of `IN_PLACE_GATHER_BYTES` or more, each tensor is gathered into its own
+        memory: a zero tensor of its shape holding this rank's elements, summed over the group
+        in place. The largest transient of a gather is then the unit's tensors themselves,
+        against the placed buffer, its all-reduced copy and the tensors cut from it (three
+        times the unit) through the emulated gather, at the same traffic. Otherwise the
+        backend's all-gather gathers the flat buffer (a slice's worth of traffic per rank,
+        against a whole unit's for an all-reduce: a quarter of the step time of FSDP on 4 CPU
+        ranks when every unit went in place) and each tensor is copied out of it: twice the
+        unit at most.
         """
-        if self.shards > 1 and not self.collectives.gathers_natively(self.shard_kind):
+        if self.shards > 1 and self.collectives.emulates("all_gather") and (
+                not self.collectives.gathers_natively(self.shard_kind)
+                or self.total * mine.itemsize >= IN_PLACE_GATHER_BYTES):
             held = {index: (low, high, offset) for index, low, high, offset
                     in self.own_ranges()}
             fulls = []
