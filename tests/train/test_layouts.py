@@ -102,6 +102,7 @@ def test_context_ranks_count_as_data_ranks_for_the_inner_layout(world, paralleli
     (2, {"data_parallel_shard_strategy": "optim_grads_params"}, 2),
     (4, {"pipeline_parallel": 2}, 2),  # FSDP over each stage's 2 data ranks
     (4, {"context_parallel": 2}, 4),  # FSDP over data x context
+    (4, {"expert_parallel": 2}, 4),  # FSDP over the 4 ranks, the experts left whole
     (2, {"data_parallel_shard_strategy": "optim_grads"}, None),
     (2, {"data_parallel_shard": 1}, None),
     (4, {"pipeline_parallel": 2, "data_parallel_shard": 1}, None),
@@ -126,6 +127,34 @@ def test_layers_are_cut_as_built_wherever_fsdp_runs(world, parallelism, shards) 
         hook(layer)
         assert [tuple(p.shape) for p in layer.trainable_params()] == [(0,), (0,)]
         assert tuple(getattr(layer, PRESLICED).shape) == (-(-20 // shards),)
+
+
+def test_fsdp_under_expert_parallelism_cuts_layers_without_their_experts() -> None:
+    """A layer's routed experts (`mlp.experts.<id>.`) stay whole when the rest of the layer
+    is cut as built: expert parallelism updates them apart."""
+    from mf_parallel.mesh import RankMesh
+    from mf_parallel.runtime.comm import Communication
+    from mf_parallel.runtime.flat_shard import PRESLICED
+
+    class Experts(ms.nn.Cell):
+        def __init__(self):
+            super().__init__()
+            self.experts = ms.nn.CellList([ms.nn.Dense(2, 2, has_bias=False)])
+
+    class Layer(ms.nn.Cell):
+        def __init__(self):
+            super().__init__()
+            self.proj = ms.nn.Dense(3, 5)  # 20 elements
+            self.mlp = Experts()
+
+    plan_dims, config = dims(4, expert_parallel=2)
+    comm = Communication(rank=0, world_size=4, device_target="CPU",
+                         group_ranks=RankMesh(plan_dims).groups_of(0), group_names={})
+    layer = Layer()
+    layout_for(plan_dims, config).layer_built(plan_dims, config, Collectives(comm))(layer)
+    shapes = {p.name: tuple(p.shape) for p in layer.trainable_params()}
+    assert shapes == {"proj.weight": (0,), "proj.bias": (0,), "mlp.experts.0.weight": (2, 2)}
+    assert tuple(getattr(layer, PRESLICED).shape) == (5,)
 
 
 @pytest.mark.parametrize("strategy", ["optim", "optim_grads", "optim_grads_params"])

@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import contextlib
 import math
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 import attrs
 from mindspore import Parameter, Tensor, nn, ops
@@ -153,6 +153,27 @@ class ExpertParallel(StepLayout):
         from . import inner_problems
 
         return inner_problems(without_experts(dims), sections, dims)
+
+    @classmethod
+    def layer_built(cls, dims: ParallelDims, parallelism: ParallelismConfig,
+                    collectives: Collectives) -> Callable[[nn.Cell], object] | None:
+        """Each layer cut as the inner layout cuts it (FSDP: as it is built) without its
+        routed experts, which the inner layout leaves out too (`build`)."""
+        from . import layout_for
+
+        inner = layout_for(without_experts(dims), parallelism)
+        cut = None if inner is None else inner.layer_built(without_experts(dims), parallelism,
+                                                           collectives)
+        if cut is None:
+            return None
+
+        def cut_without_experts(layer: nn.Cell) -> None:
+            # names relative to the layer here (`mlp.experts.3.down.weight`)
+            experts = [p for p in layer.trainable_params() if EXPERT_MARK in f".{p.name}"]
+            with left_out(experts):
+                cut(layer)
+
+        return cut_without_experts
 
     @classmethod
     def build(cls, parts: LayoutParts) -> ExpertParallel:
