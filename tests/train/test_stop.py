@@ -140,42 +140,30 @@ def test_a_second_ctrl_c_aborts_at_once_in_one_line(data_prefix, tmp_path: Path)
     assert not steps(out)  # the step it was in never ended
 
 
-def test_ctrl_c_while_mf_train_starts_is_one_line(data_prefix, tmp_path: Path) -> None:
-    """Ctrl-C in the seconds the launcher's own modules import (before the run's handlers
-    exist): one line, status 130, nothing written. `-X importtime` says when mf-config is
-    being imported: the console script's handler is in place by then."""
-    out = tmp_path / "out"
-    status, err = signalled(mf_train(out, data_prefix), [signal.SIGINT], watch="stderr",
-                            after=re.compile(r"\|\s+mf_config"), program=CONSOLE_SCRIPT)
-    assert status == 130, err
-    assert err.strip().splitlines()[-1] == ("mf-train: stopped by SIGINT while starting; "
-                                            "nothing was run or written")
-    assert "Traceback" not in err and not out.exists()
+def console_script(module: str) -> tuple[str, ...]:
+    """A console script's entry point run as the script runs it, with each import's end on
+    stderr (`-X importtime`)."""
+    return ("-X", "importtime", "-c",
+            f"import sys; from {module} import main; sys.exit(main())")
 
 
-CONSOLE_SCRIPT = ("-X", "importtime", "-c",
-                  "import sys; from mf_train.script import main; sys.exit(main())")
-"""`mf-train` as its console script starts it, with each import's end on stderr."""
-
-
-def test_ctrl_c_while_a_rank_started_by_hand_starts_is_one_line(data_prefix, tmp_path: Path,
-                                                                monkeypatch) -> None:
-    """`mf-train-rank` started by hand (as msrun would, without the launcher): Ctrl-C while
-    its modules import is one line and status 130, as for `mf-train`."""
-    monkeypatch.setenv("MS_WORKER_NUM", "1")
+@pytest.mark.parametrize(("program", "module"), [("mf-train", "mf_train.script"),
+                                                 ("mf-train-rank", "mf_train.rank_worker")])
+def test_ctrl_c_while_starting_is_one_line(data_prefix, tmp_path: Path, monkeypatch,
+                                           program, module) -> None:
+    """Ctrl-C in the seconds the program's own modules import (before the run's handlers
+    exist): one line, status 130, nothing written; for `mf-train` and for `mf-train-rank`
+    started by hand (as msrun would, without the launcher). `-X importtime` says when
+    mf-config is being imported: the console script's handler is in place by then."""
+    monkeypatch.setenv("MS_WORKER_NUM", "1")  # what msrun gives a rank
     monkeypatch.delenv("MF_TRAIN_LAUNCHED", raising=False)
     out = tmp_path / "out"
     status, err = signalled(mf_train(out, data_prefix), [signal.SIGINT], watch="stderr",
-                            after=re.compile(r"\|\s+mf_config"), program=RANK_SCRIPT)
+                            after=re.compile(r"\|\s+mf_config"), program=console_script(module))
     assert status == 130, err
-    assert err.strip().splitlines()[-1] == ("mf-train-rank: stopped by SIGINT while starting; "
+    assert err.strip().splitlines()[-1] == (f"{program}: stopped by SIGINT while starting; "
                                             "nothing was run or written")
     assert "Traceback" not in err and not out.exists()
-
-
-RANK_SCRIPT = ("-X", "importtime", "-c",
-               "import sys; from mf_train.rank_worker import main; sys.exit(main())")
-"""`mf-train-rank` as its console script starts it, with each import's end on stderr."""
 
 
 # ------------------------------------------------------------------ the launcher of ranks

@@ -221,8 +221,8 @@ def _zero_rows_around(tensor: ms.Tensor, before: int, after: int) -> ms.Tensor:
     one operation where the kernel exists, else concatenated with zero blocks."""
     if tensor.dtype in PAD_DTYPES:
         return ops.pad(tensor, (0, 0) * (tensor.ndim - 1) + (before, after))
-    return ops.cat([ops.zeros((rows, *tensor.shape[1:]), tensor.dtype)
-                    if rows != -1 else tensor for rows in (before, -1, after)])
+    zeros = [ops.zeros((rows, *tensor.shape[1:]), tensor.dtype) for rows in (before, after)]
+    return ops.cat([part for part in (zeros[0], tensor, zeros[1]) if part.shape[0]])
 
 
 PRESLICED = "mf_presliced"

@@ -15,9 +15,14 @@ parallelism.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
+from mindspore import nn
+
 from mf_config import ParallelismConfig
 from mf_config.component_settings import settings_error
 from mf_parallel.dims import ParallelDims
+from mf_parallel.runtime import Collectives
 
 from .context_parallel import ContextParallel
 from .contract import (
@@ -99,6 +104,14 @@ def inner_layout(dims: ParallelDims, parallelism: ParallelismConfig,
     if cls is None:
         raise RuntimeError(f"no step layout runs the other degrees of {whole.describe()}")
     return cls
+
+
+def inner_layer_built(dims: ParallelDims, parallelism: ParallelismConfig,
+                      collectives: Collectives) -> Callable[[nn.Cell], object] | None:
+    """The `layer_built` hook of the layout that selects `dims` (a composing layout's other
+    degrees), or None when none does or it keeps layers as built."""
+    cls = layout_for(dims, parallelism)
+    return None if cls is None else cls.layer_built(dims, parallelism, collectives)
 
 
 def inner_problems(dims: ParallelDims, sections: LayoutSections,

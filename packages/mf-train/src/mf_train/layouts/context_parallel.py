@@ -73,12 +73,10 @@ class ContextParallel(StepLayout):
                     collectives: Collectives) -> Callable[[nn.Cell], object] | None:
         """The layers cut as the inner layout cuts them, over data x context (as `build`
         gives it its collectives)."""
-        from . import layout_for
+        from . import inner_layer_built
 
-        folded = without_context(dims)
-        inner = layout_for(folded, parallelism)
-        return None if inner is None else inner.layer_built(
-            folded, parallelism, Collectives(collectives.comm.context_as_data()))
+        return inner_layer_built(without_context(dims), parallelism,
+                                 Collectives(collectives.comm.context_as_data()))
 
     @classmethod
     def build(cls, parts: LayoutParts) -> ContextParallel:

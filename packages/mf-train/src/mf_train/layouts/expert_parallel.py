@@ -159,11 +159,9 @@ class ExpertParallel(StepLayout):
                     collectives: Collectives) -> Callable[[nn.Cell], object] | None:
         """Each layer cut as the inner layout cuts it (FSDP: as it is built) without its
         routed experts, which the inner layout leaves out too (`build`)."""
-        from . import layout_for
+        from . import inner_layer_built
 
-        inner = layout_for(without_experts(dims), parallelism)
-        cut = None if inner is None else inner.layer_built(without_experts(dims), parallelism,
-                                                           collectives)
+        cut = inner_layer_built(without_experts(dims), parallelism, collectives)
         if cut is None:
             return None
 

@@ -87,11 +87,9 @@ class Pipelined(StepLayout):
     def layer_built(cls, dims: ParallelDims, parallelism: ParallelismConfig,
                     collectives: Collectives) -> Callable[[nn.Cell], object] | None:
         """The stage's layers cut as its inner layout cuts them (FSDP: as they are built)."""
-        from . import layout_for
+        from . import inner_layer_built
 
-        inner = layout_for(without_pipeline(dims), parallelism)
-        return None if inner is None else inner.layer_built(without_pipeline(dims),
-                                                            parallelism, collectives)
+        return inner_layer_built(without_pipeline(dims), parallelism, collectives)
 
     @classmethod
     def build(cls, parts: LayoutParts) -> Pipelined:
