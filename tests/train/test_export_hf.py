@@ -405,25 +405,37 @@ def step_losses(output: Path) -> list[float]:
 
 
 @pytest.mark.ranks
-def test_a_tensor_parallel_run_starts_from_a_sharded_bfloat16_export(data_prefix, qwen3_run,
-                                                                    tmp_path) -> None:
-    """The export in bfloat16, split over several files, is where two runs start: one process,
-    and two tensor-parallel ranks that each read only their slices (the log says how much).
-    Their losses agree as tensor parallelism's rounding allows."""
+def test_tensor_parallel_and_fsdp_runs_start_from_a_sharded_bfloat16_export(
+        data_prefix, qwen3_run, tmp_path) -> None:
+    """The export in bfloat16, split over several files, is where three runs start: one
+    process, two tensor-parallel ranks and two FSDP ranks, each rank reading only what it
+    holds (the log says how much: its tensor-parallel slices; its FSDP slices' rows, never
+    the whole model). Their losses agree as the layouts' rounding allows."""
     exported = tmp_path / "hf"
     assert export(QWEN3, qwen3_run, exported, "--dtype", "bfloat16", "--max-shard-size",
                   "20KB", *sets(QWEN3_SHAPE)) == 0
     assert len(list(exported.glob("*.safetensors"))) > 1
     start = [*QWEN3_SHAPE, f"checkpoint.load_path={exported}", "checkpoint.no_load_optim=True"]
     train(QWEN3, data_prefix, tmp_path / "one", start)
-    two_ranks(QWEN3, data_prefix, tmp_path / "two", [*start, "parallelism.tensor_parallel=2"])
-    one, two = step_losses(tmp_path / "one"), step_losses(tmp_path / "two")
-    assert len(one) == len(two) == 2
-    np.testing.assert_allclose(two, one, rtol=1e-5)
-    log = (tmp_path / "two" / "logs" / "worker_1.log").read_text()
-    read, total = (float(size) for size in re.search(
-        r"this rank read ([\d.]+) KiB of the ([\d.]+) KiB there", log).groups())
-    assert total / 2 < read < total  # half of the split weights, all of the norms
+    one = step_losses(tmp_path / "one")
+    assert len(one) == 2
+    for name, layout in [("tp", "parallelism.tensor_parallel=2"),
+                         ("fsdp", "parallelism.data_parallel_shard_strategy="
+                                  "optim_grads_params")]:
+        two_ranks(QWEN3, data_prefix, tmp_path / name, [*start, layout])
+        np.testing.assert_allclose(step_losses(tmp_path / name), one, rtol=1e-5)
+        reads = []
+        for rank in range(2):
+            log = (tmp_path / name / "logs" / f"worker_{rank}.log").read_text()
+            read, total = (float(size) for size in re.search(
+                r"this rank read ([\d.]+) KiB of the ([\d.]+) KiB there", log).groups())
+            reads.append(read)
+            if name == "tp":  # half of the split weights, all of the norms
+                assert total / 2 < read < total
+            else:  # its half of each unit's flat buffer, from the rows that hold it
+                assert read < 0.6 * total
+        if name == "fsdp":
+            assert sum(reads) >= total
 
 
 QWEN3_FOUR_LAYERS = [*QWEN3_SHAPE[:2], "model.num_hidden_layers=4", *QWEN3_SHAPE[3:]]

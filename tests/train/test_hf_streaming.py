@@ -23,7 +23,7 @@ from mf_train.checkpoint import CheckpointError, HFCheckpoint, load_hf_weights
 from mf_train.checkpoint.hf_write import bfloat16_bits
 from mf_train.models import HFWeightsError, hf_state, load_hf_state
 from mf_train.models.blocks import fuse_rows
-from mf_train.models.hf_weights import local_value
+from mf_train.models.hf_weights import HFPieces, local_value
 
 
 def bf16_file(path: Path, state: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
@@ -116,6 +116,36 @@ def test_a_tensor_rank_reads_its_share_and_gets_the_fused_then_split_values(
           pytest.raises(HFWeightsError, match=r"dimension 0 of shape \(\d+, \d+\) is not "
                                               r"divisible by tensor_parallel \(7\)")):
         local_value(entries[0], checkpoint, tensor_group(0, 7))
+
+
+def test_a_flat_range_is_the_tensor_place_s_value_read_from_the_rows_it_covers(
+        tmp_path: Path) -> None:
+    """`HFPieces`, the view the trainer loads HF weights through: at each tensor place of 2
+    (and whole), every flat range of every parameter (fused `qkv` and `gate_up` across their
+    parts' boundaries, row- and column-split, 1-D norms) equals that place's whole value
+    flattened and cut; and a range reads only the rows holding it, not the tensor."""
+    bf16_file(tmp_path / "model.safetensors", hf_state(qwen3_model(seed=11)))
+    entries = qwen3_model().weight_maps()
+    rng = np.random.default_rng(5)
+    with HFCheckpoint(tmp_path / "model.safetensors") as checkpoint:
+        pieces = HFPieces(checkpoint, entries, tmp_path)
+        for tensor in (None, (0, 2), (1, 2)):
+            group = None if tensor is None else tensor_group(*tensor)
+            for entry in entries:
+                whole = local_value(entry, checkpoint, group)
+                assert pieces.shape(entry.ours, tensor) == whole.shape, entry.ours
+                flat = whole.reshape(-1)
+                width = flat.size // whole.shape[0]
+                cuts = sorted(rng.choice(flat.size + 1, 2, replace=False))
+                for start, stop in [cuts, (0, flat.size), (width - 1, width + 1)]:
+                    before = checkpoint.bytes_read
+                    got = pieces.read_range(entry.ours, start, stop, tensor)
+                    np.testing.assert_array_equal(got, flat[start:stop], err_msg=entry.ours)
+                    rows = -(-stop // width) - start // width
+                    assert checkpoint.bytes_read - before == rows * width * 2, entry.ours
+                np.testing.assert_array_equal(pieces.read_whole(entry.ours, tensor), whole)
+    assert {entry.ours for entry in entries if len(entry.hf) > 1}  # fused ones were read
+    assert {entry.axis for entry in entries} == {None, 0, 1}
 
 
 def test_the_whole_model_streams_to_what_the_whole_arrays_give(tmp_path: Path) -> None:

@@ -15,6 +15,7 @@ pytest.importorskip("mindspore")
 
 import mindspore as ms
 from mindspore import Parameter, Tensor, ops
+from mindspore import float32 as FLOAT32
 
 from mf_config import (
     CheckpointConfig,
@@ -320,8 +321,10 @@ def test_zero_step_equals_plain_adamw(collectives, plain) -> None:
         np.testing.assert_allclose(got.asnumpy(), want.asnumpy(), rtol=1e-5, atol=1e-6)
 
 
-def test_fsdp_weights_load_inside_whole_model(collectives) -> None:
-    """Weights loaded into the gathered model become the slices (the resume path)."""
+def test_fsdp_masters_reload_from_the_gathered_model_or_from_the_shards(collectives) -> None:
+    """Weights loaded into the gathered model become the slices (a format-2 resume); slices
+    published to the sharded units (the sharded and Hugging Face loads) become them too,
+    with nothing gathered; a model half gathered is refused."""
     _, layout, _ = train("optim_grads_params", collectives, None)
     optimizer = layout.optimizer
     with layout.whole_model():
@@ -331,6 +334,12 @@ def test_fsdp_weights_load_inside_whole_model(collectives) -> None:
     assert optimizer.master.asnumpy().min() == optimizer.master.asnumpy().max() == 1.0
     with layout.whole_model():
         assert all(np.all(p.asnumpy() == 1.0) for p in optimizer.params)
-    with pytest.raises(RuntimeError, match=r"load the weights inside the step layout's "
-                                           r"whole_model\(\)"):
+    layout.publish_slices([ops.full((n,), 2.0, dtype=FLOAT32) for n in optimizer.lengths])
+    optimizer.reload_main_params_from_model()
+    assert all(tuple(p.shape) == (0,) for p in optimizer.params)  # nothing gathered
+    assert optimizer.master.asnumpy().min() == optimizer.master.asnumpy().max() == 2.0
+    with layout.whole_model():
+        assert all(np.all(p.asnumpy() == 2.0) for p in optimizer.params)
+    layout.flat_buckets()[0].unshard()
+    with pytest.raises(RuntimeError, match=r"some units are gathered and some are not"):
         optimizer.reload_main_params_from_model()

@@ -18,22 +18,18 @@ import threading
 from collections.abc import Iterable
 from typing import Any
 
-import attrs
 import numpy as np
 
 from .checkpoint.pieces import PieceIndex
-from .models.hf_weights import ArraysSource, WeightMap, gather_hf_state, local_value
-
-Place = tuple[int, int] | None
-"""`(place, degree)` of a tensor-parallel shard, or None for the whole tensor."""
-
-
-@attrs.frozen
-class _TensorPlace:
-    """A tensor group as `local_value` reads it: this place and the degree."""
-
-    rank: int
-    size: int
+from .models.hf_weights import (
+    ArraysSource,
+    Place,
+    TensorPlace,
+    WeightMap,
+    gather_hf_state,
+    local_shape,
+    local_value,
+)
 
 
 class RecutIndex:
@@ -69,10 +65,7 @@ class RecutIndex:
         entry = self._entry(name)
         if entry is None:
             return self.index.shape(name, tensor)  # raises KeyError, as the index does
-        shape = [sum(entry.rows()), *entry.shapes[0][1:]]
-        if tensor is not None and entry.axis is not None:
-            shape[entry.axis] //= tensor[1]
-        return tuple(shape)
+        return local_shape(entry, tensor)
 
     def read_whole(self, name: str, tensor: Place = None) -> np.ndarray:
         """Tensor `name` at place `tensor`, cut from what was saved when it is not there."""
@@ -119,5 +112,5 @@ class RecutIndex:
             return self.index.read_whole(name, tensor)  # raises, naming what is missing
         shards = [{entry.ours: self.index.read_whole(name, place)} for place in saved]
         whole = ArraysSource(gather_hf_state([entry], shards))
-        group = None if tensor is None else _TensorPlace(*tensor)
+        group = None if tensor is None else TensorPlace(*tensor)
         return local_value(entry, whole, group)

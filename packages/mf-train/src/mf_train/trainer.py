@@ -28,7 +28,6 @@ Megatron does (`mf_train.expert_bias` says why).
 
 from __future__ import annotations
 
-import functools
 import logging
 import math
 import random
@@ -68,7 +67,6 @@ from .checkpoint import (
 )
 from .checkpoint.layout import read_common
 from .checkpoint.reader import conversion
-from .checkpoint.reading import read_ahead
 from .compiled_layers import CompileReport, compile_layers
 from .expert_bias import ExpertBiasUpdate, NoExpertBiasUpdate
 from .gradient_norm import clip_coefficient
@@ -90,7 +88,8 @@ from .lr_scheduler import build_lr_schedule
 from .lr_schedules import LrSchedule
 from .micro_batches import MicroBatchStream, build_stream
 from .model_flops import flops_per_token, matmul_weights_per_token
-from .models import build_model, load_hf_state
+from .models import build_model
+from .models.hf_weights import HFPieces, checked_entries
 from .monitor import standard_callbacks
 from .optim import Optimizer
 from .placement import Placement
@@ -406,6 +405,9 @@ class Trainer:
         if resumed.kind == "pieces":
             self._apply_pieces(resumed, started)
             return resumed.path
+        if resumed.kind == "hf":
+            self._apply_hf(resumed)
+            return resumed.path
         with self.layout.whole_model():
             self._apply_resumed(resumed)
         return resumed.path
@@ -418,8 +420,7 @@ class Trainer:
             load_model_pieces(self.layout, self.placement, model,
                               self.config.checkpoint.load_worker_number)
             if resumed.optimizer_state is None:
-                with self.layout.whole_model():
-                    self.optimizer.reload_main_params_from_model()
+                self.optimizer.reload_main_params_from_model()
             else:
                 with RecutIndex(resumed.optimizer_state, entries) as optimizer:
                     self.optimizer.load_state_pieces(optimizer, model, self.placement)
@@ -435,16 +436,21 @@ class Trainer:
                  "%.2f s; %s)", resumed.path, self.step_count, self.consumed_samples,
                  size(read), time.perf_counter() - started, rng)
 
+    def _apply_hf(self, resumed: Resumed) -> None:
+        """Hugging Face weights, read as a sharded checkpoint is (`HFPieces`): each rank reads
+        its tensor-parallel share of the parameters it holds whole and only the rows of its
+        ZeRO or FSDP slices, so no rank holds the model whole."""
+        with resumed.model_params as weights:
+            entries = checked_entries(self.model, weights)
+            load_model_pieces(self.layout, self.placement,
+                              HFPieces(weights, entries, resumed.path),
+                              self.config.checkpoint.load_worker_number)
+        self.optimizer.reload_main_params_from_model()
+        LOG.info("loaded Hugging Face weights from %s: this rank read %s of the %s there",
+                 resumed.path, size(weights.bytes_read), size(weights.nbytes))
+
     def _apply_resumed(self, resumed: Resumed) -> None:
-        if resumed.kind == "hf":
-            workers = self.config.checkpoint.load_worker_number
-            with resumed.model_params as weights:
-                load_hf_state(self.model, weights,
-                              read_ahead=functools.partial(read_ahead, workers=workers))
-            self.optimizer.reload_main_params_from_model()
-            LOG.info("loaded Hugging Face weights from %s: this rank read %s of the %s there",
-                     resumed.path, size(weights.bytes_read), size(weights.nbytes))
-            return
+        """A checkpoint in format 1 or 2 (an earlier mf's), loaded whole."""
         try:
             apply_model_params(self.model.parameters_and_names(), resumed.model_params)
         except CheckpointError as exc:  # format 1 or 2: tied to the layout that saved it

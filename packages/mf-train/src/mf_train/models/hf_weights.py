@@ -23,6 +23,7 @@ ranks' shards along each entry's axis and splits fused parameters back into thei
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -96,10 +97,11 @@ def load_hf_state(model: Any, weights: WeightSource | Mapping[str, np.ndarray],
     """Fill `model`'s parameters from HF-named weights, reading only this rank's part of
     each: its tensor-parallel slice of the parameters it holds (its pipeline stage's layers,
     its experts); weights it does not hold are not read. Every problem is reported at once,
-    from the names and shapes alone, before anything is read: missing names, wrong shapes,
-    and (when `strict`) names the model does not use. One parameter's slice is in memory at
-    a time (`read_ahead`, such as `checkpoint.reading.read_ahead` with workers, may read a few
-    ahead); values are cast to each parameter's dtype.
+    from the names and shapes alone, before anything is read (`checked_entries`). One
+    parameter's slice is in memory at a time (`read_ahead`, such as
+    `checkpoint.reading.read_ahead` with workers, may read a few ahead); values are cast to
+    each parameter's dtype. (The trainer loads through `HFPieces` instead, which also reads
+    only the ranges of a parameter a ZeRO or FSDP slice holds.)
 
     Args:
         model: a model with `weight_maps()` and `tensor_group`.
@@ -111,6 +113,23 @@ def load_hf_state(model: Any, weights: WeightSource | Mapping[str, np.ndarray],
         HFWeightsError: the weights do not fit the model (every problem listed).
     """
     source = ArraysSource(weights) if isinstance(weights, Mapping) else weights
+    entries = checked_entries(model, source, strict)
+    params = dict(model.parameters_and_names())
+    group = model.tensor_group
+    values = read_ahead(lambda entry: local_value(entry, source, group), entries)
+    for entry, value in zip(entries, values, strict=True):
+        param = params[entry.ours]  # `value` is this read's own array: shared, not copied
+        param.set_data(Tensor.from_numpy(value).astype(param.dtype))
+
+
+def checked_entries(model: Any, source: WeightSource, strict: bool = True) -> list[WeightMap]:
+    """`model.weight_maps()`, once the names and shapes of `source` are checked against it:
+    missing names, wrong shapes and (when `strict`) names the model does not use, all at
+    once, before anything is read; the names the model's `hf_skipped` leaves out are logged.
+
+    Raises:
+        HFWeightsError: the weights do not fit the model (every problem listed).
+    """
     names = set(source.names) - _skipped(model, source.names)
     entries = model.weight_maps()
     problems = _shape_problems(entries, names, source.shape)
@@ -122,12 +141,74 @@ def load_hf_state(model: Any, weights: WeightSource | Mapping[str, np.ndarray],
     if problems:
         raise HFWeightsError("Hugging Face weights do not fit the model:\n  "
                              + "\n  ".join(problems))
-    params = dict(model.parameters_and_names())
-    group = model.tensor_group
-    values = read_ahead(lambda entry: local_value(entry, source, group), entries)
-    for entry, value in zip(entries, values, strict=True):
-        param = params[entry.ours]  # `value` is this read's own array: shared, not copied
-        param.set_data(Tensor.from_numpy(value).astype(param.dtype))
+    return entries
+
+
+@dataclass(frozen=True)
+class TensorPlace:
+    """A tensor group as `local_value` reads it: this place and the degree."""
+
+    rank: int
+    size: int
+
+
+Place = tuple[int, int] | None
+"""`(place, degree)` of a tensor-parallel shard, or None for the whole tensor."""
+
+
+class HFPieces:
+    """HF-named weights seen as a sharded checkpoint of our parameters: the part of
+    `checkpoint.pieces.PieceIndex` that `layouts.saved_model.load_model_pieces` reads, so
+    that a Hugging Face checkpoint loads the way an mf checkpoint does, each rank reading
+    only what it holds. A parameter is answered at any tensor place (`(place, degree)`),
+    whole (`local_value`) or as a flat range of it, for which only the rows of the HF parts
+    the range covers are read (a ZeRO or FSDP slice reads its own rows, not the tensor).
+
+    Args:
+        source: the weights (`checkpoint.HFCheckpoint`, or `ArraysSource`).
+        entries: the model's weight table, checked against `source` (`checked_entries`).
+        directory: where the weights are, for messages.
+    """
+
+    def __init__(self, source: WeightSource, entries: Iterable[WeightMap], directory: Any):
+        self.source, self.directory = source, directory
+        self.entries = {entry.ours: entry for entry in entries}
+
+    @property
+    def bytes_read(self) -> int:
+        return getattr(self.source, "bytes_read", 0)
+
+    def has(self, name: str, tensor: Place = None) -> bool:
+        return name in self.entries
+
+    def shape(self, name: str, tensor: Place = None) -> tuple[int, ...]:
+        """Parameter `name`'s shape at place `tensor` (its share along the split axis)."""
+        return local_shape(self.entries[name], tensor)
+
+    def read_whole(self, name: str, tensor: Place = None) -> np.ndarray:
+        return local_value(self.entries[name], self.source, _group(tensor))
+
+    def read_range(self, name: str, start: int, stop: int, tensor: Place = None,
+                   ) -> np.ndarray:
+        """Elements `[start, stop)` of `read_whole(name, tensor)`, flat, read from the rows
+        that hold them."""
+        entry = self.entries[name]
+        width = math.prod(local_shape(entry, tensor)[1:])
+        first, last = start // width, -(-stop // width)
+        rows = local_value(entry, self.source, _group(tensor), (first, last)).reshape(-1)
+        return rows[start - first * width:stop - first * width]
+
+
+def local_shape(entry: WeightMap, tensor: Place) -> tuple[int, ...]:
+    """The shape of `entry`'s parameter at tensor place `tensor` (None: whole)."""
+    shape = [sum(entry.rows()), *entry.shapes[0][1:]]
+    if tensor is not None and entry.axis is not None:
+        shape[entry.axis] //= tensor[1]
+    return tuple(shape)
+
+
+def _group(tensor: Place) -> TensorPlace | None:
+    return None if tensor is None else TensorPlace(*tensor)
 
 
 def hf_state(model: Any) -> dict[str, np.ndarray]:
@@ -210,14 +291,34 @@ def _shape_problems(entries: list[WeightMap], names: Collection[str],
     return problems
 
 
-def local_value(entry: WeightMap, source: WeightSource, group: Any) -> np.ndarray:
+def local_value(entry: WeightMap, source: WeightSource, group: Any,
+                rows: tuple[int, int] | None = None) -> np.ndarray:
     """This rank's value of `entry`'s parameter, as float32: each HF part's slice along the
     split axis (the whole part without tensor parallelism), read alone and stacked by rows,
-    which is this rank's block of the rank-interleaved fusing (`blocks.fuse_rows`)."""
-    parts = [source.read(name, _region(name, shape, entry.axis, group))
-             for name, shape in zip(entry.hf, entry.shapes, strict=True)]
-    parts = [np.ascontiguousarray(part, np.float32) for part in parts]
+    which is this rank's block of the rank-interleaved fusing (`blocks.fuse_rows`). With
+    `rows` (`start, stop`), only those rows of that value: each part is read only where it
+    overlaps them."""
+    parts, offset = [], 0
+    for name, shape in zip(entry.hf, entry.shapes, strict=True):
+        region = _region(name, shape, entry.axis, group)
+        count = shape[0] // tensor_size(group) if region is not None and entry.axis == 0 \
+            else shape[0]
+        low, high = (0, count) if rows is None else \
+            (max(rows[0] - offset, 0), min(rows[1] - offset, count))
+        offset += count
+        if rows is not None and low < high:
+            region = _rows_of(region, low, high)
+        if low < high:
+            parts.append(np.ascontiguousarray(source.read(name, region), np.float32))
     return parts[0] if len(parts) == 1 else np.concatenate(parts, axis=0)
+
+
+def _rows_of(region: tuple[slice, ...] | None, low: int, high: int) -> tuple[slice, ...]:
+    """Rows `[low, high)` of what `region` (None: the whole tensor) reads."""
+    if region is None:
+        return (slice(low, high),)
+    first = region[0].start or 0
+    return (slice(first + low, first + high), *region[1:])
 
 
 def _region(name: str, shape: tuple[int, ...], axis: int | None,

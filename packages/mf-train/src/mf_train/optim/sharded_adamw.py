@@ -130,16 +130,21 @@ class ShardedAdamW:
     # ----- checkpoints and loading -----
 
     def reload_main_params_from_model(self) -> None:
-        """Take this rank's slices from the model's (whole) parameters, after weights were
-        loaded into the model without optimizer state; with FSDP inside the layout's
-        `whole_model()`."""
+        """Take this rank's slices from the model after weights were loaded into it without
+        optimizer state: from the whole parameters where they are gathered (ZeRO; FSDP
+        inside the layout's `whole_model()`), or from the units' shards where FSDP holds
+        them sharded (they are the model's parameters then: a loader publishes them)."""
         buffers = self.sharded.buffers
-        if not all(getattr(buffer, "gathered", True) for buffer in buffers):
-            raise RuntimeError("reload_main_params_from_model: the model holds sharded "
-                               "placeholders; load the weights inside the step layout's "
-                               "whole_model()")
-        self.masters = [ops.cast(buffer.flat.own(buffer.flat.flatten(buffer.params)), FLOAT32)
-                        for buffer in buffers]
+        gathered = [getattr(buffer, "gathered", True) for buffer in buffers]
+        if all(gathered):
+            self.masters = [ops.cast(buffer.flat.own(buffer.flat.flatten(buffer.params)),
+                                     FLOAT32) for buffer in buffers]
+        elif not any(gathered):
+            self.masters = [ops.cast(buffer.master.value(), FLOAT32) for buffer in buffers]
+        else:
+            raise RuntimeError("reload_main_params_from_model: some units are gathered and "
+                               "some are not; load inside the step layout's whole_model(), "
+                               "or publish every unit's shard")
         self._publish()
 
     def state_dict(self) -> dict[str, np.ndarray]:
