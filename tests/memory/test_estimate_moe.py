@@ -155,29 +155,47 @@ def test_expert_parallel_divides_the_routed_experts() -> None:
                for w in dered.warnings)
 
 
-def test_fsdp_slices_experts_only_without_expert_parallelism() -> None:
+def test_fsdp_slices_experts_with_their_layer_or_over_their_expert_data_ranks() -> None:
     fsdp = estimate(config(training={"local_batch_size": 2, "global_batch_size": 8}),
                     world_size=4)
     # flat buffers: layer 0, layer 1 with its experts (the routing bias takes no gradient:
     # outside, whole), the root; each rank keeps a quarter of each
-    buffers = [DENSE_LAYER, MOE_LAYER - BIAS, OUTER]
+    layer_0, layer_1, root = buffers = [DENSE_LAYER, MOE_LAYER - BIAS, OUTER]
     assert fsdp.routed_experts == (4, 4, 4)
     assert fsdp.params == 4 * (sum(b // 4 for b in buffers) + BIAS)
-    # layer 1's experts are reduced only after the backward pass, and with them every buffer
-    # after it in the order (layer 0, the root): all whole at once, beside the float32 sums
-    assert fsdp.grads == 4 * sum(b // 4 for b in buffers) + 4 * sum(buffers)
+    # layer 1's experts are reduced only after the backward pass: the layer stays whole
+    # through it, beside the float32 sums, while layer 0 is reduced with the head's and final
+    # norm's gradients held (they are complete first), then the root
+    late_root = 16 + 64 * 16
+    assert fsdp.grads == 4 * sum(b // 4 for b in buffers) + 4 * (
+        layer_1 + max(late_root + layer_0, root))
     with_ep = estimate(config(parallelism={"expert_parallel": 2},
                               training={"local_batch_size": 2, "global_batch_size": 8}),
                        world_size=4)
-    # 2 experts per rank, kept whole (mf-train's ExpertParallel updates them apart), and
-    # whole gradients accumulated over the micro-batches (its own backward pass)
-    buffers = [DENSE_LAYER, MOE_LAYER - BIAS - EXPERTS, OUTER]
+    # 2 experts per rank, FSDP units of their own over the 2-rank expert-data group: a
+    # quarter of the experts' parameters on each rank, and their AdamW state (the moments,
+    # 8 B per element as the rest's)
+    layer_0, layer_1, root = buffers = [DENSE_LAYER, MOE_LAYER - BIAS - EXPERTS, OUTER]
     assert with_ep.routed_experts == (4, 2, 2)
-    assert with_ep.params == 4 * (sum(b // 4 for b in buffers) + EXPERTS // 2 + BIAS)
-    assert with_ep.grads == 4 * (PARAMS - BIAS - EXPERTS // 2)
-    # the experts' AdamW over their slices of the 2-rank expert-data group (moments and a
-    # float32 master, 12 B per element, as ZeRO's), the rest's FSDP slices (moments, 8 B)
-    assert with_ep.optimizer == 8 * sum(b // 4 for b in buffers) + 12 * (EXPERTS // 2 // 2)
+    assert with_ep.params == 4 * (sum(b // 4 for b in buffers) + EXPERTS // 4 + BIAS)
+    assert with_ep.optimizer == 8 * sum(b // 4 for b in buffers) + 8 * (EXPERTS // 4)
+    # FSDP's backward: the rest reduced during it (layer 1, layer 0, then the root, with the
+    # head's and final norm's gradients held), the experts' whole until it ends, and their
+    # float32 sums
+    assert with_ep.grads == 4 * sum(b // 4 for b in buffers) + 4 * (
+        max(late_root + max(layer_0, layer_1), root) + EXPERTS // 2 + EXPERTS // 4)
+    # gathered with layer 1: its experts (2 of them) and their all-gather's output
+    assert with_ep.gathered_params == 4 * (root + max(
+        layer_0 + 4 * (layer_0 // 4), layer_1 + EXPERTS // 2 + 4 * (layer_1 // 4)
+        + 2 * (EXPERTS // 4)))
+    # under ZeRO-2 they stay whole, with their own AdamW over their slices (moments and a
+    # float32 master, 12 B per element)
+    zero = estimate(config(parallelism={"expert_parallel": 2,
+                                        "data_parallel_shard_strategy": "optim_grads"},
+                           training={"local_batch_size": 2, "global_batch_size": 8}),
+                    world_size=4)
+    assert zero.params == 4 * (DENSE_LAYER + MOE_LAYER - EXPERTS // 2 + OUTER)
+    assert zero.optimizer == 12 * sum(b // 4 for b in buffers) + 12 * (EXPERTS // 4)
 
 
 def test_tensor_parallel_splits_mla_as_megatron_does() -> None:

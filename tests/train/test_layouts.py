@@ -129,9 +129,12 @@ def test_layers_are_cut_as_built_wherever_fsdp_runs(world, parallelism, shards) 
         assert tuple(getattr(layer, PRESLICED).shape) == (-(-20 // shards),)
 
 
-def test_fsdp_under_expert_parallelism_cuts_layers_without_their_experts() -> None:
-    """A layer's routed experts (`mlp.experts.<id>.`) stay whole when the rest of the layer
-    is cut as built: expert parallelism updates them apart."""
+@pytest.mark.parametrize("world", [4, 2])
+def test_fsdp_under_expert_parallelism_cuts_layers_and_experts_apart(world) -> None:
+    """A layer's routed experts (`mlp.experts.<id>.`) are left out when the rest of the layer
+    is cut as built over the shard group; on 4 ranks (expert parallel 2: 2 ranks hold the
+    same experts) they are cut apart, over their expert-data group, their slice recorded on
+    the experts' cell; on 2 ranks (no other rank holds them) they stay whole."""
     from mf_parallel.mesh import RankMesh
     from mf_parallel.runtime.comm import Communication
     from mf_parallel.runtime.flat_shard import PRESLICED
@@ -147,14 +150,20 @@ def test_fsdp_under_expert_parallelism_cuts_layers_without_their_experts() -> No
             self.proj = ms.nn.Dense(3, 5)  # 20 elements
             self.mlp = Experts()
 
-    plan_dims, config = dims(4, expert_parallel=2)
-    comm = Communication(rank=0, world_size=4, device_target="CPU",
+    plan_dims, config = dims(world, expert_parallel=2)
+    comm = Communication(rank=0, world_size=world, device_target="CPU",
                          group_ranks=RankMesh(plan_dims).groups_of(0), group_names={})
     layer = Layer()
     layout_for(plan_dims, config).layer_built(plan_dims, config, Collectives(comm))(layer)
     shapes = {p.name: tuple(p.shape) for p in layer.trainable_params()}
-    assert shapes == {"proj.weight": (0,), "proj.bias": (0,), "mlp.experts.0.weight": (2, 2)}
-    assert tuple(getattr(layer, PRESLICED).shape) == (5,)
+    sliced = world == 4
+    assert shapes == {"proj.weight": (0,), "proj.bias": (0,),
+                      "mlp.experts.0.weight": (0,) if sliced else (2, 2)}
+    assert tuple(getattr(layer, PRESLICED).shape) == (20 // world,)  # over every rank
+    if sliced:  # 4 elements over the 2 ranks holding the same experts
+        assert tuple(getattr(layer.mlp.experts, PRESLICED).shape) == (2,)
+    else:
+        assert not hasattr(layer.mlp.experts, PRESLICED)
 
 
 @pytest.mark.parametrize("strategy", ["optim", "optim_grads", "optim_grads_params"])

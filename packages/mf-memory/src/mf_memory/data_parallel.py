@@ -21,8 +21,13 @@ keeps one slice of each buffer (`mf_parallel.runtime.flat_shard`), and mf-train'
 Under pipeline or expert parallelism the composing layout runs the backward pass itself: every
 strategy then accumulates whole gradients, as ZeRO-1, and reduces them buffer by buffer after
 it. Routed experts under expert parallelism are left out of the buffers: kept whole on every
-rank that holds them, with their own optimizer (mf-train's `ExpertParallel`); so is every
-parameter that takes no gradient (DeepSeek's routing bias).
+rank that holds them, with their own optimizer (mf-train's `ExpertParallel`), their state
+sliced over their expert-data group E_d under ZeRO when E_d > 1; so is every parameter that
+takes no gradient (DeepSeek's routing bias). Under FSDP with E_d > 1 the experts are FSDP's
+too (`sliced_experts`): each MoE layer's experts one more unit over the expert-data group,
+sliced between steps and gathered with their layer; the backward pass is FSDP's, the experts'
+gradients whole until it ends (a layer's experts are reduced after it: ranks without tokens
+for an expert give it no gradient during it), the rest reduced during it.
 
 Notation: S the shard degree; P_b the elements of buffer b on this device (its trainable
 parameters, after the tensor-parallel split); n_b = ⌈P_b / S⌉ this rank's slice of it;
@@ -115,6 +120,18 @@ class DataParallelRank:
     def fsdp(self) -> bool:
         return self.sharded and self.strategy == FSDP
 
+    @property
+    def sliced_experts(self) -> bool:
+        """Whether FSDP holds the routed experts as units of their own, sliced over the
+        expert-data group (expert parallelism, E_d > 1)."""
+        return self.fsdp and self.ep > 1 and self.expert_data > 1
+
+    def experts(self, groups: Iterable[ParamGroup] | None = None) -> int:
+        """E: elements of routed experts this rank holds, outside the buffers (expert
+        parallelism), of `groups` (default: the stage's)."""
+        return self.elements(self.groups if groups is None else groups,
+                             lambda g: g.expert and g.trainable and not self.in_buffers(g))
+
     # ----- the buffers
 
     def in_buffers(self, group: ParamGroup) -> bool:
@@ -173,7 +190,10 @@ class DataParallelRank:
         whole, Σ P; FSDP, this rank's slices and what is outside the buffers, N + P_out."""
         if not self.fsdp:
             return self.elements(self.groups)
-        return sum(self.slices) + self._outside()
+        held = sum(self.slices) + self._outside()
+        if self.sliced_experts:  # ⌈E / E_d⌉ instead of E
+            held += shard(self.experts(), self.expert_data) - self.experts()
+        return held
 
     def params(self) -> int:
         """Parameters held between steps: `held_params`·p."""
@@ -185,7 +205,9 @@ class DataParallelRank:
         if not self.fsdp:
             return self.elements(groups) * self.param_bytes
         return sum(shard(self.elements([g]), self.degree) if self.in_buffers(g)
-                   else self.elements([g]) for g in groups) * self.param_bytes
+                   else shard(self.elements([g]), self.expert_data) if self.experts([g])
+                   and self.sliced_experts else self.elements([g])
+                   for g in groups) * self.param_bytes
 
     def grads(self) -> int:
         """Gradients at the backward pass's peak.
@@ -197,13 +219,19 @@ class DataParallelRank:
         otherwise): the float32 sums of this rank's slices 4·N (each buffer's is added as the
         buffer completes; from the second micro-batch on all of them exist), the whole
         gradients in flight (`in_flight_grads`), and those of the trainable parameters outside
-        the buffers, P_out·p.
+        the buffers, P_out·p (with FSDP's sliced experts, also their float32 sums,
+        4·⌈E / E_d⌉).
         """
         p = self.param_bytes
         if not self.scatters:
             copies = 2 if self.micro_batches > 1 else 1
             return copies * self.elements(self.groups, lambda g: g.trainable) * p
-        return 4 * sum(self.slices) + self.in_flight_grads() + self._outside(True) * p
+        return (4 * sum(self.slices) + self.in_flight_grads() + self._outside(True) * p
+                + self._expert_sums())
+
+    def _expert_sums(self) -> int:
+        """4·⌈E / E_d⌉: the float32 sums of FSDP's expert slices (0 otherwise)."""
+        return 4 * shard(self.experts(), self.expert_data) if self.sliced_experts else 0
 
     def in_flight_grads(self) -> int:
         """Whole gradients alive at once while ZeRO-2 and FSDP reduce them during backward.
@@ -212,29 +240,32 @@ class DataParallelRank:
         and the ones before it are complete, then freed. The root's parameters used after the
         layers (final norm, and the head, or with a tied head the shared table, whose gradient
         from the head is summed with the embedding's at the end) hold gradients G_late from
-        the start of backward until the root, last, is reduced. So each layer's reduction
-        holds G_late + c·G_b (its gradients and their flattened copy), and the root's c·G_root.
-        A buffer holding routed experts waits for the end of the micro-batch's backward pass,
-        and so does every buffer after it in the order: with k its position, the layers
-        before k are reduced one at a time as above, and those from k on are whole together:
+        the start of backward until the root is reduced. So each layer's reduction holds
+        G_late + c·G_b (its gradients and their flattened copy), and the root's c·G_root (with
+        k the root's position in the order, the buffers from k on are whole together). A
+        buffer holding routed experts waits for the end of the micro-batch's backward pass
+        (it comes after all others), whole all along: their sum L is held throughout (an
+        upper bound: a layer's are not there before its backward), and at the end each is
+        reduced in turn:
 
-            in flight = max(G_late + c·max_{j<k} G_j, Σ_{j≥k} G_j + (c - 1)·max_{j≥k} G_j)
+            in flight = L + max(G_late + c·max_{j<k} G_j, Σ_{j≥k} G_j + (c - 1)·max_{j≥k} G_j,
+                                (c - 1)·max_late G_j)
 
-        (without such a buffer, k is the root's position: max(G_late + c·max G_layer,
-        c·G_root)). Gradients a monitor watches are kept whole as well (not counted).
+        Gradients a monitor watches are kept whole as well (not counted).
         """
         p, c = self.param_bytes, self.reduce_copy
         sizes = self.buffers
-        order = self.reduction_order()
-        late = [b for b in order if b < len(self.units)
+        late = [b for b in self.reduction_order() if b < len(self.units)
                 and any(g.expert and self.in_buffers(g) for g in self.units[b])]
-        k = order.index(late[0]) if late else (
-            order.index(len(self.units)) if len(sizes) > len(self.units) else len(order))
+        order = [b for b in self.reduction_order() if b not in late]
+        k = order.index(len(self.units)) if len(sizes) > len(self.units) else len(order)
         early, tail = [sizes[b] * p for b in order[:k]], [sizes[b] * p for b in order[k:]]
+        whole = [sizes[b] * p for b in late]
         late_root = self.elements(self.root, lambda g: self.in_buffers(g)
                                   and (g.name != "embedding" or self.tied)) * p
-        return max(late_root + c * max(early, default=0),
-                   sum(tail) + (c - 1) * max(tail, default=0))
+        return sum(whole) + max(late_root + c * max(early, default=0),
+                                sum(tail) + (c - 1) * max(tail, default=0),
+                                (c - 1) * max(whole, default=0))
 
     def optimizer(self, kind: str) -> int:
         """Optimizer state held between steps.
@@ -247,8 +278,9 @@ class DataParallelRank:
             ZeRO: N·(12 + [p < 4]·p)        FSDP: N·(8 + [p < 4]·4)
 
         plus the state of the groups outside the buffers: routed experts under expert
-        parallelism have their own optimizer, over their slices of the expert-data group
-        (E_d > 1: ZeRO's per element, ⌈P_experts / E_d⌉·(12 + [p < 4]·p)) or whole
+        parallelism, over their slices of the expert-data group when E_d > 1 (FSDP's
+        per element under FSDP, whose units they are; ZeRO's under ZeRO:
+        ⌈P_experts / E_d⌉·(12 + [p < 4]·p)), or whole with their own optimizer
         (`optimizer_bytes`).
         """
         if not self.sharded:
@@ -258,7 +290,7 @@ class DataParallelRank:
         outside = [g for g in self.groups if not self.in_buffers(g)]
         sliced = [g for g in outside if g.expert and g.trainable and self.expert_data > 1]
         whole = [g for g in outside if all(g is not s for s in sliced)]
-        experts = shard(self.elements(sliced), self.expert_data) * (12 + (p if p < 4 else 0))
+        experts = shard(self.elements(sliced), self.expert_data) * per_element
         return (sum(self.slices) * per_element + experts
                 + optimizer_bytes(whole, self.tp, kind, p, self.ep))
 
@@ -275,7 +307,9 @@ class DataParallelRank:
             gathered = (P_root + max_i (Σ_{j<i, kept} P_j + P_i + S·n_i))·p
 
         (the root's own all-gather runs before any activation exists, so only its copies
-        count). Routed experts under expert parallelism are never gathered.
+        count). FSDP's sliced experts (`sliced_experts`) are gathered with their layer: P_i
+        and S·n_i then add the layer's experts E_i and E_d·⌈E_i / E_d⌉; other routed experts
+        under expert parallelism are never gathered.
         """
         if not self.fsdp or not self.units:
             return 0
@@ -283,9 +317,12 @@ class DataParallelRank:
         root = sizes[len(self.units)] if len(sizes) > len(self.units) else 0
         peak = kept = 0
         for i, reshards in enumerate(reshard_plan(policy, len(self.units), pipeline)):
-            peak = max(peak, kept + sizes[i] + self.degree * slices[i])
+            experts = self.experts(self.units[i]) if self.sliced_experts else 0
+            gathered = sizes[i] + experts
+            peak = max(peak, kept + gathered + self.degree * slices[i]
+                       + self.expert_data * shard(experts, self.expert_data))
             if not reshards:
-                kept += sizes[i]
+                kept += gathered
         return (root + peak) * self.param_bytes
 
     def step(self) -> int:
@@ -316,6 +353,8 @@ class DataParallelRank:
         p, c = self.param_bytes, self.reduce_copy
         sizes, slices = self.buffers, self.slices
         outside = self._outside(True) * p
+        if self.sliced_experts:  # reduced to their float32 slices when the backward ended
+            outside += self._expert_sums() - self.experts() * p
         reduction = 0
         if not self.scatters:
             order = self.reduction_order()
@@ -345,13 +384,14 @@ def data_parallel_rank(config: TrainConfig, plan: Plan, units: list[list[ParamGr
     forward order) and `root` (its other groups)."""
     d = plan.dims
     strategy = config.parallelism.data_parallel_shard_strategy
+    expert_data = expert_shard_degree(plan) if d.expert > 1 else 1
     return DataParallelRank(
         units=tuple(tuple(unit) for unit in units), root=tuple(root), strategy=strategy,
         degree=d.data_shard, tp=d.tensor, ep=d.expert, param_bytes=param_bytes,
-        scatters=d.data_shard > 1 and strategy != ZERO_1 and d.pipeline == 1 and d.expert == 1,
+        scatters=d.data_shard > 1 and strategy != ZERO_1 and d.pipeline == 1
+        and (d.expert == 1 or (strategy == FSDP and expert_data > 1)),
         tied=tied, reduce_copy=1 if config.context.device_target == "CPU" else 2,
-        micro_batches=plan.batch.accumulation_steps(),
-        expert_data=expert_shard_degree(plan) if d.expert > 1 else 1)
+        micro_batches=plan.batch.accumulation_steps(), expert_data=expert_data)
 
 
 def expert_shard_degree(plan: Plan) -> int:

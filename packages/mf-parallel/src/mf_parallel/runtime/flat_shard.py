@@ -57,7 +57,11 @@ class FlatShard:
 
     @property
     def data_ranks(self) -> int:
-        """The data-parallel ranks a gradient is summed over (shard x replicate)."""
+        """The data-parallel ranks whose tokens a reduced gradient sums: shard x replicate;
+        for routed experts, the whole `data` group (an expert's gradient already holds the
+        tokens every data-parallel rank dispatched to it)."""
+        if (self.shard_kind, self.replicate_kind) == EXPERT_DATA_GROUPS:
+            return self.collectives.comm.group_size("data")
         return self.shards * self.replicas
 
     @property
@@ -236,7 +240,9 @@ def built_shape(param: Parameter) -> tuple[int, ...]:
     return getattr(param, BUILT_SHAPE, None) or tuple(param.shape)
 
 
-def preslice(cell: Any, collectives: Collectives) -> ms.Tensor:
+def preslice(cell: Any, collectives: Collectives,
+             groups: tuple[str, str | None] = DATA_GROUPS,
+             params: Sequence[Parameter] | None = None) -> ms.Tensor:
     """Cut a freshly built unit to this rank's slice of its flat buffer at once, emptying
     its parameters (each keeps its shape as built, `built_shape`), so that a model built
     unit by unit never holds more than one unit whole (fully sharded data parallel then takes
@@ -245,13 +251,15 @@ def preslice(cell: Any, collectives: Collectives) -> ms.Tensor:
 
     Args:
         cell: the unit (a decoder layer), its parameters whole.
-        collectives: the groups the slice is taken over (`shard`).
+        collectives: the groups the slice is taken over.
+        groups: which groups (`EXPERT_DATA_GROUPS` for routed experts).
+        params: the unit's parameters (default: the cell's trainable ones).
 
     Returns:
         This rank's slice.
     """
-    params = list(cell.trainable_params())
-    flat = FlatShard([p.shape for p in params], collectives)
+    params = list(cell.trainable_params() if params is None else params)
+    flat = FlatShard([p.shape for p in params], collectives, groups)
     mine = flat.own(flat.flatten(params))
     for param in params:
         setattr(param, BUILT_SHAPE, tuple(param.shape))

@@ -46,15 +46,16 @@ from mindspore.experimental.optim import AdamW
 from mf_parallel.reshard_policy import reshard_plan
 
 from .collectives import Collectives
-from .flat_shard import PRESLICED, FlatBucket
+from .flat_shard import DATA_GROUPS, EXPERT_DATA_GROUPS, PRESLICED, FlatBucket
 
 
 class ShardedUnit(FlatBucket):
     """The parameters one cell owns, kept as this rank's slice and gathered on demand."""
 
     def __init__(self, name: str, params: Sequence[Parameter], collectives: Collectives,
-                 reshard_after_forward: bool, presliced: ms.Tensor | None = None):
-        super().__init__(f"fsdp_{name}", params, collectives, presliced)
+                 reshard_after_forward: bool, presliced: ms.Tensor | None = None,
+                 groups: tuple[str, str | None] = DATA_GROUPS):
+        super().__init__(f"fsdp_{name}", params, collectives, presliced, groups)
         self.name = name
         self.reshard_after_forward = reshard_after_forward
         self.gathered = presliced is None
@@ -148,12 +149,19 @@ class FullyShardedDataParallel:
         pipeline_parallel: the pipeline degree (for the `default` policy).
         betas, eps, weight_decay: the built-in AdamW's settings.
         average: average the gradients over the data-parallel ranks instead of summing.
+        expert_units: routed experts under expert parallelism, left out of `model`'s
+            trainable parameters: pairs of (one of `units`, the cell holding its experts).
+            Each holder's parameters are one more unit, sliced over the expert-data group
+            (`EXPERT_DATA_GROUPS`: the ranks holding the same experts) and gathered and freed
+            by hooks on its unit's cell as that unit is; their gradients are summed over that
+            group. Their parameters follow the model's in `params`, their units the cells'.
     """
 
     def __init__(self, model: nn.Cell, units: Sequence[nn.Cell], collectives: Collectives, *,
                  lr: float | None = None, reshard_after_forward_policy: str = "default",
                  pipeline_parallel: int = 1, betas: tuple[float, float] = (0.9, 0.95),
-                 eps: float = 1e-8, weight_decay: float = 0.0, average: bool = True):
+                 eps: float = 1e-8, weight_decay: float = 0.0, average: bool = True,
+                 expert_units: Sequence[tuple[nn.Cell, nn.Cell]] = ()):
         self.params = list(model.trainable_params())
         self.average = average
         owned = _owned_params(units, self.params)
@@ -163,10 +171,18 @@ class FullyShardedDataParallel:
                                   getattr(cell, PRESLICED, None))
                       for i, (cell, ps, flag) in enumerate(zip(units, owned, reshard,
                                                                strict=True))]
+        flags = {id(cell): flag for cell, flag in zip(units, reshard, strict=True)}
+        experts = [(cell, list(holder.get_parameters()), holder) for cell, holder in expert_units]
+        self.expert_units = [ShardedUnit(f"experts{i}", ps, collectives, flags[id(cell)],
+                                         getattr(holder, PRESLICED, None), EXPERT_DATA_GROUPS)
+                             for i, (cell, ps, holder) in enumerate(experts)]
+        self.params += [p for _, ps, _ in experts for p in ps]
         self.root = ShardedUnit("root", root, collectives, False) if root else None
         self._index = {id(p): i for i, p in enumerate(self.params)}
         self.saved = _SavedParams()
         for cell, unit in zip(units, self.units, strict=True):
+            self._hook_unit(cell, unit)
+        for (cell, _, _), unit in zip(experts, self.expert_units, strict=True):
             self._hook_unit(cell, unit)
         self._hook_root(model)
         self.optimizer = None if lr is None else AdamW(
@@ -176,8 +192,9 @@ class FullyShardedDataParallel:
     @property
     def buffers(self) -> list[ShardedUnit]:
         """The units in the order of `reduce_grads`' and `publish`'s slices: the cells' units
-        in forward order, then the root unit (if any). Each has `.params`, `.flat` (its
-        `FlatShard`) and `.master` (this rank's slice, in the parameters' dtype)."""
+        in forward order, the experts' units, then the root unit (if any). Each has
+        `.params`, `.flat` (its `FlatShard`) and `.master` (this rank's slice, in the
+        parameters' dtype)."""
         return self._all_units()
 
     def step(self, grads: Sequence[ms.Tensor]) -> None:
@@ -257,7 +274,7 @@ class FullyShardedDataParallel:
         return {"params": mine, "grads": mine, "optimizer": 2 * mine}
 
     def _all_units(self) -> list[ShardedUnit]:
-        return self.units + ([self.root] if self.root is not None else [])
+        return self.units + self.expert_units + ([self.root] if self.root is not None else [])
 
     def _hook_unit(self, cell: nn.Cell, unit: ShardedUnit) -> None:
         def before_forward(_cell, _inputs):

@@ -13,10 +13,10 @@ unit's gradients and buffers, as with PyTorch's FSDP2.
 Buffers are reduced in one fixed order, backward's (`order`: by their first parameter, latest
 first, so the root buffer holding the embedding comes last), so every rank issues the same
 collectives in the same order whatever its hooks' timing: a buffer that completes early waits
-for the ones before it. A buffer marked `late` (routed experts, whose
-gradients exist only on ranks that routed tokens to them) and every buffer after it are reduced
-when the micro-batch's backward is over (`finish_micro_batch`), from the gradients
-`value_and_grad` returned. Without hooks (`collecting` not entered: a pipeline or expert
+for the ones before it. Buffers marked `late` (routed experts, whose
+gradients exist only on ranks that routed tokens to them) come after all the others in that
+order and are reduced when the micro-batch's backward is over (`finish_micro_batch`), from the
+gradients `value_and_grad` returned. Without hooks (`collecting` not entered: a pipeline or expert
 layout's own backward) `add_all` reduces whole gradients the same way, buffer by buffer,
 freeing each buffer's as it goes.
 """
@@ -59,10 +59,12 @@ class ShardedGradients:
         self.members = [[index[id(p)] for p in buffer.params] for buffer in self.buffers]
         self.bucket_of = {i: b for b, members in enumerate(self.members) for i in members}
         self.late = set(late)
-        self.order = sorted(range(len(self.buffers)), key=lambda b: -min(self.members[b]))
+        self.order = sorted(range(len(self.buffers)),
+                            key=lambda b: (b in self.late, -min(self.members[b])))
         """The order buffers are reduced in: backward reaches a buffer's first parameter (in
         `params` order, the model's forward order) last, so the buffer whose first parameter
-        comes latest is complete first (the root buffer, holding the embedding, last)."""
+        comes latest is complete first (the root buffer, holding the embedding, last); the
+        late buffers after all others, in the same order among themselves."""
         self.sums: list[ms.Tensor | None] = [None] * len(self.buffers)
         self._pending: dict[int, ms.Tensor] = {}
         self._next = 0

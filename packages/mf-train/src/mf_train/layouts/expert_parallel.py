@@ -11,9 +11,13 @@ layout (or when no other rank holds the same experts) they are updated whole by 
 `optimizer.type` names. Under ZeRO and FSDP they are sliced over the expert-data group as the
 rest is over the shard group (torchtitan's `efsdp`): one flat buffer per MoE layer
 (`flat_shard.EXPERT_DATA_GROUPS`), gradients reduce-scattered to this rank's slice, AdamW's
-state and update for that slice only (`ShardedAdamW`), the updated slices all-gathered back
-into the experts, which stay whole between steps (ZeRO-2 for the experts; their parameters
-are not yet freed between passes under FSDP). In both cases:
+state and update for that slice only (`ShardedAdamW`). Under ZeRO the updated slices are
+all-gathered back into the experts, which stay whole between steps (ZeRO-2 for the experts).
+Under FSDP the inner layout shards them itself (`ZeRO.shards_experts`): each MoE layer's
+experts are one more FSDP unit over the expert-data group, cut to this rank's slice as the
+layer is built, gathered and freed with their layer, updated by the same `ShardedAdamW` and
+reduced by the same backward pass as everything else, so a rank holds its slice of its
+experts' parameters, gradients and state. In every case:
 
 - a rank's expert gradient already holds the contributions of every token its experts
   computed, from whichever rank the token came (the dispatch's backward sends them back);
@@ -42,7 +46,7 @@ from mf_config import ParallelismConfig
 from mf_memory.layers import ids_text
 from mf_parallel.dims import ParallelDims
 from mf_parallel.runtime import Collectives, ShardedDataParallel
-from mf_parallel.runtime.flat_shard import EXPERT_DATA_GROUPS
+from mf_parallel.runtime.flat_shard import EXPERT_DATA_GROUPS, preslice
 from mf_parallel.runtime.grad_sync import GradientSync
 
 from ..gradient_norm import square_sum
@@ -54,9 +58,11 @@ from .contract import (
     LayoutParts,
     LayoutSections,
     LocalGradients,
+    MicroBatch,
     Problem,
     ReducedGradients,
     StepLayout,
+    StepObserver,
 )
 from .replicated import DataParallelLoss, one_stage
 
@@ -83,6 +89,35 @@ def routed_expert_params(model: nn.Cell) -> list[Parameter]:
     return [p for p in model.trainable_params() if EXPERT_MARK in p.name]
 
 
+def expert_holders(layers: Sequence[nn.Cell], experts: Sequence[Parameter],
+                   ) -> list[tuple[nn.Cell, nn.Cell]]:
+    """Each of `layers` that holds some of `experts`, paired with the cell holding them
+    (its `mlp.experts`); every expert must be in one (none given: no pairs).
+
+    Raises:
+        ValueError: an expert outside the layers' expert cells.
+    """
+    wanted, found, pairs = {id(p) for p in experts}, 0, []
+    for layer in layers:
+        for name, cell in layer.cells_and_names():
+            params = list(cell.get_parameters()) if name == HOLDER else []
+            inside = [id(p) in wanted for p in params]
+            if any(inside):
+                if not all(inside):
+                    raise ValueError(f"{name} of a decoder layer holds parameters that are "
+                                     "not among the routed experts given")
+                pairs.append((layer, cell))
+                found += len(params)
+    if found != len(experts):
+        raise ValueError(f"found {found} of the {len(experts)} routed expert parameters in "
+                         f"the layers' {HOLDER!r} cells")
+    return pairs
+
+
+HOLDER = EXPERT_MARK.strip(".")
+"""The name, within a decoder layer, of the cell holding its routed experts."""
+
+
 @contextlib.contextmanager
 def left_out(params: Sequence[Parameter]) -> Iterator[None]:
     """The parameters not trainable inside the block: the inner layout (and mf-parallel's
@@ -94,6 +129,13 @@ def left_out(params: Sequence[Parameter]) -> Iterator[None]:
     finally:
         for param in params:
             param.requires_grad = True
+
+
+def _shards_experts(inner_cls: type[StepLayout] | None, collectives: Collectives) -> bool:
+    """Whether the inner layout shards the routed experts itself (FSDP), which it does when
+    other ranks hold the same experts."""
+    return (getattr(inner_cls, "shards_experts", False)
+            and collectives.comm.group_size("expert_data") > 1)
 
 
 @contextlib.contextmanager
@@ -128,8 +170,9 @@ class ExpertParallel(StepLayout):
 
     name = "expert parallel"
 
-    def __init__(self, inner: StepLayout, experts: list[Parameter], optimizer: JoinedOptimizer,
-                 collectives: Collectives, parallelism: ParallelismConfig, dims: ParallelDims):
+    def __init__(self, inner: StepLayout, experts: list[Parameter],
+                 optimizer: JoinedOptimizer | ShardedAdamW, collectives: Collectives,
+                 parallelism: ParallelismConfig, dims: ParallelDims):
         self.inner, self.collectives, self.dims = inner, collectives, dims
         super().__init__(inner.model, optimizer, loss_divisor=inner.loss_divisor)
         self.experts = experts
@@ -137,11 +180,14 @@ class ExpertParallel(StepLayout):
         self.compile_blocker = inner.compile_blocker
         data = DataParallelLoss(collectives, parallelism)
         self.scale = 1.0 / data.size if data.average else 1.0
-        own = optimizer.second
+        self.fused = optimizer is inner.optimizer
+        """Whether the inner layout shards the experts too (FSDP), which then runs the
+        whole step: its backward, reduction, norm and optimizer."""
+        own = None if self.fused else optimizer.second
         self.sliced = own.sharded if isinstance(own, ShardedAdamW) else None
-        """The experts' sliced buffers (`ShardedDataParallel`) under ZeRO and FSDP; None
-        when they are updated whole."""
-        self.sync = None if self.sliced is not None else GradientSync(
+        """The experts' sliced buffers (`ShardedDataParallel`) under ZeRO; None when they
+        are updated whole or the inner layout holds them."""
+        self.sync = None if self.fused or self.sliced is not None else GradientSync(
             collectives, [tuple(p.shape) for p in experts], kind="expert_data")
 
     @classmethod
@@ -159,17 +205,20 @@ class ExpertParallel(StepLayout):
                     collectives: Collectives) -> Callable[[nn.Cell], object] | None:
         """Each layer cut as the inner layout cuts it (FSDP: as it is built) without its
         routed experts, which the inner layout leaves out too (`build`)."""
-        from . import inner_layer_built
+        from . import inner_layer_built, layout_for
 
         cut = inner_layer_built(without_experts(dims), parallelism, collectives)
         if cut is None:
             return None
+        fused = _shards_experts(layout_for(without_experts(dims), parallelism), collectives)
 
         def cut_without_experts(layer: nn.Cell) -> None:
             # names relative to the layer here (`mlp.experts.3.down.weight`)
             experts = [p for p in layer.trainable_params() if EXPERT_MARK in f".{p.name}"]
             with left_out(experts):
                 cut(layer)
+            for _, holder in expert_holders([layer], experts) if fused and experts else ():
+                preslice(holder, collectives, EXPERT_DATA_GROUPS, list(holder.get_parameters()))
 
         return cut_without_experts
 
@@ -183,9 +232,13 @@ class ExpertParallel(StepLayout):
             raise TypeError(f"{type(parts.model).__name__} has no routed experts to split "
                             "over expert_parallel ranks")
         with _rules_checked_once(parts), left_out(experts):
+            if _shards_experts(inner_cls, parts.collectives):  # FSDP: one optimizer for all
+                inner = inner_cls.build(parts, experts)
+                return cls(inner, experts, inner.optimizer, parts.collectives,
+                           parts.parallelism, parts.dims)
             inner = inner_cls.build(parts)
             holders = parts.collectives.comm.group_size("expert_data")
-            if isinstance(inner.optimizer, ShardedAdamW) and holders > 1:  # ZeRO, FSDP
+            if isinstance(inner.optimizer, ShardedAdamW) and holders > 1:  # ZeRO
                 own = sliced_experts_optimizer(parts, experts)
                 count = len(own.sharded.buffers)
             else:
@@ -200,12 +253,23 @@ class ExpertParallel(StepLayout):
         total = len(held) * self.dims.expert
         dispatch = ("all-to-all" if self.dispatcher == "alltoall"
                     else f"deredundant, devices of {self.dims.expert_node}")
-        ranks = 1 if self.sliced is None else self.sliced.buffers[0].flat.shards
+        sliced = self.fused or self.sliced is not None
+        ranks = self.collectives.comm.group_size("expert_data") if sliced else 1
         sliced = f", sliced over {ranks} expert-data ranks" if ranks > 1 else ""
         return (f"expert parallel {self.dims.expert} (experts {ids_text(held)} of {total} "
                 f"here, {dispatch}{sliced}) x {self.inner.describe()}")
 
+    def forward_backward(self, micro_batches: Sequence[MicroBatch],
+                         observer: StepObserver) -> LocalGradients:
+        """The inner layout's when it holds the experts (FSDP's backward reduces every unit,
+        the experts' last); else `StepLayout`'s whole gradients, reduced in `reduce`."""
+        if self.fused:
+            return self.inner.forward_backward(micro_batches, observer)
+        return super().forward_backward(micro_batches, observer)
+
     def reduce(self, local: LocalGradients) -> ReducedGradients:
+        if self.fused:
+            return self.inner.reduce(local)
         split = len(local.grads) - len(self.experts)
         reduced = self.inner.reduce(LocalGradients(local.loss, local.grads[:split],
                                                    local.tokens))

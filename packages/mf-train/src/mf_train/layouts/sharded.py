@@ -49,7 +49,7 @@ from mf_config.yaml_source import Source
 from mf_parallel import runtime
 from mf_parallel.dims import ParallelDims
 from mf_parallel.runtime import Collectives
-from mf_parallel.runtime.flat_shard import preslice
+from mf_parallel.runtime.flat_shard import EXPERT_DATA_GROUPS, preslice
 from mf_parallel.runtime.grad_shards import ShardedGradients
 from mf_parallel.runtime.tensor_parallel import (
     SEQUENCE_PARALLEL_ATTRIBUTE,
@@ -72,7 +72,7 @@ from .contract import (
     StepLayout,
     StepObserver,
 )
-from .expert_parallel import EXPERT_MARK
+from .expert_parallel import EXPERT_MARK, expert_holders
 from .replicated import DataParallelLoss, TensorParallel, whole_model_here
 
 NAMES = {"optim": "ZeRO-1", "optim_grads": "ZeRO-2", "optim_grads_params": "FSDP"}
@@ -90,6 +90,11 @@ class SliceNorm:
     the replicated ones: the squares of split elements are then also summed over the tensor
     group, those of replicated elements counted once (as `replicated.tensor_parallel_norm`).
 
+    Buffers of routed experts (FSDP under expert parallelism, sliced over the expert-data
+    group) partition the experts this rank holds, and the expert group's ranks hold different
+    experts: their squares are summed over the expert-data group, then the expert group
+    (never over the tensor group: every tensor rank holds the same experts).
+
     Args:
         buffers: the sharded wrapper's flat buffers (`ShardedDataParallel.buffers`, or
             `FullyShardedDataParallel.buffers`), in slice order.
@@ -100,27 +105,42 @@ class SliceNorm:
     def __init__(self, buffers: Sequence[Any], collectives: Collectives,
                  group: TensorGroup | None = None):
         self.collectives, self.group = collectives, group
+        self.experts = [buffer.flat.shard_kind == EXPERT_DATA_GROUPS[0] for buffer in buffers]
+        """Which buffers hold routed experts (then the slices come one per buffer)."""
         self.split: Tensor | None = None
         """1 where this rank's slice holds an element of a tensor-split parameter."""
         self._split_parts: list[Tensor] = []
-        """The same, per buffer."""
+        """The same, per buffer of the rest (not the experts')."""
         if group is not None and group.size > 1:
             self._split_parts = [Tensor(buffer.flat.own_values(
-                [float(is_tensor_sharded(p)) for p in buffer.params])) for buffer in buffers]
+                [float(is_tensor_sharded(p)) for p in buffer.params]))
+                for buffer, expert in zip(buffers, self.experts, strict=True) if not expert]
             self.split = ops.cat(self._split_parts)
 
     def __call__(self, grad: Tensor | Sequence[Tensor]) -> float:
-        """The norm from this rank's slices: one per buffer, or all end to end."""
+        """The norm from this rank's slices: one per buffer, or all end to end (without
+        buffers of experts)."""
         slices = [grad] if isinstance(grad, Tensor) else list(grad)
+        experts = None
+        if any(self.experts):
+            experts = _sum_all([ops.sum(ops.square(s)) for s, expert in
+                                zip(slices, self.experts, strict=True) if expert]).reshape(1)
+            experts = self.collectives.all_reduce(
+                self.collectives.all_reduce(experts, EXPERT_DATA_GROUPS[0]), "expert")
+            slices = [s for s, expert in zip(slices, self.experts, strict=True) if not expert]
         if self.split is None:
             local = _sum_all([ops.sum(ops.square(s)) for s in slices])
             total = self.collectives.all_reduce(local.reshape(1), "shard")
-            return math.sqrt(float(total.asnumpy()[0]))
-        split = self._split_parts if len(slices) == len(self._split_parts) else [self.split]
-        parts = _sum_all([ops.stack([ops.sum(ops.square(s) * m), ops.sum(ops.square(s) * (1 - m))])
-                          for s, m in zip(slices, split, strict=True)])
-        split_part, whole = self.collectives.all_reduce(parts, "shard").split(1)
-        total = self.group.all_reduce(split_part) + whole
+        else:
+            split = self._split_parts if len(slices) == len(self._split_parts) \
+                else [self.split]
+            parts = _sum_all([ops.stack([ops.sum(ops.square(s) * m),
+                                         ops.sum(ops.square(s) * (1 - m))])
+                              for s, m in zip(slices, split, strict=True)])
+            split_part, whole = self.collectives.all_reduce(parts, "shard").split(1)
+            total = self.group.all_reduce(split_part) + whole
+        if experts is not None:
+            total = total + experts
         return math.sqrt(float(total.asnumpy()[0]))
 
 
@@ -167,6 +187,10 @@ class ZeRO(StepLayout):
         if self.group is not None and self.compile_blocker is None:
             self.compile_blocker = TensorParallel.compile_blocker  # the layers' bprop cells
         buffers = self.sharded.buffers
+        experts = {id(p) for buffer in buffers if buffer.flat.shard_kind == EXPERT_DATA_GROUPS[0]
+                   for p in buffer.params}
+        self._tensor_partial = {i for i, p in enumerate(self.params) if id(p) not in experts
+                                and getattr(p, SEQUENCE_PARALLEL_ATTRIBUTE, False)}
         self.grads = ShardedGradients(
             buffers, self.params, self.sharded.reduce_bucket, average=self.sharded.average,
             prepare=self._sequence_parallel_sum if self.group is not None else None,
@@ -186,20 +210,29 @@ class ZeRO(StepLayout):
                 f"data_parallel_shard {dims.data_shard}")
         return _optimizer_problems(sections.optimizer, name, sections.source)
 
+    shards_experts = False
+    """Whether `build` takes routed experts to shard as units of their own (FSDP)."""
+
     @classmethod
-    def build(cls, parts: LayoutParts) -> ZeRO:
+    def build(cls, parts: LayoutParts, experts: Sequence[Parameter] = ()) -> ZeRO:
+        """The layout over the model's trainable parameters and, when the layout
+        `shards_experts`, the routed `experts` left out of them (expert parallelism: sliced
+        over the expert-data group, each MoE layer's one unit)."""
         if parts.dims.tensor > 1 and parts.tensor_group is None:
             raise ValueError(f"{cls.__name__} with tensor_parallel {parts.dims.tensor} needs "
                              "the tensor-parallel group")
-        named = [(p.name, p) for p in parts.model.trainable_params()]
+        if experts and not cls.shards_experts:
+            raise TypeError(f"{cls.__name__} does not shard routed experts")
+        named = [(p.name, p) for p in [*parts.model.trainable_params(), *experts]]
         settings = adamw_settings_of(parts.optimizer, named, parts.source)
-        sharded = cls.shard(parts, [p for _, p in named])
+        sharded = cls.shard(parts, [p for _, p in named], list(experts))
         optimizer = ShardedAdamW(named, sharded, parts.collectives, **settings)
         return cls(parts.model, optimizer, parts.collectives, parts.parallelism, parts.dims,
                    parts.tensor_group)
 
     @classmethod
-    def shard(cls, parts: LayoutParts, params: list[Parameter]) -> Any:
+    def shard(cls, parts: LayoutParts, params: list[Parameter],
+              experts: list[Parameter]) -> Any:
         """mf-parallel's wrapper that lays `params` out in flat buffers (one per decoder
         layer, one for the rest) and slices them."""
         layers = getattr(parts.model, "decoder_layers", None) or []
@@ -282,8 +315,10 @@ class ZeRO(StepLayout):
         whole parameters: nothing."""
 
     def _sequence_parallel_sum(self, index: int, grad: Tensor) -> Tensor:
-        """A sequence-parallel parameter's partial gradient summed over the tensor group."""
-        if getattr(self.params[index], SEQUENCE_PARALLEL_ATTRIBUTE, False):
+        """A sequence-parallel parameter's partial gradient summed over the tensor group;
+        not a routed expert's in a buffer of its own (expert parallelism: the expert-data
+        group it is reduced over holds the tensor ranks)."""
+        if index in self._tensor_partial:
             return self.group.all_reduce(grad)
         return grad
 
@@ -321,11 +356,18 @@ class FSDP(ZeRO):
         share, the root unit (embedding, final norm, head) and one layer."""
         return lambda layer: preslice(layer, collectives)
 
+    shards_experts = True
+
     @classmethod
-    def shard(cls, parts: LayoutParts, params: list[Parameter]) -> Any:
-        """mf-parallel's FSDP wrapper: the decoder layers are the units, the rest the root."""
+    def shard(cls, parts: LayoutParts, params: list[Parameter],
+              experts: list[Parameter]) -> Any:
+        """mf-parallel's FSDP wrapper: the decoder layers are the units, the rest the root;
+        each layer's routed `experts` one more unit over the expert-data group, gathered with
+        its layer."""
+        layers = list(_decoder_layers(parts.model))
         return runtime.FullyShardedDataParallel(
-            parts.model, list(_decoder_layers(parts.model)), parts.collectives,
+            parts.model, layers, parts.collectives,
+            expert_units=expert_holders(layers, experts),
             reshard_after_forward_policy=parts.parallelism.reshard_after_forward_policy,
             pipeline_parallel=parts.dims.pipeline,
             average=not parts.parallelism.disable_gradient_division)
