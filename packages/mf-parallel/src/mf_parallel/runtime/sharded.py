@@ -148,15 +148,10 @@ class ShardedDataParallel:
         self._gather()
 
     def _gather(self) -> None:
-        """Every buffer's slices gathered into its parameters, buffer by buffer; a buffer's
-        old parameters are freed first (the slices hold the values now), so the gather's
-        output does not sit beside them."""
         for bucket in self._buffers:
-            for param in bucket.params:
-                param.set_data(ops.zeros((0,), param.dtype), slice_shape=True)
             for param, full in zip(bucket.params, bucket.flat.all_gather(bucket.master.value()),
                                    strict=True):
-                param.set_data(full, slice_shape=True)
+                param.set_data(full)
 
     def held_bytes(self) -> dict[str, int]:
         """Bytes this rank keeps between steps for parameters, gradients and optimizer state."""
