@@ -79,26 +79,29 @@ def model_config(layers: int):
     return ModelConfig(model_type="qwen3", extras={**SIZES, "num_hidden_layers": layers})
 
 
-def write_checkpoint(directory: Path, layers: int) -> tuple[Path, int, int]:
-    """A random Qwen3 checkpoint in bfloat16, in a fresh process (its float32 arrays are not
-    left in the measuring one); returns (directory, bytes, parameters)."""
+def write_checkpoint(directory: Path, layers: int, sizes: dict | None = None,
+                     ) -> tuple[Path, int, int]:
+    """A random Qwen3 checkpoint in bfloat16 (this benchmark's model at `layers`, or the
+    Qwen3 `sizes`), in a fresh process (its float32 arrays are not left in the measuring
+    one); returns (directory, bytes, parameters)."""
+    extras = sizes or {**SIZES, "num_hidden_layers": layers}
     code = ("import sys, json, numpy as np; sys.path.insert(0, sys.argv[1]);"
             "from hf_import import write_random; print(json.dumps(write_random(sys.argv[2], "
-            "int(sys.argv[3]))))")
+            "json.loads(sys.argv[3]))))")
     out = subprocess.run([sys.executable, "-c", code, str(Path(__file__).parent),
-                          str(directory), str(layers)], check=True, capture_output=True,
+                          str(directory), json.dumps(extras)], check=True, capture_output=True,
                          text=True).stdout
     nbytes, params = json.loads(out.splitlines()[-1])
     return directory, nbytes, params
 
 
-def write_random(directory: str, layers: int) -> tuple[int, int]:
+def write_random(directory: str, extras: dict) -> tuple[int, int]:
     import numpy as np
 
     from mf_train.checkpoint.hf_write import write_hf_directory
     from mf_train.models.qwen3 import qwen3_settings, weight_maps
 
-    settings = qwen3_settings(dict(model_config(layers).extras))
+    settings = qwen3_settings(extras)
     rng = np.random.default_rng(0)
     weights = {name: (rng.standard_normal(shape, np.float32) * 0.02)
                for entry in weight_maps(settings) for name, shape in

@@ -16,10 +16,15 @@ each number of ranks (1, 2, 4) and each data-parallel strategy (plain, `optim` =
   whole run, checkpoint included (psutil), which also serves code that logs no memory;
 - **estimate**: `mf_memory.estimate(config, world_size).total` for the same configuration.
 
+`--from-hf` starts every run from Hugging Face weights of the model (random, bfloat16, written
+by `hf_import.write_checkpoint`; `checkpoint.load_path` at them, `no_load_optim`), so that the
+figures include loading them.
+
 `--revisions A,B` measures each git revision's packages instead of the installed ones (a
 temporary worktree put first on PYTHONPATH), side by side in the same run: this commit and the
 one before, say.
-Usage: python benchmarks/layout_memory.py [--ranks 1,2,4] [--strategies ...] [--revisions ...]
+Usage: python benchmarks/layout_memory.py [--ranks 1,2,4] [--strategies ...] [--from-hf]
+       [--revisions ...]
 """
 
 from __future__ import annotations
@@ -173,11 +178,21 @@ def main() -> None:
     parser.add_argument("--strategies", default=",".join(STRATEGIES))
     parser.add_argument("--micro-batches", type=int, default=1,
                         help="micro-batches per step on each rank (gradient accumulation)")
+    parser.add_argument("--from-hf", action="store_true",
+                        help="start every run from Hugging Face weights of the model")
     parser.add_argument("--revisions", help="git revisions to measure, comma-separated "
                                             "(default: the installed packages)")
     args = parser.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="mf-layout-memory-"))  # kept if a run fails: its logs
     config, codes, trees = prepare(tmp, args.revisions)
+    start = []
+    if args.from_hf:
+        sys.path.insert(0, str(Path(__file__).parent))
+        from hf_import import write_checkpoint
+
+        hf, _, _ = write_checkpoint(tmp / "hf", SIZES["num_hidden_layers"],
+                                    {**SIZES, "tie_word_embeddings": True})
+        start = ["--set", f"checkpoint.load_path={hf}", "--set", "checkpoint.no_load_optim=true"]
     rows, failed = [], False
     for ranks in [int(r) for r in args.ranks.split(",")]:
         for strategy in args.strategies.split(","):
@@ -188,7 +203,7 @@ def main() -> None:
                 output = tmp / f"{code.replace(' ', '_')}-{ranks}-{strategy}"
                 launch = ["--nproc", str(ranks)] if ranks > 1 else []
                 command = ["mf-train", "--config", str(config), "--output-dir", str(output),
-                           *launch, *overrides(ranks, strategy, args.micro_batches)]
+                           *launch, *overrides(ranks, strategy, args.micro_batches), *start]
                 code_rc, whole = polled_peak(command, env, tmp / f"{output.name}.log")
                 built, training = metrics_peaks(output) if code_rc == 0 else (None, None)
                 failed |= code_rc != 0
