@@ -234,8 +234,10 @@ class StepLayout(ABC):
         the job calls it at the same step)."""
 
     def whole_model(self) -> AbstractContextManager[None]:
-        """A context in which the model's parameters are whole (to save or load weights);
-        a layout that shards them (FSDP) gathers them on entry and frees them on exit."""
+        """A context in which the model's parameters are whole (to load a checkpoint of an
+        earlier format, which holds them whole; sharded and Hugging Face loads read each
+        rank's slices instead); a layout that shards them (FSDP) gathers them on entry and
+        frees them on exit."""
         return contextlib.nullcontext()
 
     def held_parameters(self) -> int:

@@ -69,6 +69,8 @@ from .replicated import DataParallelLoss, one_stage
 EXPERT_MARK = ".mlp.experts."
 """What the names of routed-expert parameters contain (`decoder_layers.3.mlp.experts.5.`)."""
 STATE_PREFIX = "experts."
+HOLDER = EXPERT_MARK.strip(".")
+"""The name, within a decoder layer, of the cell holding its routed experts."""
 
 
 def expert_index(name: str) -> int | None:
@@ -113,9 +115,6 @@ def expert_holders(layers: Sequence[nn.Cell], experts: Sequence[Parameter],
                          f"the layers' {HOLDER!r} cells")
     return pairs
 
-
-HOLDER = EXPERT_MARK.strip(".")
-"""The name, within a decoder layer, of the cell holding its routed experts."""
 
 
 @contextlib.contextmanager
