@@ -114,3 +114,46 @@ def test_without_collecting_the_hooks_do_nothing_and_add_all_frees(collectives) 
     for got, want in zip(grads.take(), flat_sum([whole_grads(net, x)], params, sharded),
                          strict=True):
         np.testing.assert_allclose(got.asnumpy(), 2.0 * want, rtol=1e-6, atol=1e-7)
+
+
+def test_an_alias_gradient_is_reduced_at_once_and_adds_to_its_parameter(collectives) -> None:
+    """A table used twice, first looked up, last multiplied by (a tied embedding and head):
+    the head reads an alias sharing the table's memory. The alias's gradient is reduced first
+    in backward, alone (the table's buffer with zeros beside it), the table's own at the end;
+    their sum equals the table's whole gradient from both uses (autograd without the alias),
+    and so does the watched gradient of the table."""
+    rng = np.random.default_rng(3)
+    table = ms.Parameter(ms.Tensor(rng.normal(size=(5, 4)).astype(np.float32)), name="table")
+    middle = ms.nn.Dense(4, 4)
+    middle.weight.set_data(ms.Tensor(rng.normal(size=(4, 4)).astype(np.float32)))
+    params = [table, *middle.trainable_params()]
+    alias = ms.Parameter(table.value(), name="alias")
+    alias.set_data(table, slice_shape=True)  # the table's memory, not a copy
+    assert alias.data_ptr() == table.data_ptr()
+    ids = ms.Tensor(np.array([0, 3, 3, 1], np.int32))
+
+    def loss(head):
+        return (ops.matmul(ops.tanh(middle(ops.gather(table, ids, 0))), head.T) ** 2).sum()
+
+    sharded = ShardedDataParallel(params, collectives, "optim_grads",
+                                  units=[middle.trainable_params()])
+    order: list[str] = []
+
+    def reduce_bucket(bucket, grads):
+        order.append(bucket.name)
+        return sharded.reduce_bucket(bucket, grads)
+
+    grads = ShardedGradients(sharded.buffers, [*params, alias], reduce_bucket, average=False,
+                             aliases={3: 0})
+    _, whole = ms.value_and_grad(lambda: loss(table), None, params)()
+    expected = flat_sum([[g.asnumpy() for g in whole]], params, sharded)
+    with grads.collecting(frozenset({0})):
+        _, returned = ms.value_and_grad(lambda: loss(alias), None, [*params, alias])()
+        grads.finish_micro_batch(returned)
+    assert order == ["bucket1", "bucket0", "bucket1"]  # the alias first, the table's last
+    assert [tuple(g.shape) for g in returned] == [(1,)] * 4
+    assert grads.hooked == 4
+    np.testing.assert_allclose(grads.watched_grads[0].asnumpy(), whole[0].asnumpy(),
+                               rtol=1e-6)
+    for got, want in zip(grads.take(), expected, strict=True):
+        np.testing.assert_allclose(got.asnumpy(), want, rtol=1e-5, atol=1e-6)
