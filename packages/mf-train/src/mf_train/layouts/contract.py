@@ -159,6 +159,9 @@ class StepLayout(ABC):
     compile_blocker: ClassVar[str | None] = None
     """Why the decoder layers cannot be compiled under this layout (`context.compile`), or
     None when they can."""
+    shards_experts: ClassVar[bool] = False
+    """Whether `build` takes routed experts left out of the model's parameters (expert
+    parallelism) to shard as units of their own over the expert-data group (FSDP)."""
 
     def __init__(self, model: nn.Cell, optimizer: Optimizer, *, loss_divisor: int = 1):
         self.model = model

@@ -13,7 +13,7 @@ rest is over the shard group (torchtitan's `efsdp`): one flat buffer per MoE lay
 (`flat_shard.EXPERT_DATA_GROUPS`), gradients reduce-scattered to this rank's slice, AdamW's
 state and update for that slice only (`ShardedAdamW`). Under ZeRO the updated slices are
 all-gathered back into the experts, which stay whole between steps (ZeRO-2 for the experts).
-Under FSDP the inner layout shards them itself (`ZeRO.shards_experts`): each MoE layer's
+Under FSDP the inner layout shards them itself (`StepLayout.shards_experts`): each MoE layer's
 experts are one more FSDP unit over the expert-data group, cut to this rank's slice as the
 layer is built, gathered and freed with their layer, updated by the same `ShardedAdamW` and
 reduced by the same backward pass as everything else, so a rank holds its slice of its
@@ -133,7 +133,7 @@ def left_out(params: Sequence[Parameter]) -> Iterator[None]:
 def _shards_experts(inner_cls: type[StepLayout] | None, collectives: Collectives) -> bool:
     """Whether the inner layout shards the routed experts itself (FSDP), which it does when
     other ranks hold the same experts."""
-    return (getattr(inner_cls, "shards_experts", False)
+    return (inner_cls is not None and inner_cls.shards_experts
             and collectives.comm.group_size("expert_data") > 1)
 
 

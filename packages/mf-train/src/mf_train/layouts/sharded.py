@@ -225,9 +225,6 @@ class ZeRO(StepLayout):
                 f"data_parallel_shard {dims.data_shard}")
         return _optimizer_problems(sections.optimizer, name, sections.source)
 
-    shards_experts = False
-    """Whether `build` takes routed experts to shard as units of their own (FSDP)."""
-
     @classmethod
     def build(cls, parts: LayoutParts, experts: Sequence[Parameter] = ()) -> ZeRO:
         """The layout over the model's trainable parameters and, when the layout
