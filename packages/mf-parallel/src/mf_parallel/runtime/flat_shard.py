@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import mindspore as ms
 import numpy as np
@@ -21,11 +21,25 @@ from mindspore import Parameter, mint, ops
 from .collectives import Collectives
 from .copies import fresh_copy
 
-DATA_GROUPS = ("shard", "replicate")
+
+class ShardGroups(NamedTuple):
+    """The groups a flat buffer is sharded over, by their kinds in `Comm`."""
+
+    shard: str
+    """Sliced over this group."""
+    replicate: str | None
+    """Reduced slices summed over this group too (HSDP), or None."""
+    tokens: str | None = None
+    """The group whose ranks' tokens a reduced gradient sums, when not shard x replicate
+    (its size divides an averaged gradient)."""
+
+
+DATA_GROUPS = ShardGroups("shard", "replicate")
 """The groups of sharded data parallelism: sliced over `shard`, summed over `replicate` too."""
-EXPERT_DATA_GROUPS = ("expert_data", None)
+EXPERT_DATA_GROUPS = ShardGroups("expert_data", None, tokens="data")
 """The groups routed experts are sliced over under expert parallelism: every rank holding the
-same experts (torchtitan's `efsdp`); no replicas."""
+same experts (torchtitan's `efsdp`); no replicas. An expert's gradient already holds the
+tokens every data-parallel rank dispatched to it: averaged over the whole `data` group."""
 
 
 IN_PLACE_GATHER_BYTES = 64 << 20
@@ -39,11 +53,12 @@ class FlatShard:
     `groups` names: `(shard kind, replicate kind or None)`."""
 
     def __init__(self, shapes: Sequence[tuple[int, ...]], collectives: Collectives,
-                 groups: tuple[str, str | None] = DATA_GROUPS):
+                 groups: ShardGroups = DATA_GROUPS):
         self.shapes = [tuple(shape) for shape in shapes]
         self.numels = [math.prod(shape) for shape in self.shapes]
         self.collectives = collectives
-        self.shard_kind, self.replicate_kind = groups
+        self.groups = groups
+        self.shard_kind, self.replicate_kind = groups.shard, groups.replicate
         comm = collectives.comm
         self.shards = comm.group_size(self.shard_kind)
         self.replicas = comm.group_size(self.replicate_kind) if self.replicate_kind else 1
@@ -57,11 +72,10 @@ class FlatShard:
 
     @property
     def data_ranks(self) -> int:
-        """The data-parallel ranks whose tokens a reduced gradient sums: shard x replicate;
-        for routed experts, the whole `data` group (an expert's gradient already holds the
-        tokens every data-parallel rank dispatched to it)."""
-        if (self.shard_kind, self.replicate_kind) == EXPERT_DATA_GROUPS:
-            return self.collectives.comm.group_size("data")
+        """The data-parallel ranks whose tokens a reduced gradient sums: shard x replicate,
+        or the size of the groups' `tokens` group (routed experts: the whole `data` group)."""
+        if self.groups.tokens is not None:
+            return self.collectives.comm.group_size(self.groups.tokens)
         return self.shards * self.replicas
 
     @property
@@ -241,7 +255,7 @@ def built_shape(param: Parameter) -> tuple[int, ...]:
 
 
 def preslice(cell: Any, collectives: Collectives,
-             groups: tuple[str, str | None] = DATA_GROUPS,
+             groups: ShardGroups = DATA_GROUPS,
              params: Sequence[Parameter] | None = None) -> ms.Tensor:
     """Cut a freshly built unit to this rank's slice of its flat buffer at once, emptying
     its parameters (each keeps its shape as built, `built_shape`), so that a model built
@@ -275,7 +289,7 @@ class FlatBucket:
 
     def __init__(self, name: str, params: Sequence[Parameter], collectives: Collectives,
                  presliced: ms.Tensor | None = None,
-                 groups: tuple[str, str | None] = DATA_GROUPS):
+                 groups: ShardGroups = DATA_GROUPS):
         self.name = name
         self.params = list(params)
         self.flat = FlatShard([built_shape(p) for p in self.params], collectives, groups)

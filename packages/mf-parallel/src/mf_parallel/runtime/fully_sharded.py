@@ -46,7 +46,7 @@ from mindspore.experimental.optim import AdamW
 from mf_parallel.reshard_policy import reshard_plan
 
 from .collectives import Collectives
-from .flat_shard import DATA_GROUPS, EXPERT_DATA_GROUPS, PRESLICED, FlatBucket
+from .flat_shard import DATA_GROUPS, EXPERT_DATA_GROUPS, PRESLICED, FlatBucket, ShardGroups
 
 
 class ShardedUnit(FlatBucket):
@@ -54,7 +54,7 @@ class ShardedUnit(FlatBucket):
 
     def __init__(self, name: str, params: Sequence[Parameter], collectives: Collectives,
                  reshard_after_forward: bool, presliced: ms.Tensor | None = None,
-                 groups: tuple[str, str | None] = DATA_GROUPS,
+                 groups: ShardGroups = DATA_GROUPS,
                  aliases: Sequence[tuple[Parameter, Parameter]] = ()):
         super().__init__(f"fsdp_{name}", params, collectives, presliced, groups)
         self.name = name

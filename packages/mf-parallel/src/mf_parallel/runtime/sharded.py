@@ -30,7 +30,7 @@ from mindspore import Parameter, ops
 from mindspore.experimental.optim import AdamW
 
 from .collectives import Collectives
-from .flat_shard import DATA_GROUPS, FlatBucket
+from .flat_shard import DATA_GROUPS, FlatBucket, ShardGroups
 
 STRATEGIES = ("optim", "optim_grads")
 
@@ -73,7 +73,7 @@ class ShardedDataParallel:
                  units: Sequence[Sequence[Parameter]] | None = None, lr: float | None = None,
                  betas: tuple[float, float] = (0.9, 0.95), eps: float = 1e-8,
                  weight_decay: float = 0.0, average: bool = True,
-                 groups: tuple[str, str | None] = DATA_GROUPS):
+                 groups: ShardGroups = DATA_GROUPS):
         if strategy not in STRATEGIES:
             hint = (" (use fully_sharded.FullyShardedDataParallel)"
                     if strategy == "optim_grads_params" else "")

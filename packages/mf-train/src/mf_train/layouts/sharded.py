@@ -111,7 +111,7 @@ class SliceNorm:
     def __init__(self, buffers: Sequence[Any], collectives: Collectives,
                  group: TensorGroup | None = None):
         self.collectives, self.group = collectives, group
-        self.experts = [buffer.flat.shard_kind == EXPERT_DATA_GROUPS[0] for buffer in buffers]
+        self.experts = [buffer.flat.groups == EXPERT_DATA_GROUPS for buffer in buffers]
         """Which buffers hold routed experts (then the slices come one per buffer)."""
         self.split: Tensor | None = None
         """1 where this rank's slice holds an element of a tensor-split parameter."""
@@ -132,7 +132,7 @@ class SliceNorm:
             experts = _sum_all([ops.sum(ops.square(s)) for s, expert in
                                 zip(slices, self.experts, strict=True) if expert]).reshape(1)
             experts = self.collectives.all_reduce(
-                self.collectives.all_reduce(experts, EXPERT_DATA_GROUPS[0]), "expert")
+                self.collectives.all_reduce(experts, EXPERT_DATA_GROUPS.shard), "expert")
             slices = [s for s, expert in zip(slices, self.experts, strict=True) if not expert]
         if self.split is None:
             local = _sum_all([ops.sum(ops.square(s)) for s in slices])
@@ -193,7 +193,7 @@ class ZeRO(StepLayout):
         if self.group is not None and self.compile_blocker is None:
             self.compile_blocker = TensorParallel.compile_blocker  # the layers' bprop cells
         buffers = self.sharded.buffers
-        experts = {id(p) for buffer in buffers if buffer.flat.shard_kind == EXPERT_DATA_GROUPS[0]
+        experts = {id(p) for buffer in buffers if buffer.flat.groups == EXPERT_DATA_GROUPS
                    for p in buffer.params}
         self._tensor_partial = {i for i, p in enumerate(self.params) if id(p) not in experts
                                 and getattr(p, SEQUENCE_PARALLEL_ATTRIBUTE, False)}
