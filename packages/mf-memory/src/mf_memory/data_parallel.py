@@ -238,11 +238,9 @@ class DataParallelRank:
 
         The buffers are reduced in one fixed order (`reduction_order`), each as soon as it
         and the ones before it are complete, then freed. The root's parameters used after the
-        layers (final norm, and the head, or under ZeRO-2 with a tied head the shared table,
-        whose gradient from the head is summed with the embedding's at the end) hold
-        gradients G_late from the start of backward until the root is reduced. FSDP's tied
-        head reads the table through an alias whose gradient G_head is reduced alone as
-        backward starts (c·G_head with the root's buffer). So each layer's reduction holds
+        layers (final norm, and the head, or with a tied head the shared table, whose gradient
+        from the head is summed with the embedding's at the end) hold gradients G_late from
+        the start of backward until the root is reduced. So each layer's reduction holds
         G_late + c·G_b (its gradients and their flattened copy), and the root's c·G_root (with
         k the root's position in the order, the buffers from k on are whole together). A
         buffer holding routed experts waits for the end of the micro-batch's backward pass
@@ -251,7 +249,7 @@ class DataParallelRank:
         reduced in turn:
 
             in flight = L + max(G_late + c·max_{j<k} G_j, Σ_{j≥k} G_j + (c - 1)·max_{j≥k} G_j,
-                                (c - 1)·max_late G_j, c·G_head)
+                                (c - 1)·max_late G_j)
 
         Gradients a monitor watches are kept whole as well (not counted).
         """
@@ -263,14 +261,11 @@ class DataParallelRank:
         k = order.index(len(self.units)) if len(sizes) > len(self.units) else len(order)
         early, tail = [sizes[b] * p for b in order[:k]], [sizes[b] * p for b in order[k:]]
         whole = [sizes[b] * p for b in late]
-        aliased = self.tied and self.fsdp  # the head's gradient reduced at once
-        late_root = self.elements(self.root, lambda g: self.in_buffers(g) and (
-            g.name != "embedding" or (self.tied and not aliased))) * p
-        head = self.elements(self.root, lambda g: self.in_buffers(g) and g.name == "embedding"
-                             ) * p if aliased else 0
+        late_root = self.elements(self.root, lambda g: self.in_buffers(g)
+                                  and (g.name != "embedding" or self.tied)) * p
         return sum(whole) + max(late_root + c * max(early, default=0),
                                 sum(tail) + (c - 1) * max(tail, default=0),
-                                (c - 1) * max(whole, default=0), c * head)
+                                (c - 1) * max(whole, default=0))
 
     def optimizer(self, kind: str) -> int:
         """Optimizer state held between steps.

@@ -54,14 +54,9 @@ class ShardedUnit(FlatBucket):
 
     def __init__(self, name: str, params: Sequence[Parameter], collectives: Collectives,
                  reshard_after_forward: bool, presliced: ms.Tensor | None = None,
-                 groups: ShardGroups = DATA_GROUPS,
-                 aliases: Sequence[tuple[Parameter, Parameter]] = ()):
+                 groups: ShardGroups = DATA_GROUPS):
         super().__init__(f"fsdp_{name}", params, collectives, presliced, groups)
         self.name = name
-        index = {id(p): i for i, p in enumerate(self.params)}
-        self.aliases = [(alias, index[id(owner)]) for alias, owner in aliases]
-        """Parameters that share one of the unit's parameters' memory (gathered and freed
-        with it), each with that parameter's index."""
         self.reshard_after_forward = reshard_after_forward
         self.gathered = presliced is None
         self.gathers = 0
@@ -75,8 +70,6 @@ class ShardedUnit(FlatBucket):
         gathered = self.flat.all_gather(self.master.value())
         for param, full in zip(self.params, gathered, strict=True):
             param.set_data(full, slice_shape=True)
-        for alias, index in self.aliases:
-            alias.set_data(gathered[index], slice_shape=True)  # the same memory, not a copy
         self.gathered = True
         self.gathers += 1
 
@@ -84,7 +77,7 @@ class ShardedUnit(FlatBucket):
         """Replace the full parameters by empty placeholders, freeing them."""
         if not self.gathered:
             return
-        for param in [*self.params, *(alias for alias, _ in self.aliases)]:
+        for param in self.params:
             param.set_data(ops.zeros((0,), param.dtype), slice_shape=True)
         self.gathered = False
 
@@ -162,17 +155,13 @@ class FullyShardedDataParallel:
             (`EXPERT_DATA_GROUPS`: the ranks holding the same experts) and gathered and freed
             by hooks on its unit's cell as that unit is; their gradients are summed over that
             group. Their parameters follow the model's in `params`, their units the cells'.
-        aliases: pairs of (alias, owner): a Parameter outside the model's that shares the
-            memory of the root unit's parameter `owner` whenever it is gathered (a tied
-            head's own weight, see `aliases`).
     """
 
     def __init__(self, model: nn.Cell, units: Sequence[nn.Cell], collectives: Collectives, *,
                  lr: float | None = None, reshard_after_forward_policy: str = "default",
                  pipeline_parallel: int = 1, betas: tuple[float, float] = (0.9, 0.95),
                  eps: float = 1e-8, weight_decay: float = 0.0, average: bool = True,
-                 expert_units: Sequence[tuple[nn.Cell, nn.Cell]] = (),
-                 aliases: Sequence[tuple[Parameter, Parameter]] = ()):
+                 expert_units: Sequence[tuple[nn.Cell, nn.Cell]] = ()):
         self.params = list(model.trainable_params())
         self.average = average
         owned = _owned_params(units, self.params)
@@ -188,13 +177,7 @@ class FullyShardedDataParallel:
                                          getattr(holder, PRESLICED, None), EXPERT_DATA_GROUPS)
                              for i, (cell, ps, holder) in enumerate(experts)]
         self.params += [p for _, ps, _ in experts for p in ps]
-        self.root = ShardedUnit("root", root, collectives, False, aliases=aliases) if root else None
-        self.aliases = list(aliases)
-        """(alias, owner) pairs: a Parameter the model may read instead of `owner` for a
-        second use of it, sharing its memory, so that the use's gradient reaches the caller
-        apart (its own hook: `ShardedGradients(aliases=)`) instead of summed into the
-        owner's at the end of backward. Not in `params`: the caller takes gradients at them
-        too when the model reads them."""
+        self.root = ShardedUnit("root", root, collectives, False) if root else None
         self._index = {id(p): i for i, p in enumerate(self.params)}
         self.saved = _SavedParams()
         for cell, unit in zip(units, self.units, strict=True):

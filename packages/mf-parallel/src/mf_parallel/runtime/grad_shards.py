@@ -16,12 +16,9 @@ collectives in the same order whatever its hooks' timing: a buffer that complete
 for the ones before it. Buffers marked `late` (routed experts, whose
 gradients exist only on ranks that routed tokens to them) come after all the others in that
 order and are reduced when the micro-batch's backward is over (`finish_micro_batch`), from the
-gradients `value_and_grad` returned. A parameter used twice (a tied embedding table, read again
-by the output head) has its uses' gradients summed whole by autograd at the end of backward;
-given an alias (a second Parameter sharing its memory, read by the second use), the alias's
-gradient comes first in backward and is reduced at once, alone (`aliases`). Without hooks
-(`collecting` not entered: a pipeline or expert layout's own backward) `add_all` reduces whole
-gradients the same way, buffer by buffer, freeing each buffer's as it goes.
+gradients `value_and_grad` returned. Without hooks (`collecting` not entered: a pipeline or expert
+layout's own backward) `add_all` reduces whole gradients the same way, buffer by buffer,
+freeing each buffer's as it goes.
 """
 
 from __future__ import annotations
@@ -50,20 +47,13 @@ class ShardedGradients:
             tensor-group sum of sequence-parallel partial gradients), or None.
         late: which buffers to reduce only after the backward pass (by index), see the
             module docstring.
-        aliases: for parameters of `params` outside every buffer that share the memory of
-            one inside (a tied head's own weight), the index of that one: an alias's gradient
-            is the other's too, reduced on its own as its hook receives it (the other's
-            buffer with zeros for the rest of it), so that the two are never whole together.
-            Its hook fires at the same point of every rank's backward pass (the same model),
-            so the reduction needs no place in `order`.
     """
 
     def __init__(self, buffers: Sequence[Any], params: Sequence[Parameter],
                  reduce_bucket: Callable[[Any, list[ms.Tensor]], ms.Tensor], *,
                  average: bool, prepare: Callable[[int, ms.Tensor], ms.Tensor] | None = None,
-                 late: Sequence[int] = (), aliases: dict[int, int] | None = None):
+                 late: Sequence[int] = ()):
         self.buffers, self.params = list(buffers), list(params)
-        self.aliases = dict(aliases or {})
         self.reduce_bucket, self.average, self.prepare = reduce_bucket, average, prepare
         index = {id(p): i for i, p in enumerate(self.params)}
         self.members = [[index[id(p)] for p in buffer.params] for buffer in self.buffers]
@@ -80,7 +70,6 @@ class ShardedGradients:
         self._next = 0
         """The position in `order` of the next buffer to reduce."""
         self._collecting = False
-        self._aliases_reduced: set[int] = set()
         self._watched: frozenset[int] = frozenset()
         self.watched_grads: dict[int, ms.Tensor] = {}
         """The gradients of the watched parameters in the last micro-batch (whole, before the
@@ -102,7 +91,6 @@ class ShardedGradients:
                 (`watched_grads`, until the next micro-batch).
         """
         self._collecting, self._watched, self.watched_grads = True, watched, {}
-        self._aliases_reduced = set()
         try:
             yield
         finally:
@@ -118,10 +106,7 @@ class ShardedGradients:
         """
         waiting = set(self.order[self._next:])
         for i, grad in enumerate(returned):
-            if i in self.aliases:
-                if i not in self._aliases_reduced:  # its hook did not fire: a whole gradient
-                    self._reduce_alias(i, grad)
-            elif i not in self._pending and self.bucket_of[i] in waiting:
+            if i not in self._pending and self.bucket_of[i] in waiting:
                 self._take(i, grad)
         self._flush(final=True)
 
@@ -146,13 +131,7 @@ class ShardedGradients:
 
     def _hook(self, index: int) -> Callable[[ms.Tensor], ms.Tensor | None]:
         def hook(grad: ms.Tensor) -> ms.Tensor | None:
-            if not self._collecting:
-                return None
-            if index in self.aliases:
-                self._reduce_alias(index, grad)
-                self.hooked += 1
-                return ops.zeros((1,), grad.dtype)
-            if self.bucket_of[index] in self.late:
+            if not self._collecting or self.bucket_of[index] in self.late:
                 return None
             self._take(index, grad)
             self.hooked += 1
@@ -161,31 +140,9 @@ class ShardedGradients:
         return hook
 
     def _take(self, index: int, grad: ms.Tensor) -> None:
-        if index in self._watched:  # as backward gave it, before `prepare`
-            alias = self.watched_grads.get(index)
-            self.watched_grads[index] = grad if alias is None else grad + alias
+        if index in self._watched:
+            self.watched_grads[index] = grad  # as backward gave it, before `prepare`
         self._pending[index] = grad if self.prepare is None else self.prepare(index, grad)
-
-    def _reduce_alias(self, index: int, grad: ms.Tensor) -> None:
-        """An alias's gradient added to its parameter's buffer's slice: the buffer reduced
-        with it in the parameter's place and zeros for the others."""
-        owner = self.aliases[index]
-        if owner in self._watched:  # the parameter's own gradient is added in `_take`
-            self.watched_grads[owner] = grad
-        b = self.bucket_of[owner]
-        grads = [grad if i == owner else ops.zeros(self.params[i].shape, grad.dtype)
-                 for i in self.members[b]]
-        if self.prepare is not None:
-            grads = [self.prepare(i, g) for i, g in zip(self.members[b], grads, strict=True)]
-        self._add_slice(b, self.reduce_bucket(self.buffers[b], grads))
-        self._aliases_reduced.add(index)
-
-    def _add_slice(self, b: int, reduced: ms.Tensor) -> None:
-        """Add one reduction of buffer `b` (this rank's slice) to the step's sum."""
-        mine = ops.cast(reduced, FLOAT32)
-        if self.average:  # here, on one buffer's slice: no copy of the sums in `take`
-            mine = mine * (1.0 / self.buffers[b].flat.data_ranks)
-        self.sums[b] = mine if self.sums[b] is None else self.sums[b] + mine
 
     def _flush(self, final: bool) -> None:
         """Reduce the buffers, in order, whose gradients are all here (all of them when
@@ -196,9 +153,11 @@ class ShardedGradients:
                               or any(i not in self._pending for i in self.members[b])):
                 return
             grads = [self._pending.pop(i) for i in self.members[b]]
-            reduced = self.reduce_bucket(self.buffers[b], grads)
+            mine = ops.cast(self.reduce_bucket(self.buffers[b], grads), FLOAT32)
             del grads
-            self._add_slice(b, reduced)
+            if self.average:  # here, on one buffer's slice: no copy of the sums in `take`
+                mine = mine * (1.0 / self.buffers[b].flat.data_ranks)
+            self.sums[b] = mine if self.sums[b] is None else self.sums[b] + mine
             self._next += 1
         if final:
             if self._pending:

@@ -66,9 +66,6 @@ class ShardedDataParallel:
             or a unit holding a parameter twice or one not in `params`.
     """
 
-    aliases: tuple = ()
-    """No parameter aliases (`FullyShardedDataParallel.aliases`): the parameters stay whole."""
-
     def __init__(self, params: Sequence[Parameter], collectives: Collectives, strategy: str, *,
                  units: Sequence[Sequence[Parameter]] | None = None, lr: float | None = None,
                  betas: tuple[float, float] = (0.9, 0.95), eps: float = 1e-8,

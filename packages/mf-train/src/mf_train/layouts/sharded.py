@@ -9,11 +9,7 @@ rank) above one, `parallelism.data_parallel_shard_strategy` decides:
   the reduction;
 - `optim_grads_params` (FSDP): parameters sharded too, unit by unit (the decoder layers; the
   embedding, final norm and head form the root unit), gathered around each unit's forward and
-  backward (`reshard_after_forward_policy`). A head tied to the embedding table reads the
-  gathered table through a Parameter of its own (`new_tied_head_alias`): its gradient, the
-  first of backward, is reduced to the slice at once, instead of held until the embedding's
-  comes at the end of backward and autograd sums the two, whole (0.2 GiB less at the peak of
-  the 127M benchmark model on 4 ranks).
+  backward (`reshard_after_forward_policy`).
 
 mf-parallel's `ShardedDataParallel` / `FullyShardedDataParallel` reduce the gradients to this
 rank's slice; `optim.ShardedAdamW` updates it. The global norm is sqrt(sum over the shard
@@ -45,7 +41,6 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from typing import Any
 
-import mindspore as ms
 from mindspore import Parameter, Tensor, nn, ops
 
 from mf_config import OptimizerConfig, ParallelismConfig
@@ -62,7 +57,6 @@ from mf_parallel.runtime.tensor_parallel import (
     is_tensor_sharded,
 )
 
-from ..models.blocks import TIED_HEAD_ALIAS, new_tied_head_alias
 from ..optim import AdamW, Muon, ShardedAdamW
 from ..optim.adamw import adamw_settings
 from ..optim.base import adam_hyperparameters, decay_flags
@@ -197,21 +191,12 @@ class ZeRO(StepLayout):
                    for p in buffer.params}
         self._tensor_partial = {i for i, p in enumerate(self.params) if id(p) not in experts
                                 and getattr(p, SEQUENCE_PARALLEL_ATTRIBUTE, False)}
-        self.aliases = [alias for alias, _ in self.sharded.aliases]
-        """Parameters the model reads in place of one of `params` during `forward_backward`
-        (FSDP's tied head), their gradients taken after `params`'."""
-        index = {id(p): i for i, p in enumerate(self.params)}
         self.grads = ShardedGradients(
-            buffers, self.params + self.aliases, self.sharded.reduce_bucket,
-            average=self.sharded.average,
+            buffers, self.params, self.sharded.reduce_bucket, average=self.sharded.average,
             prepare=self._sequence_parallel_sum if self.group is not None else None,
             late=[b for b, buffer in enumerate(buffers)
-                  if any(EXPERT_MARK in p.name for p in buffer.params)],
-            aliases={len(self.params) + k: index[id(owner)]
-                     for k, (_, owner) in enumerate(self.sharded.aliases)})
+                  if any(EXPERT_MARK in p.name for p in buffer.params)])
         """Reduces the gradients buffer by buffer; during backward for ZeRO-2 and FSDP."""
-        if self.aliases:
-            self._grad_fn = ms.value_and_grad(self._forward, None, self.params + self.aliases)
 
     @classmethod
     def selects(cls, dims: ParallelDims, parallelism: ParallelismConfig) -> bool:
@@ -288,7 +273,7 @@ class ZeRO(StepLayout):
         summed: dict[int, Tensor] = {}
         tokens = 0
         for index, batch in enumerate(micro_batches, 1):
-            with self.grads.collecting(watched), self._aliases_read():
+            with self.grads.collecting(watched):
                 micro_loss, returned = self._grad_fn(*batch.model_inputs())
                 self.grads.finish_micro_batch(returned)
             del returned
@@ -325,20 +310,6 @@ class ZeRO(StepLayout):
     def free_gathered(self) -> None:
         """Free what the forward and backward passes gathered (FSDP's units); ZeRO keeps
         whole parameters: nothing."""
-
-    @contextmanager
-    def _aliases_read(self) -> Iterator[None]:
-        """The model's tied head reads its alias (whose gradient `_grad_fn` takes) inside,
-        the embedding table outside (any other forward pass)."""
-        if not self.aliases:
-            yield
-            return
-        setattr_plain = object.__setattr__  # not a cell parameter: see `TIED_HEAD_ALIAS`
-        setattr_plain(self.model, TIED_HEAD_ALIAS, self.aliases[0])
-        try:
-            yield
-        finally:
-            del self.model.__dict__[TIED_HEAD_ALIAS]
 
     def _sequence_parallel_sum(self, index: int, grad: Tensor) -> Tensor:
         """A sequence-parallel parameter's partial gradient summed over the tensor group;
@@ -391,11 +362,9 @@ class FSDP(ZeRO):
         each layer's routed `experts` one more unit over the expert-data group, gathered with
         its layer."""
         layers = list(_decoder_layers(parts.model))
-        alias = new_tied_head_alias(parts.model)
         return runtime.FullyShardedDataParallel(
             parts.model, layers, parts.collectives,
             expert_units=expert_holders(layers, experts),
-            aliases=[] if alias is None else [(alias, parts.model.embedding.weight)],
             reshard_after_forward_policy=parts.parallelism.reshard_after_forward_policy,
             pipeline_parallel=parts.dims.pipeline,
             average=not parts.parallelism.disable_gradient_division)

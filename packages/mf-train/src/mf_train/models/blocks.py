@@ -257,32 +257,6 @@ def head_entry(group: TensorGroup | None) -> nn.Cell | None:
     return GatherFromSequenceRegion(group) if group.sequence_parallel else CopyToTensorRegion(group)
 
 
-TIED_HEAD_ALIAS = "_tied_head_alias"
-"""Where a model with a tied head finds the Parameter its head reads instead of the embedding
-table, when a layout gives it one (`tied_head_weight`). Kept out of the cell's parameters: it
-is not a parameter of the model, only a second name for the table's memory."""
-
-
-def tied_head_weight(model: nn.Cell) -> Parameter:
-    """The weight a tied output head multiplies by: the embedding table, or the Parameter a
-    layout put at `TIED_HEAD_ALIAS` for the pass, which shares the table's memory. With its own
-    Parameter the head's gradient comes to the layout as soon as backward computes it (a hook
-    of its own) instead of being summed with the embedding's, whole, at the end of backward."""
-    alias = model.__dict__.get(TIED_HEAD_ALIAS)
-    return model.embedding.weight if alias is None else alias
-
-
-def new_tied_head_alias(model: nn.Cell) -> Parameter | None:
-    """A Parameter for `model`'s tied head to read (at `TIED_HEAD_ALIAS`, while a layout
-    puts it there), of the table's name and dtype, empty until the table's memory is given to
-    it; None when the model has no tied head (`has_tied_head`)."""
-    if not model.has_tied_head:
-        return None
-    table = model.embedding.weight
-    return Parameter(ops.zeros((0,), table.dtype), name=f"{table.name}.tied_head",
-                     requires_grad=True)
-
-
 class RMSNorm(nn.Cell):
     """`weight * x / sqrt(mean(x^2) + eps)` over the last dimension, computed in float32 and
     cast back to the input dtype before the weight (Hugging Face's Qwen3RMSNorm)."""

@@ -101,7 +101,6 @@ from .blocks import (
     mark_tensor_partial,
     resolve_compute_dtype,
     tensor_size,
-    tied_head_weight,
 )
 from .hf_weights import WeightMap, WeightSource
 from .hf_weights import hf_names as _hf_names
@@ -244,7 +243,7 @@ class DeepseekV3ForCausalLM(nn.Cell):
         self.final_norm = RMSNorm(s.hidden_size, s.rms_norm_eps)
         if is_sequence_parallel(group):
             mark_tensor_partial(self.final_norm.weight)
-        self.tied = self.has_tied_head = s.tie_word_embeddings
+        self.tied = s.tie_word_embeddings
         if not self.tied:
             self.head = column_linear(init.normal("lm_head.weight", vocab), None, group)
         self.head_entry = head_entry(group) if self.tied else None
@@ -306,9 +305,9 @@ class DeepseekV3ForCausalLM(nn.Cell):
         if not self.tied:
             logits = self.head(h)
         elif self.head_entry is not None:  # the whole sequence, this rank's vocabulary
-            logits = linear(self.head_entry(h), tied_head_weight(self))
+            logits = linear(self.head_entry(h), self.embedding.weight)
         else:
-            logits = mint.matmul(h, tied_head_weight(self).astype(h.dtype).T)
+            logits = mint.matmul(h, self.embedding.weight.astype(h.dtype).T)
         self.last_balance_loss = balance
         return logits, balance
 

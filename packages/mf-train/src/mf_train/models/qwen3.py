@@ -56,7 +56,6 @@ from .blocks import (
     resolve_compute_dtype,
     row_linear,
     tensor_size,
-    tied_head_weight,
 )
 from .context_attention import SequenceExchange
 from .hf_weights import WeightMap
@@ -258,8 +257,6 @@ class Qwen3ForCausalLM(nn.Cell):
         self.places = AttentionPlaces(context, varlen=core.flash)
         vocab = (settings.vocab_size, settings.hidden_size)
         self.tied = settings.tie_word_embeddings
-        self.has_tied_head = self.tied and self.part.head
-        """Whether this part's output head multiplies by the embedding table."""
         if self.part.embedding or (self.part.head and self.tied):
             self.embedding = embedding(init.normal("model.embed_tokens.weight", vocab), group)
         self.decoder_layers = LayerStack({
@@ -366,7 +363,7 @@ class Qwen3ForCausalLM(nn.Cell):
             return self.head(x)
         if self.head_entry is not None:
             x = self.head_entry(x)
-        return linear(x, tied_head_weight(self))
+        return linear(x, self.embedding.weight)
 
     def _check_ids(self, input_ids: Tensor) -> None:
         check_input_ids(input_ids, self.settings.seq_length,
