@@ -90,12 +90,17 @@ def test_expert_parallel_resumes_bit_for_bit(data_prefix, two_ranks, tmp_path) -
         np.testing.assert_array_equal(got[name], want[name], err_msg=name)
 
 
-def test_fsdp_over_four_ranks_with_expert_parallel_two(data_prefix, single, tmp_path) -> None:
-    """FSDP over 4 ranks x expert parallel 2: each expert on two ranks (its expert-data group),
-    whose gradients are summed over just those two, and the experts sliced over those two
-    as the rest is over the four (each keeps AdamW's state of half its experts)."""
+@pytest.mark.parametrize(("strategy", "layout"), [("optim_grads_params", "FSDP"),
+                                                  ("optim_grads", "ZeRO-2")])
+def test_sharded_over_four_ranks_with_expert_parallel_two(data_prefix, single, tmp_path,
+                                                         strategy, layout) -> None:
+    """FSDP or ZeRO-2 over 4 ranks x expert parallel 2: each expert on two ranks (its
+    expert-data group), whose gradients are summed over just those two, and the experts
+    sliced over those two as the rest is over the four (each keeps AdamW's state of half its
+    experts), by the same optimizer and backward pass as the rest."""
     ranks(data_prefix, tmp_path, 4, "parallelism.expert_parallel=2",
-          "training.local_batch_size=1")
+          "training.local_batch_size=1",
+          f"parallelism.data_parallel_shard_strategy={strategy}")
     assert_same_run(tmp_path, single)
     assert_same_weights(tmp_path, single)
     # ranks 0 and 2 hold experts 0-1, ranks 1 and 3 experts 2-3; each MoE layer's experts
@@ -103,7 +108,7 @@ def test_fsdp_over_four_ranks_with_expert_parallel_two(data_prefix, single, tmp_
     assert [experts_written(tmp_path, rank, 4) for rank in range(4)] == \
         [{0}, {2}, {1}, {3}]
     assert ("expert parallel 2 (experts 0-1 of 4 here, all-to-all, sliced over 2 expert-data "
-            "ranks) x FSDP over 4 ranks") in worker_log(tmp_path)
+            f"ranks) x {layout} over 4 ranks") in worker_log(tmp_path)
     # AdamW's state: each rank writes (and holds) the moments of its half of its experts
     held = [sum(piece.stop - piece.start for piece in
                 rank_pieces(tmp_path, 4, "opt", rank, 4, PREFIXES[DEEPSEEK])

@@ -18,16 +18,17 @@ keeps one slice of each buffer (`mf_parallel.runtime.flat_shard`), and mf-train'
   layer's unit is gathered around its forward and its backward pass, the root unit through the
   whole forward and backward; gradients as ZeRO-2, no all-gather after the update.
 
-Under pipeline or expert parallelism the composing layout runs the backward pass itself: every
-strategy then accumulates whole gradients, as ZeRO-1, and reduces them buffer by buffer after
-it. Routed experts under expert parallelism are left out of the buffers: kept whole on every
-rank that holds them, with their own optimizer (mf-train's `ExpertParallel`), their state
-sliced over their expert-data group E_d under ZeRO when E_d > 1; so is every parameter that
-takes no gradient (DeepSeek's routing bias). Under FSDP with E_d > 1 the experts are FSDP's
-too (`sliced_experts`): each MoE layer's experts one more unit over the expert-data group,
-sliced between steps and gathered with their layer; the backward pass is FSDP's, the experts'
-gradients whole until it ends (a layer's experts are reduced after it: ranks without tokens
-for an expert give it no gradient during it), the rest reduced during it.
+Under pipeline parallelism, and under expert parallelism when no other rank holds the same
+experts, the composing layout runs the backward pass itself: every strategy then accumulates
+whole gradients, as ZeRO-1, and reduces them buffer by buffer after it. Routed experts under
+expert parallelism are left out of the layers' buffers: kept whole on every rank that holds
+them, with their own optimizer (mf-train's `ExpertParallel`), when E_d = 1 (no other rank
+holds the same experts); so is every parameter that takes no gradient (DeepSeek's routing
+bias). With E_d > 1 ZeRO and FSDP shard them too (`sliced_experts`): each MoE layer's experts
+one more buffer over the expert-data group, their state sliced over it; FSDP's are sliced
+between steps too and gathered with their layer. The backward pass is then ZeRO's or FSDP's,
+the experts' gradients whole until it ends (a layer's experts are reduced after it: ranks
+without tokens for an expert give it no gradient during it), the rest reduced during it.
 
 Notation: S the shard degree; P_b the elements of buffer b on this device (its trainable
 parameters, after the tensor-parallel split); n_b = ⌈P_b / S⌉ this rank's slice of it;
@@ -122,9 +123,9 @@ class DataParallelRank:
 
     @property
     def sliced_experts(self) -> bool:
-        """Whether FSDP holds the routed experts as units of their own, sliced over the
-        expert-data group (expert parallelism, E_d > 1)."""
-        return self.fsdp and self.ep > 1 and self.expert_data > 1
+        """Whether ZeRO or FSDP holds the routed experts in buffers of their own, sliced
+        over the expert-data group (expert parallelism, E_d > 1); FSDP's parameters too."""
+        return self.sharded and self.ep > 1 and self.expert_data > 1
 
     def experts(self, groups: Iterable[ParamGroup] | None = None) -> int:
         """E: elements of routed experts this rank holds, outside the buffers (expert
@@ -219,8 +220,7 @@ class DataParallelRank:
         otherwise): the float32 sums of this rank's slices 4·N (each buffer's is added as the
         buffer completes; from the second micro-batch on all of them exist), the whole
         gradients in flight (`in_flight_grads`), and those of the trainable parameters outside
-        the buffers, P_out·p (with FSDP's sliced experts, also their float32 sums,
-        4·⌈E / E_d⌉).
+        the buffers, P_out·p (with sliced experts, also their float32 sums, 4·⌈E / E_d⌉).
         """
         p = self.param_bytes
         if not self.scatters:
@@ -230,7 +230,8 @@ class DataParallelRank:
                 + self._expert_sums())
 
     def _expert_sums(self) -> int:
-        """4·⌈E / E_d⌉: the float32 sums of FSDP's expert slices (0 otherwise)."""
+        """4·⌈E / E_d⌉: the float32 sums of the experts' slices (`sliced_experts`; 0
+        otherwise)."""
         return 4 * shard(self.experts(), self.expert_data) if self.sliced_experts else 0
 
     def in_flight_grads(self) -> int:
@@ -389,7 +390,7 @@ def data_parallel_rank(config: TrainConfig, plan: Plan, units: list[list[ParamGr
         units=tuple(tuple(unit) for unit in units), root=tuple(root), strategy=strategy,
         degree=d.data_shard, tp=d.tensor, ep=d.expert, param_bytes=param_bytes,
         scatters=d.data_shard > 1 and strategy != ZERO_1 and d.pipeline == 1
-        and (d.expert == 1 or (strategy == FSDP and expert_data > 1)),
+        and (d.expert == 1 or expert_data > 1),
         tied=tied, reduce_copy=1 if config.context.device_target == "CPU" else 2,
         micro_batches=plan.batch.accumulation_steps(), expert_data=expert_data)
 

@@ -30,7 +30,7 @@ from mindspore import Parameter, ops
 from mindspore.experimental.optim import AdamW
 
 from .collectives import Collectives
-from .flat_shard import DATA_GROUPS, FlatBucket, ShardGroups
+from .flat_shard import DATA_GROUPS, EXPERT_DATA_GROUPS, FlatBucket, ShardGroups
 
 STRATEGIES = ("optim", "optim_grads")
 
@@ -58,8 +58,11 @@ class ShardedDataParallel:
             the slices (`reduce_grads`, then `publish`).
         betas, eps, weight_decay: the built-in AdamW's settings.
         average: average the gradients over the data-parallel ranks instead of summing.
-        groups: the groups the slices are taken over, `(shard, replicate or None)`:
-            `flat_shard.DATA_GROUPS`, or `EXPERT_DATA_GROUPS` for routed experts.
+        groups: the groups the slices are taken over: `flat_shard.DATA_GROUPS`, or
+            `EXPERT_DATA_GROUPS` for routed experts.
+        expert_units: routed experts under expert parallelism: groups of `params` each in a
+            buffer of its own (after the units'), sliced over the expert-data group
+            (`EXPERT_DATA_GROUPS`: the ranks holding the same experts).
 
     Raises:
         ValueError: an unknown strategy (`optim_grads_params` is `FullyShardedDataParallel`),
@@ -70,7 +73,8 @@ class ShardedDataParallel:
                  units: Sequence[Sequence[Parameter]] | None = None, lr: float | None = None,
                  betas: tuple[float, float] = (0.9, 0.95), eps: float = 1e-8,
                  weight_decay: float = 0.0, average: bool = True,
-                 groups: ShardGroups = DATA_GROUPS):
+                 groups: ShardGroups = DATA_GROUPS,
+                 expert_units: Sequence[Sequence[Parameter]] = ()):
         if strategy not in STRATEGIES:
             hint = (" (use fully_sharded.FullyShardedDataParallel)"
                     if strategy == "optim_grads_params" else "")
@@ -80,8 +84,11 @@ class ShardedDataParallel:
         self.collectives = collectives
         self.strategy = strategy
         self.average = average
-        self._buffers = [FlatBucket(f"bucket{i}", group, collectives, groups=groups)
-                         for i, group in enumerate(_groups(self.params, units or []))]
+        experts = {id(p) for unit in expert_units for p in unit}
+        self._buffers = [FlatBucket(f"bucket{i}", group, collectives, groups=(
+                             EXPERT_DATA_GROUPS if id(group[0]) in experts else groups))
+                         for i, group in enumerate(_groups(self.params,
+                                                           [*(units or []), *expert_units]))]
         self._index = {id(p): i for i, p in enumerate(self.params)}
         self.optimizer = None if lr is None else AdamW(
             [bucket.master for bucket in self._buffers], lr=lr, betas=betas, eps=eps,

@@ -8,16 +8,16 @@ over the model with the routed experts left out). The routed experts are updated
 their gradients are reduced over the plan's expert-data-parallel group (every rank holding the
 same experts; `mf_parallel.mesh`), not the whole data-parallel group. With a replicated inner
 layout (or when no other rank holds the same experts) they are updated whole by the optimizer
-`optimizer.type` names. Under ZeRO and FSDP they are sliced over the expert-data group as the
-rest is over the shard group (torchtitan's `efsdp`): one flat buffer per MoE layer
-(`flat_shard.EXPERT_DATA_GROUPS`), gradients reduce-scattered to this rank's slice, AdamW's
-state and update for that slice only (`ShardedAdamW`). Under ZeRO the updated slices are
-all-gathered back into the experts, which stay whole between steps (ZeRO-2 for the experts).
-Under FSDP the inner layout shards them itself (`StepLayout.shards_experts`): each MoE layer's
-experts are one more FSDP unit over the expert-data group, cut to this rank's slice as the
-layer is built, gathered and freed with their layer, updated by the same `ShardedAdamW` and
-reduced by the same backward pass as everything else, so a rank holds its slice of its
-experts' parameters, gradients and state. In every case:
+`optimizer.type` names. Under ZeRO and FSDP the inner layout shards them itself
+(`StepLayout.shards_experts`), over the expert-data group as the rest is over the shard group
+(torchtitan's `efsdp`): each MoE layer's experts are one more flat buffer
+(`flat_shard.EXPERT_DATA_GROUPS`), their gradients reduce-scattered to this rank's slice by
+the same backward pass as everything else (after the rest: `ShardedGradients`' late buffers),
+AdamW's state and update for that slice only, by the same `ShardedAdamW`. Under ZeRO the
+updated slices are all-gathered back into the experts, which stay whole between steps; under
+FSDP each MoE layer's experts are one more unit, cut to this rank's slice as the layer is
+built, gathered and freed with their layer, so a rank holds its slice of its experts'
+parameters, gradients and state. In every case:
 
 - a rank's expert gradient already holds the contributions of every token its experts
   computed, from whichever rank the token came (the dispatch's backward sends them back);
@@ -40,12 +40,12 @@ import math
 from collections.abc import Callable, Iterator, Sequence
 
 import attrs
-from mindspore import Parameter, Tensor, nn, ops
+from mindspore import Parameter, Tensor, nn
 
 from mf_config import ParallelismConfig
 from mf_memory.layers import ids_text
 from mf_parallel.dims import ParallelDims
-from mf_parallel.runtime import Collectives, ShardedDataParallel
+from mf_parallel.runtime import Collectives
 from mf_parallel.runtime.flat_shard import EXPERT_DATA_GROUPS, preslice
 from mf_parallel.runtime.grad_sync import GradientSync
 
@@ -53,7 +53,6 @@ from ..gradient_norm import square_sum
 from ..optim import ShardedAdamW, build_optimizer
 from ..optim.base import rules_unchecked, warn_unmatched_rules
 from ..optim.joined import JoinedOptimizer
-from ..optim.protocol import FLOAT32
 from .contract import (
     LayoutParts,
     LayoutSections,
@@ -147,23 +146,6 @@ def _rules_checked_once(parts: LayoutParts) -> Iterator[None]:
     warn_unmatched_rules(parts.optimizer, names, parts.source)
 
 
-def sliced_experts_optimizer(parts: LayoutParts, experts: list[Parameter]) -> ShardedAdamW:
-    """AdamW over this rank's slices of its routed experts, sliced over the expert-data group
-    in one flat buffer per MoE layer (gradients summed, not averaged: `reduce` scales them
-    as the replicated path does)."""
-    from .sharded import adamw_settings_of
-
-    named = [(p.name, p) for p in experts]
-    layers: dict[str, list[Parameter]] = {}
-    for param in experts:
-        layers.setdefault(param.name.split(EXPERT_MARK)[0], []).append(param)
-    sliced = ShardedDataParallel(experts, parts.collectives, "optim_grads",
-                                 units=list(layers.values()), average=False,
-                                 groups=EXPERT_DATA_GROUPS)
-    return ShardedAdamW(named, sliced, parts.collectives,
-                        **adamw_settings_of(parts.optimizer, named, parts.source))
-
-
 class ExpertParallel(StepLayout):
     """Routed experts split over the expert group, the inner layout for the rest."""
 
@@ -180,14 +162,11 @@ class ExpertParallel(StepLayout):
         data = DataParallelLoss(collectives, parallelism)
         self.scale = 1.0 / data.size if data.average else 1.0
         self.fused = optimizer is inner.optimizer
-        """Whether the inner layout shards the experts too (FSDP), which then runs the
+        """Whether the inner layout shards the experts too (ZeRO, FSDP), which then runs the
         whole step: its backward, reduction, norm and optimizer."""
-        own = None if self.fused else optimizer.second
-        self.sliced = own.sharded if isinstance(own, ShardedAdamW) else None
-        """The experts' sliced buffers (`ShardedDataParallel`) under ZeRO; None when they
-        are updated whole or the inner layout holds them."""
-        self.sync = None if self.fused or self.sliced is not None else GradientSync(
+        self.sync = None if self.fused else GradientSync(
             collectives, [tuple(p.shape) for p in experts], kind="expert_data")
+        """Sums the experts' whole gradients over the expert-data group (not fused)."""
 
     @classmethod
     def selects(cls, dims: ParallelDims, parallelism: ParallelismConfig) -> bool:
@@ -231,20 +210,14 @@ class ExpertParallel(StepLayout):
             raise TypeError(f"{type(parts.model).__name__} has no routed experts to split "
                             "over expert_parallel ranks")
         with _rules_checked_once(parts), left_out(experts):
-            if _shards_experts(inner_cls, parts.collectives):  # FSDP: one optimizer for all
+            if _shards_experts(inner_cls, parts.collectives):  # one optimizer for all
                 inner = inner_cls.build(parts, experts)
                 return cls(inner, experts, inner.optimizer, parts.collectives,
                            parts.parallelism, parts.dims)
             inner = inner_cls.build(parts)
-            holders = parts.collectives.comm.group_size("expert_data")
-            if isinstance(inner.optimizer, ShardedAdamW) and holders > 1:  # ZeRO
-                own = sliced_experts_optimizer(parts, experts)
-                count = len(own.sharded.buffers)
-            else:
-                own = build_optimizer(parts.optimizer, [(p.name, p) for p in experts],
-                                      parts.source)
-                count = None
-        optimizer = JoinedOptimizer(inner.optimizer, own, STATE_PREFIX, count)
+            own = build_optimizer(parts.optimizer, [(p.name, p) for p in experts],
+                                  parts.source)
+        optimizer = JoinedOptimizer(inner.optimizer, own, STATE_PREFIX)
         return cls(inner, experts, optimizer, parts.collectives, parts.parallelism, parts.dims)
 
     def describe(self) -> str:
@@ -252,15 +225,14 @@ class ExpertParallel(StepLayout):
         total = len(held) * self.dims.expert
         dispatch = ("all-to-all" if self.dispatcher == "alltoall"
                     else f"deredundant, devices of {self.dims.expert_node}")
-        sliced = self.fused or self.sliced is not None
-        ranks = self.collectives.comm.group_size("expert_data") if sliced else 1
+        ranks = self.collectives.comm.group_size("expert_data") if self.fused else 1
         sliced = f", sliced over {ranks} expert-data ranks" if ranks > 1 else ""
         return (f"expert parallel {self.dims.expert} (experts {ids_text(held)} of {total} "
                 f"here, {dispatch}{sliced}) x {self.inner.describe()}")
 
     def forward_backward(self, micro_batches: Sequence[MicroBatch],
                          observer: StepObserver) -> LocalGradients:
-        """The inner layout's when it holds the experts (FSDP's backward reduces every unit,
+        """The inner layout's when it holds the experts (its backward reduces every buffer,
         the experts' last); else `StepLayout`'s whole gradients, reduced in `reduce`."""
         if self.fused:
             return self.inner.forward_backward(micro_batches, observer)
@@ -272,16 +244,10 @@ class ExpertParallel(StepLayout):
         split = len(local.grads) - len(self.experts)
         reduced = self.inner.reduce(LocalGradients(local.loss, local.grads[:split],
                                                    local.tokens))
-        if self.sliced is None:
-            experts = list(self.sync(local.grads[split:]))
-        else:  # each MoE layer's gradients reduce-scattered to this rank's float32 slice
-            experts = [ops.cast(s, FLOAT32) for s in self.sliced.reduce_grads(local.grads[split:])]
+        experts = list(self.sync(local.grads[split:]))
         if self.scale != 1.0:  # a multiplication, as GradientSync averages (exact for 2^n)
             experts = [g * self.scale for g in experts]
-        squares = square_sum(experts).reshape(1)
-        if self.sliced is not None:  # the slices partition the experts this rank holds
-            squares = self.collectives.all_reduce(squares, "expert_data")
-        squares = self.collectives.all_reduce(squares, "expert")
+        squares = self.collectives.all_reduce(square_sum(experts).reshape(1), "expert")
         norm = math.sqrt(reduced.norm ** 2 + float(squares.asnumpy()[0]))
         return ReducedGradients(reduced.loss, [*reduced.grads, *experts], norm)
 
@@ -289,14 +255,10 @@ class ExpertParallel(StepLayout):
         return self.inner.whole_model()
 
     def flat_buckets(self):
-        return [*self.inner.flat_buckets(), *(self.sliced.buffers if self.sliced else ())]
+        return self.inner.flat_buckets()
 
     def publish_slices(self, slices: Sequence[Tensor]) -> None:
-        inner = len(self.inner.flat_buckets())
-        if inner:
-            self.inner.publish_slices(slices[:inner])
-        if self.sliced is not None:
-            self.sliced.publish(list(slices[inner:]))
+        self.inner.publish_slices(slices)
 
     def held_parameters(self) -> int:
         return self.inner.held_parameters()

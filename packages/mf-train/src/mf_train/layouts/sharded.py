@@ -210,6 +210,8 @@ class ZeRO(StepLayout):
                 f"data_parallel_shard {dims.data_shard}")
         return _optimizer_problems(sections.optimizer, name, sections.source)
 
+    shards_experts = True
+
     @classmethod
     def build(cls, parts: LayoutParts, experts: Sequence[Parameter] = ()) -> ZeRO:
         """The layout over the model's trainable parameters and, when the layout
@@ -231,11 +233,14 @@ class ZeRO(StepLayout):
     def shard(cls, parts: LayoutParts, params: list[Parameter],
               experts: list[Parameter]) -> Any:
         """mf-parallel's wrapper that lays `params` out in flat buffers (one per decoder
-        layer, one for the rest) and slices them."""
-        layers = getattr(parts.model, "decoder_layers", None) or []
+        layer, one per layer's routed `experts` over the expert-data group, one for the
+        rest) and slices them."""
+        layers = list(getattr(parts.model, "decoder_layers", None) or [])
         return runtime.ShardedDataParallel(
             params, parts.collectives, parts.parallelism.data_parallel_shard_strategy,
             units=[layer.trainable_params() for layer in layers],
+            expert_units=[list(holder.get_parameters())
+                          for _, holder in expert_holders(layers, experts)],
             average=not parts.parallelism.disable_gradient_division)
 
     def describe(self) -> str:
@@ -352,8 +357,6 @@ class FSDP(ZeRO):
         (`flat_shard.preslice`; the wrapper takes the slice): the build peak is the rank's
         share, the root unit (embedding, final norm, head) and one layer."""
         return lambda layer: preslice(layer, collectives)
-
-    shards_experts = True
 
     @classmethod
     def shard(cls, parts: LayoutParts, params: list[Parameter],

@@ -1,11 +1,12 @@
 """Two optimizers updating two parts of one model as one `Optimizer`.
 
-Expert parallelism updates the routed experts apart from the rest of the model: the rest is
-updated by the optimizer of the layout of the other degrees (replicated, ZeRO or FSDP
-slices), the experts each rank holds by their own optimizer (over whole expert parameters, or
-under ZeRO and FSDP over the rank's slices of them). The trainer, the checkpoints and the logs
-see one optimizer: the gradients are the first part's followed by the second's (one whole
-gradient per parameter, or one slice per buffer), the state dict the first's keys and the
+Expert parallelism updates the routed experts apart from the rest of the model when no other
+rank holds the same experts or the layout of the other degrees replicates the model: the rest
+is updated by that layout's optimizer (replicated, or ZeRO and FSDP slices), the experts each
+rank holds by their own optimizer, over whole expert parameters. (With other ranks holding the
+same experts, ZeRO and FSDP slice and update them with the rest: one optimizer.) The trainer,
+the checkpoints and the logs see one optimizer: the gradients are the first part's followed by
+the second's (one whole gradient per parameter), the state dict the first's keys and the
 second's under a prefix, and both count the same steps.
 """
 
@@ -21,20 +22,17 @@ from .protocol import Optimizer, OptimizerStateError
 
 
 class JoinedOptimizer:
-    """`first` then `second`; `second` takes the last `second_grads` gradients.
+    """`first` then `second`; `second` takes the last gradients, one per parameter.
 
     Args:
         first: the optimizer of the model's other parameters.
         second: the optimizer of the parameters updated apart.
         prefix: put before `second`'s state-dict keys (`experts.`).
-        second_grads: how many of a step's gradients are `second`'s (default: one whole
-            gradient per parameter; a sharded optimizer takes one slice per buffer).
     """
 
-    def __init__(self, first: Optimizer, second: Optimizer, prefix: str,
-                 second_grads: int | None = None):
+    def __init__(self, first: Optimizer, second: Optimizer, prefix: str):
         self.first, self.second, self.prefix = first, second, prefix
-        self.second_grads = len(second.params) if second_grads is None else second_grads
+        self.second_grads = len(second.params)
         self.names: list[str] = [*first.names, *second.names]
         self.params: list[Parameter] = [*first.params, *second.params]
 
