@@ -9,6 +9,8 @@ global batch 4 (one micro-batch per rank), 2 steps and a checkpoint:
   AdamW state whole; the rest under FSDP over the 2);
 - `ep2_fsdp2`: expert parallel 2 x FSDP 2 on 4 ranks (the rest sliced over 4; each rank's
   8 experts sliced over its 2-rank expert-data group: half their AdamW state);
+- `ep2_zero2`: expert parallel 2 x ZeRO-2 on 4 ranks (the experts' gradients and AdamW state
+  sliced over the expert-data group as the rest's over 4; parameters whole);
 - `fsdp4`: FSDP on 4 ranks, no expert parallelism (all 16 experts in the flat buffers,
   sliced over 4 and gathered layer by layer).
 
@@ -36,6 +38,8 @@ SIZES = {"hidden_size": 512, "moe_intermediate_size": 1024, "intermediate_size":
 LAYOUTS = {  # name: (ranks, --set arguments)
     "ep2": (2, ["parallelism.expert_parallel=2", "training.local_batch_size=2"]),
     "ep2_fsdp2": (4, ["parallelism.expert_parallel=2"]),
+    "ep2_zero2": (4, ["parallelism.expert_parallel=2",
+                      "parallelism.data_parallel_shard_strategy=optim_grads"]),
     "fsdp4": (4, []),
 }
 GIB = 2**30
