@@ -76,8 +76,8 @@ def signalled(args: Sequence[str], signals: Sequence[int], *, watch: str,
     return job.returncode, texts["stderr"]
 
 
-def saved_line(name: str, output: Path, step: int) -> str:
-    return (f"mf-train: stopped by {name} after step {step} of 4; checkpoint saved: "
+def saved_line(name: str, output: Path, step: int, total: int = 4) -> str:
+    return (f"mf-train: stopped by {name} after step {step} of {total}; checkpoint saved: "
             f"{output / 'ckpt' / iteration_name(step)} (run the same command to resume from it)")
 
 
@@ -172,15 +172,17 @@ def test_ctrl_c_while_starting_is_one_line(data_prefix, tmp_path: Path, monkeypa
 def test_sigterm_to_the_launcher_stops_every_rank_at_one_step(runs, data_prefix,
                                                               tmp_path: Path, capsys) -> None:
     """Before, the launcher died alone: msrun and the ranks went on training, unwatched, and
-    the lock was released."""
-    uninterrupted = losses(runs(QWEN3, *QWEN3_2_LAYERS, REPLICATED, nproc=2))
+    the lock was released. 12 steps: the ranks run ahead of the step lines the launcher
+    echoes, by a few steps on a loaded machine."""
+    uninterrupted = losses(runs(QWEN3, *QWEN3_2_LAYERS, REPLICATED, "training.steps=12",
+                                nproc=2))
     out = tmp_path / "out"
-    args = mf_train(out, data_prefix, REPLICATED, nproc=2)
+    args = mf_train(out, data_prefix, REPLICATED, "training.steps=12", nproc=2)
     status, err = signalled(args, [signal.SIGTERM], watch="stdout")
     stopped_at = steps(out)[-1]["step"]
-    assert stopped_at < 4  # it did not run to the end
+    assert stopped_at < 12  # it did not run to the end
     assert status == 143, err
-    assert err.strip().splitlines()[-1] == saved_line("SIGTERM", out, stopped_at)
+    assert err.strip().splitlines()[-1] == saved_line("SIGTERM", out, stopped_at, 12)
     assert "Traceback" not in err and err.count("mf-train: stopped by") == 1
     # both ranks stopped at that step: its checkpoint holds both ranks' files, committed
     assert check_complete(out / "ckpt" / iteration_name(stopped_at)) == []
