@@ -163,12 +163,12 @@ def test_fsdp_slices_experts_with_their_layer_or_over_their_expert_data_ranks() 
     layer_0, layer_1, root = buffers = [DENSE_LAYER, MOE_LAYER - BIAS, OUTER]
     assert fsdp.routed_experts == (4, 4, 4)
     assert fsdp.params == 4 * (sum(b // 4 for b in buffers) + BIAS)
-    # layer 1's experts are reduced only after the backward pass: the layer stays whole
-    # through it, beside the float32 sums, while layer 0 is reduced with the head's and final
+    # layer 1 with its experts is reduced once its attention's gradients are there (an
+    # expert without tokens then gives zeros), then layer 0, with the head's and final
     # norm's gradients held (they are complete first), then the root
     late_root = 16 + 64 * 16
     assert fsdp.grads == 4 * sum(b // 4 for b in buffers) + 4 * (
-        layer_1 + max(late_root + layer_0, root))
+        max(late_root + max(layer_0, layer_1), root))
     with_ep = estimate(config(parallelism={"expert_parallel": 2},
                               training={"local_batch_size": 2, "global_batch_size": 8}),
                        world_size=4)
@@ -179,17 +179,17 @@ def test_fsdp_slices_experts_with_their_layer_or_over_their_expert_data_ranks() 
     assert with_ep.routed_experts == (4, 2, 2)
     assert with_ep.params == 4 * (sum(b // 4 for b in buffers) + EXPERTS // 4 + BIAS)
     assert with_ep.optimizer == 8 * sum(b // 4 for b in buffers) + 8 * (EXPERTS // 4)
-    # FSDP's backward: the rest reduced during it (layer 1, layer 0, then the root, with the
-    # head's and final norm's gradients held), the experts' whole until it ends, and their
-    # float32 sums
+    # FSDP's backward: everything reduced during it (layer 1, its experts, whole beside it
+    # until then, layer 0, then the root, with the head's and final norm's gradients held),
+    # and the experts' float32 sums
     assert with_ep.grads == 4 * sum(b // 4 for b in buffers) + 4 * (
-        max(late_root + max(layer_0, layer_1), root) + EXPERTS // 2 + EXPERTS // 4)
+        max(late_root + EXPERTS // 2 + max(layer_0, layer_1), root) + EXPERTS // 4)
     # gathered with layer 1: its experts (2 of them) and their all-gather's output
     assert with_ep.gathered_params == 4 * (root + max(
         layer_0 + 4 * (layer_0 // 4), layer_1 + EXPERTS // 2 + 4 * (layer_1 // 4)
         + 2 * (EXPERTS // 4)))
-    # under ZeRO-2 they stay whole, with their own AdamW over their slices (moments and a
-    # float32 master, 12 B per element)
+    # under ZeRO-2 they stay whole between steps, in buffers of their own (moments and a
+    # float32 master, 12 B per element of their slices)
     zero = estimate(config(parallelism={"expert_parallel": 2,
                                         "data_parallel_shard_strategy": "optim_grads"},
                            training={"local_batch_size": 2, "global_batch_size": 8}),

@@ -24,7 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent / "workers"))
 from tiny_problem import tiny_mlp
 
 
-def problem(collectives, *, late=(), prepare=None):
+def problem(collectives, *, prepare=None):
     """A 3-layer MLP in three buffers (layer 0, layer 2, the rest), a logging reduction."""
     net = tiny_mlp(6, depth=2)
     params = net.trainable_params()
@@ -37,7 +37,7 @@ def problem(collectives, *, late=(), prepare=None):
         return sharded.reduce_bucket(bucket, grads)
 
     grads = ShardedGradients(sharded.buffers, params, reduce_bucket, average=False,
-                             prepare=prepare, late=late)
+                             prepare=prepare)
     grad_fn = ms.value_and_grad(lambda x: (net(x) ** 2).sum(), None, params)
     return net, params, sharded, grads, grad_fn, order
 
@@ -79,22 +79,45 @@ def test_hooks_reduce_every_buffer_during_backward(collectives) -> None:
         grads.take()
 
 
-def test_late_buffers_wait_for_the_end_of_backward(collectives) -> None:
-    """Buffer 1 late: its hooks leave the gradients to autograd and it is reduced by
-    `finish_micro_batch`, after every other buffer; the others do not wait for it (buffer 0,
-    after it in backward's order, is reduced during the backward pass)."""
-    net, params, sharded, grads, grad_fn, order = problem(collectives, late=[1])
+@pytest.mark.parametrize("case", ["optional", "alone after layer 0", "not optional"])
+def test_an_optional_gradient_that_does_not_come_is_zeros(collectives, case) -> None:
+    """A parameter the forward pass never uses (an expert no token went to): MindSpore calls
+    its hook only at the end of the pass, with zeros. Optional, in layer 2's buffer, or in a
+    buffer of its own placed after layer 0's (used before it), its buffer is reduced during
+    the pass, before that call, the gradient taken as zeros (the call then ignored); not
+    optional, its buffer waits for the call, holding the buffers after it back. The sums
+    equal numpy's in every case."""
+    net = tiny_mlp(6, depth=2)
+    spare = ms.Parameter(ms.Tensor(np.ones((3, 2), np.float32)), name="spare")
+    spare_hooked: list[bool] = []
+    spare.register_hook(lambda grad: spare_hooked.append(True))
+    params = [*net.trainable_params(), spare]
+    alone = case == "alone after layer 0"
+    layer2 = net[2].trainable_params() + ([] if alone else [spare])
+    sharded = ShardedDataParallel(
+        params, collectives, "optim_grads",
+        units=[net[0].trainable_params(), layer2, *([[spare]] if alone else [])])
+    order: list[tuple[str, bool]] = []
+
+    def reduce_bucket(bucket, grads):
+        order.append((bucket.name, bool(spare_hooked)))
+        return sharded.reduce_bucket(bucket, grads)
+
+    grads = ShardedGradients(sharded.buffers, params, reduce_bucket, average=False,
+                             optional=[] if case == "not optional" else [len(params) - 1],
+                             after={2: 0} if alone else None)
     x = ops.ones((3, 16), ms.float32)
     with grads.collecting():
-        _, returned = grad_fn(x)
-        assert order == ["bucket2", "bucket0"]
+        _, returned = ms.value_and_grad(lambda a: (net(a) ** 2).sum(), None, params)(x)
         grads.finish_micro_batch(returned)
-    assert order == ["bucket2", "bucket0", "bucket1"]
-    shapes = [tuple(g.shape) for g in returned]
-    assert shapes[2:4] == [tuple(p.shape) for p in params[2:4]]  # the late buffer 1
-    assert shapes[:2] + shapes[4:] == [(1,)] * 4
-    for got, want in zip(grads.take(), flat_sum([whole_grads(net, x)], params, sharded),
-                         strict=True):
+    assert spare_hooked == [True]
+    assert order == {
+        "optional": [("bucket2", False), ("bucket1", False), ("bucket0", False)],
+        "alone after layer 0": [("bucket3", False), ("bucket1", False), ("bucket0", False),
+                                ("bucket2", False)],
+        "not optional": [("bucket2", False), ("bucket1", True), ("bucket0", True)]}[case]
+    whole = [*whole_grads(net, x), np.zeros((3, 2), np.float32)]
+    for got, want in zip(grads.take(), flat_sum([whole], params, sharded), strict=True):
         np.testing.assert_allclose(got.asnumpy(), want, rtol=1e-6, atol=1e-7)
 
 

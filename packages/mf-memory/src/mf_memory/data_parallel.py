@@ -27,8 +27,8 @@ holds the same experts); so is every parameter that takes no gradient (DeepSeek'
 bias). With E_d > 1 ZeRO and FSDP shard them too (`sliced_experts`): each MoE layer's experts
 one more buffer over the expert-data group, their state sliced over it; FSDP's are sliced
 between steps too and gathered with their layer. The backward pass is then ZeRO's or FSDP's,
-the experts' gradients whole until it ends (a layer's experts are reduced after it: ranks
-without tokens for an expert give it no gradient during it), the rest reduced during it.
+everything reduced during it: a layer's experts once the layer's other gradients are there
+(an expert no token went to then gives zeros), whole until then.
 
 Notation: S the shard degree; P_b the elements of buffer b on this device (its trainable
 parameters, after the tensor-parallel split); n_b = ⌈P_b / S⌉ this rank's slice of it;
@@ -226,7 +226,8 @@ class DataParallelRank:
         if not self.scatters:
             copies = 2 if self.micro_batches > 1 else 1
             return copies * self.elements(self.groups, lambda g: g.trainable) * p
-        return (4 * sum(self.slices) + self.in_flight_grads() + self._outside(True) * p
+        sliced = self.experts() if self.sliced_experts else 0  # in flight, layer by layer
+        return (4 * sum(self.slices) + self.in_flight_grads() + (self._outside(True) - sliced) * p
                 + self._expert_sums())
 
     def _expert_sums(self) -> int:
@@ -244,29 +245,27 @@ class DataParallelRank:
         the start of backward until the root is reduced. So each layer's reduction holds
         G_late + c·G_b (its gradients and their flattened copy), and the root's c·G_root (with
         k the root's position in the order, the buffers from k on are whole together). A
-        buffer holding routed experts waits for the end of the micro-batch's backward pass
-        (it comes after all others), whole all along: their sum L is held throughout (an
-        upper bound: a layer's are not there before its backward), and at the end each is
-        reduced in turn:
+        layer's routed experts (with the layer's buffer, or sliced experts in a buffer of
+        their own reduced right after it) are complete once the layer's other parameters
+        are: X = max_layer E_l·p, the sliced experts of one layer, whole beside the layer's
+        reduction, then reduced themselves:
 
-            in flight = L + max(G_late + c·max_{j<k} G_j, Σ_{j≥k} G_j + (c - 1)·max_{j≥k} G_j,
-                                (c - 1)·max_late G_j)
+            in flight = max(G_late + X + c·max_{j<k} G_j, Σ_{j≥k} G_j + (c - 1)·max_{j≥k} G_j,
+                            c·X)
 
         Gradients a monitor watches are kept whole as well (not counted).
         """
         p, c = self.param_bytes, self.reduce_copy
         sizes = self.buffers
-        late = [b for b in self.reduction_order() if b < len(self.units)
-                and any(g.expert and self.in_buffers(g) for g in self.units[b])]
-        order = [b for b in self.reduction_order() if b not in late]
+        order = self.reduction_order()
         k = order.index(len(self.units)) if len(sizes) > len(self.units) else len(order)
         early, tail = [sizes[b] * p for b in order[:k]], [sizes[b] * p for b in order[k:]]
-        whole = [sizes[b] * p for b in late]
         late_root = self.elements(self.root, lambda g: self.in_buffers(g)
                                   and (g.name != "embedding" or self.tied)) * p
-        return sum(whole) + max(late_root + c * max(early, default=0),
-                                sum(tail) + (c - 1) * max(tail, default=0),
-                                (c - 1) * max(whole, default=0))
+        experts = max((self.experts(unit) for unit in self.units), default=0) * p \
+            if self.sliced_experts else 0
+        return max(late_root + experts + c * max(early, default=0),
+                   sum(tail) + (c - 1) * max(tail, default=0), c * experts)
 
     def optimizer(self, kind: str) -> int:
         """Optimizer state held between steps.

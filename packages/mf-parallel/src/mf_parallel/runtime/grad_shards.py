@@ -13,17 +13,23 @@ unit's gradients and buffers, as with PyTorch's FSDP2.
 Buffers are reduced in one fixed order, backward's (`order`: by their first parameter, latest
 first, so the root buffer holding the embedding comes last), so every rank issues the same
 collectives in the same order whatever its hooks' timing: a buffer that completes early waits
-for the ones before it. Buffers marked `late` (routed experts, whose
-gradients exist only on ranks that routed tokens to them) come after all the others in that
-order and are reduced when the micro-batch's backward is over (`finish_micro_batch`), from the
-gradients `value_and_grad` returned. Without hooks (`collecting` not entered: a pipeline or expert
-layout's own backward) `add_all` reduces whole gradients the same way, buffer by buffer,
-freeing each buffer's as it goes.
+for the ones before it. Routed experts get gradients only where this rank routed tokens to
+them: their parameters are `optional`. A buffer is complete once its other parameters have
+their gradients, the optional ones that did not come taken as zeros; so an optional parameter
+must be used after some parameter of its buffer in the forward pass (an MoE layer's experts
+after its attention), or its buffer placed `after` a buffer of parameters used before it (a
+buffer of experts alone, right after its decoder layer's). Backward is then past the experts:
+MindSpore calls an unused parameter's hook only at the end of the pass, with zeros, which is
+then ignored. What no hook gave by the end of the
+micro-batch's backward pass is reduced from the gradients `value_and_grad` returned
+(`finish_micro_batch`). Without hooks (`collecting` not entered: a pipeline layout's own
+backward) `add_all` reduces whole gradients the same way, buffer by buffer, freeing each
+buffer's as it goes.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Collection, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
@@ -45,26 +51,32 @@ class ShardedGradients:
             micro-batches).
         prepare: applied to each parameter's gradient first (`(index, grad) -> grad`: the
             tensor-group sum of sequence-parallel partial gradients), or None.
-        late: which buffers to reduce only after the backward pass (by index), see the
-            module docstring.
+        optional: indices of the parameters whose gradient may not come (routed experts),
+            see the module docstring.
+        after: buffers placed in the order right after another (by index: buffer -> the
+            one it follows) instead of by their first parameter: a buffer of optional
+            parameters alone, after a buffer used before it in the forward pass.
     """
 
     def __init__(self, buffers: Sequence[Any], params: Sequence[Parameter],
                  reduce_bucket: Callable[[Any, list[ms.Tensor]], ms.Tensor], *,
                  average: bool, prepare: Callable[[int, ms.Tensor], ms.Tensor] | None = None,
-                 late: Sequence[int] = ()):
+                 optional: Collection[int] = (), after: dict[int, int] | None = None):
         self.buffers, self.params = list(buffers), list(params)
         self.reduce_bucket, self.average, self.prepare = reduce_bucket, average, prepare
         index = {id(p): i for i, p in enumerate(self.params)}
         self.members = [[index[id(p)] for p in buffer.params] for buffer in self.buffers]
         self.bucket_of = {i: b for b, members in enumerate(self.members) for i in members}
-        self.late = set(late)
-        self.order = sorted(range(len(self.buffers)),
-                            key=lambda b: (b in self.late, -min(self.members[b])))
+        self.optional, after = frozenset(optional), dict(after or {})
+        self.order = sorted((b for b in range(len(self.buffers)) if b not in after),
+                            key=lambda b: -min(self.members[b]))
         """The order buffers are reduced in: backward reaches a buffer's first parameter (in
         `params` order, the model's forward order) last, so the buffer whose first parameter
-        comes latest is complete first (the root buffer, holding the embedding, last); the
-        late buffers after all others, in the same order among themselves."""
+        comes latest is complete first (the root buffer, holding the embedding, last); each
+        buffer placed `after` another right after it."""
+        for b, follows in sorted(after.items()):
+            self.order.insert(self.order.index(follows) + 1, b)
+        self._position = {b: k for k, b in enumerate(self.order)}
         self.sums: list[ms.Tensor | None] = [None] * len(self.buffers)
         self._pending: dict[int, ms.Tensor] = {}
         self._next = 0
@@ -98,7 +110,7 @@ class ShardedGradients:
 
     def finish_micro_batch(self, returned: Sequence[ms.Tensor]) -> None:
         """Reduce what the hooks did not: the gradients `value_and_grad` returned whole for
-        parameters whose hook did not fire (unused ones: zeros) and the late buffers.
+        parameters whose hook did not fire (unused ones: zeros).
 
         Args:
             returned: the micro-batch's gradients from `value_and_grad`, aligned with
@@ -131,8 +143,12 @@ class ShardedGradients:
 
     def _hook(self, index: int) -> Callable[[ms.Tensor], ms.Tensor | None]:
         def hook(grad: ms.Tensor) -> ms.Tensor | None:
-            if not self._collecting or self.bucket_of[index] in self.late:
+            if not self._collecting:
                 return None
+            if self._position[self.bucket_of[index]] < self._next:
+                # an optional parameter's buffer already reduced: this is the zero gradient
+                # MindSpore gives an unused parameter at the end of the pass, taken then
+                return ops.zeros((1,), grad.dtype)
             self._take(index, grad)
             self.hooked += 1
             self._flush(final=False)
@@ -146,12 +162,15 @@ class ShardedGradients:
 
     def _flush(self, final: bool) -> None:
         """Reduce the buffers, in order, whose gradients are all here (all of them when
-        `final`, late ones included)."""
+        `final`)."""
         while self._next < len(self.order):
             b = self.order[self._next]
-            if not final and (b in self.late
-                              or any(i not in self._pending for i in self.members[b])):
+            if not final and any(i not in self._pending and i not in self.optional
+                                 for i in self.members[b]):
                 return
+            for i, shape in zip(self.members[b], self.buffers[b].flat.shapes, strict=True):
+                if i not in self._pending:  # optional, not used: backward is past it
+                    self._take(i, ops.zeros(shape, self.params[i].dtype))
             grads = [self._pending.pop(i) for i in self.members[b]]
             mine = ops.cast(self.reduce_bucket(self.buffers[b], grads), FLOAT32)
             del grads

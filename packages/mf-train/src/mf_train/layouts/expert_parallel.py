@@ -12,8 +12,9 @@ layout (or when no other rank holds the same experts) they are updated whole by 
 (`StepLayout.shards_experts`), over the expert-data group as the rest is over the shard group
 (torchtitan's `efsdp`): each MoE layer's experts are one more flat buffer
 (`flat_shard.EXPERT_DATA_GROUPS`), their gradients reduce-scattered to this rank's slice by
-the same backward pass as everything else (after the rest: `ShardedGradients`' late buffers),
-AdamW's state and update for that slice only, by the same `ShardedAdamW`. Under ZeRO the
+the same backward pass as everything else (each right after its layer's other parameters:
+`ShardedGradients(optional=, after=)`), AdamW's state and update for that slice only, by the
+same `ShardedAdamW`. Under ZeRO the
 updated slices are all-gathered back into the experts, which stay whole between steps; under
 FSDP each MoE layer's experts are one more unit, cut to this rank's slice as the layer is
 built, gathered and freed with their layer, so a rank holds its slice of its experts'

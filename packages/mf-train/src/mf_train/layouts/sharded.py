@@ -194,8 +194,8 @@ class ZeRO(StepLayout):
         self.grads = ShardedGradients(
             buffers, self.params, self.sharded.reduce_bucket, average=self.sharded.average,
             prepare=self._sequence_parallel_sum if self.group is not None else None,
-            late=[b for b, buffer in enumerate(buffers)
-                  if any(EXPERT_MARK in p.name for p in buffer.params)])
+            optional=[i for i, p in enumerate(self.params) if EXPERT_MARK in p.name],
+            after=_experts_after(model, buffers))
         """Reduces the gradients buffer by buffer; during backward for ZeRO-2 and FSDP."""
 
     @classmethod
@@ -425,6 +425,27 @@ def _optimizer_problems(optimizer: OptimizerConfig, name: str,
              f"{optimizer.type!r} cannot run under {name}: the sharded strategies update "
              "slices with AdamW's element-wise step only; use AdamW, or "
              "parallelism.data_parallel_shard: 1 (replicated data parallelism)")]
+
+
+def _experts_after(model: nn.Cell, buffers: Sequence[Any]) -> dict[int, int]:
+    """Each buffer of routed experts (`EXPERT_DATA_GROUPS`, by index) with the buffer of its
+    decoder layer's other parameters, used before the experts in the forward pass: reduced
+    right after it (`ShardedGradients(after=)`)."""
+    experts = [b for b, buffer in enumerate(buffers) if buffer.flat.groups == EXPERT_DATA_GROUPS]
+    if not experts:
+        return {}
+    layers = list(getattr(model, "decoder_layers", None) or [])
+    owner = {id(p): b for b, buffer in enumerate(buffers) for p in buffer.params}
+    after = {}
+    for layer, holder in expert_holders(layers, [p for b in experts
+                                                 for p in buffers[b].params]):
+        mine = owner[id(next(iter(holder.get_parameters())))]
+        rest = {owner.get(id(p)) for p in layer.trainable_params()} - {mine, None}
+        if len(rest) != 1:
+            raise ValueError(f"the parameters of the decoder layer holding expert buffer {mine} "
+                             f"are in {len(rest)} buffers, not one")
+        after[mine] = rest.pop()
+    return after
 
 
 def _decoder_layers(model: nn.Cell) -> nn.CellList:
