@@ -100,38 +100,27 @@ def _saved_config(directory: Path, common: dict[str, Any]) -> Path:
 def pieces_weights(directory: Path, common: dict[str, Any],
                    model: Any) -> dict[str, np.ndarray]:
     """The whole model's weights under their Hugging Face names, from a sharded checkpoint
-    (format 3): each tensor read whole from the pieces that hold it, per tensor place for
-    the weights tensor parallelism split (whatever layout saved them: the configuration's
-    parallelism is not needed)."""
+    (format 3): each tensor read whole, as one process holds it, from the pieces that hold it
+    (`RecutIndex` gathers the weights tensor parallelism split, whatever layout saved them:
+    the configuration's parallelism is not needed)."""
     from .models.hf_weights import HFWeightsError, gather_hf_state
+    from .tensor_recut import RecutIndex
 
     entries = model.weight_maps()
-    index = PieceIndex(directory, common, "model")
-    degree = index.degree or 1
+    index = RecutIndex(PieceIndex(directory, common, "model"), entries)
     wanted = {entry.ours for entry in entries}
     unmapped = sorted(index.names() - wanted)
     if unmapped:
         raise ExportError(f"{directory}: parameters without a Hugging Face name: "
                           + ", ".join(unmapped))
-    places: list[dict[str, np.ndarray]] = [{} for _ in range(degree)]
-    missing = []
-    with index:
-        for name in sorted(wanted):
-            split = [(place, degree) for place in range(degree)]
-            if degree > 1 and all(index.has(name, tensor) for tensor in split):
-                for place, tensor in enumerate(split):
-                    places[place][name] = index.read_whole(name, tensor)
-            elif index.has(name):
-                array = index.read_whole(name)
-                for place in places:
-                    place[name] = array
-            else:
-                missing.append(name)
+    missing = sorted(name for name in wanted if not index.has(name))
     if missing:
         raise ExportError(f"{directory}: does not hold the model's " + ", ".join(missing)
                           + " (saved from another model?)")
+    with index:
+        whole = {name: index.read_whole(name) for name in sorted(wanted)}
     try:
-        return gather_hf_state(entries, places)
+        return gather_hf_state(entries, [whole])
     except HFWeightsError as exc:
         raise ExportError(f"{directory}: {exc}") from None
 
