@@ -20,11 +20,10 @@ must be used after some parameter of its buffer in the forward pass (an MoE laye
 after its attention), or its buffer placed `after` a buffer of parameters used before it (a
 buffer of experts alone, right after its decoder layer's). Backward is then past the experts:
 MindSpore calls an unused parameter's hook only at the end of the pass, with zeros, which is
-then ignored. What no hook gave by the end of the
-micro-batch's backward pass is reduced from the gradients `value_and_grad` returned
-(`finish_micro_batch`). Without hooks (`collecting` not entered: a pipeline layout's own
-backward) `add_all` reduces whole gradients the same way, buffer by buffer, freeing each
-buffer's as it goes.
+then ignored. What no hook gave by the end of the micro-batch's backward pass is reduced from
+the gradients `value_and_grad` returned (`finish_micro_batch`). Without hooks (`collecting`
+not entered: a pipeline layout's own backward) `add_all` reduces whole gradients the same way,
+buffer by buffer, freeing each buffer's as it goes.
 """
 
 from __future__ import annotations
@@ -145,7 +144,7 @@ class ShardedGradients:
         def hook(grad: ms.Tensor) -> ms.Tensor | None:
             if not self._collecting:
                 return None
-            if self._position[self.bucket_of[index]] < self._next:
+            if index in self.optional and self._position[self.bucket_of[index]] < self._next:
                 # an optional parameter's buffer already reduced: this is the zero gradient
                 # MindSpore gives an unused parameter at the end of the pass, taken then
                 return ops.zeros((1,), grad.dtype)
@@ -169,7 +168,7 @@ class ShardedGradients:
                                  for i in self.members[b]):
                 return
             for i, shape in zip(self.members[b], self.buffers[b].flat.shapes, strict=True):
-                if i not in self._pending:  # optional, not used: backward is past it
+                if i not in self._pending and i in self.optional:  # unused: backward is past it
                     self._take(i, ops.zeros(shape, self.params[i].dtype))
             grads = [self._pending.pop(i) for i in self.members[b]]
             mine = ops.cast(self.reduce_bucket(self.buffers[b], grads), FLOAT32)

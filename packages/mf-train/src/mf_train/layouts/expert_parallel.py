@@ -14,11 +14,10 @@ layout (or when no other rank holds the same experts) they are updated whole by 
 (`flat_shard.EXPERT_DATA_GROUPS`), their gradients reduce-scattered to this rank's slice by
 the same backward pass as everything else (each right after its layer's other parameters:
 `ShardedGradients(optional=, after=)`), AdamW's state and update for that slice only, by the
-same `ShardedAdamW`. Under ZeRO the
-updated slices are all-gathered back into the experts, which stay whole between steps; under
-FSDP each MoE layer's experts are one more unit, cut to this rank's slice as the layer is
-built, gathered and freed with their layer, so a rank holds its slice of its experts'
-parameters, gradients and state. In every case:
+same `ShardedAdamW`. Under ZeRO the updated slices are all-gathered back into the experts,
+which stay whole between steps; under FSDP each MoE layer's experts are one more unit, cut to
+this rank's slice as the layer is built, gathered and freed with their layer, so a rank holds
+its slice of its experts' parameters, gradients and state. In every case:
 
 - a rank's expert gradient already holds the contributions of every token its experts
   computed, from whichever rank the token came (the dispatch's backward sends them back);
