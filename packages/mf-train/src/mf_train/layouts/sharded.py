@@ -105,7 +105,7 @@ class SliceNorm:
     def __init__(self, buffers: Sequence[Any], collectives: Collectives,
                  group: TensorGroup | None = None):
         self.collectives, self.group = collectives, group
-        self.experts = [buffer.flat.groups == EXPERT_DATA_GROUPS for buffer in buffers]
+        self.experts = [holds_experts(buffer) for buffer in buffers]
         """Which buffers hold routed experts (then the slices come one per buffer)."""
         self.split: Tensor | None = None
         """1 where this rank's slice holds an element of a tensor-split parameter."""
@@ -187,8 +187,7 @@ class ZeRO(StepLayout):
         if self.group is not None and self.compile_blocker is None:
             self.compile_blocker = TensorParallel.compile_blocker  # the layers' bprop cells
         buffers = self.sharded.buffers
-        experts = {id(p) for buffer in buffers if buffer.flat.groups == EXPERT_DATA_GROUPS
-                   for p in buffer.params}
+        experts = {id(p) for buffer in buffers if holds_experts(buffer) for p in buffer.params}
         self._tensor_partial = {i for i, p in enumerate(self.params) if id(p) not in experts
                                 and getattr(p, SEQUENCE_PARALLEL_ATTRIBUTE, False)}
         self.grads = ShardedGradients(
@@ -427,11 +426,17 @@ def _optimizer_problems(optimizer: OptimizerConfig, name: str,
              "parallelism.data_parallel_shard: 1 (replicated data parallelism)")]
 
 
+def holds_experts(buffer: Any) -> bool:
+    """Whether a flat buffer of the sharded wrappers holds routed experts alone (sliced over
+    the expert-data group under expert parallelism)."""
+    return buffer.flat.groups == EXPERT_DATA_GROUPS
+
+
 def _experts_after(model: nn.Cell, buffers: Sequence[Any]) -> dict[int, int]:
     """Each buffer of routed experts (`EXPERT_DATA_GROUPS`, by index) with the buffer of its
     decoder layer's other parameters, used before the experts in the forward pass: reduced
     right after it (`ShardedGradients(after=)`)."""
-    experts = [b for b, buffer in enumerate(buffers) if buffer.flat.groups == EXPERT_DATA_GROUPS]
+    experts = [b for b, buffer in enumerate(buffers) if holds_experts(buffer)]
     if not experts:
         return {}
     layers = list(getattr(model, "decoder_layers", None) or [])
