@@ -38,7 +38,7 @@ from mf_train.layouts import (
     ZeRO,
     layout_for,
 )
-from mf_train.layouts.context_parallel import without_context
+from mf_train.layouts.context_parallel import stage_without_context, without_context
 from mf_train.layouts.pipelined import without_pipeline
 from mf_train.optim import build_optimizer
 from mf_train.trainer import TrainStep
@@ -71,7 +71,7 @@ def dims(world: int, **parallelism):
     (2, {"pipeline_parallel": 2}, Pipelined),
     (8, {"pipeline_parallel": 2, "tensor_parallel": 2}, Pipelined),
     (2, {"context_parallel": 2}, ContextParallel),
-    (4, {"context_parallel": 2, "pipeline_parallel": 2}, None),
+    (4, {"context_parallel": 2, "pipeline_parallel": 2}, Pipelined),
 ])
 def test_the_plan_selects_its_layout(world, parallelism, expected) -> None:
     assert layout_for(*dims(world, **parallelism)) is expected
@@ -102,11 +102,13 @@ def test_context_ranks_count_as_data_ranks_for_the_inner_layout(world, paralleli
     (2, {"data_parallel_shard_strategy": "optim_grads_params"}, 2),
     (4, {"pipeline_parallel": 2}, 2),  # FSDP over each stage's 2 data ranks
     (4, {"context_parallel": 2}, 4),  # FSDP over data x context
+    (8, {"context_parallel": 2, "pipeline_parallel": 2}, 4),  # each stage's data x context
     (4, {"expert_parallel": 2}, 4),  # FSDP over the 4 ranks, the experts left whole
     (2, {"data_parallel_shard_strategy": "optim_grads"}, None),
     (2, {"data_parallel_shard": 1}, None),
     (4, {"pipeline_parallel": 2, "data_parallel_shard": 1}, None),
     (2, {"context_parallel": 2, "data_parallel_shard": 1}, None),
+    (4, {"context_parallel": 2, "pipeline_parallel": 2}, None),
     (1, {}, None),
 ])
 def test_layers_are_cut_as_built_wherever_fsdp_runs(world, parallelism, shards) -> None:
@@ -176,10 +178,10 @@ def test_sharding_with_tensor_parallelism_is_not_refused(strategy) -> None:
 
 
 def test_no_plan_is_claimed_by_two_layouts() -> None:
-    """Every plan of 1-8 ranks over the degrees and strategies: at most one layout, and
-    exactly one unless context and pipeline parallelism meet; with pipeline parallelism the
-    pipeline layout, over the one layout that runs a stage's degrees; with context
-    parallelism the context layout, over the one layout of context counted as data."""
+    """Every plan of 1-8 ranks over the degrees and strategies: exactly one layout; with
+    pipeline parallelism the pipeline layout, over the one layout that runs a stage's
+    degrees; with context parallelism (on a stage) the context layout, over the one layout of
+    the stage's degrees with context counted as data."""
     seen = 0
     for world, tp, cp, pp, shard, strategy in itertools.product(
             (1, 2, 4, 8), (1, 2), (1, 2), (1, 2), (-1, 1, 2),
@@ -191,13 +193,15 @@ def test_no_plan_is_claimed_by_two_layouts() -> None:
         except PlanError:
             continue
         chosen = layout_for(plan_dims, config)
-        assert (chosen is not None) == (cp == 1 or pp == 1), plan_dims.describe()
-        if pp > 1 and cp == 1:
-            assert chosen is Pipelined
-            assert layout_for(without_pipeline(plan_dims), config) not in (None, Pipelined)
-        if cp > 1 and pp == 1:
-            assert chosen is ContextParallel
-            assert layout_for(without_context(plan_dims), config) not in (None, ContextParallel)
+        stage = without_pipeline(plan_dims)
+        assert chosen is (Pipelined if pp > 1 else layout_for(stage, config)), \
+            plan_dims.describe()
+        if cp > 1:
+            assert layout_for(stage, config) is ContextParallel
+            assert layout_for(stage_without_context(plan_dims), config) not in (
+                None, Pipelined, ContextParallel)
+        else:
+            assert layout_for(stage, config) not in (None, Pipelined, ContextParallel)
         seen += 1
     assert seen > 100
 

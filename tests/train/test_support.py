@@ -201,16 +201,15 @@ def test_written_keys_that_change_nothing_are_named() -> None:
 
 
 def test_refusals_come_before_any_rank_starts(tmp_path: Path, capsys) -> None:
-    """Context with pipeline parallelism on 4 ranks: refused by the launcher; no rank log is
-    written."""
+    """Expert parallelism for a model without routed experts, on 2 ranks: refused by the
+    launcher; no rank log is written."""
     status = run(["--config", str(EXAMPLE), "--output-dir", str(tmp_path / "out"),
-                  "--set", "parallelism.context_parallel=2",
-                  "--set", "parallelism.pipeline_parallel=2", "--nproc", "4"])
+                  "--set", "parallelism.expert_parallel=2", "--nproc", "2"])
     err = capsys.readouterr().err
     assert status == 2
-    assert (f"{EXAMPLE} (--set parallelism.context_parallel=2): parallelism.context_parallel: "
-            "is 2, but context parallelism with pipeline parallelism is not run") in err
-    assert "starting 4 ranks" not in err
+    assert (f"{EXAMPLE} (--set parallelism.expert_parallel=2): parallelism.expert_parallel: "
+            "is 2, but the model has no routed experts to split") in err
+    assert "starting 2 ranks" not in err
     assert not (tmp_path / "out" / "logs").exists()
 
 

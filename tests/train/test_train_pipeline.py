@@ -147,3 +147,21 @@ def test_eight_ranks_pipeline_fsdp_and_tensor_parallel(data_prefix, single, tmp_
     log = (tmp_path / "logs" / "worker_0.log").read_text()
     assert ("pipeline 2 (1f1b; this stage 0: layers 0-1) x FSDP over 2 ranks, tensor parallel 2 "
             "(sequence parallel)") in log
+
+
+@pytest.mark.parametrize("sets", [
+    [],
+    ["parallelism.context_parallel_method=ulysses",
+     "parallelism.pipeline_parallel_schedule=interleaved_1f1b",
+     "parallelism.pipeline_parallel_interleave_num=2"],
+], ids=["colossal-1f1b", "ulysses-interleaved"])
+def test_context_parallel_with_pipeline_matches_one_process(data_prefix, single, tmp_path,
+                                                            sets) -> None:
+    """4 ranks: 2 stages x context parallel 2: each stage pair passes its sequence chunks'
+    hidden states (half of each sample's tokens), the tied embedding's copies line up over the
+    pipeline group of each context rank, the loss and the norm count every token once."""
+    ranks(data_prefix, tmp_path, 4, "parallelism.pipeline_parallel=2",
+          "parallelism.context_parallel=2", *sets)
+    assert_same_run(tmp_path, single)
+    log = (tmp_path / "logs" / "worker_0.log").read_text()
+    assert "x context parallel 2 (" in log

@@ -258,13 +258,7 @@ FIELDS: dict[str, Field] = {
     "parallelism.disable_gradient_division": reads("mf_train.layouts.replicated",
                                                    "mf_train.layouts.sharded"),
     "parallelism.tensor_parallel": reads("mf_parallel.dims", TRAINER),
-    "parallelism.context_parallel": reads("mf_parallel.dims", rules=(
-        refused(lambda value, t: value > 1 and t.config.parallelism.pipeline_parallel > 1,
-                "is {value}, but context parallelism with pipeline parallelism is not run by "
-                "mf-train (the stages would exchange sequence chunks); set pipeline_parallel "
-                "or context_parallel to 1",
-                {"parallelism.context_parallel": 2, "parallelism.pipeline_parallel": 2},
-                world_size=4),)),
+    "parallelism.context_parallel": reads("mf_parallel.dims"),
     "parallelism.context_parallel_method": reads("mf_config.sections", rules=(
         no_effect(_context_setting_unused("context_parallel_method"), WITHOUT_CONTEXT,
                   {"parallelism.context_parallel_method": "ulysses"}),)),

@@ -8,9 +8,9 @@ schedule, an expert-parallel dispatch) is one `StepLayout` subclass added with
 plans with pipeline parallelism and composes the layout that selects one stage's degrees
 (`without_pipeline`); `ExpertParallel` takes the one-stage plans with expert parallelism and
 composes the layout of the other degrees (`without_experts`); `ContextParallel` takes the
-one-stage plans with context parallelism and composes the layout that selects them with context
-counted as data (`without_context`); the others take plans without pipeline, context or expert
-parallelism.
+one-stage degrees with context parallelism (a whole plan, or a pipeline stage's) and composes
+the layout that selects them with context counted as data (`stage_without_context`); the
+others take plans without pipeline, context or expert parallelism.
 """
 
 from __future__ import annotations
@@ -80,7 +80,7 @@ def register_layout(cls: type[StepLayout]) -> type[StepLayout]:
 
 def layout_for(dims: ParallelDims, parallelism: ParallelismConfig) -> type[StepLayout] | None:
     """The one layout that runs these degrees, or None when none does (what no layout runs,
-    context with pipeline parallelism today, `mf_train.support` refuses before launch).
+    `mf_train.support` or the layouts' `problems` refuse before launch).
 
     Raises:
         RuntimeError: more than one layout selects the degrees (a registration mistake).

@@ -75,7 +75,7 @@ class Pipelined(StepLayout):
 
     @classmethod
     def selects(cls, dims: ParallelDims, parallelism: ParallelismConfig) -> bool:
-        return dims.pipeline > 1 and dims.context == 1
+        return dims.pipeline > 1
 
     @classmethod
     def problems(cls, dims: ParallelDims, sections: LayoutSections) -> list[Problem]:
@@ -170,11 +170,11 @@ class Pipelined(StepLayout):
             return 0.0
         index, _ = self.tied
         grad, param = grads[index], self.params[index]
-        inner_loss = getattr(self.inner, "loss", None)
-        if inner_loss is not None and inner_loss.size > 1:
-            grad = self.collectives.all_reduce(grad, "data")
-            if inner_loss.average:
-                grad = grad / inner_loss.size
+        ranks = self.collectives.comm.group_size("loss")
+        if ranks > 1:  # reduced as the inner layout does: over data x context
+            grad = self.collectives.all_reduce(grad, "loss")
+            if self.loss_divisor == 1:  # averaged, not summed (`DataParallelLoss`)
+                grad = grad / ranks
         squares = square_sum([grad]).reshape(1)
         if isinstance(param, Parameter) and is_tensor_sharded(param):
             squares = self.collectives.all_reduce(squares, "tensor")
