@@ -8,9 +8,11 @@ schedule, an expert-parallel dispatch) is one `StepLayout` subclass added with
 plans with pipeline parallelism and composes the layout that selects one stage's degrees
 (`without_pipeline`); `ExpertParallel` takes the one-stage plans with expert parallelism and
 composes the layout of the other degrees (`without_experts`); `ContextParallel` takes the
-one-stage degrees with context parallelism (a whole plan, or a pipeline stage's) and composes
-the layout that selects them with context counted as data (`stage_without_context`); the
-others take plans without pipeline, context or expert parallelism.
+one-stage plans with context parallelism and composes the layout that selects them with context
+counted as data (`without_context`); the others take plans without pipeline, context or expert
+parallelism. A composing layout's inner layout is chosen by one stage's degrees
+(`inner_layout`), so under pipeline parallelism the context and expert layouts compose on each
+stage as they do alone.
 """
 
 from __future__ import annotations
@@ -38,7 +40,7 @@ from .contract import (
     Unobserved,
 )
 from .expert_parallel import ExpertParallel
-from .pipelined import Pipelined, stage_part
+from .pipelined import Pipelined, stage_part, without_pipeline
 from .replicated import DataParallel, SingleRank, TensorParallel
 from .sharded import FSDP, ZeRO
 
@@ -95,12 +97,13 @@ def layout_for(dims: ParallelDims, parallelism: ParallelismConfig) -> type[StepL
 def inner_layout(dims: ParallelDims, parallelism: ParallelismConfig,
                  whole: ParallelDims) -> type[StepLayout]:
     """The layout a composing layout (pipeline, expert, context) runs inside: the one that
-    selects `dims`, its other degrees.
+    selects `dims`, its other degrees, on one pipeline stage (the pipeline layout composes
+    the others, never the reverse; the layout is built with the pipeline degree kept).
 
     Raises:
         RuntimeError: none does (the pre-launch checks should have refused `whole`).
     """
-    cls = layout_for(dims, parallelism)
+    cls = layout_for(without_pipeline(dims), parallelism)
     if cls is None:
         raise RuntimeError(f"no step layout runs the other degrees of {whole.describe()}")
     return cls
@@ -109,17 +112,18 @@ def inner_layout(dims: ParallelDims, parallelism: ParallelismConfig,
 def inner_layer_built(dims: ParallelDims, parallelism: ParallelismConfig,
                       collectives: Collectives) -> Callable[[nn.Cell], object] | None:
     """The `layer_built` hook of the layout that selects `dims` (a composing layout's other
-    degrees), or None when none does or it keeps layers as built."""
-    cls = layout_for(dims, parallelism)
-    return None if cls is None else cls.layer_built(dims, parallelism, collectives)
+    degrees, on one stage), or None when none does or it keeps layers as built."""
+    stage = without_pipeline(dims)
+    cls = layout_for(stage, parallelism)
+    return None if cls is None else cls.layer_built(stage, parallelism, collectives)
 
 
 def inner_problems(dims: ParallelDims, sections: LayoutSections,
                    checked: ParallelDims | None = None) -> list[Problem]:
-    """What the layout inside a composing layout refuses: the one that selects `dims`,
-    asked about `checked` (default `dims`); none when no layout selects them (what no layout
-    runs is refused by `mf_train.support`)."""
-    cls = layout_for(dims, sections.parallelism)
+    """What the layout inside a composing layout refuses: the one that selects `dims` (on
+    one stage), asked about `checked` (default `dims`); none when no layout selects them (what
+    no layout runs is refused by `mf_train.support`)."""
+    cls = layout_for(without_pipeline(dims), sections.parallelism)
     return [] if cls is None else cls.problems(checked or dims, sections)
 
 

@@ -14,10 +14,10 @@ loss times the context size (`blocks.causal_lm_loss`), so the mean over data x c
 the inner layout takes is the mean over the data ranks of whole-sequence losses, and the
 averaged gradient is its gradient.
 
-With pipeline parallelism this layout is the `Pipelined` layout's inner one, on each stage: it
-selects by the stage's degrees (`stage_without_context`) and builds its inner layout with the
-pipeline degree kept (FSDP reads it). The stages of a pipeline group share one context
-coordinate and pass the hidden states of their own sequence chunks.
+With pipeline parallelism this layout runs on each stage (the `Pipelined` layout's inner one;
+an inner layout is chosen by a stage's degrees, `layouts.inner_layout`): the ranks of a
+pipeline group share one context coordinate and pass the hidden states of their own sequence
+chunks.
 """
 
 from __future__ import annotations
@@ -40,13 +40,6 @@ from .contract import (
     ReducedGradients,
     StepLayout,
 )
-from .pipelined import without_pipeline
-
-
-def stage_without_context(dims: ParallelDims) -> ParallelDims:
-    """The degrees the inner layout is chosen by: one pipeline stage's (`Pipelined` composes
-    this layout on each stage) with context counted as data."""
-    return without_context(without_pipeline(dims))
 
 
 def without_context(dims: ParallelDims) -> ParallelDims:
@@ -78,7 +71,7 @@ class ContextParallel(StepLayout):
     def problems(cls, dims: ParallelDims, sections: LayoutSections) -> list[Problem]:
         from . import inner_problems
 
-        return inner_problems(stage_without_context(dims), sections, without_context(dims))
+        return inner_problems(without_context(dims), sections)
 
     @classmethod
     def layer_built(cls, dims: ParallelDims, parallelism: ParallelismConfig,
@@ -87,7 +80,7 @@ class ContextParallel(StepLayout):
         gives it its collectives)."""
         from . import inner_layer_built
 
-        return inner_layer_built(stage_without_context(dims), parallelism,
+        return inner_layer_built(without_context(dims), parallelism,
                                  Collectives(collectives.comm.context_as_data()))
 
     @classmethod
@@ -95,8 +88,7 @@ class ContextParallel(StepLayout):
         from . import inner_layout
 
         folded = without_context(parts.dims)
-        inner_cls = inner_layout(stage_without_context(parts.dims), parts.parallelism,
-                                 parts.dims)
+        inner_cls = inner_layout(folded, parts.parallelism, parts.dims)
         collectives = Collectives(parts.collectives.comm.context_as_data())
         inner = inner_cls.build(dataclasses.replace(parts, dims=folded,
                                                    collectives=collectives))
