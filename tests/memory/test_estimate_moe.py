@@ -119,6 +119,26 @@ def test_one_process_holds_everything() -> None:
     assert parts["routed experts"] == 4 * 4 * ROWS * 8
 
 
+def test_pipeline_stages_hold_their_layers() -> None:
+    """2 stages: stage 0 the embedding and the dense layer 0, stage 1 the MoE layer 1, the
+    final norm and the untied head; the built stages hold the same counts."""
+    two = config(parallelism={"pipeline_parallel": 2}, training={"local_batch_size": 2,
+                                                                 "global_batch_size": 4})
+    first, last = (estimate(two, world_size=2, stage=stage) for stage in (0, 1))
+    assert first.held_params == DENSE_LAYER + 64 * 16
+    assert last.held_params == MOE_LAYER + 16 + 64 * 16
+    assert (first.params, last.params) == (4 * first.held_params, 4 * last.held_params)
+    assert [la.full for la in last.layer_activations] == [LAYER_1]  # micro-batches of 2
+    pytest.importorskip("mindspore")
+    from mf_train.models.deepseek_v3 import DeepseekV3ForCausalLM
+    from mf_train.models.parts import ModelPart
+
+    for result, part in ((first, ModelPart((0,), True, False)),
+                         (last, ModelPart((1,), False, True))):
+        model = DeepseekV3ForCausalLM.from_config(two.model, seed=0, part=part)
+        assert sum(p.size for p in model.get_parameters()) == result.held_params
+
+
 def test_query_compression_and_the_balance_loss() -> None:
     result = estimate(config({"q_lora_rank": 4, "aux_loss_alpha": 0.01}), world_size=1)
     q_lora = (4 * 16 + 4 + 2 * 6 * 4) - 2 * 6 * 16  # q_a_proj, its norm, q_b_proj - q_proj

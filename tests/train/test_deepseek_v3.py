@@ -25,8 +25,10 @@ from mf_train.models.deepseek_v3 import (
     DeepseekV3ForCausalLM,
     deepseek_v3_settings,
     hf_parameter_names,
+    layer_hf_names,
 )
 from mf_train.models.hf_weights import HFWeightsError
+from mf_train.models.parts import ModelPart, PipelineModel
 from mf_train.registry import MODELS
 
 HERE = Path(__file__).resolve().parent
@@ -141,7 +143,7 @@ def _loss_and_grads(model: DeepseekV3ForCausalLM) -> tuple[np.ndarray, list[np.n
 def test_layer_contract_and_recompute_give_bit_identical_gradients() -> None:
     cfg = ref.PLAIN                      # layer 0 dense, layer 1 MoE
     base = _model(cfg, seed=7)
-    assert base.layer_offset == 0 and len(base.decoder_layers) == 2
+    assert base.layer_ids == (0, 1) and len(base.decoder_layers) == 2
     for index, layer in enumerate(base.decoder_layers):
         for part in ("input_norm", "attention", "post_norm", "mlp"):
             resolve_module(layer, part, "recompute.select_module", index)
@@ -191,6 +193,56 @@ def test_hugging_face_names() -> None:
                             if config["tie_word_embeddings"] else ref.random_hf_state(config))
     with pytest.raises(KeyError, match="not a DeepSeek-V3 parameter"):
         hf_parameter_names("decoder_layers.0.feed_forward.weight")
+
+
+def _stages(cfg: dict) -> list[DeepseekV3ForCausalLM]:
+    """Two pipeline stages: layer 0 with the embedding, the other layers with the head."""
+    layers = cfg["num_hidden_layers"]
+    settings = deepseek_v3_settings(ModelConfig(extras=dict(cfg)))
+    return [DeepseekV3ForCausalLM(settings, seed=0, part=part) for part in
+            (ModelPart((0,), True, False), ModelPart(tuple(range(1, layers)), False, True))]
+
+
+@pytest.mark.parametrize("cfg", [ref.LORA, ref.PLAIN], ids=["lora", "plain"])
+def test_each_stage_loads_its_share_of_a_whole_hugging_face_checkpoint(cfg: dict) -> None:
+    """Strictly: the other stage's weights are not errors; each stage holds the whole
+    model's values of its own parameters, and the two stages hold every parameter once (a
+    tied table on both). `layer_hf_names` lists a layer's weights as the built model has
+    them."""
+    state = ref.random_hf_state(cfg, seed=5)
+    whole = _model(cfg)
+    whole.load_hf_state(state)
+    want = {name: p.asnumpy() for name, p in whole.parameters_and_names()}
+    stages = _stages(cfg)
+    for stage in stages:
+        assert isinstance(stage, PipelineModel)
+        stage.load_hf_state(state)
+        for name, param in stage.parameters_and_names():
+            np.testing.assert_array_equal(param.asnumpy(), want[name], err_msg=name)
+    held = [set(dict(stage.parameters_and_names())) for stage in stages]
+    assert held[0] | held[1] == set(want)
+    assert held[0] & held[1] == ({"embedding.weight"} if cfg["tie_word_embeddings"] else set())
+    settings = deepseek_v3_settings(ModelConfig(extras=dict(cfg)))
+    for layer in range(cfg["num_hidden_layers"]):
+        assert sorted(layer_hf_names(settings, layer)) == sorted(
+            hf for ours, names in whole.hf_names().items()
+            if ours.startswith(f"decoder_layers.{layer}.") for hf in names)
+
+
+def test_the_pieces_of_two_stages_give_the_whole_models_loss() -> None:
+    """embed -> layer 0 on stage 0, layers 1-2 on stage 1, head_loss: the cross-entropy, and
+    the two stages' balance losses add up to the whole model's."""
+    cfg = ref.LORA
+    whole, (first, last) = _model(cfg), _stages(cfg)
+    ids, labels, _ = ref.batch()
+    ids, labels = Tensor(ids), Tensor(labels)
+    hidden, first_balance = first.decoder(first.embed(ids), [0], first.attending(ids))
+    hidden, last_balance = last.decoder(hidden, [1, 2], last.attending(ids))
+    loss = last.head_loss(hidden, labels, None) + first_balance + last_balance
+    assert float(loss.asnumpy()) == pytest.approx(float(whole(ids, labels).asnumpy()), rel=1e-6)
+    assert float(first_balance.asnumpy()) == 0.0  # layer 0 is dense
+    assert float(last_balance.asnumpy()) > 0.0
+    assert first.hidden_spec(2, 16) == ((16, 2, cfg["hidden_size"]), ms.float32)
 
 
 def test_hf_state_round_trip_and_load_errors() -> None:

@@ -1,8 +1,9 @@
 """DeepSeek-V3's auxiliary-loss-free bias and MoE monitor on real msrun ranks: `mf-train
---nproc 2` with plain data parallelism, FSDP and expert parallelism equals one process over 4
-steps (losses, the step's global tokens per expert, the moved `e_score_correction_bias` on both
-ranks), and rank 0's metrics show each rank's own load (and, with expert parallelism, what
-each rank's experts computed)."""
+--nproc 2` with plain data parallelism, FSDP, expert parallelism and two pipeline stages equals
+one process over 4 steps (losses, the step's global tokens per expert, the moved
+`e_score_correction_bias` on both ranks), and rank 0's metrics show each rank's own load (and,
+with expert parallelism, what each rank's experts computed; with pipeline stages, every
+stage's layers)."""
 
 from __future__ import annotations
 
@@ -18,7 +19,8 @@ from runs import DEEPSEEK, SHORT, saved_tensors, steps, train
 
 LAYOUTS = {"replicated": "parallelism.data_parallel_shard=1",
            "fsdp": "parallelism.data_parallel_shard_strategy=optim_grads_params",
-           "expert": "parallelism.expert_parallel=2"}
+           "expert": "parallelism.expert_parallel=2",
+           "pipeline": "parallelism.pipeline_parallel=2"}
 SETTINGS = (*SHORT, "model.seq_length=32", "model.moe_router_bias_update_rate=0.01",
             "model.n_group=1", "model.topk_group=1",
             "monitor.moe_monitor.save_tokens_per_expert_interval=1",
@@ -63,9 +65,17 @@ def test_two_ranks_move_the_bias_as_one_process(data_prefix, single, tmp_path, l
     assert got.keys() == want.keys()
     for name in want:
         np.testing.assert_allclose(got[name], want[name], atol=1e-5, err_msg=name)
+    logged = {rank: own_counts(tmp_path, rank) for rank in (0, 1)}
+    if layout == "pipeline":  # stage 0: layers 0-1, stage 1: layer 2; each routes the batch
+        for step in two:  # rank 0's metrics have both stages' layers
+            for layer, rank in ((1, 0), (2, 1)):
+                assert logged[rank][step["step"], layer].tolist() == [
+                    step[f"moe/layer{layer}/expert{e}"] for e in range(4)]
+                assert (step["step"], layer) not in logged[1 - rank]
+        assert not [key for key in two[0] if "/rank" in key]
+        return
     # rank 0's metrics: each rank's own imbalance, from the counts that rank logged, which
     # sum to the global counts
-    logged = {rank: own_counts(tmp_path, rank) for rank in (0, 1)}
     for step in two:
         for layer in (1, 2):
             rows = [logged[rank][step["step"], layer] for rank in (0, 1)]

@@ -317,24 +317,6 @@ def test_refusals_say_what_is_wrong(qwen3_run, qwen3_export, tmp_path, capsys) -
     assert not (tmp_path / "a").exists()
 
 
-def test_a_pipeline_of_a_model_training_does_not_cut_is_refused(qwen3_run, tmp_path,
-                                                                capsys) -> None:
-    """A checkpoint of format 2 (each rank's file holding what it trained with, found through
-    the configuration's parallelism): DeepSeek-V3 is not cut into pipeline stages, so a
-    configuration saying it was is refused by name before any rank file is read (the files
-    here are a 1-rank Qwen3's, said to be 2 ranks')."""
-    pipeline = as_format_2(qwen3_run / "iteration_00000002",
-                           tmp_path / "pipeline" / "iteration_00000002", world_size=2)
-    capsys.readouterr()
-    assert export(DEEPSEEK, pipeline, tmp_path / "hf",
-                  *sets([*DEEPSEEK_SHAPE, "parallelism.pipeline_parallel=2"])) == 2
-    assert capsys.readouterr().err == (
-        "mf-train export-hf: DeepseekV3ForCausalLM is not cut into pipeline stages by mf-train "
-        "(no run of it saves a pipeline_parallel > 1 checkpoint); set "
-        "parallelism.pipeline_parallel to the run's value\n")
-    assert not (tmp_path / "hf").exists()
-
-
 def test_a_format_2_checkpoint_exports_as_before(qwen3_run, qwen3_export, tmp_path) -> None:
     """A one-process checkpoint of format 2 (an earlier mf's) exports through the
     configuration's parallelism to the same files."""
@@ -445,29 +427,33 @@ INTERLEAVED = [*PIPELINE, "parallelism.pipeline_parallel_schedule=interleaved_1f
 
 
 @pytest.mark.ranks
-def test_interleaved_pipeline_export_gives_back_each_stage_s_arrays(data_prefix, tmp_path,
-                                                                    capsys) -> None:
-    """2 stages x 2 virtual chunks of a 4-layer tied Qwen3: stage 0 saved layers 0 and 2 and
-    the embedding, stage 1 layers 1 and 3 and the final norm (its copy of the tied embedding
-    is not saved twice). The export, imported into each stage's part, is that stage's
-    weights exactly, and it gives the logits of the model the two files hold together; a
-    configuration without the pipeline exports the same files."""
-    shape = [*QWEN3_FOUR_LAYERS, *INTERLEAVED]
-    checkpoint = two_ranks(QWEN3, data_prefix, tmp_path / "run", shape)
-    assert export(QWEN3, checkpoint, tmp_path / "hf", *sets(shape)) == 0
-    assert export(QWEN3, checkpoint, tmp_path / "plain", *sets(QWEN3_FOUR_LAYERS)) == 0
+@pytest.mark.parametrize(("example", "shape", "layout", "parts"), [
+    (QWEN3, QWEN3_FOUR_LAYERS, INTERLEAVED, (ModelPart((0, 2), embedding=True, head=False),
+                                             ModelPart((1, 3), embedding=False, head=True))),
+    (DEEPSEEK, DEEPSEEK_SHAPE, PIPELINE, (ModelPart((0, 1), embedding=True, head=False),
+                                          ModelPart((2,), embedding=False, head=True))),
+], ids=["qwen3-interleaved", "deepseek-v3"])
+def test_pipeline_export_gives_back_each_stage_s_arrays(data_prefix, tmp_path, capsys,
+                                                        example, shape, layout, parts) -> None:
+    """2 stages x 2 virtual chunks of a 4-layer tied Qwen3 (stage 0 saved layers 0 and 2 and
+    the embedding, stage 1 layers 1 and 3 and the final norm; its copy of the tied embedding
+    is not saved twice), and 2 stages of DeepSeek-V3 (stage 0 layers 0-1 and the embedding,
+    stage 1 layer 2, the final norm and the head). The export, imported into each stage's
+    part, is that stage's weights exactly, and it gives the logits of the model the two files
+    hold together; a configuration without the pipeline exports the same files."""
+    checkpoint = two_ranks(example, data_prefix, tmp_path / "run", [*shape, *layout])
+    assert export(example, checkpoint, tmp_path / "hf", *sets([*shape, *layout])) == 0
+    assert export(example, checkpoint, tmp_path / "plain", *sets(shape)) == 0
     assert files_of(tmp_path / "plain") == files_of(tmp_path / "hf")
     exported = load_hf_weights(tmp_path / "hf")
-    config = model_config(QWEN3, QWEN3_FOUR_LAYERS)
-    parts = [ModelPart((0, 2), embedding=True, head=False),
-             ModelPart((1, 3), embedding=False, head=True)]
+    config = model_config(example, shape)
     whole = saved_weights(checkpoint)
     for part in parts:
         stage = build_model(config, seed=3, part=part)
         load_hf_state(stage, exported)
         for name, param in stage.parameters_and_names():
             np.testing.assert_array_equal(param.asnumpy(), whole[name], err_msg=name)
-    assert_round_trip(QWEN3, QWEN3_FOUR_LAYERS, checkpoint, tmp_path / "hf")
+    assert_round_trip(example, shape, checkpoint, tmp_path / "hf")
 
 
 def routed_experts(arrays: dict[str, np.ndarray]) -> set[int]:

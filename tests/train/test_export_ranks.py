@@ -77,6 +77,18 @@ def test_expert_shares_over_data_and_tensor_ranks() -> None:
         found[1].names - {n for n in found[1].names if ".mlp.experts." in n}
 
 
+def test_deepseek_v3_stages_hold_their_layers_and_expert_shares() -> None:
+    """Pipeline 2 x expert parallel 2 on 4 ranks (stage 0: layers 0-1 with the embedding;
+    stage 1: layer 2, the final norm and the head): one file per stage and expert share."""
+    found, chosen, entries = sources(DEEPSEEK, 4, "parallelism.pipeline_parallel=2",
+                                     "parallelism.expert_parallel=2")
+    assert [layers(h.names) for h in found] == [[0, 1], [0, 1], [2], [2]]
+    assert [experts(h.names) for h in found] == [[0, 1], [2, 3], [0, 1], [2, 3]]
+    assert [h.rank for h in chosen] == [0, 1, 2, 3]
+    assert "embedding.weight" in found[0].names and "head.weight" in found[2].names
+    assert set().union(*(h.names for h in chosen)) == {entry.ours for entry in entries}
+
+
 def test_unsplit_weights_are_in_every_tensor_place_and_copies_must_agree() -> None:
     """Pipeline 2 x tensor 2 (rank = stage * 2 + tensor): a weight tensor parallelism does not
     split (a norm) is read from the first rank holding it and copied to both places; the

@@ -40,7 +40,7 @@ def test_the_pieces_in_interleaved_order_give_the_whole_models_loss() -> None:
     ids, labels = batch()
     hidden = first.embed(ids)
     for stage, layer in ((first, 0), (last, 1), (first, 2), (last, 3)):
-        hidden = stage.decoder(hidden, [layer], stage.attending(ids))
+        hidden, _ = stage.decoder(hidden, [layer], stage.attending(ids))
     loss = last.head_loss(hidden, labels, None)
     assert float(loss.asnumpy()) == pytest.approx(float(whole(ids, labels).asnumpy()), rel=1e-6)
     assert first.hidden_spec(2, 16) == ((16, 2, 32), ms.float32)

@@ -40,6 +40,9 @@ class NoExpertBiasUpdate:
     """The step of a model without a bias to update: nothing to do."""
 
     def micro_batch(self, index: int, loss: Tensor, grads: Sequence[Tensor]) -> None:
+        """Nothing to record."""
+
+    def routed(self, layers: Sequence[int] | None) -> None:
         """Nothing to count."""
 
     def reduced(self, loss: Tensor, grads: Sequence[Tensor]) -> None:
@@ -79,9 +82,9 @@ class ExpertBiasUpdate(NoExpertBiasUpdate):
                  "tokens per expert) after every step", rate)
         return cls(model, collectives)
 
-    def micro_batch(self, index: int, loss: Tensor, grads: Sequence[Tensor]) -> None:
-        """Add this micro-batch's routing to the step's counts."""
-        self.step_counts.add_last_forward()
+    def routed(self, layers: Sequence[int] | None) -> None:
+        """Add a micro-batch's routing in these layers to the step's counts."""
+        self.step_counts.add_last_forward(layers)
 
     def update(self) -> Counts:
         """Sum the step's counts over the routing ranks and update every MoE layer's bias.

@@ -16,7 +16,7 @@ fewer than 2**24 tokens in a step.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from typing import Any
 
 import numpy as np
@@ -45,11 +45,13 @@ class StepCounts:
         self.method = method
         self.counts: Counts = {}
 
-    def add_last_forward(self) -> None:
-        """Add the model's last forward (call once per micro-batch, after its backward: a
-        recomputed forward routes the same tokens again, so reading after the backward
-        counts each micro-batch once)."""
+    def add_last_forward(self, layers: Collection[int] | None = None) -> None:
+        """Add the model's last forward of these layers (None: all; call once per micro-batch
+        and layer, after its backward: a recomputed forward routes the same tokens again, so
+        reading after the backward counts each micro-batch once)."""
         for layer, counts in getattr(self.model, self.method)().items():
+            if layers is not None and layer not in layers:
+                continue
             counts = np.asarray(counts, dtype=np.int64)
             previous = self.counts.get(layer)
             self.counts[layer] = counts.copy() if previous is None else previous + counts
@@ -127,3 +129,47 @@ def _reduce(array: np.ndarray, collectives: Collectives) -> np.ndarray:
     for kind in ROUTING_GROUPS:
         tensor = collectives.all_reduce(tensor, kind)
     return np.rint(tensor.asnumpy()).astype(np.int64)
+
+
+def across_stages(tables: Mapping[int, np.ndarray], ranks: list[int],
+                  collectives: Collectives | None,
+                  ) -> dict[int, tuple[list[int], np.ndarray]]:
+    """Every pipeline stage's per-rank tables on every rank of this rank's pipeline group,
+    each with the global ranks of its rows (for monitoring: a stage holds only its layers).
+
+    Args:
+        tables: layer -> `[len(ranks), n]` int64 (`per_rank_counts`' of this stage); one
+            shape on every stage that has any.
+        ranks: the global ranks of this stage's rows (`routing_ranks`).
+        collectives: this rank's collectives (None: one process). Every rank of the
+            pipeline group must call this at the same step.
+
+    Returns:
+        layer -> (the global ranks of its rows on the stage holding it, its table). The
+        routing groups of two stages are the same shape apart: rank order is the mesh's, so
+        a row's rank on another stage is this stage's plus the difference of the two
+        stages' ranks in the pipeline group.
+    """
+    if collectives is None or collectives.comm.group_size("pipeline") == 1:
+        return {layer: (ranks, table) for layer, table in tables.items()}
+    comm = collectives.comm
+    stage_ranks = comm.group_ranks["pipeline"]
+    stage = stage_ranks.index(comm.rank)
+    mine = [next(iter(tables.values())).shape[1] if tables else 0, max(tables, default=-1) + 1]
+    width, layers = (int(n) for n in collectives.all_reduce(
+        Tensor(np.array(mine, np.float32)), "pipeline", op="max").asnumpy())
+    if not width or not layers:
+        return {}
+    dense = np.zeros((layers, len(ranks), width + 1), np.float32)
+    for layer, table in tables.items():
+        dense[layer, :, :width] = table
+        dense[layer, :, width] = stage + 1  # which stage holds it (0: none)
+    dense = collectives.all_reduce(Tensor(dense), "pipeline").asnumpy()
+    merged = {}
+    for layer in range(layers):
+        holder = int(np.rint(dense[layer, 0, width])) - 1
+        if holder >= 0:
+            shift = stage_ranks[holder] - comm.rank
+            merged[layer] = ([rank + shift for rank in ranks],
+                             np.rint(dense[layer, :, :width]).astype(np.int64))
+    return merged

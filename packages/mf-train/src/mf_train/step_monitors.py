@@ -31,11 +31,14 @@ class MonitorObserver:
 
     def micro_batch(self, index: int, loss: Tensor, grads: Sequence[Tensor]) -> None:
         """One micro-batch's own loss and gradients."""
-        if self.moe is not None:
-            self.moe.record_forward()
         if self.train_state is not None:
             self.train_state.record_local_loss(index, loss)
             self.train_state.record_local_norms(index, self.names, grads)
+
+    def routed(self, layers: Sequence[int] | None) -> None:
+        """A micro-batch's routing in these layers (all: None), for the MoE monitor."""
+        if self.moe is not None:
+            self.moe.record_forward(layers)
 
     def watches(self, name: str) -> bool:
         """Whether a monitor reads the gradient of parameter `name`: the local and device

@@ -61,12 +61,6 @@ def _model_name(target: Target) -> str:
     return model.architecture() if model.architectures else model.model_type
 
 
-def _pipeline_of_unsplittable_model(value: Any, target: Target) -> bool:
-    """Pipeline stages asked of a model that cannot be cut into them (DeepSeek-V3's layers
-    return the router's balance loss beside the hidden states)."""
-    return value > 1 and _model_name(target) in ("DeepseekV3ForCausalLM", "deepseek_v3")
-
-
 def _experts_without_moe(value: Any, target: Target) -> bool:
     return value > 1 and _model_name(target) not in ("DeepseekV3ForCausalLM", "deepseek_v3")
 
@@ -295,12 +289,7 @@ FIELDS: dict[str, Field] = {
                   {"parallelism.context_parallel_async": True,
                    "parallelism.context_parallel": 2, "model.use_flash_attention": True},
                   world_size=2, device="Ascend"),)),
-    "parallelism.pipeline_parallel": reads("mf_parallel.dims", rules=(
-        refused(_pipeline_of_unsplittable_model,
-                "is {value}, but DeepSeek-V3 is not cut into pipeline stages by mf-train yet "
-                "(its layers return the router's balance loss beside the hidden states); set "
-                "it to 1", {"parallelism.pipeline_parallel": 2}, world_size=2,
-                config="deepseek_v3_tiny.yaml"),)),
+    "parallelism.pipeline_parallel": reads("mf_parallel.dims"),
     **{f"parallelism.{name}": reads(module, rules=(
         no_effect(lambda v, t, name=name: _pipeline_setting_unused(v, t, name),
                   WITHOUT_PIPELINE, {f"parallelism.{name}": value}),))

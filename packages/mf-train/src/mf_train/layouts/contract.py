@@ -85,6 +85,13 @@ class StepObserver(Protocol):
 
     def micro_batch(self, index: int, loss: Tensor, grads: Sequence[Tensor]) -> None: ...
 
+    def routed(self, layers: Sequence[int] | None) -> None:
+        """The forward and backward passes of these decoder layers (global ids; None: all of
+        this rank's) for one micro-batch are over: what their routers did last is that
+        micro-batch's (an MoE model's `tokens_per_expert()`). A pipeline stage says it chunk
+        by chunk, the other layouts once per micro-batch."""
+        ...
+
     def reduced(self, loss: Tensor, grads: Sequence[Tensor]) -> None: ...
 
     def watches(self, name: str) -> bool:
@@ -218,6 +225,7 @@ class StepLayout(ABC):
         for index, batch in enumerate(micro_batches, 1):
             micro_loss, micro_grads = self._grad_fn(*batch.model_inputs())
             observer.micro_batch(index, micro_loss / self._scale, micro_grads)
+            observer.routed(None)
             loss = micro_loss if loss is None else loss + micro_loss
             if not grads:
                 grads = list(micro_grads)
@@ -279,6 +287,9 @@ class Unobserved:
     def micro_batch(self, index: int, loss: Tensor, grads: Sequence[Tensor]) -> None:
         """Nothing to record."""
 
+    def routed(self, layers: Sequence[int] | None) -> None:
+        """Nothing to count."""
+
     def reduced(self, loss: Tensor, grads: Sequence[Tensor]) -> None:
         """Nothing to record."""
 
@@ -297,6 +308,10 @@ class Observers:
     def micro_batch(self, index: int, loss: Tensor, grads: Sequence[Tensor]) -> None:
         for observer in self.observers:
             observer.micro_batch(index, loss, grads)
+
+    def routed(self, layers: Sequence[int] | None) -> None:
+        for observer in self.observers:
+            observer.routed(layers)
 
     def reduced(self, loss: Tensor, grads: Sequence[Tensor]) -> None:
         for observer in self.observers:

@@ -92,8 +92,9 @@ class StageRunner:
         """The step's computations and messages on this stage.
 
         Returns:
-            The sum of the scaled micro-batch losses (zero except on the last stage), the
-            accumulated gradients of `params`, and the step's tokens.
+            This stage's share of the sum of the scaled micro-batch losses (the loss on the
+            last stage, plus the auxiliary losses of its own layers; zero on a stage without
+            either), the accumulated gradients of `params`, and the step's tokens.
         """
         self.scale = scale
         step = _StepState(micro_batches, [None] * len(self.params))
@@ -121,14 +122,14 @@ class StageRunner:
             return
         batch = step.micro_batches[mb]
         with self.forward_context():
-            out = self._chunk_forward(chunk, hidden, Tensor(batch.tokens),
-                                      *batch.attention_inputs())
+            out, _ = self._chunk_forward(chunk, hidden, Tensor(batch.tokens),
+                                         *batch.attention_inputs())
         step.outbox[Message(Kind.F, mb, chunk.virtual)] = out
 
     def _backward(self, chunk: Chunk, mb: int, step: _StepState,
                   observer: StepObserver) -> None:
         """The chunk's forward again with gradients, seeded by the received `dy` (or the
-        loss); parameter gradients accumulated, the input gradient kept for sending."""
+        loss); the input gradient kept for sending, the parameter gradients accumulated."""
         hidden = step.inputs.pop((mb, chunk.virtual))
         batch = step.micro_batches[mb]
         tokens, labels, mask, attention = (*batch.model_inputs()[:3], batch.attention_inputs())
@@ -139,48 +140,67 @@ class StageRunner:
         inputs = (tokens, *attention, *extra)
         args = inputs if chunk.first else (hidden, *inputs)
         with self.forward_context():
-            value, grads = self._grad_fns[chunk.virtual // self.num_stages](*args)
+            (_, value), grads = self._grad_fns[chunk.virtual // self.num_stages](*args)
         if not chunk.first:
             step.outbox[Message(Kind.B, mb, chunk.virtual)] = grads[0]
             grads = grads[1]
+        self._accumulate(chunk, mb, step, observer, value, grads)
+
+    def _accumulate(self, chunk: Chunk, mb: int, step: _StepState, observer: StepObserver,
+                    value: Tensor, grads: Sequence[Tensor]) -> None:
+        """Add one micro-batch's gradients of the chunk's parameters and its share of the
+        loss; tell the observer (its routing; on the last virtual stage, its loss)."""
         for index, grad in zip(chunk.params, grads, strict=True):
             step.grads[index] = grad if step.grads[index] is None else step.grads[index] + grad
+        step.loss = value if step.loss is None else step.loss + value
+        observer.routed(chunk.layers)
         if chunk.last:
-            step.loss = value if step.loss is None else step.loss + value
             local = [None] * len(self.params)
             for index, grad in zip(chunk.params, grads, strict=True):
                 local[index] = grad
             observer.micro_batch(mb + 1, value / self.scale, local)
 
     def _chunk_forward(self, chunk: Chunk, hidden: Tensor | None, tokens: Tensor,
-                       *attention: Tensor | None) -> Tensor:
-        """The chunk's layers on `hidden` (the embedded tokens on the first virtual stage);
-        `attention`: the micro-batch's position ids, document ends and attention mask."""
+                       *attention: Tensor | None) -> tuple[Tensor, Tensor | None]:
+        """The chunk's layers on `hidden` (the embedded tokens on the first virtual stage), and
+        the auxiliary loss they add (None without one); `attention`: the micro-batch's
+        position ids, document ends and attention mask."""
         if chunk.first:
             hidden = self.model.embed(tokens)
         return self.model.decoder(hidden, chunk.layers, self.model.attending(tokens, *attention))
 
     def _grad_fn(self, chunk: Chunk) -> Callable[..., Any]:
         """`value_and_grad` of the chunk: the scaled loss on the last virtual stage, else
-        `sum(out * dy)`; with respect to the input hidden states (not on the first) and the
-        chunk's parameters."""
+        `sum(out * dy)`, each plus the chunk's scaled auxiliary loss; with respect to the input
+        hidden states (not on the first) and the chunk's parameters. Its value
+        (`_accumulate`'s share of the step's loss): the scaled loss, or the scaled auxiliary
+        loss elsewhere."""
         model = self.model
 
-        def body(hidden: Tensor | None, tokens: Tensor, *attention: Tensor | None) -> Tensor:
-            return self._chunk_forward(chunk, hidden, tokens, *attention)
+        def with_auxiliary(value: Tensor, auxiliary: Tensor | None) -> tuple[Tensor, Tensor]:
+            """(what is differentiated, this chunk's share of the reported loss)."""
+            if auxiliary is None:
+                return value, value if chunk.last else ops.zeros((), ms.float32)
+            auxiliary = auxiliary * self.scale
+            return value + auxiliary, (value if chunk.last else 0.0) + auxiliary
 
         if chunk.last:
             def seeded(hidden, tokens, positions, ends, dense, labels, mask):
-                out = body(hidden, tokens, positions, ends, dense)
-                return model.head_loss(out, labels, mask) * self.scale
+                out, auxiliary = self._chunk_forward(chunk, hidden, tokens, positions, ends,
+                                                     dense)
+                return with_auxiliary(model.head_loss(out, labels, mask) * self.scale,
+                                      auxiliary)
         else:
             def seeded(hidden, tokens, positions, ends, dense, dy):
-                return (body(hidden, tokens, positions, ends, dense) * dy).sum()
+                out, auxiliary = self._chunk_forward(chunk, hidden, tokens, positions, ends,
+                                                     dense)
+                return with_auxiliary((out * dy).sum(), auxiliary)
 
-        weights = [self.params[index] for index in chunk.params]
+        params = [self.params[index] for index in chunk.params]
         if chunk.first:
-            return ms.value_and_grad(lambda *args: seeded(None, *args), None, weights)
-        return ms.value_and_grad(seeded, 0, weights)
+            return ms.value_and_grad(lambda *args: seeded(None, *args), None, params,
+                                     has_aux=True)
+        return ms.value_and_grad(seeded, 0, params, has_aux=True)
 
     # ------------------------------------------------------------------ messages
 

@@ -10,7 +10,8 @@ parallelism, ZeRO or FSDP, built over the stage's part exactly as without pipeli
   all-reduce over the first and last stage), so the two copies take the same update, as in
   Megatron; the norm counts that gradient once (the last stage takes its square out);
 - the global norm: the squares of every stage summed over the pipeline group;
-- the loss: the last stage's, sent to every rank (the others hold zero: an all-reduce).
+- the loss: the sum of the stages' shares (an all-reduce): the last stage's cross-entropy and
+  each stage's auxiliary losses (DeepSeek-V3's balance loss of its own MoE layers).
 Skip-on-NaN then decides the same on every rank, and each rank saves its stage's parameters
 under their model-wide names.
 """

@@ -284,6 +284,7 @@ class ZeRO(StepLayout):
             seen = self.grads.watched_grads
             observer.micro_batch(index, micro_loss / self._scale,
                                  [seen.get(i) for i in range(len(names))])
+            observer.routed(None)
             for i, grad in seen.items():
                 summed[i] = grad if i not in summed else summed[i] + grad
             loss = micro_loss if loss is None else loss + micro_loss

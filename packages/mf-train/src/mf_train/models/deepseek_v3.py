@@ -66,7 +66,7 @@ reader (`checkpoint/fp8.py`).
 """
 
 import re
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 
 import mindspore as ms
 import numpy as np
@@ -90,8 +90,6 @@ from .blocks import (
     RMSNorm,
     RotaryEmbedding,
     SwiGLU,
-    causal_lm_loss,
-    check_input_ids,
     column_linear,
     embedding,
     head_entry,
@@ -102,13 +100,14 @@ from .blocks import (
     resolve_compute_dtype,
     tensor_size,
 )
+from .causal_lm import CausalLMPieces
 from .hf_weights import WeightMap, WeightSource
 from .hf_weights import hf_names as _hf_names
 from .hf_weights import hf_state as _hf_state
 from .hf_weights import load_hf_state as _load_hf_state
 from .mla import MultiLatentAttention
 from .moe import MoE
-from .parts import each_built
+from .parts import LayerStack, ModelPart, each_built
 
 PATH: Path = ("model",)
 
@@ -184,12 +183,13 @@ class DeepseekV3DecoderLayer(nn.Cell):
 
 
 @MODELS.register("DeepseekV3ForCausalLM", "deepseek_v3")
-class DeepseekV3ForCausalLM(nn.Cell):
+class DeepseekV3ForCausalLM(CausalLMPieces, nn.Cell):
     """DeepSeek-V3 causal LM. `model(input_ids, labels, loss_mask=None)` -> float32 scalar:
     `sum(ce * mask) / max(sum(mask), 1)` + the balance loss; `model.logits(input_ids)` ->
     `[b, s, V]`. `input_ids`, `labels`: int32 `[b, s]`, labels already shifted.
 
-    Layer contract (mf-memory): `decoder_layers`, `layer_offset = 0`; each layer has
+    Layer contract (mf-memory): `decoder_layers` (a `LayerStack`), `layer_ids`,
+    `model_layers`; each layer has
     `input_norm`, `attention` (MLA: `q_proj` or `q_a_proj`/`q_a_layernorm`/`q_b_proj`,
     `kv_a_proj_with_mqa`, `kv_a_layernorm`, `kv_b_proj`, `o_proj`), `post_norm`, `mlp` (dense:
     `gate_up`, `down`; MoE: `router`, `experts`, `shared_experts`). Unlike Qwen3's, a layer
@@ -197,6 +197,10 @@ class DeepseekV3ForCausalLM(nn.Cell):
     `(output, balance_loss)`.
 
     MoE statistics: `tokens_per_expert()`, `moe_layers()`, `balance_loss()` (last forward).
+
+    A pipeline stage builds its `part` only (`parts.ModelPart`) and runs its pieces (`embed`,
+    `decoder`, `head_loss`, `parts.PipelineModel`); `decoder` returns the balance loss of its
+    layers beside the hidden states, which the stage adds to what it differentiates.
 
     Under tensor parallelism (module docstring) `logits` is this rank's vocabulary slice,
     `tokens_per_expert()` counts this rank's sequence slice, and the training loop must sum
@@ -209,6 +213,7 @@ class DeepseekV3ForCausalLM(nn.Cell):
                  seed: int | None = None, source: Source | None = None,
                  expert_group: ExpertGroup | None = None,
                  context_group: ContextGroup | None = None,
+                 part: ModelPart | None = None,
                  layer_built: Callable[[nn.Cell], object] | None = None):
         super().__init__()
         group = tensor_group if is_parallel(tensor_group) else None
@@ -223,7 +228,8 @@ class DeepseekV3ForCausalLM(nn.Cell):
         self.tensor_group, self.context_group = group, context
         self.rotary = RotaryEmbedding(s.qk_rope_head_dim, s.rope_theta,
                                       s.max_position_embeddings)
-        self.layer_offset = 0
+        self.part = part or ModelPart.whole(s.num_hidden_layers)
+        self.layer_ids, self.model_layers = self.part.layers, s.num_hidden_layers
         target = ms.get_context("device_target")
         self.compute_dtype = resolve_compute_dtype(s.compute_dtype, target)
         params_dtype = resolve_compute_dtype(s.params_dtype, target, "model.params_dtype")
@@ -233,22 +239,24 @@ class DeepseekV3ForCausalLM(nn.Cell):
                                    f"layers do not cast), got {s.params_dtype}")], source)
         init = ParamInit(_seed(seed), s.initializer_range)
         vocab = (s.vocab_size, s.hidden_size)
-        self.embedding = embedding(init.normal("model.embed_tokens.weight", vocab), group)
-        self.decoder_layers = nn.CellList([
-            each_built(DeepseekV3DecoderLayer(s, index, init, self.compute_dtype, group,
-                                              expert_group, context), layer_built)
-            for index in range(s.num_hidden_layers)])
+        self.tied = s.tie_word_embeddings
+        if self.part.embedding or (self.part.head and self.tied):
+            self.embedding = embedding(init.normal("model.embed_tokens.weight", vocab), group)
+        self.decoder_layers = LayerStack({
+            index: each_built(DeepseekV3DecoderLayer(s, index, init, self.compute_dtype, group,
+                                                     expert_group, context), layer_built)
+            for index in self.part.layers})
         flash = any(layer.attention.core.flash for layer in self.decoder_layers)
         self.places = AttentionPlaces(context, varlen=flash)
-        self.final_norm = RMSNorm(s.hidden_size, s.rms_norm_eps)
-        if is_sequence_parallel(group):
-            mark_tensor_partial(self.final_norm.weight)
-        self.tied = s.tie_word_embeddings
-        if not self.tied:
-            self.head = column_linear(init.normal("lm_head.weight", vocab), None, group)
-        self.head_entry = head_entry(group) if self.tied else None
+        if self.part.head:
+            self.final_norm = RMSNorm(s.hidden_size, s.rms_norm_eps)
+            if is_sequence_parallel(group):
+                mark_tensor_partial(self.final_norm.weight)
+            if not self.tied:
+                self.head = column_linear(init.normal("lm_head.weight", vocab), None, group)
+            self.head_entry = head_entry(group) if self.tied else None
         self.hf_ignored = (("lm_head.weight",) if self.tied else ()) + _other_ranks_experts(
-            s, expert_group)
+            s, expert_group, self.part.layers) + _other_stages_weights(s, self.part)
         self.last_balance_loss: Tensor | None = None
         _cast_parameters(self, params_dtype)
         self.built_shapes = {name: built_shape(param) for name, param in
@@ -260,81 +268,69 @@ class DeepseekV3ForCausalLM(nn.Cell):
                     source: Source | None = None, seed: int | None = None,
                     expert_group: ExpertGroup | None = None,
                     context_group: ContextGroup | None = None,
+                    part: ModelPart | None = None,
                     layer_built: Callable[[nn.Cell], object] | None = None,
                     ) -> "DeepseekV3ForCausalLM":
         """The model the `model` section describes (keys checked, see `DeepseekV3Settings`),
         split over `tensor_group` when it has more than one rank. `seed` draws the initial
         weights (default: MindSpore's global seed, else 0); `expert_group` splits the routed
-        experts (None: all on this rank); `layer_built` is called with each decoder layer
-        once built."""
+        experts (None: all on this rank); only `part` of the model on a pipeline stage;
+        `layer_built` is called with each decoder layer once built."""
         return cls(deepseek_v3_settings(config, source), tensor_group=tensor_group, seed=seed,
                    source=source, expert_group=expert_group, context_group=context_group,
-                   layer_built=layer_built)
+                   part=part, layer_built=layer_built)
 
     # --- forward ------------------------------------------------------------------------
 
     def construct(self, input_ids: Tensor, labels: Tensor, loss_mask: Tensor | None = None,
                   position_ids: Tensor | None = None, actual_seq_len: Tensor | None = None,
                   attention_mask: Tensor | None = None) -> Tensor:
-        attending = self.places.inputs(input_ids.shape[1], position_ids, actual_seq_len,
-                                       attention_mask)
-        logits, balance = self._forward(input_ids, attending)
-        mask = None if loss_mask is None else loss_mask.swapaxes(0, 1)
-        return causal_lm_loss(logits, labels.swapaxes(0, 1), mask, self.tensor_group,
-                              self.context_group) + balance
+        attending = self.attending(input_ids, position_ids, actual_seq_len, attention_mask)
+        hidden, balance = self.decoder(self.embed(input_ids), self.part.layers, attending)
+        return self.head_loss(hidden, labels, loss_mask) + balance
 
-    def logits(self, input_ids: Tensor, position_ids: Tensor | None = None,
-               actual_seq_len: Tensor | None = None,
-               attention_mask: Tensor | None = None) -> Tensor:
-        """`[batch, seq, vocab]` logits (float32 unless the compute dtype is lower; this
-        rank's vocabulary slice under tensor parallelism)."""
-        attending = self.places.inputs(input_ids.shape[1], position_ids, actual_seq_len,
-                                       attention_mask)
-        return self._forward(input_ids, attending)[0].swapaxes(0, 1)
+    # --- pipeline pieces (`parts.PipelineModel`) ----------------------------------------
 
-    def _forward(self, input_ids: Tensor, attending: Attending) -> tuple[Tensor, Tensor]:
-        """Logits `[seq, batch, vocab]` and the balance loss summed over layers."""
-        self._check_ids(input_ids)
-        h = self.embedding(input_ids.swapaxes(0, 1)).astype(self.compute_dtype)
+    def decoder(self, hidden: Tensor, layers: Sequence[int],
+                attending: Attending) -> tuple[Tensor, Tensor]:
+        """`hidden` through the decoder layers of these global ids, and the balance loss of
+        those layers (a float32 scalar, also kept as `last_balance_loss`)."""
         balance = ops.zeros((), ms.float32)
         cos, sin = self.rotary.at(attending.positions)
-        for layer in self.decoder_layers:
-            h, layer_balance = layer(h, cos, sin, attending.mask, attending.lengths)
+        for index in layers:
+            hidden, layer_balance = self.decoder_layers.by_id(index)(
+                hidden, cos, sin, attending.mask, attending.lengths)
             balance = balance + layer_balance
+        self.last_balance_loss = balance
+        return hidden, balance
+
+    def _head_logits(self, h: Tensor) -> Tensor:
+        """Logits `[seq, batch, vocab]` of the last layer's output."""
         h = self.final_norm(h)
         if not self.tied:
-            logits = self.head(h)
-        elif self.head_entry is not None:  # the whole sequence, this rank's vocabulary
-            logits = linear(self.head_entry(h), self.embedding.weight)
-        else:
-            logits = mint.matmul(h, self.embedding.weight.astype(h.dtype).T)
-        self.last_balance_loss = balance
-        return logits, balance
-
-    def _check_ids(self, input_ids: Tensor) -> None:
-        check_input_ids(input_ids, self.settings.seq_length,
-                        self.settings.max_position_embeddings, self.tensor_group,
-                        self.places.context_size)
+            return self.head(h)
+        if self.head_entry is not None:  # the whole sequence, this rank's vocabulary
+            return linear(self.head_entry(h), self.embedding.weight)
+        return mint.matmul(h, self.embedding.weight.astype(h.dtype).T)
 
     # --- MoE statistics -----------------------------------------------------------------
 
     def moe_layers(self) -> list[int]:
         """Global indices of the MoE layers."""
-        return [self.layer_offset + index for index, layer in enumerate(self.decoder_layers)
-                if layer.is_moe]
+        return [index for index, layer in self._layers() if layer.is_moe]
 
     def tokens_per_expert(self) -> dict[int, np.ndarray]:
         """Global layer index -> tokens routed to each expert (int64 `[n_routed_experts]`) in
         the last forward; each sums to tokens * num_experts_per_tok."""
-        return {self.layer_offset + index: layer.mlp.last_tokens_per_expert.copy()
-                for index, layer in enumerate(self.decoder_layers) if layer.is_moe}
+        return {index: layer.mlp.last_tokens_per_expert.copy()
+                for index, layer in self._layers() if layer.is_moe}
 
     def expert_load(self) -> dict[int, np.ndarray]:
         """Global layer index -> (token, expert) pairs this rank's experts computed in the
         last forward (int64 `[n_routed_experts]`, zero for experts other ranks hold); equal to
         `tokens_per_expert()` without expert parallelism."""
-        return {self.layer_offset + index: layer.mlp.last_expert_load.copy()
-                for index, layer in enumerate(self.decoder_layers) if layer.is_moe}
+        return {index: layer.mlp.last_expert_load.copy()
+                for index, layer in self._layers() if layer.is_moe}
 
     @property
     def expert_bias_update_rate(self) -> float:
@@ -349,10 +345,13 @@ class DeepseekV3ForCausalLM(nn.Cell):
             counts: global layer index -> the step's tokens per expert summed over every rank
                 that routes different tokens (`mf_train.expert_counts.global_counts`).
         """
-        for index, layer in enumerate(self.decoder_layers):
-            global_index = self.layer_offset + index
-            if layer.is_moe and global_index in counts:
-                layer.mlp.router.update_bias(counts[global_index], self.expert_bias_update_rate)
+        for index, layer in self._layers():
+            if layer.is_moe and index in counts:
+                layer.mlp.router.update_bias(counts[index], self.expert_bias_update_rate)
+
+    def _layers(self) -> Iterable[tuple[int, "DeepseekV3DecoderLayer"]]:
+        """(global id, layer) of the layers this model (or pipeline part) holds."""
+        return zip(self.decoder_layers.ids, self.decoder_layers, strict=True)
 
     def balance_loss(self) -> float:
         """The balance-loss part of the last forward's loss (0.0 before any forward)."""
@@ -453,17 +452,51 @@ def hf_parameter_names(ours: str) -> tuple[str, ...]:
     return (prefix + ".".join(parts),)
 
 
-def _other_ranks_experts(s: DeepseekV3Settings,
-                         expert_group: ExpertGroup | None) -> tuple[str, ...]:
-    """The Hugging Face names of the routed experts other ranks hold (expert parallelism):
-    a rank loads its own share of a whole checkpoint."""
+def _other_ranks_experts(s: DeepseekV3Settings, expert_group: ExpertGroup | None,
+                         layers: Iterable[int]) -> tuple[str, ...]:
+    """The Hugging Face names of the routed experts other ranks hold (expert parallelism) in
+    these decoder `layers`: a rank loads its own share of a whole checkpoint."""
     if expert_group is None or expert_group.size == 1:
         return ()
     held = set(expert_group.local_experts(s.n_routed_experts))
     return tuple(f"model.layers.{layer}.mlp.experts.{e}.{proj}.weight"
-                 for layer in range(s.first_k_dense_replace, s.num_hidden_layers)
+                 for layer in layers if layer >= s.first_k_dense_replace
                  for e in range(s.n_routed_experts) if e not in held
                  for proj in ("gate_proj", "up_proj", "down_proj"))
+
+
+def layer_hf_names(s: DeepseekV3Settings, layer: int) -> tuple[str, ...]:
+    """The Hugging Face names of decoder layer `layer`'s weights (every routed expert's),
+    from the settings alone: what a pipeline stage that does not build the layer leaves to
+    the stage that does."""
+    prefix = f"model.layers.{layer}."
+    attention = (("q_proj",) if s.q_lora_rank is None else ("q_a_proj", "q_a_layernorm",
+                                                            "q_b_proj")) + (
+        "kv_a_proj_with_mqa", "kv_a_layernorm", "kv_b_proj", "o_proj")
+    swiglu = ("gate_proj", "up_proj", "down_proj")
+    if layer < s.first_k_dense_replace:
+        mlp = [f"mlp.{proj}.weight" for proj in swiglu]
+    else:
+        mlp = ["mlp.gate.weight", "mlp.gate.e_score_correction_bias"]
+        mlp += [f"mlp.experts.{e}.{proj}.weight" for e in range(s.n_routed_experts)
+                for proj in swiglu]
+        if s.n_shared_experts:
+            mlp += [f"mlp.shared_experts.{proj}.weight" for proj in swiglu]
+    names = ["input_layernorm.weight", "post_attention_layernorm.weight",
+             *(f"self_attn.{name}.weight" for name in attention), *mlp]
+    return tuple(prefix + name for name in names)
+
+
+def _other_stages_weights(s: DeepseekV3Settings, part: ModelPart) -> tuple[str, ...]:
+    """The Hugging Face names of the weights other pipeline stages hold (a stage loading a
+    whole checkpoint takes its own and leaves these)."""
+    names = [name for layer in range(s.num_hidden_layers) if layer not in part.layers
+             for name in layer_hf_names(s, layer)]
+    if not (part.embedding or (part.head and s.tie_word_embeddings)):
+        names.append("model.embed_tokens.weight")
+    if not part.head:
+        names += ["model.norm.weight"] + ([] if s.tie_word_embeddings else ["lm_head.weight"])
+    return tuple(names)
 
 
 def _cast_parameters(model: nn.Cell, dtype: ms.Type) -> None:

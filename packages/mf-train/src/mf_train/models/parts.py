@@ -8,7 +8,8 @@ every parameter keeps its model-wide name (`decoder_layers.5.mlp.down.weight` on
 holds layer 5): checkpoints of a pipelined run use the names of the whole model.
 
 A model that can be cut into stages (`PipelineModel`) takes `part=` in its constructor and
-runs its pieces separately: `embed`, `decoder` (some of its layers) and `head_loss`.
+runs its pieces separately: `embed`, `decoder` (some of its layers, with the auxiliary loss
+they add: a mixture of experts' balance loss) and `head_loss`.
 """
 
 from __future__ import annotations
@@ -91,8 +92,11 @@ class PipelineModel(Protocol):
         """What the layers' attention takes for this micro-batch (rotary positions, mask;
         `attention_inputs.Attending`)."""
 
-    def decoder(self, hidden: Tensor, layers: Sequence[int], attending: object) -> Tensor:
-        """The hidden states through the decoder layers of these global ids, in order."""
+    def decoder(self, hidden: Tensor, layers: Sequence[int],
+                attending: object) -> tuple[Tensor, Tensor | None]:
+        """The hidden states through the decoder layers of these global ids, in order, and
+        the auxiliary loss those layers add to the model's loss (DeepSeek-V3's balance loss;
+        None for a model without one)."""
 
     def head_loss(self, hidden: Tensor, labels: Tensor, loss_mask: Tensor | None) -> Tensor:
         """The last layer's output -> the mean loss (a float32 scalar)."""

@@ -43,8 +43,6 @@ from .blocks import (
     RotaryEmbedding,
     SwiGLU,
     apply_rotary,
-    causal_lm_loss,
-    check_input_ids,
     column_linear,
     embedding,
     fuse_rows,
@@ -57,6 +55,7 @@ from .blocks import (
     row_linear,
     tensor_size,
 )
+from .causal_lm import CausalLMPieces
 from .context_attention import SequenceExchange
 from .hf_weights import WeightMap
 from .parts import LayerStack, ModelPart, each_built
@@ -212,7 +211,7 @@ class Qwen3DecoderLayer(nn.Cell):
 
 
 @MODELS.register("Qwen3ForCausalLM", "qwen3")
-class Qwen3ForCausalLM(nn.Cell):
+class Qwen3ForCausalLM(CausalLMPieces, nn.Cell):
     """Qwen3 causal LM. `model(input_ids, labels, loss_mask=None, position_ids=None,
     actual_seq_len=None, attention_mask=None)` -> float32 scalar loss
     `sum(ce * mask) / max(sum(mask), 1)`; `model.logits(input_ids)` -> `[b, s, V]` (this rank's
@@ -303,52 +302,19 @@ class Qwen3ForCausalLM(nn.Cell):
                   position_ids: Tensor | None = None, actual_seq_len: Tensor | None = None,
                   attention_mask: Tensor | None = None) -> Tensor:
         attending = self.attending(input_ids, position_ids, actual_seq_len, attention_mask)
-        hidden = self.decoder(self.embed(input_ids), self.part.layers, attending)
+        hidden, _ = self.decoder(self.embed(input_ids), self.part.layers, attending)
         return self.head_loss(hidden, labels, loss_mask)
-
-    def logits(self, input_ids: Tensor, position_ids: Tensor | None = None,
-               actual_seq_len: Tensor | None = None,
-               attention_mask: Tensor | None = None) -> Tensor:
-        """`[batch, seq, vocab]` logits in the compute dtype."""
-        attending = self.attending(input_ids, position_ids, actual_seq_len, attention_mask)
-        return self._head_logits(self.decoder(self.embed(input_ids), self.part.layers,
-                                              attending)).swapaxes(0, 1)
-
-    def attending(self, input_ids: Tensor, position_ids: Tensor | None = None,
-                  actual_seq_len: Tensor | None = None,
-                  attention_mask: Tensor | None = None) -> Attending:
-        """Rotary positions and attention mask of a micro-batch (`AttentionPlaces.inputs`)."""
-        return self.places.inputs(input_ids.shape[1], position_ids, actual_seq_len,
-                                  attention_mask)
 
     # --- pipeline pieces (`parts.PipelineModel`) ----------------------------------------
 
-    def embed(self, input_ids: Tensor) -> Tensor:
-        """`[batch, seq]` ids -> `[seq, batch, hidden]` (this rank's sequence slice under
-        sequence parallelism)."""
-        self._check_ids(input_ids)
-        return self.embedding(input_ids.swapaxes(0, 1)).astype(self.compute_dtype)
-
-    def decoder(self, hidden: Tensor, layers: Sequence[int], attending: Attending) -> Tensor:
-        """`hidden` through the decoder layers of these global ids."""
+    def decoder(self, hidden: Tensor, layers: Sequence[int],
+                attending: Attending) -> tuple[Tensor, None]:
+        """`hidden` through the decoder layers of these global ids (no auxiliary loss)."""
         cos, sin = self.rotary.at(attending.positions)
         for index in layers:
             hidden = self.decoder_layers.by_id(index)(hidden, cos, sin, attending.mask,
                                                       attending.lengths)
-        return hidden
-
-    def head_loss(self, hidden: Tensor, labels: Tensor, loss_mask: Tensor | None) -> Tensor:
-        """The last layer's output -> the masked mean loss."""
-        mask = None if loss_mask is None else loss_mask.swapaxes(0, 1)
-        return causal_lm_loss(self._head_logits(hidden), labels.swapaxes(0, 1), mask,
-                              self.tensor_group, self.context_group)
-
-    def hidden_spec(self, batch: int, seq: int) -> tuple[tuple[int, ...], ms.Type]:
-        """`[seq, batch, hidden]` in the compute dtype; `seq / tensor_parallel` under sequence
-        parallelism."""
-        if is_sequence_parallel(self.tensor_group):
-            seq //= tensor_size(self.tensor_group)
-        return (seq, batch, self.settings.hidden_size), self.compute_dtype
+        return hidden, None
 
     def _other_stages_weights(self) -> tuple[str, ...]:
         """HF names of the weights other pipeline stages hold (a stage loading a whole HF
@@ -364,11 +330,6 @@ class Qwen3ForCausalLM(nn.Cell):
         if self.head_entry is not None:
             x = self.head_entry(x)
         return linear(x, self.embedding.weight)
-
-    def _check_ids(self, input_ids: Tensor) -> None:
-        check_input_ids(input_ids, self.settings.seq_length,
-                        self.settings.max_position_embeddings, self.tensor_group,
-                        self.places.context_size)
 
 
 def _dtypes(s: Qwen3Settings, group: TensorGroup | None,

@@ -31,8 +31,9 @@ same everywhere; `TrainContext.collectives`, None in one process).
 `record_forward()` after each micro-batch's forward, and the step's counts are the sum over
 its micro-batches; without those calls the monitor reads the model once at the step's end
 (the last micro-batch only). `record_forward()` does nothing on steps that are not recorded.
-Under pipeline parallelism a stage holds only its layers; target layers it does not hold are
-simply absent there.
+Under pipeline parallelism a stage holds and counts only its layers; the stages' tables are
+then summed over the pipeline group (`expert_counts.across_stages`), so every rank's record,
+rank 0's metrics included, has every stage's layers; each rank's own file has its own.
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ from __future__ import annotations
 import json
 import logging
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -50,7 +51,7 @@ from mf_config.component_settings import settings_error
 from mf_config.yaml_source import Source
 
 from ..callbacks import Callback, StepRecord, TrainContext
-from ..expert_counts import StepCounts, per_rank_counts
+from ..expert_counts import StepCounts, across_stages, per_rank_counts
 from ..no_follow import open_no_follow
 
 logger = logging.getLogger(__name__)
@@ -93,21 +94,23 @@ class MoeMonitor(Callback):
                     and callable(getattr(ctx.model, "expert_load", None))):
                 self._loads = StepCounts(ctx.model, "expert_load")
 
-    def record_forward(self) -> None:
-        """Add the last forward's counts to the step's (on recorded steps only)."""
+    def record_forward(self, layers: Sequence[int] | None = None) -> None:
+        """Add the last forward's counts of these layers (None: all) to the step's (on
+        recorded steps only)."""
         if not self._due or self._counts is None:
             return
         for step_counts in (self._counts, self._loads):
             if step_counts is not None:
-                step_counts.add_last_forward()
+                step_counts.add_last_forward(layers)
 
     def on_step_end(self, ctx: TrainContext, record: StepRecord) -> None:
         if not self._due or self._counts is None:
             return
         counts = self._targets(self._counts.take())
         ranks, per_rank = per_rank_counts(counts, ctx.collectives)
+        tables = across_stages(per_rank, ranks, ctx.collectives)
         processed = self._processed(ctx)
-        for layer, table in sorted(per_rank.items()):
+        for layer, (ranks, table) in sorted(tables.items()):
             record.extra.update(_extras(layer, table.sum(0)))
             if len(ranks) > 1:
                 for index, rank in enumerate(ranks):
@@ -130,10 +133,13 @@ class MoeMonitor(Callback):
 
     def _processed(self, ctx: TrainContext) -> dict[int, np.ndarray]:
         """Layer -> `[ranks, n_routed_experts]` pairs each rank's experts computed in the step
-        (rows as `per_rank_counts`'); empty without expert parallelism."""
+        (rows as `per_rank_counts`'), of every pipeline stage; empty without expert
+        parallelism."""
         if self._loads is None:
             return {}
-        return per_rank_counts(self._targets(self._loads.take()), ctx.collectives)[1]
+        ranks, tables = per_rank_counts(self._targets(self._loads.take()), ctx.collectives)
+        return {layer: table for layer, (_, table) in
+                across_stages(tables, ranks, ctx.collectives).items()}
 
     def _targets(self, counts: Mapping[int, np.ndarray]) -> dict[int, np.ndarray]:
         """The target layers' counts (all MoE layers without `target_layers`)."""

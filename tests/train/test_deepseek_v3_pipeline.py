@@ -1,0 +1,85 @@
+"""DeepSeek-V3 in pipeline stages on real msrun ranks: `mf-train --nproc N` with
+`pipeline_parallel` gives the losses and gradient norms of one process, the balance loss of
+every stage's routers included (a coefficient large enough to move them), alone (1F1B, and
+interleaved with 2 chunks), with expert, tensor and context parallelism on each stage; a
+pipelined run resumes bit for bit."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+pytest.importorskip("mindspore")
+
+from runs import (
+    DEEPSEEK,
+    DEEPSEEK_3_LAYERS,
+    assert_resumed_exactly,
+    assert_same_run,
+    saved_tensors,
+    train,
+    worker_log,
+)
+
+from mf_train.checkpoint.layout import iteration_name
+
+BALANCED = (*DEEPSEEK_3_LAYERS, "model.aux_loss_alpha=0.1")
+"""The tiny DeepSeek-V3 (3 layers: one dense, two with 4 routed experts, top 2), 4 steps of 2
+micro-batches, a balance loss that moves the gradients."""
+FOUR_LAYERS = (*BALANCED, "model.num_hidden_layers=4")
+INTERLEAVED = ("parallelism.pipeline_parallel=2",
+               "parallelism.pipeline_parallel_schedule=interleaved_1f1b",
+               "parallelism.pipeline_parallel_interleave_num=2")
+pytestmark = pytest.mark.ranks
+
+
+@pytest.fixture(scope="module")
+def single(runs) -> Path:
+    return runs(DEEPSEEK, *BALANCED)
+
+
+@pytest.fixture(scope="module")
+def two_stages(runs) -> Path:
+    return runs(DEEPSEEK, *BALANCED, "parallelism.pipeline_parallel=2", nproc=2)
+
+
+def test_two_stages_match_one_process(single, two_stages) -> None:
+    assert_same_run(two_stages, single)
+    assert ("pipeline 2 (1f1b; this stage 0: layers 0-1) x no data parallelism"
+            in worker_log(two_stages))
+    got, want = saved_tensors(two_stages, 4), saved_tensors(single, 4)
+    assert got.keys() == want.keys()
+    for name, array in want.items():
+        np.testing.assert_allclose(got[name], array, rtol=1e-4, atol=1e-6, err_msg=name)
+
+
+def test_interleaved_stages_match_one_process(data_prefix, runs, tmp_path) -> None:
+    """4 layers in 4 virtual stages on 2 ranks (stage 0: layers 0 and 2)."""
+    one = runs(DEEPSEEK, *FOUR_LAYERS)
+    train(DEEPSEEK, tmp_path, data_prefix, *FOUR_LAYERS, *INTERLEAVED, nproc=2)
+    assert_same_run(tmp_path, one)
+    assert "this stage 0: layers 0, 2)" in worker_log(tmp_path)
+
+
+def test_a_pipelined_run_resumes_bit_for_bit(data_prefix, two_stages, tmp_path) -> None:
+    train(DEEPSEEK, tmp_path, data_prefix, *BALANCED, "parallelism.pipeline_parallel=2",
+          f"checkpoint.load_path={two_stages / 'ckpt' / iteration_name(2)}", nproc=2)
+    assert_resumed_exactly(tmp_path, two_stages)
+    got, want = saved_tensors(tmp_path, 4), saved_tensors(two_stages, 4)
+    assert got.keys() == want.keys()
+    for name in want:
+        np.testing.assert_array_equal(got[name], want[name], err_msg=name)
+
+
+@pytest.mark.parametrize("sets", [
+    ["parallelism.expert_parallel=2"],
+    ["parallelism.tensor_parallel=2"],
+    ["parallelism.context_parallel=2", "parallelism.context_parallel_method=ulysses"],
+], ids=["expert", "tensor", "context"])
+def test_two_stages_with_another_degree_on_four_ranks(data_prefix, single, tmp_path,
+                                                      sets) -> None:
+    train(DEEPSEEK, tmp_path, data_prefix, *BALANCED, "parallelism.pipeline_parallel=2",
+          *sets, nproc=4)
+    assert_same_run(tmp_path, single)
