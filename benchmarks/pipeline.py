@@ -1,13 +1,14 @@
-"""Pipeline parallelism on 2 msrun ranks: each schedule's step against one process and the
-simulator.
+"""Pipeline parallelism on 2 (or `--stages`) msrun ranks: each schedule's step against one
+process and the simulator.
 
 For each micro-batch count m (`--microbatches`, micro-batch 1 x seq), in fresh processes:
 - **one process** running the same config without pipelining, pinned to one core (`taskset`
   equivalent: `os.sched_setaffinity` before MindSpore starts its threads), and unpinned
   (both cores) for orientation;
-- **PP 2** with each schedule (gpipe, 1f1b, interleaved_1f1b with 2 chunks), the two ranks
+- **PP 2** with each schedule (gpipe, 1f1b, interleaved_1f1b with 2 chunks, and
+  `1f1b_split`: 1F1B with `pipeline_parallel_enable_dxdw_split`, ZB-H1), the two ranks
   unpinned (as `mf-train --nproc 2` runs them) and, with `--pin-ranks`, rank r pinned to
-  core r.
+  core r; `--stages 4` runs PP 4 instead (4 ranks sharing the cores).
 Every process is `pipeline_worker.py` (mf-train's own `run_training`, with the step, its
 pieces and every pipeline action timed by wrapping the classes, the trainer's code
 unchanged). Steady state: the first `--skip` steps are dropped, medians of the rest.
@@ -17,14 +18,15 @@ simulator's bubble (`simulate(build_schedule(...), forward_time=1, backward_time
 `make_plan` reports); the step predicted from the measured durations in two ways:
 - **sim**: mf-parallel's `simulate` with t_f = median F of a chunk that sends (the last
   virtual stage runs nothing at F) and t_b = median B (the recompute makes it about
-  t_f + t_b), messages free, plus the measured rest of the step (reduce, optimizer);
+  t_f + t_b; split: t_w = median W, B and W each recomputing the forward), messages free,
+  plus the measured rest of the step (reduce, optimizer);
 - **replay**: the stage programs the ranks really ran (`stage_programs`, with their
   rendezvous transfers) replayed with each (stage, chunk)'s own measured F and B and the
   measured cost of moving one message, plus the same rest; **buffered**: the same
   durations with the simulator's rule instead (sends never wait), which isolates what the
   rendezvous costs; **re-placed**: the transfers placed with the measured t_f, t_b instead
   of the plan's 1 and 2;
-and per stage: busy (F + B), time in transfers (waiting for the peer + moving), the rest of
+and per stage: busy (F + B + W), time in transfers (waiting for the peer + moving), the rest of
 the stage's `run` (Python between actions), and CPU time over wall time.
 
 The comparison with one process: a stage computes 1/p of the layers, but every B recomputes
@@ -35,8 +37,9 @@ one process on one core is (2f + b)/(f + b)/2 of its time (about 2/3 with b = 2f
 (sum of all F and B) / (sum of all B), since a B is the one-process work of its chunk.
 
 Usage: python benchmarks/pipeline.py [--microbatches 4,8] [--steps 8] [--skip 2]
-       [--schedules gpipe,1f1b,interleaved_1f1b] [--pin-ranks] [--json FILE] [--quick]
-       [--keep DIR [--reanalyse]]   (about 6 minutes, 10 with --pin-ranks)
+       [--schedules gpipe,1f1b,interleaved_1f1b,1f1b_split] [--stages 2] [--pin-ranks]
+       [--json FILE] [--quick] [--keep DIR [--reanalyse]]
+       (about 8 minutes, 13 with --pin-ranks)
 """
 
 from __future__ import annotations
@@ -60,8 +63,10 @@ from mf_train.cli import LAUNCHED
 ROOT = Path(__file__).resolve().parents[1]
 WORKER = Path(__file__).resolve().parent / "pipeline_worker.py"
 EXAMPLE = ROOT / "examples" / "qwen3_tiny.yaml"
-STAGES = 2
-SCHEDULES = {"gpipe": 1, "1f1b": 1, "interleaved_1f1b": 2}
+SCHEDULES = {"gpipe": ("gpipe", 1, False), "1f1b": ("1f1b", 1, False),
+             "interleaved_1f1b": ("interleaved_1f1b", 2, False),
+             "1f1b_split": ("1f1b", 1, True)}
+"""Name -> (the configured schedule, chunks per stage, the backward split in B and W)."""
 MODEL = {"model.hidden_size": 256, "model.intermediate_size": 704, "model.head_dim": 64,
          "model.num_attention_heads": 4, "model.num_key_value_heads": 2,
          "model.num_hidden_layers": 4, "train_dataset.dataloader.config.seq_length": 256,
@@ -98,12 +103,15 @@ def run_one(run_dir: Path, sets: list[str], pin: str) -> list[dict]:
     return load(run_dir)
 
 
-def run_pipeline(run_dir: Path, sets: list[str], schedule: str, pin: bool) -> list[dict]:
-    more = ["parallelism.pipeline_parallel=2",
-            f"parallelism.pipeline_parallel_schedule={schedule}",
-            f"parallelism.pipeline_parallel_interleave_num={SCHEDULES[schedule]}"]
+def run_pipeline(run_dir: Path, sets: list[str], schedule: str, pin: bool,
+                 stages: int) -> list[dict]:
+    configured, chunks, split = SCHEDULES[schedule]
+    more = [f"parallelism.pipeline_parallel={stages}",
+            f"parallelism.pipeline_parallel_schedule={configured}",
+            f"parallelism.pipeline_parallel_interleave_num={chunks}",
+            f"parallelism.pipeline_parallel_enable_dxdw_split={str(split).lower()}"]
     sets = [*sets, *(arg for value in more for arg in ("--set", value))]
-    run_ranks(WORKER, STAGES, log_dir=run_dir / "logs", timeout=1800,
+    run_ranks(WORKER, stages, log_dir=run_dir / "logs", timeout=1800,
               args=train_args(run_dir, sets),
               env={"GLOG_v": "3", "MF_BENCH_PIN": "rank" if pin else "",
                    # as `mf-train --nproc`: no rank (nor msrun's scheduler, which runs the
@@ -149,7 +157,8 @@ def _cpu(events: list, name: str) -> float:
 
 def pipeline(timelines: list[dict], skip: int, schedule: str, microbatches: int) -> dict:
     """Step time, action durations, per-stage busy/transfer/other, and the predictions."""
-    chunks = SCHEDULES[schedule]
+    configured, chunks, split = SCHEDULES[schedule]
+    num_stages = len(timelines)
     by_rank = [steady(t["events"], skip) for t in timelines]
     steps = sorted(set.intersection(*(set(b) for b in by_rank)))
     durations = defaultdict(list)  # (stage, kind, virtual) -> seconds
@@ -159,11 +168,11 @@ def pipeline(timelines: list[dict], skip: int, schedule: str, microbatches: int)
         for stage, by_step in enumerate(by_rank):
             events = by_step[step]
             for e in events:
-                if e[1] in ("F", "B"):
+                if e[1] in ("F", "B", "W"):
                     durations[(stage, e[1], e[6][0])].append(e[3] - e[2])
                 elif e[1] == "T":
                     starts[tuple(e[6])][stage] = (e[2], e[3])
-            busy = span(events, "F") + span(events, "B")
+            busy = span(events, "F") + span(events, "B") + span(events, "W")
             run, transfers = span(events, "run"), span(events, "T")
             row = stage_rows[stage]
             row["step"].append(span(events, "step"))
@@ -183,28 +192,36 @@ def pipeline(timelines: list[dict], skip: int, schedule: str, microbatches: int)
         for stage in range(len(by_rank)):
             stage_rows[stage]["wait"].append(waits[stage])
     measured = {key: median(values) for key, values in durations.items()}
-    last = STAGES * chunks - 1
+    last = num_stages * chunks - 1
     t_f = median(v for (_, kind, virtual), vs in durations.items() if kind == "F"
                  and virtual != last for v in vs)
-    t_b = median(v for (_, kind, _), vs in durations.items() if kind == "B" for v in vs)
+    # a split B of the first virtual stage computes nothing (no input gradient to send)
+    t_b = median(v for (_, kind, virtual), vs in durations.items() if kind == "B"
+                 and not (split and virtual == 0) for v in vs)
+    t_w = median(v for (_, kind, _), vs in durations.items() if kind == "W" for v in vs) \
+        if split else 1.0
     move = median(moves)
     stages = [{key: median(values) for key, values in stage_rows[s].items()}
               for s in range(len(by_rank))]
     rest = stages[0]["rest"]
-    actions = build_schedule(schedule, STAGES, microbatches, chunks)
-    unit = simulate(actions, num_chunks=chunks, forward_time=1, backward_time=2)
-    real = simulate(actions, num_chunks=chunks, forward_time=t_f, backward_time=t_b)
-    replayed, replay_busy = replay(stage_programs(actions, chunks), measured, move)
+    actions = build_schedule(configured, num_stages, microbatches, chunks, split)
+    unit_times = {"backward_time": 1 if split else 2, "weight_time": 1}
+    unit = simulate(actions, num_chunks=chunks, forward_time=1, **unit_times)
+    real = simulate(actions, num_chunks=chunks, forward_time=t_f, backward_time=t_b,
+                    weight_time=t_w)
+    programs = stage_programs(actions, chunks, forward_time=1, **unit_times)
+    replayed, replay_busy = replay(programs, measured, move)
     # the same durations with buffered sends (the simulator's rule): what rendezvous costs
-    buffered = replay(stage_programs(actions, chunks), measured, move, buffered=actions)[0]
-    # the transfers placed with the measured t_f, t_b instead of the plan's 1 and 2
-    replaced = replay(stage_programs(actions, chunks, forward_time=t_f, backward_time=t_b),
-                      measured, move)[0]
+    buffered = replay(programs, measured, move, buffered=actions)[0]
+    # the transfers placed with the measured durations instead of the plan's units
+    replaced = replay(stage_programs(actions, chunks, forward_time=t_f, backward_time=t_b,
+                                     weight_time=t_w), measured, move)[0]
     all_f = sum(sum(v) for (_, kind, _), v in durations.items() if kind == "F")
-    all_b = sum(sum(v) for (_, kind, _), v in durations.items() if kind == "B")
+    all_b = sum(sum(v) for (_, kind, _), v in durations.items() if kind in ("B", "W"))
     per_mb_b = all_b / len(steps) / microbatches
     return {"schedule": schedule, "microbatches": microbatches, "steps": len(steps),
-            "step": stages[0]["step"], "stages": stages, "t_f": t_f, "t_b": t_b, "move": move,
+            "step": stages[0]["step"], "stages": stages, "t_f": t_f, "t_b": t_b,
+            "t_w": t_w if split else None, "move": move,
             "durations": {f"stage {s} {kind} v{v}": d for (s, kind, v), d in measured.items()},
             "unit_bubble": unit.bubble_fraction, "sim_makespan": real.makespan,
             "sim_bubble": real.bubble_fraction, "sim_step": real.makespan + rest,
@@ -222,10 +239,11 @@ def replay(programs: list[list], measured: dict, move: float,
     the matching SEND has run, plus `move`."""
     if buffered is not None:
         return _buffered(buffered, measured, move)
-    position, clock, busy = [0] * STAGES, [0.0] * STAGES, [0.0] * STAGES
-    while any(position[s] < len(programs[s]) for s in range(STAGES)):
+    stages = len(programs)
+    position, clock, busy = [0] * stages, [0.0] * stages, [0.0] * stages
+    while any(position[s] < len(programs[s]) for s in range(stages)):
         progressed = False
-        for s in range(STAGES):
+        for s in range(stages):
             while position[s] < len(programs[s]):
                 item = programs[s][position[s]]
                 if isinstance(item, Transfer):
@@ -235,8 +253,8 @@ def replay(programs: list[list], measured: dict, move: float,
                         break
                     clock[s] = clock[peer] = max(clock[s], clock[peer]) + move
                     position[peer] += 1
-                elif item.kind in (Kind.F, Kind.B):
-                    duration = _duration(measured, s, item)
+                elif item.kind in (Kind.F, Kind.B, Kind.W):
+                    duration = _duration(measured, s, item, stages)
                     clock[s] += duration
                     busy[s] += duration
                 position[s] += 1
@@ -246,21 +264,22 @@ def replay(programs: list[list], measured: dict, move: float,
     return max(clock), busy
 
 
-def _duration(measured: dict, stage: int, action) -> float:
-    """The measured median of an F or B of `stage` (0 for one it never times: the last
+def _duration(measured: dict, stage: int, action, stages: int) -> float:
+    """The measured median of an F, B or W of `stage` (0 for one it never times: the last
     virtual stage's F)."""
-    return measured.get((stage, action.kind.value, action.chunk * STAGES + stage), 0.0)
+    return measured.get((stage, action.kind.value, action.chunk * stages + stage), 0.0)
 
 
 def _buffered(actions: list[list], measured: dict, move: float) -> tuple[float, list[float]]:
-    position, clock, busy = [0] * STAGES, [0.0] * STAGES, [0.0] * STAGES
+    stages = len(actions)
+    position, clock, busy = [0] * stages, [0.0] * stages, [0.0] * stages
     sent: dict[object, float] = {}
-    while any(position[s] < len(actions[s]) for s in range(STAGES)):
+    while any(position[s] < len(actions[s]) for s in range(stages)):
         progressed = False
-        for s in range(STAGES):
+        for s in range(stages):
             while position[s] < len(actions[s]):
                 action = actions[s][position[s]]
-                key = message_of(action, s, STAGES) if action.peer is not None else None
+                key = message_of(action, s, stages) if action.peer is not None else None
                 if action.kind in (Kind.RECV_F, Kind.RECV_B):
                     if key not in sent:
                         break
@@ -268,7 +287,7 @@ def _buffered(actions: list[list], measured: dict, move: float) -> tuple[float, 
                 elif action.kind in (Kind.SEND_F, Kind.SEND_B):
                     sent[key] = clock[s]
                 else:
-                    duration = _duration(measured, s, action)
+                    duration = _duration(measured, s, action, stages)
                     clock[s] += duration
                     busy[s] += duration
                 position[s] += 1
@@ -303,12 +322,12 @@ def report(results: list[dict], singles: dict) -> None:
               f"{r['replay_step'] * ms:>10.0f}{r['step'] / r['replay_step']:>12.2f}"
               f"{r['buffered_step'] * ms:>9.0f}{r['replaced_step'] * ms:>10.0f}")
     print("\nper stage (ms, medians per step): run = the schedule's part of the step; busy = "
-          "F + B; transfer = in send/recv (of which wait = until the peer arrived); other = "
+          "F + B + W; transfer = in send/recv (of which wait = until the peer arrived); other = "
           "the rest of run; cpu = CPU time / wall over run (cpu T: over the transfers); rest = "
           "step - run (reduce, update)")
     print(f"{'schedule':<18}{'pin':>4}{'m':>3}{'stage':>6}{'run':>7}{'busy':>7}{'idle %':>7}"
           f"{'transfer':>9}{'wait':>7}{'other':>7}{'cpu':>6}{'cpu T':>6}{'rest':>7}{'t_f':>6}"
-          f"{'t_b':>6}{'move':>6}{'recomp x':>9}{'sumB/mb':>8}{'1proc/mb':>9}")
+          f"{'t_b':>6}{'t_w':>6}{'move':>6}{'recomp x':>9}{'sumB/mb':>8}{'1proc/mb':>9}")
     for r in results:
         one = singles[(r["microbatches"], "0")]
         for s, st in enumerate(r["stages"]):
@@ -318,6 +337,7 @@ def report(results: list[dict], singles: dict) -> None:
                   f"{st['wait'] * ms:>7.0f}{st['other'] * ms:>7.0f}{st['cpu_run']:>6.2f}"
                   f"{st['cpu_transfer']:>6.2f}"
                   f"{st['rest'] * ms:>7.0f}{r['t_f'] * ms:>6.0f}{r['t_b'] * ms:>6.0f}"
+                  f"{(r['t_w'] or 0) * ms:>6.0f}"
                   f"{r['move'] * ms:>6.1f}{r['recompute_factor']:>9.2f}"
                   f"{r['sum_b_per_microbatch'] * ms:>8.0f}{one['per_microbatch'] * ms:>9.0f}")
     print("\nmeasured F/B per (stage, kind, virtual stage), ms:")
@@ -330,6 +350,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--microbatches", default="4,8")
     parser.add_argument("--schedules", default=",".join(SCHEDULES))
+    parser.add_argument("--stages", type=int, default=2,
+                        help="pipeline stages (ranks); the model has 4 layers")
     parser.add_argument("--steps", type=int, default=8)
     parser.add_argument("--skip", type=int, default=2)
     parser.add_argument("--pin-ranks", action="store_true",
@@ -360,11 +382,12 @@ def main() -> None:
                 singles[(m, pin)] = one_process(timeline, args.skip, m)
             for schedule in args.schedules.split(","):
                 for pinned in (False, True) if args.pin_ranks else (False,):
-                    name = f"pp_{schedule}_m{m}{'_pinned' if pinned else ''}"
+                    name = f"pp{args.stages}_{schedule}_m{m}{'_pinned' if pinned else ''}"
                     print(f"running {name}", flush=True)
                     timelines = (sorted(load(base / name), key=lambda t: t["stage"])
                                  if args.reanalyse
-                                 else run_pipeline(base / name, sets, schedule, pinned))
+                                 else run_pipeline(base / name, sets, schedule, pinned,
+                                                   args.stages))
                     result = pipeline(timelines, args.skip, schedule, m)
                     results.append({**result, "pinned": pinned})
         report(results, singles)

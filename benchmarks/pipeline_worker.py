@@ -4,12 +4,13 @@ Usage: pipeline_worker.py OUT_DIR MF_TRAIN_ARGS...   (under msrun, or one proces
 
 The trainer's code is not changed: before training starts this wraps, on the classes,
 `TrainStep.__call__` (the whole step), the layout's `forward_backward`, `reduce` and the
-optimizer's `step`, and, under pipelining, `StageRunner.run`, `_forward`, `_backward` and
-`_transfer` (each action of the stage's program). Each call is recorded as (name, start, end,
-details) with `time.perf_counter()` (CLOCK_MONOTONIC: one clock for all processes of the
-host, so the two ranks' timelines line up) and the process's CPU time at both ends. Kernels
-launch synchronously on CPU (mf-train's `launch_blocking`), so a call's wall time is its
-computation. Written to OUT_DIR/timeline_<rank>.json when training ends.
+optimizer's `step`, and, under pipelining, `StageRunner.run`, `_forward`, `_backward`,
+`_weights` (W of a split backward) and `_transfer` (each action of the stage's program).
+Each call is recorded as (name, start, end, details) with `time.perf_counter()`
+(CLOCK_MONOTONIC: one clock for all processes of the host, so the ranks' timelines line up)
+and the process's CPU time at both ends. Kernels launch synchronously on CPU (mf-train's
+`launch_blocking`), so a call's wall time is its computation. Written to
+OUT_DIR/timeline_<rank>.json when training ends.
 
 MF_BENCH_PIN: "rank" pins this process (before MindSpore starts its threads) to the core
 whose number is its rank; a comma-separated list pins it to those cores.
@@ -79,6 +80,8 @@ StageRunner._forward = record("F", lambda a: [a[1].virtual, a[2], a[1].last])(
     StageRunner._forward)
 StageRunner._backward = record("B", lambda a: [a[1].virtual, a[2], a[1].last])(
     StageRunner._backward)
+StageRunner._weights = record("W", lambda a: [a[1].virtual, a[2], a[1].last])(
+    StageRunner._weights)
 StageRunner._transfer = record("T", lambda a: [
     a[1].message.carries.value, a[1].message.microbatch, a[1].message.sender,
     a[1].source, a[1].target])(StageRunner._transfer)

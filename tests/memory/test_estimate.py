@@ -126,10 +126,15 @@ def test_swap_offloads_layers_and_prefetches() -> None:
     assert op.layer_activations[0].kept == 4 * (LAYER - ATTENTION_INTERNALS)
 
 
-@pytest.mark.parametrize(("schedule", "expected"), [("1f1b", [2, 1]), ("gpipe", [4, 4])])
-def test_pipeline_micro_batches_in_flight(schedule: str, expected: list[int]) -> None:
+@pytest.mark.parametrize(("schedule", "split", "expected"), [
+    ("1f1b", False, [2, 1]), ("gpipe", False, [4, 4]),
+    ("1f1b", True, [2, 2]),  # ZB-H1: the last stage keeps one input for a later W
+])
+def test_pipeline_micro_batches_in_flight(schedule: str, split: bool,
+                                          expected: list[int]) -> None:
     cfg = config(model__num_hidden_layers=4, parallelism__pipeline_parallel=2,
                  parallelism__pipeline_parallel_schedule=schedule,
+                 parallelism__pipeline_parallel_enable_dxdw_split=split,
                  training__global_batch_size=12)
     first, last = (estimate(cfg, world_size=2, stage=s) for s in (0, 1))
     assert [first.in_flight, last.in_flight] == expected

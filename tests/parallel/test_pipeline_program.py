@@ -24,9 +24,20 @@ from mf_parallel.pipeline_schedules import (
 )
 from mf_parallel.pipeline_simulator import ScheduleError
 
+SPLIT = "1f1b, backward split"
+"""1F1B with each backward as B and W (ZB-H1)."""
+
+
+def schedule_of(name: str, stages: int, microbatches: int, chunks: int):
+    if name == SPLIT:
+        return build_schedule("1f1b", stages, microbatches, chunks, split_backward=True)
+    return build_schedule(name, stages, microbatches, chunks)
+
+
 CASES = [
     *[("gpipe", p, m, 1) for p, m in itertools.product((2, 3, 4), (1, 2, 5, 8))],
     *[("1f1b", p, m, 1) for p, m in itertools.product((2, 3, 4), (1, 2, 5, 8))],
+    *[(SPLIT, p, m, 1) for p, m in itertools.product((2, 3, 4), (1, 2, 5, 8))],
     *[("interleaved_1f1b", p, m, v) for p, v in itertools.product((2, 4), (2, 3))
       for m in (p, 2 * p, 4 * p)],
 ]
@@ -78,7 +89,7 @@ def run_rendezvous(programs, num_stages: int) -> list[list[object]]:
 @pytest.mark.parametrize(("name", "stages", "microbatches", "chunks"), CASES)
 def test_every_schedule_runs_with_rendezvous_transfers(name, stages, microbatches,
                                                        chunks) -> None:
-    schedule = build_schedule(name, stages, microbatches, chunks)
+    schedule = schedule_of(name, stages, microbatches, chunks)
     programs = stage_programs(schedule, chunks)
     run_rendezvous(programs, stages)
     for stage, (actions, program) in enumerate(zip(schedule, programs, strict=True)):
@@ -90,7 +101,7 @@ def test_every_schedule_runs_with_rendezvous_transfers(name, stages, microbatche
 @pytest.mark.parametrize(("name", "stages", "microbatches", "chunks"), CASES)
 def test_neighbours_list_their_transfers_in_the_same_order(name, stages, microbatches,
                                                            chunks) -> None:
-    programs = stage_programs(build_schedule(name, stages, microbatches, chunks), chunks)
+    programs = stage_programs(schedule_of(name, stages, microbatches, chunks), chunks)
     for a, b in itertools.combinations(range(stages), 2):
         between = [[s for s in programs[x] if isinstance(s, Transfer)
                     and {s.source, s.target} == {a, b}] for x in (a, b)]

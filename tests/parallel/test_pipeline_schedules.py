@@ -1,4 +1,5 @@
-"""Pipeline schedules: the per-stage action lists of GPipe, 1F1B and interleaved 1F1B."""
+"""Pipeline schedules: the per-stage action lists of GPipe, 1F1B, interleaved 1F1B and 1F1B
+with the backward split (ZB-H1)."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ def compute(actions: list[Action]) -> str:
     """The computations of one stage, compactly: `F0 B0`, or `F0.1` for chunk 1."""
     words = []
     for action in actions:
-        if action.kind in (Kind.F, Kind.B):
+        if action.kind in (Kind.F, Kind.B, Kind.W):
             chunk = f".{action.chunk}" if action.chunk else ""
             words.append(f"{action.kind.value}{action.microbatch}{chunk}")
     return " ".join(words)
@@ -59,6 +60,19 @@ def test_1f1b_with_fewer_micro_batches_than_stages() -> None:
         "F0 F1 B0 B1",   # warm-up 2
         "F0 F1 B0 B1",   # warm-up 1, then F1 B0, then B1
         "F0 B0 F1 B1"]   # the last stage: no warm-up
+
+
+def test_the_split_1f1b_is_zb_h1() -> None:
+    """1F1B's Fs and Bs; stage s keeps up to s Ws waiting (oldest first out) for its end."""
+    assert [compute(stage) for stage in build_schedule("1f1b", 3, 4, split_backward=True)] == [
+        "F0 F1 F2 B0 W0 F3 B1 W1 B2 W2 B3 W3",
+        "F0 F1 B0 F2 B1 W0 F3 B2 W1 B3 W2 W3",
+        "F0 B0 F1 B1 F2 B2 W0 F3 B3 W1 W2 W3",
+    ]
+    _, stage1 = build_schedule("1f1b", 2, 1, split_backward=True)
+    assert [str(a) for a in stage1] == ["RECV_F(mb 0, chunk 0, from stage 0)",
+                                        "F(mb 0, chunk 0)", "B(mb 0, chunk 0)",
+                                        "SEND_B(mb 0, chunk 0, to stage 0)", "W(mb 0, chunk 0)"]
 
 
 def test_interleaved_follows_megatrons_order() -> None:
@@ -120,6 +134,18 @@ def test_schedules_that_cannot_be_built(args, message) -> None:
     with pytest.raises(PipelineError) as exc:
         build_schedule(*args)
     assert str(exc.value) == message
+
+
+@pytest.mark.parametrize("name", ["gpipe", "interleaved_1f1b"])
+def test_only_1f1b_has_a_split_form(name) -> None:
+    with pytest.raises(PipelineError) as exc:
+        build_schedule(name, 2, 4, split_backward=True)
+    assert str(exc.value) == (
+        f"{name} has no form with the backward split into input and weight gradients "
+        "(pipeline_parallel_enable_dxdw_split); the schedules that have one: 1f1b; set "
+        "pipeline_parallel_schedule to one of them or pipeline_parallel_enable_dxdw_split to "
+        "false")
+
 
 
 def test_actions_say_what_they_are() -> None:

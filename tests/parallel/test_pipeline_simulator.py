@@ -75,6 +75,33 @@ def test_interleaved_bubble_is_megatrons(stages, chunks, backward) -> None:
                                               for stage in range(p))
 
 
+@pytest.mark.parametrize("stages", range(2, 7))
+def test_the_split_backward_leaves_zb_h1s_bubble(stages) -> None:
+    """t_f = t_b = t_w (1F1B's backward is B + W): the makespan is the ideal m (t_f + t_b +
+    t_w) plus (p - 1)(t_f + t_b - t_w), a third of 1F1B's (p - 1)(t_f + t_b + t_w) (Qi et al.,
+    2024); each stage then holds p micro-batches' inputs until their W."""
+    p = stages
+    for m in (p, 2 * p, 3 * p + 1):
+        result = simulate(build_schedule("1f1b", p, m, split_backward=True), m,
+                          backward_time=1, weight_time=1)
+        assert result.makespan == 3 * m + (p - 1)
+        assert result.busy == (3 * m,) * p
+        plain = simulate(build_schedule("1f1b", p, m), m, backward_time=2)
+        assert (result.makespan - 3 * m) * 3 == plain.makespan - 3 * m
+        assert result.peak_in_flight == (p,) * p
+
+
+def test_a_weight_gradient_before_its_input_gradient() -> None:
+    stage0, stage1 = build_schedule("1f1b", 2, 1, split_backward=True)
+    stage1 = [a for a in stage1 if a.kind is not Kind.W] + [Action(Kind.W, 0)]
+    broken = [stage0, [stage1[0], stage1[1], Action(Kind.W, 0), *stage1[2:-1]]]
+    with pytest.raises(ScheduleError, match=r"stage 1, action 2 W\(mb 0, chunk 0\): runs before "
+                                            r"its input gradient B\(mb 0, chunk 0\)"):
+        simulate(broken)
+    with pytest.raises(ScheduleError, match="1 computations never run: stage 1: W"):
+        simulate([stage0, [a for a in stage1 if a.kind is not Kind.W]])
+
+
 def test_interleaving_shrinks_the_bubble_by_the_number_of_chunks() -> None:
     plain = simulate(build_schedule("1f1b", 4, 8), 8)
     interleaved = simulate(build_schedule("interleaved_1f1b", 4, 8, 2), 8, 2)
@@ -254,4 +281,6 @@ def test_other_broken_schedules(schedule, args, message) -> None:
 def test_times_must_be_positive() -> None:
     with pytest.raises(ValueError) as exc:
         simulate(build_schedule("1f1b", 2, 2), backward_time=0)
-    assert str(exc.value) == "forward and backward times must be > 0, got 1 and 0"
+    assert str(exc.value) == "forward, backward and weight times must be > 0, got 1, 0 and 1"
+    with pytest.raises(ValueError, match="got 1, 1 and 0"):
+        simulate(build_schedule("1f1b", 2, 2, split_backward=True), weight_time=0)

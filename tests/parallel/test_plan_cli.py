@@ -61,6 +61,14 @@ def test_plan_of_a_pipeline_layout() -> None:
     assert summary["rank"]["groups"]["pipeline"] == [1, 5]
     # 1F1B, 2 stages, 8 micro-batches: bubble (p - 1) / (m + p - 1) = 1 / 9
     assert summary["pipeline_bubble_fraction"] == round(1 / 9, 4)
+    assert summary["pipeline_dxdw_split"] is False
+    split = make_plan(ParallelismConfig(pipeline_parallel=2, tensor_parallel=2,
+                                        pipeline_parallel_enable_dxdw_split=True),
+                      TrainingConfig(global_batch_size=16, local_batch_size=1), 8,
+                      num_layers=12, seq_length=4096)
+    # ZB-H1 with t_f = t_b = t_w: (p - 1)(t_f + t_b - t_w) idle per stage over m (3 t_f)
+    assert split.split_backward
+    assert plan_summary(split)["pipeline_bubble_fraction"] == round(1 / 25, 4)
 
 
 BATCH_KEYS = ("num_accumulation_steps", "global_batch_size", "effective_global_batch_size",
@@ -129,6 +137,14 @@ def test_cli_text(tmp_path, skeleton) -> None:
     assert lines[2] == ("batch: micro-batch 1 x data parallel 2 x 4 accumulation steps = "
                         "global batch 8")
     assert lines[3].startswith("pipeline: 2 stages, schedule 1f1b, bubble 20.0%")
+    split = run("plan", "--config", str(skeleton), "--world-size", "8",
+                "--set", "parallelism.tensor_parallel=2",
+                "--set", "parallelism.pipeline_parallel=2",
+                "--set", "parallelism.pipeline_parallel_enable_dxdw_split=true",
+                "--set", "training.global_batch_size=8")
+    assert split.stdout.splitlines()[3] == (
+        "pipeline: 2 stages, schedule 1f1b with the backward split (ZB-H1), bubble 7.7% "
+        "(simulated, input and weight gradients = forward each)")
     assert not any(line.startswith("batch ramp-up") for line in lines)
     assert "rank 3: pipeline 0, replicate 0, shard 1, context 0, tensor 1" in lines
     assert "  tensor group          [2, 3]" in lines

@@ -1,8 +1,8 @@
 """DeepSeek-V3 in pipeline stages on real msrun ranks: `mf-train --nproc N` with
 `pipeline_parallel` gives the losses and gradient norms of one process, the balance loss of
 every stage's routers included (a coefficient large enough to move them), alone (1F1B, and
-interleaved with 2 chunks), with expert, tensor and context parallelism on each stage; a
-pipelined run resumes bit for bit."""
+interleaved with 2 chunks, and with the backward split into input and weight gradients), with
+expert, tensor and context parallelism on each stage; a pipelined run resumes bit for bit."""
 
 from __future__ import annotations
 
@@ -83,3 +83,13 @@ def test_two_stages_with_another_degree_on_four_ranks(data_prefix, single, tmp_p
     train(DEEPSEEK, tmp_path, data_prefix, *BALANCED, "parallelism.pipeline_parallel=2",
           *sets, nproc=4)
     assert_same_run(tmp_path, single)
+
+
+def test_two_stages_with_the_split_backward_match_one_process(data_prefix, single,
+                                                              tmp_path) -> None:
+    """`pipeline_parallel_enable_dxdw_split` (ZB-H1): each chunk's balance loss is in what its
+    B and its W differentiate."""
+    train(DEEPSEEK, tmp_path, data_prefix, *BALANCED, "parallelism.pipeline_parallel=2",
+          "parallelism.pipeline_parallel_enable_dxdw_split=true", nproc=2)
+    assert_same_run(tmp_path, single)
+    assert "backward split into B and W (ZB-H1)" in worker_log(tmp_path)

@@ -23,6 +23,7 @@ from runs import (
 )
 
 from mf_train.checkpoint.layout import iteration_name
+from mf_train.cli import run
 
 SCHEDULES = {
     "gpipe": ["parallelism.pipeline_parallel_schedule=gpipe"],
@@ -165,3 +166,30 @@ def test_context_parallel_with_pipeline_matches_one_process(data_prefix, single,
     assert_same_run(tmp_path, single)
     log = (tmp_path / "logs" / "worker_0.log").read_text()
     assert "x context parallel 2 (" in log
+
+
+@pytest.mark.parametrize("stages", [2, 4])
+def test_the_split_backward_matches_one_process(data_prefix, single, tmp_path,
+                                                stages) -> None:
+    """`pipeline_parallel_enable_dxdw_split`: 1F1B with each backward as B (input gradient)
+    and W (weight gradient), ZB-H1's order, on 2 stages and on 4 (4 micro-batches of one
+    sample, stage s keeping up to s Ws for the end)."""
+    more = ["training.local_batch_size=1"] if stages == 4 else []
+    ranks(data_prefix, tmp_path, stages, f"parallelism.pipeline_parallel={stages}",
+          "parallelism.pipeline_parallel_enable_dxdw_split=true", *more)
+    assert_same_run(tmp_path, single)
+    assert (f"pipeline {stages} (1f1b, backward split into B and W (ZB-H1); this stage 0"
+            in (tmp_path / "logs" / "worker_0.log").read_text())
+
+
+def test_the_split_backward_of_another_schedule_is_refused_before_launch(tmp_path,
+                                                                         capsys) -> None:
+    status = run(["--config", str(QWEN3), "--output-dir", str(tmp_path), "--nproc", "2",
+                  "--set", "parallelism.pipeline_parallel=2",
+                  "--set", "parallelism.pipeline_parallel_schedule=gpipe",
+                  "--set", "parallelism.pipeline_parallel_enable_dxdw_split=true"])
+    err = capsys.readouterr().err
+    assert status == 2
+    assert err.startswith("mf-train: gpipe has no form with the backward split into input and "
+                          "weight gradients (pipeline_parallel_enable_dxdw_split)")
+    assert "starting 2 ranks" not in err

@@ -244,7 +244,9 @@ def in_flight(plan: Plan, stage: int) -> int:
     """Micro-batch inputs stage `stage` holds at its fullest: 1 without pipeline parallelism;
     with it, the peak of forwards run minus backwards run in the simulated schedule
     (mf_parallel.simulate), one per (micro-batch, chunk): p - stage for 1F1B (the first stage
-    holds the most), every accumulation micro-batch for GPipe."""
+    holds the most), every accumulation micro-batch for GPipe; with the backward split, until
+    each W (p on every stage for ZB-H1; the received gradient a W also keeps is left out, as
+    the messages are)."""
     if plan.simulation is None:
         return 1
     return plan.simulation.peak_in_flight[stage]

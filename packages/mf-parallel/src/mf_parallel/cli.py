@@ -98,9 +98,12 @@ def _pipeline_line(plan: Plan) -> str:
         text += f" x {plan.interleave} chunks"
     if plan.dims.pipeline > 1:
         text += f", schedule {plan.schedule}"
+        if plan.split_backward:
+            text += " with the backward split (ZB-H1)"
     if plan.simulation is not None:
-        text += (f", bubble {plan.simulation.bubble_fraction:.1%} "
-                 "(simulated, backward = 2 x forward)")
+        times = ("input and weight gradients = forward each" if plan.split_backward
+                 else "backward = 2 x forward")
+        text += f", bubble {plan.simulation.bubble_fraction:.1%} (simulated, {times})"
     return text
 
 

@@ -52,14 +52,16 @@ Step = Action | Transfer
 
 
 def stage_programs(schedule: Sequence[Sequence[Action]], num_chunks: int = 1, *,
-                   forward_time: Number = 1, backward_time: Number = 2) -> list[list[Step]]:
+                   forward_time: Number = 1, backward_time: Number = 2,
+                   weight_time: Number = 1) -> list[list[Step]]:
     """Every stage's actions, in planned order, with the transfers placed between them.
 
     Args:
         schedule: one action list per stage (`build_schedule`); checked with `simulate` first.
         num_chunks: model chunks per stage.
         forward_time: duration of one forward, as in the plan's simulation.
-        backward_time: duration of one backward.
+        backward_time: duration of one backward (with the backward split: of B).
+        weight_time: duration of one W (the schedules with the backward split).
 
     Returns:
         One program per stage: its actions in their planned order, with a `Transfer` before
@@ -69,8 +71,9 @@ def stage_programs(schedule: Sequence[Sequence[Action]], num_chunks: int = 1, *,
         ScheduleError: the schedule is wrong (as `simulate` finds it).
     """
     simulate(schedule, num_chunks=num_chunks, forward_time=forward_time,
-             backward_time=backward_time)
-    run = _Rendezvous(schedule, {Kind.F: forward_time, Kind.B: backward_time})
+             backward_time=backward_time, weight_time=weight_time)
+    run = _Rendezvous(schedule, {Kind.F: forward_time, Kind.B: backward_time,
+                                 Kind.W: weight_time})
     run.execute()
     return run.programs
 

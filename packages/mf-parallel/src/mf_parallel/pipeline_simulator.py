@@ -1,7 +1,8 @@
 """Run a pipeline schedule on paper: check it is correct and measure its bubble.
 
 The model: every stage runs its actions in order, each on its own clock starting at 0. A
-forward takes `forward_time`, a backward `backward_time` (per chunk); messages take no time.
+forward takes `forward_time`, a backward `backward_time` (per chunk; split in two, its input
+gradient B `backward_time` and its weight gradient W `weight_time`); messages take no time.
 Sends are buffered and never wait; a receive waits until the matching send has happened, and
 the stage's clock moves on to the time of that send. The clocks depend only on the schedule,
 not on the order in which the simulator visits the stages, so the result is exact.
@@ -32,7 +33,8 @@ class SimulationResult:
     """Timing and memory of one simulated schedule.
 
     `peak_in_flight[s]` is the most forwards stage s had run whose backwards it had not run
-    yet, counting one per (micro-batch, chunk): the activations it holds at its fullest. With
+    yet (with the backward split, whose W), counting one per (micro-batch, chunk): the
+    activations it holds at its fullest. With
     v chunks per stage each of them is the activation memory of 1/v of the stage's layers.
     """
 
@@ -58,7 +60,7 @@ class SimulationResult:
 
 def simulate(schedule: Sequence[Sequence[Action]], num_microbatches: int | None = None,
              num_chunks: int = 1, *, forward_time: Number = 1,
-             backward_time: Number = 1) -> SimulationResult:
+             backward_time: Number = 1, weight_time: Number = 1) -> SimulationResult:
     """Execute a schedule on a unit-time model, to check it and measure its bubble.
 
     Args:
@@ -67,7 +69,8 @@ def simulate(schedule: Sequence[Sequence[Action]], num_microbatches: int | None 
             name; give it to also catch a schedule that leaves out the last ones altogether.
         num_chunks: model chunks per stage.
         forward_time: the duration of one forward.
-        backward_time: the duration of one backward.
+        backward_time: the duration of one backward (with the backward split: of B).
+        weight_time: the duration of one W (the schedules with the backward split).
 
     Returns:
         Busy time per stage, makespan and peak micro-batches in flight.
@@ -75,9 +78,9 @@ def simulate(schedule: Sequence[Sequence[Action]], num_microbatches: int | None 
     Raises:
         ScheduleError: wrong order, a lost message, or a hang.
     """
-    if not forward_time > 0 or not backward_time > 0:
-        raise ValueError(
-            f"forward and backward times must be > 0, got {forward_time} and {backward_time}")
+    if not forward_time > 0 or not backward_time > 0 or not weight_time > 0:
+        raise ValueError(f"forward, backward and weight times must be > 0, got {forward_time}, "
+                         f"{backward_time} and {weight_time}")
     if not schedule:
         raise ScheduleError("a schedule needs at least one stage, got none")
     if num_microbatches is None:
@@ -86,7 +89,7 @@ def simulate(schedule: Sequence[Sequence[Action]], num_microbatches: int | None 
     if num_microbatches < 1 or num_chunks < 1:
         raise ScheduleError(f"a schedule runs at least one micro-batch and one chunk, got "
                             f"{num_microbatches} and {num_chunks}")
-    durations = {Kind.F: forward_time, Kind.B: backward_time}
+    durations = {Kind.F: forward_time, Kind.B: backward_time, Kind.W: weight_time}
     run = _Run(schedule, num_microbatches, num_chunks, durations)
     run.execute()
     run.check_complete()
@@ -111,7 +114,9 @@ class _Run:
     peak: list[int] = attrs.field(init=False)
     # (micro-batch, virtual stage) of every forward and backward run so far.
     done: dict[Kind, set[tuple[int, int]]] = attrs.field(
-        init=False, factory=lambda: {Kind.F: set(), Kind.B: set()})
+        init=False, factory=lambda: {Kind.F: set(), Kind.B: set(), Kind.W: set()})
+    split: bool = attrs.field(init=False)
+    """Whether the backward is split in two (the schedule has W actions)."""
     # Every send: its time, and where it stands in the schedule for error messages.
     sent: dict[Message, tuple[Number, int, Action]] = attrs.field(init=False, factory=dict)
     received: set[Message] = attrs.field(init=False, factory=set)
@@ -120,6 +125,7 @@ class _Run:
         stages = len(self.schedule)
         self.position, self.clock, self.busy = [0] * stages, [0] * stages, [0] * stages
         self.in_flight, self.peak = [0] * stages, [0] * stages
+        self.split = any(action.kind is Kind.W for actions in self.schedule for action in actions)
 
     @property
     def num_stages(self) -> int:
@@ -149,7 +155,7 @@ class _Run:
     def step(self, stage: int, action: Action) -> bool:
         """Run `action` on `stage`; False if it is a receive whose message is not sent yet."""
         virtual = self.check_action(stage, action)
-        if action.kind in (Kind.F, Kind.B):
+        if action.kind in (Kind.F, Kind.B, Kind.W):
             self.compute(stage, action, virtual)
             return True
         message = message_of(action, stage, self.num_stages)
@@ -159,20 +165,26 @@ class _Run:
         return self.receive(stage, action, message)
 
     def compute(self, stage: int, action: Action, virtual: int) -> None:
-        """Run F or B after checking it has not run and its inputs are there."""
+        """Run F, B or W after checking it has not run and its inputs are there."""
         kind, mb = action.kind, action.microbatch
         if (mb, virtual) in self.done[kind]:
             raise self.error(stage, action, "runs twice")
-        if kind is Kind.B and (mb, virtual) not in self.done[Kind.F]:
-            raise self.error(stage, action, f"runs before its forward {_as(Kind.F, action)}")
+        if kind is Kind.W and not self.split:
+            raise self.error(stage, action, "is a W in a schedule without split backwards")
+        before = {Kind.B: Kind.F, Kind.W: Kind.B}.get(kind)
+        if before is not None and (mb, virtual) not in self.done[before]:
+            name = "forward" if before is Kind.F else "input gradient"
+            raise self.error(stage, action, f"runs before its {name} {_as(before, action)}")
         source = virtual - 1 if kind is Kind.F else virtual + 1
-        if 0 <= source < self.num_virtual and not self.has_input(kind, mb, source):
+        if kind is not Kind.W and 0 <= source < self.num_virtual and not self.has_input(
+                kind, mb, source):
             raise self.error(stage, action, self.missing_input(kind, mb, source))
         self.done[kind].add((mb, virtual))
         duration = self.durations[kind]
         self.clock[stage] += duration
         self.busy[stage] += duration
-        self.in_flight[stage] += 1 if kind is Kind.F else -1
+        held_until = Kind.W if self.split else Kind.B
+        self.in_flight[stage] += 1 if kind is Kind.F else -1 if kind is held_until else 0
         self.peak[stage] = max(self.peak[stage], self.in_flight[stage])
 
     def has_input(self, kind: Kind, mb: int, source: int) -> bool:
@@ -243,7 +255,9 @@ class _Run:
             stage, chunk = placement(virtual, self.num_stages)
             for mb in range(self.num_microbatches):
                 missing += [f"stage {stage}: {Action(kind, mb, chunk)}"
-                            for kind in (Kind.F, Kind.B) if (mb, virtual) not in self.done[kind]]
+                            for kind in ((Kind.F, Kind.B, Kind.W) if self.split else
+                                         (Kind.F, Kind.B))
+                            if (mb, virtual) not in self.done[kind]]
         if missing:
             shown = "; ".join(missing[:5]) + ("; ..." if len(missing) > 5 else "")
             raise ScheduleError(f"{len(missing)} computations never run: {shown}")

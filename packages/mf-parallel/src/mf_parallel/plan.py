@@ -35,10 +35,14 @@ class Plan:
     """Pipeline schedule name, as in the config."""
     interleave: int
     """Model chunks per pipeline stage."""
+    split_backward: bool = False
+    """Each backward split into the input gradient (B) and the weight gradient (W)
+    (`pipeline_parallel_enable_dxdw_split`: ZB-H1 for 1F1B)."""
     layout: StageLayout | None
     """Decoder layers of each stage and chunk; None when the layer count is not known."""
     simulation: SimulationResult | None
-    """The schedule run on a unit-time model (t_b = 2 t_f); None without pipeline parallelism."""
+    """The schedule run on a unit-time model (t_b = 2 t_f; split, t_b = t_w = t_f); None
+    without pipeline parallelism."""
     warnings: tuple[str, ...] = ()
 
 
@@ -65,6 +69,7 @@ def make_plan(parallelism: ParallelismConfig, training: TrainingConfig, world_si
         causal = parallelism.context_parallel_mask_type == "causal"
         check_sequence_length(seq_length, dims.tensor, dims.context, causal)
     interleave = parallelism.pipeline_parallel_interleave_num
+    split = parallelism.pipeline_parallel_enable_dxdw_split and dims.pipeline > 1
     try:
         layout = None if num_layers is None else stage_layout(
             num_layers, dims.pipeline, interleave, parallelism.layers_per_stage())
@@ -72,16 +77,17 @@ def make_plan(parallelism: ParallelismConfig, training: TrainingConfig, world_si
         if dims.pipeline > 1:
             for count in ramp_accumulation_steps(batch):  # each step's schedule must build
                 build_schedule(parallelism.pipeline_parallel_schedule, dims.pipeline, count,
-                               interleave)
+                               interleave, split)
             actions = build_schedule(parallelism.pipeline_parallel_schedule, dims.pipeline,
-                                     batch.accumulation_steps(), interleave)
+                                     batch.accumulation_steps(), interleave, split)
             simulation = simulate(actions, num_chunks=interleave, forward_time=1.0,
-                                  backward_time=2.0)
+                                  backward_time=1.0 if split else 2.0, weight_time=1.0)
     except ValueError as exc:  # PipelineError, ScheduleError and the schedules' own checks
         raise PlanError(str(exc)) from None
     return Plan(dims=dims, mesh=RankMesh(dims), batch=batch,
                 schedule=parallelism.pipeline_parallel_schedule, interleave=interleave,
-                layout=layout, simulation=simulation, warnings=tuple(batch.warnings()))
+                split_backward=split, layout=layout, simulation=simulation,
+                warnings=tuple(batch.warnings()))
 
 
 def ramp_accumulation_steps(batch: BatchPlan) -> list[int]:
@@ -125,6 +131,7 @@ def plan_summary(plan: Plan, rank: int | None = None) -> dict[str, Any]:
         **_batch_summary(plan.batch),
         "pipeline_schedule": plan.schedule,
         "pipeline_interleave_num": plan.interleave,
+        "pipeline_dxdw_split": plan.split_backward,
         "warnings": list(plan.warnings),
     }
     if plan.batch.rampup is not None:

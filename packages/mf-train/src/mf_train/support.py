@@ -309,12 +309,10 @@ FIELDS: dict[str, Field] = {
                                   "overlapping one micro-batch's backward with another's "
                                   "forward is not implemented",
                   {"parallelism.pipeline_parallel_overlap_b_f": True}),)),
-    "parallelism.pipeline_parallel_enable_dxdw_split": Field(rules=(
-        no_effect(differs(False), "has no effect: a backward computes the input and weight "
-                                  "gradients of its chunk in one pass (MindSpore's "
-                                  "value_and_grad); schedules that defer the weight gradients "
-                                  "are not implemented",
-                  {"parallelism.pipeline_parallel_enable_dxdw_split": True}),)),
+    "parallelism.pipeline_parallel_enable_dxdw_split": reads("mf_parallel.plan", rules=(
+        no_effect(lambda value, t: value and t.config.parallelism.pipeline_parallel == 1,
+                  WITHOUT_PIPELINE, {"parallelism.pipeline_parallel_enable_dxdw_split": True}),
+    )),
     "parallelism.sequence_parallel": Field(rules=(
         no_effect(_without_tensor_parallel, "has no effect without tensor parallelism "
                                             "(tensor_parallel is 1); with it, sequence "

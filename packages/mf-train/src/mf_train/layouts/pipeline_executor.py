@@ -14,6 +14,13 @@ once, the backward seeded with the received output gradient `dy` through `sum(ou
 (whose gradient with respect to `out` is exactly `dy`). This is Megatron's full recompute:
 one more forward per chunk, and a stage holds only the inputs of its micro-batches in flight.
 The last virtual stage runs nothing at F: its B computes the loss and the gradients together.
+
+With the backward split (`split_backward`, ZB-H1): B runs the chunk's forward again and
+differentiates with respect to its input only (the gradient the previous stage waits for, sent
+at once), keeping the chunk's input and received gradient; W, later, runs the forward once more
+and differentiates with respect to the chunk's parameters. That is one more forward per chunk
+than without the split: here the split moves work off the critical path at the price of a
+recompute, where Megatron's zero-bubble keeps each layer's inputs from B for W.
 The models here have no dropout; one with dropout would need F's random state restored for the
 recompute at B (as Megatron's activation checkpointing does).
 
@@ -63,18 +70,28 @@ class StageRunner:
         stage_ranks: the global rank of each stage of this rank's pipeline group.
         collectives: this rank's collectives (point to point between stages).
         forward_context: entered around each computation (the layout's `forward_context`).
+        split_backward: each backward as B (input gradient) and W (weight gradient), the
+            plan's `split_backward` (ZB-H1).
     """
 
     def __init__(self, model: PipelineModel, params: Sequence[Parameter], layout: StageLayout,
                  schedule: str, stage: int, stage_ranks: Sequence[int], collectives: Collectives,
-                 forward_context: Callable[[], AbstractContextManager[None]] = nullcontext):
+                 forward_context: Callable[[], AbstractContextManager[None]] = nullcontext, *,
+                 split_backward: bool = False):
         self.model, self.params = model, list(params)
         self.forward_context = forward_context
         self.layout, self.schedule, self.stage = layout, schedule, stage
+        self.split_backward = split_backward
         self.stage_ranks, self.collectives = list(stage_ranks), collectives
         self.num_stages, self.num_chunks = layout.num_stages, layout.num_chunks
         self.chunks = [self._chunk(c) for c in range(self.num_chunks)]
-        self._grad_fns = [self._grad_fn(chunk) for chunk in self.chunks]
+        self._grad_fns = [self._grad_fn(chunk, inputs=True, weights=not split_backward)
+                          for chunk in self.chunks]
+        """Per chunk: B's gradients (of the input, unless the chunk is the first, and of the
+        weights, unless the backward is split)."""
+        self._weight_fns = [self._grad_fn(chunk, inputs=False, weights=True)
+                            for chunk in self.chunks] if split_backward else []
+        """Per chunk: W's gradients (of the weights), with the backward split."""
         self._programs: dict[int, list[Step]] = {}
         self.scale = 1.0
 
@@ -82,9 +99,10 @@ class StageRunner:
         """This stage's actions and transfers for a step of `num_microbatches`."""
         if num_microbatches not in self._programs:
             actions = build_schedule(self.schedule, self.num_stages, num_microbatches,
-                                     self.num_chunks)
-            self._programs[num_microbatches] = stage_programs(actions, self.num_chunks)[
-                self.stage]
+                                     self.num_chunks, self.split_backward)
+            self._programs[num_microbatches] = stage_programs(
+                actions, self.num_chunks, backward_time=1 if self.split_backward else 2,
+                weight_time=1)[self.stage]
         return self._programs[num_microbatches]
 
     def run(self, micro_batches: Sequence[MicroBatch], scale: float,
@@ -105,6 +123,8 @@ class StageRunner:
                 self._forward(self.chunks[item.chunk], item.microbatch, step)
             elif item.kind is Kind.B:
                 self._backward(self.chunks[item.chunk], item.microbatch, step, observer)
+            elif item.kind is Kind.W:
+                self._weights(self.chunks[item.chunk], item.microbatch, step, observer)
         grads = [ops.zeros_like(p) if g is None else g for g, p in zip(step.grads, self.params,
                                                                         strict=True)]
         loss = step.loss if step.loss is not None else Tensor(0.0, ms.float32)
@@ -129,7 +149,8 @@ class StageRunner:
     def _backward(self, chunk: Chunk, mb: int, step: _StepState,
                   observer: StepObserver) -> None:
         """The chunk's forward again with gradients, seeded by the received `dy` (or the
-        loss); the input gradient kept for sending, the parameter gradients accumulated."""
+        loss); the input gradient kept for sending; parameter gradients accumulated, or, with
+        the backward split, the chunk's arguments kept for its W."""
         hidden = step.inputs.pop((mb, chunk.virtual))
         batch = step.micro_batches[mb]
         tokens, labels, mask, attention = (*batch.model_inputs()[:3], batch.attention_inputs())
@@ -139,11 +160,25 @@ class StageRunner:
             extra = (step.arrived.pop(Message(Kind.B, mb, chunk.virtual + 1)),)
         inputs = (tokens, *attention, *extra)
         args = inputs if chunk.first else (hidden, *inputs)
+        if self.split_backward:
+            step.weights_due[(mb, chunk.virtual)] = args
+            if chunk.first:  # no input gradient to send: W does all
+                return
         with self.forward_context():
             (_, value), grads = self._grad_fns[chunk.virtual // self.num_stages](*args)
         if not chunk.first:
-            step.outbox[Message(Kind.B, mb, chunk.virtual)] = grads[0]
-            grads = grads[1]
+            dx, grads = (grads, None) if self.split_backward else grads
+            step.outbox[Message(Kind.B, mb, chunk.virtual)] = dx
+        if grads is not None:
+            self._accumulate(chunk, mb, step, observer, value, grads)
+
+    def _weights(self, chunk: Chunk, mb: int, step: _StepState,
+                 observer: StepObserver) -> None:
+        """W of a split backward: the chunk's forward again, differentiated with respect to
+        its parameters (seeded as its B was), the gradients accumulated."""
+        args = step.weights_due.pop((mb, chunk.virtual))
+        with self.forward_context():
+            (_, value), grads = self._weight_fns[chunk.virtual // self.num_stages](*args)
         self._accumulate(chunk, mb, step, observer, value, grads)
 
     def _accumulate(self, chunk: Chunk, mb: int, step: _StepState, observer: StepObserver,
@@ -169,12 +204,13 @@ class StageRunner:
             hidden = self.model.embed(tokens)
         return self.model.decoder(hidden, chunk.layers, self.model.attending(tokens, *attention))
 
-    def _grad_fn(self, chunk: Chunk) -> Callable[..., Any]:
+    def _grad_fn(self, chunk: Chunk, *, inputs: bool,
+                 weights: bool) -> Callable[..., Any] | None:
         """`value_and_grad` of the chunk: the scaled loss on the last virtual stage, else
         `sum(out * dy)`, each plus the chunk's scaled auxiliary loss; with respect to the input
-        hidden states (not on the first) and the chunk's parameters. Its value
-        (`_accumulate`'s share of the step's loss): the scaled loss, or the scaled auxiliary
-        loss elsewhere."""
+        hidden states (`inputs`, never on the first) and the chunk's parameters (`weights`).
+        Its value (`_accumulate`'s share of the step's loss): the scaled loss, or the scaled
+        auxiliary loss elsewhere."""
         model = self.model
 
         def with_auxiliary(value: Tensor, auxiliary: Tensor | None) -> tuple[Tensor, Tensor]:
@@ -196,11 +232,13 @@ class StageRunner:
                                                      dense)
                 return with_auxiliary((out * dy).sum(), auxiliary)
 
-        params = [self.params[index] for index in chunk.params]
+        params = [self.params[index] for index in chunk.params] if weights else None
         if chunk.first:
+            if params is None:  # the first chunk's B of a split backward: nothing to do
+                return None
             return ms.value_and_grad(lambda *args: seeded(None, *args), None, params,
                                      has_aux=True)
-        return ms.value_and_grad(seeded, 0, params, has_aux=True)
+        return ms.value_and_grad(seeded, 0 if inputs else None, params, has_aux=True)
 
     # ------------------------------------------------------------------ messages
 
@@ -242,3 +280,6 @@ class _StepState:
     """Outputs and input gradients computed, not yet transferred."""
     arrived: dict[Message, Tensor] = field(default_factory=dict)
     """Messages transferred to this stage, not yet used."""
+    weights_due: dict[tuple[int, int], tuple[Any, ...]] = field(default_factory=dict)
+    """(micro-batch, virtual stage) -> the arguments of a chunk's backward whose W is still to
+    run (the backward split)."""

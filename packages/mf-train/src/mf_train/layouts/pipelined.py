@@ -106,13 +106,15 @@ class Pipelined(StepLayout):
         comm = parts.collectives.comm
         runner = StageRunner(parts.model, inner.params, parts.plan.layout, parts.plan.schedule,
                              comm.group_rank("pipeline"), comm.group_ranks["pipeline"],
-                             parts.collectives, inner.forward_context)
+                             parts.collectives, inner.forward_context,
+                             split_backward=parts.plan.split_backward)
         return cls(inner, runner, parts.collectives, parts.plan)
 
     def describe(self) -> str:
         layers = ", ".join(ids_text(chunk.layers) for chunk in self.runner.chunks)
         return (f"pipeline {self.num_stages} ({self.plan.schedule}"
-                f"{f', {self.plan.interleave} chunks' if self.plan.interleave > 1 else ''}; "
+                f"{f', {self.plan.interleave} chunks' if self.plan.interleave > 1 else ''}"
+                f"{', backward split into B and W (ZB-H1)' if self.plan.split_backward else ''}; "
                 f"this stage {self.stage}: layers {layers}) x {self.inner.describe()}")
 
     def forward_backward(self, micro_batches: list[MicroBatch],
