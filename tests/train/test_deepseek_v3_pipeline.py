@@ -1,8 +1,9 @@
 """DeepSeek-V3 in pipeline stages on real msrun ranks: `mf-train --nproc N` with
 `pipeline_parallel` gives the losses and gradient norms of one process, the balance loss of
-every stage's routers included (a coefficient large enough to move them), alone (1F1B, and
-interleaved with 2 chunks, and with the backward split into input and weight gradients), with
-expert, tensor and context parallelism on each stage; a pipelined run resumes bit for bit."""
+every stage's routers included (a coefficient large enough to move them): 2 stages with the
+backward split into input and weight gradients (and its weights; resumed bit for bit), and on
+4 ranks 1F1B x tensor parallel 2 and 2 interleaved chunks x expert or context parallel 2 (the
+plain 2-stage 1F1B run is test_deepseek_v3_ranks.py's)."""
 
 from __future__ import annotations
 
@@ -32,6 +33,7 @@ FOUR_LAYERS = (*BALANCED, "model.num_hidden_layers=4")
 INTERLEAVED = ("parallelism.pipeline_parallel=2",
                "parallelism.pipeline_parallel_schedule=interleaved_1f1b",
                "parallelism.pipeline_parallel_interleave_num=2")
+SPLIT = "parallelism.pipeline_parallel_enable_dxdw_split=true"
 pytestmark = pytest.mark.ranks
 
 
@@ -42,29 +44,23 @@ def single(runs) -> Path:
 
 @pytest.fixture(scope="module")
 def two_stages(runs) -> Path:
-    return runs(DEEPSEEK, *BALANCED, "parallelism.pipeline_parallel=2", nproc=2)
+    """2 stages with the backward split (ZB-H1): each chunk's balance loss is in what its B
+    and its W differentiate."""
+    return runs(DEEPSEEK, *BALANCED, "parallelism.pipeline_parallel=2", SPLIT, nproc=2)
 
 
 def test_two_stages_match_one_process(single, two_stages) -> None:
     assert_same_run(two_stages, single)
-    assert ("pipeline 2 (1f1b; this stage 0: layers 0-1) x no data parallelism"
-            in worker_log(two_stages))
+    assert ("pipeline 2 (1f1b, backward split into B and W (ZB-H1); this stage 0: layers 0-1) "
+            "x no data parallelism" in worker_log(two_stages))
     got, want = saved_tensors(two_stages, 4), saved_tensors(single, 4)
     assert got.keys() == want.keys()
     for name, array in want.items():
         np.testing.assert_allclose(got[name], array, rtol=1e-4, atol=1e-6, err_msg=name)
 
 
-def test_interleaved_stages_match_one_process(data_prefix, runs, tmp_path) -> None:
-    """4 layers in 4 virtual stages on 2 ranks (stage 0: layers 0 and 2)."""
-    one = runs(DEEPSEEK, *FOUR_LAYERS)
-    train(DEEPSEEK, tmp_path, data_prefix, *FOUR_LAYERS, *INTERLEAVED, nproc=2)
-    assert_same_run(tmp_path, one)
-    assert "this stage 0: layers 0, 2)" in worker_log(tmp_path)
-
-
 def test_a_pipelined_run_resumes_bit_for_bit(data_prefix, two_stages, tmp_path) -> None:
-    train(DEEPSEEK, tmp_path, data_prefix, *BALANCED, "parallelism.pipeline_parallel=2",
+    train(DEEPSEEK, tmp_path, data_prefix, *BALANCED, "parallelism.pipeline_parallel=2", SPLIT,
           f"checkpoint.load_path={two_stages / 'ckpt' / iteration_name(2)}", nproc=2)
     assert_resumed_exactly(tmp_path, two_stages)
     got, want = saved_tensors(tmp_path, 4), saved_tensors(two_stages, 4)
@@ -73,23 +69,19 @@ def test_a_pipelined_run_resumes_bit_for_bit(data_prefix, two_stages, tmp_path) 
         np.testing.assert_array_equal(got[name], want[name], err_msg=name)
 
 
-@pytest.mark.parametrize("sets", [
-    ["parallelism.expert_parallel=2"],
-    ["parallelism.tensor_parallel=2"],
-    ["parallelism.context_parallel=2", "parallelism.context_parallel_method=ulysses"],
-], ids=["expert", "tensor", "context"])
-def test_two_stages_with_another_degree_on_four_ranks(data_prefix, single, tmp_path,
+@pytest.mark.parametrize(("shape", "sets"), [
+    (FOUR_LAYERS, [*INTERLEAVED, "parallelism.expert_parallel=2",
+                   "training.local_batch_size=1"]),  # 2 micro-batches on each data rank
+    (BALANCED, ["parallelism.pipeline_parallel=2", "parallelism.tensor_parallel=2"]),
+    (FOUR_LAYERS, [*INTERLEAVED, "parallelism.context_parallel=2",
+                   "parallelism.context_parallel_method=ulysses"]),
+], ids=["interleaved-expert", "tensor", "interleaved-context"])
+def test_two_stages_with_another_degree_on_four_ranks(data_prefix, runs, tmp_path, shape,
                                                       sets) -> None:
-    train(DEEPSEEK, tmp_path, data_prefix, *BALANCED, "parallelism.pipeline_parallel=2",
-          *sets, nproc=4)
-    assert_same_run(tmp_path, single)
-
-
-def test_two_stages_with_the_split_backward_match_one_process(data_prefix, single,
-                                                              tmp_path) -> None:
-    """`pipeline_parallel_enable_dxdw_split` (ZB-H1): each chunk's balance loss is in what its
-    B and its W differentiate."""
-    train(DEEPSEEK, tmp_path, data_prefix, *BALANCED, "parallelism.pipeline_parallel=2",
-          "parallelism.pipeline_parallel_enable_dxdw_split=true", nproc=2)
-    assert_same_run(tmp_path, single)
-    assert "backward split into B and W (ZB-H1)" in worker_log(tmp_path)
+    """1F1B with tensor parallel 2; 4 layers in 4 virtual stages (stage 0: layers 0 and 2)
+    with expert parallel 2 or context parallel 2 (ulysses)."""
+    one = runs(DEEPSEEK, *shape)
+    train(DEEPSEEK, tmp_path, data_prefix, *shape, *sets, nproc=4)
+    assert_same_run(tmp_path, one)
+    if "interleave_num=2" in " ".join(sets):
+        assert "this stage 0: layers 0, 2)" in worker_log(tmp_path)

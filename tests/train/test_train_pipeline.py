@@ -150,35 +150,29 @@ def test_eight_ranks_pipeline_fsdp_and_tensor_parallel(data_prefix, single, tmp_
             "(sequence parallel)") in log
 
 
-@pytest.mark.parametrize("sets", [
-    [],
-    ["parallelism.context_parallel_method=ulysses",
-     "parallelism.pipeline_parallel_schedule=interleaved_1f1b",
-     "parallelism.pipeline_parallel_interleave_num=2"],
-], ids=["colossal-1f1b", "ulysses-interleaved"])
-def test_context_parallel_with_pipeline_matches_one_process(data_prefix, single, tmp_path,
-                                                            sets) -> None:
-    """4 ranks: 2 stages x context parallel 2: each stage pair passes its sequence chunks'
-    hidden states (half of each sample's tokens), the tied embedding's copies line up over the
-    pipeline group of each context rank, the loss and the norm count every token once."""
+def test_context_parallel_with_pipeline_and_the_split_backward(data_prefix, single,
+                                                                tmp_path) -> None:
+    """4 ranks: 2 stages x context parallel 2 (colossal): each stage pair passes its sequence
+    chunks' hidden states (half of each sample's tokens), the tied embedding's copies line up
+    over the pipeline group of each context rank, the loss and the norm count every token
+    once; with `pipeline_parallel_enable_dxdw_split`, 1F1B's backwards as B (input gradient)
+    and W (weight gradient) in ZB-H1's order. (Ulysses with interleaved stages:
+    test_deepseek_v3_pipeline.py.)"""
     ranks(data_prefix, tmp_path, 4, "parallelism.pipeline_parallel=2",
-          "parallelism.context_parallel=2", *sets)
+          "parallelism.context_parallel=2",
+          "parallelism.pipeline_parallel_enable_dxdw_split=true")
     assert_same_run(tmp_path, single)
     log = (tmp_path / "logs" / "worker_0.log").read_text()
-    assert "x context parallel 2 (" in log
+    assert ("pipeline 2 (1f1b, backward split into B and W (ZB-H1); this stage 0: layers 0-1) "
+            "x context parallel 2 (") in log
 
 
-@pytest.mark.parametrize("stages", [2, 4])
-def test_the_split_backward_matches_one_process(data_prefix, single, tmp_path,
-                                                stages) -> None:
-    """`pipeline_parallel_enable_dxdw_split`: 1F1B with each backward as B (input gradient)
-    and W (weight gradient), ZB-H1's order, on 2 stages and on 4 (4 micro-batches of one
-    sample, stage s keeping up to s Ws for the end)."""
-    more = ["training.local_batch_size=1"] if stages == 4 else []
-    ranks(data_prefix, tmp_path, stages, f"parallelism.pipeline_parallel={stages}",
-          "parallelism.pipeline_parallel_enable_dxdw_split=true", *more)
+def test_four_stages_with_the_split_backward(data_prefix, single, tmp_path) -> None:
+    """4 micro-batches of one sample over 4 stages, stage s keeping up to s Ws for the end."""
+    ranks(data_prefix, tmp_path, 4, "parallelism.pipeline_parallel=4",
+          "parallelism.pipeline_parallel_enable_dxdw_split=true", "training.local_batch_size=1")
     assert_same_run(tmp_path, single)
-    assert (f"pipeline {stages} (1f1b, backward split into B and W (ZB-H1); this stage 0"
+    assert ("pipeline 4 (1f1b, backward split into B and W (ZB-H1); this stage 0"
             in (tmp_path / "logs" / "worker_0.log").read_text())
 
 
