@@ -173,11 +173,11 @@ class Pipelined(StepLayout):
             return 0.0
         index, _ = self.tied
         grad, param = grads[index], self.params[index]
-        ranks = self.collectives.comm.group_size("loss")
-        if ranks > 1:  # reduced as the inner layout does: over data x context
+        size = self.collectives.comm.group_size("loss")
+        if size > 1:  # reduced as the inner layout does: over data x context
             grad = self.collectives.all_reduce(grad, "loss")
             if self.loss_divisor == 1:  # averaged, not summed (`DataParallelLoss`)
-                grad = grad / ranks
+                grad = grad / size
         squares = square_sum([grad]).reshape(1)
         if isinstance(param, Parameter) and is_tensor_sharded(param):
             squares = self.collectives.all_reduce(squares, "tensor")

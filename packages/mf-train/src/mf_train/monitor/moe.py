@@ -110,10 +110,10 @@ class MoeMonitor(Callback):
         ranks, per_rank = per_rank_counts(counts, ctx.collectives)
         tables = across_stages(per_rank, ranks, ctx.collectives)
         processed = self._processed(ctx)
-        for layer, (ranks, table) in sorted(tables.items()):
+        for layer, (rows, table) in sorted(tables.items()):  # rows: the stage's ranks
             record.extra.update(_extras(layer, table.sum(0)))
-            if len(ranks) > 1:
-                for index, rank in enumerate(ranks):
+            if len(rows) > 1:
+                for index, rank in enumerate(rows):
                     loads = processed[layer][index] if layer in processed else None
                     record.extra.update(_rank_extras(layer, rank, table[index], loads))
         self._write_own_counts(ctx, record.step, counts)
