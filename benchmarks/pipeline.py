@@ -57,7 +57,7 @@ from pathlib import Path
 from mf_parallel.launch import run_ranks
 from mf_parallel.pipeline_program import Transfer, stage_programs
 from mf_parallel.pipeline_schedules import Kind, build_schedule, message_of
-from mf_parallel.pipeline_simulator import simulate
+from mf_parallel.pipeline_simulator import simulate, unit_times
 from mf_train.cli import LAUNCHED
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -205,11 +205,10 @@ def pipeline(timelines: list[dict], skip: int, schedule: str, microbatches: int)
               for s in range(len(by_rank))]
     rest = stages[0]["rest"]
     actions = build_schedule(configured, num_stages, microbatches, chunks, split)
-    unit_times = {"backward_time": 1 if split else 2, "weight_time": 1}
-    unit = simulate(actions, num_chunks=chunks, forward_time=1, **unit_times)
+    unit = simulate(actions, num_chunks=chunks, **unit_times(split))
     real = simulate(actions, num_chunks=chunks, forward_time=t_f, backward_time=t_b,
                     weight_time=t_w)
-    programs = stage_programs(actions, chunks, forward_time=1, **unit_times)
+    programs = stage_programs(actions, chunks, **unit_times(split))
     replayed, replay_busy = replay(programs, measured, move)
     # the same durations with buffered sends (the simulator's rule): what rendezvous costs
     buffered = replay(programs, measured, move, buffered=actions)[0]

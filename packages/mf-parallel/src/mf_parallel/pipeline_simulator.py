@@ -58,6 +58,13 @@ class SimulationResult:
         return (total - sum(self.busy)) / total
 
 
+def unit_times(split_backward: bool) -> dict[str, int]:
+    """The plan's timing model, as `simulate`'s and `stage_programs`' keyword arguments: a
+    backward takes two forwards' time; split, its B and its W take one each. Every rank
+    places its transfers on this model, so it must be the same one everywhere."""
+    return {"forward_time": 1, "backward_time": 1 if split_backward else 2, "weight_time": 1}
+
+
 def simulate(schedule: Sequence[Sequence[Action]], num_microbatches: int | None = None,
              num_chunks: int = 1, *, forward_time: Number = 1,
              backward_time: Number = 1, weight_time: Number = 1) -> SimulationResult:

@@ -20,7 +20,7 @@ from .errors import PlanError
 from .mesh import DIMENSIONS, RankMesh
 from .pipeline_layout import StageLayout, stage_layout
 from .pipeline_schedules import build_schedule
-from .pipeline_simulator import SimulationResult, simulate
+from .pipeline_simulator import SimulationResult, simulate, unit_times
 from .sequence import check_sequence_length
 
 
@@ -80,8 +80,7 @@ def make_plan(parallelism: ParallelismConfig, training: TrainingConfig, world_si
                                interleave, split)
             actions = build_schedule(parallelism.pipeline_parallel_schedule, dims.pipeline,
                                      batch.accumulation_steps(), interleave, split)
-            simulation = simulate(actions, num_chunks=interleave, forward_time=1.0,
-                                  backward_time=1.0 if split else 2.0, weight_time=1.0)
+            simulation = simulate(actions, num_chunks=interleave, **unit_times(split))
     except ValueError as exc:  # PipelineError, ScheduleError and the schedules' own checks
         raise PlanError(str(exc)) from None
     return Plan(dims=dims, mesh=RankMesh(dims), batch=batch,

@@ -296,7 +296,8 @@ FIELDS: dict[str, Field] = {
        for name, value, module in (
            ("pipeline_parallel_layers_per_stage", [4], "mf_config.sections"),
            ("pipeline_parallel_schedule", "gpipe", "mf_parallel.plan"),
-           ("pipeline_parallel_interleave_num", 1, "mf_parallel.plan"))},
+           ("pipeline_parallel_interleave_num", 1, "mf_parallel.plan"),
+           ("pipeline_parallel_enable_dxdw_split", True, "mf_parallel.plan"))},
     "parallelism.pipeline_parallel_overlap_p2p": Field(rules=(
         no_effect(differs(False), "has no effect: mf-train moves each pipeline message with a "
                                   "blocking transfer between two computations, at a point both "
@@ -309,10 +310,6 @@ FIELDS: dict[str, Field] = {
                                   "overlapping one micro-batch's backward with another's "
                                   "forward is not implemented",
                   {"parallelism.pipeline_parallel_overlap_b_f": True}),)),
-    "parallelism.pipeline_parallel_enable_dxdw_split": reads("mf_parallel.plan", rules=(
-        no_effect(lambda value, t: value and t.config.parallelism.pipeline_parallel == 1,
-                  WITHOUT_PIPELINE, {"parallelism.pipeline_parallel_enable_dxdw_split": True}),
-    )),
     "parallelism.sequence_parallel": Field(rules=(
         no_effect(_without_tensor_parallel, "has no effect without tensor parallelism "
                                             "(tensor_parallel is 1); with it, sequence "

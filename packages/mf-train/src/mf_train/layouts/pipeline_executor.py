@@ -40,6 +40,7 @@ from mindspore import Parameter, Tensor, ops
 from mf_parallel.pipeline_layout import StageLayout
 from mf_parallel.pipeline_program import Step, Transfer, stage_programs
 from mf_parallel.pipeline_schedules import Kind, Message, build_schedule
+from mf_parallel.pipeline_simulator import unit_times
 from mf_parallel.runtime import Collectives
 
 from ..models.parts import PipelineModel
@@ -101,8 +102,7 @@ class StageRunner:
             actions = build_schedule(self.schedule, self.num_stages, num_microbatches,
                                      self.num_chunks, self.split_backward)
             self._programs[num_microbatches] = stage_programs(
-                actions, self.num_chunks, backward_time=1 if self.split_backward else 2,
-                weight_time=1)[self.stage]
+                actions, self.num_chunks, **unit_times(self.split_backward))[self.stage]
         return self._programs[num_microbatches]
 
     def run(self, micro_batches: Sequence[MicroBatch], scale: float,
