@@ -74,19 +74,23 @@ def test_a_pipelined_run_resumes_bit_for_bit(data_prefix, two_stages, tmp_path) 
                    "training.local_batch_size=1"]),  # 2 micro-batches on each data rank
     (BALANCED, ["parallelism.pipeline_parallel=2", "parallelism.tensor_parallel=2"]),
     (FOUR_LAYERS, [*INTERLEAVED, "parallelism.context_parallel=2",
-                   "parallelism.context_parallel_method=ulysses"]),
+                   "parallelism.context_parallel_method=ulysses",
+                   "parallelism.pipeline_parallel_overlap_p2p=true"]),
 ], ids=["interleaved-expert", "tensor", "interleaved-context"])
 def test_two_stages_with_another_degree_on_four_ranks(data_prefix, runs, tmp_path, shape,
                                                       sets) -> None:
     """1F1B with tensor parallel 2; 4 layers in 4 virtual stages (stage 0: layers 0 and 2)
     with expert parallel 2 (each stage's 2 data ranks shard the rest of the stage, FSDP) or
-    context parallel 2 (ulysses)."""
+    context parallel 2 (ulysses; its stage messages launched without waiting, waited for
+    where used: `pipeline_parallel_overlap_p2p`)."""
     one = runs(DEEPSEEK, *shape)
     train(DEEPSEEK, tmp_path, data_prefix, *shape, *sets, nproc=4)
     assert_same_run(tmp_path, one)
     log = worker_log(tmp_path)
     if "interleave_num=2" in " ".join(sets):
-        assert "this stage 0: layers 0, 2)" in log
+        assert "this stage 0: layers 0, 2" in log
+    if "parallelism.pipeline_parallel_overlap_p2p=true" in sets:
+        assert "layers 0, 2; messages overlapped)" in log
     if "parallelism.expert_parallel=2" in sets:
         assert ("x expert parallel 2 (experts 0-1 of 4 here, all-to-all) x FSDP over 2 ranks"
                 in log)

@@ -127,10 +127,13 @@ def test_pipeline_with_tensor_parallel_matches_one_process(runs, single) -> None
 
 def test_four_stages_match_one_process(data_prefix, single, tmp_path) -> None:
     """One layer per stage, 4 micro-batches of one sample: messages pass through the middle
-    stages (two neighbours each) and the tied embedding's copies are on stages 0 and 3."""
+    stages (two neighbours each), launched without waiting and waited for where used
+    (`pipeline_parallel_overlap_p2p`), and the tied embedding's copies are on stages 0 and 3."""
     ranks(data_prefix, tmp_path, 4, "parallelism.pipeline_parallel=4",
-          "training.local_batch_size=1")
+          "parallelism.pipeline_parallel_overlap_p2p=true", "training.local_batch_size=1")
     assert_same_run(tmp_path, single)
+    assert ("pipeline 4 (1f1b; this stage 0: layers 0; messages overlapped)"
+            in (tmp_path / "logs" / "worker_0.log").read_text())
     stages = [model_file(tmp_path, rank, 4) for rank in range(4)]
     assert [sorted(name.split(".")[1] for name in stage if name.startswith("decoder_layers")
                    and name.endswith("input_norm.weight")) for stage in stages] == \

@@ -118,6 +118,10 @@ def _overlap_on_cpu(value: Any, target: Target) -> bool:
     return value and target.device == "CPU" and _gathers_keys(target)
 
 
+def _p2p_overlap_on_cpu(value: Any, target: Target) -> bool:
+    return value and target.device == "CPU" and target.config.parallelism.pipeline_parallel > 1
+
+
 def _overlap_with_flash(value: Any, target: Target) -> bool:
     """The overlap wanted where the model's attention runs the fused kernel (not on CPU)."""
     try:
@@ -292,23 +296,29 @@ FIELDS: dict[str, Field] = {
     "parallelism.pipeline_parallel": reads("mf_parallel.dims"),
     **{f"parallelism.{name}": reads(module, rules=(
         no_effect(lambda v, t, name=name: _pipeline_setting_unused(v, t, name),
-                  WITHOUT_PIPELINE, {f"parallelism.{name}": value}),))
-       for name, value, module in (
-           ("pipeline_parallel_layers_per_stage", [4], "mf_config.sections"),
-           ("pipeline_parallel_schedule", "gpipe", "mf_parallel.plan"),
-           ("pipeline_parallel_interleave_num", 1, "mf_parallel.plan"),
-           ("pipeline_parallel_enable_dxdw_split", True, "mf_parallel.plan"))},
-    "parallelism.pipeline_parallel_overlap_p2p": Field(rules=(
-        no_effect(differs(False), "has no effect: mf-train moves each pipeline message with a "
-                                  "blocking transfer between two computations, at a point both "
-                                  "stages reach in one global order (on CPU, where MindSpore "
-                                  "has no send/recv, as a two-rank broadcast); overlapping "
-                                  "messages with computation is not implemented",
-                  {"parallelism.pipeline_parallel_overlap_p2p": True}),)),
+                  WITHOUT_PIPELINE, {f"parallelism.{name}": value}), *more))
+       for name, value, module, more in (
+           ("pipeline_parallel_layers_per_stage", [4], "mf_config.sections", ()),
+           ("pipeline_parallel_schedule", "gpipe", "mf_parallel.plan", ()),
+           ("pipeline_parallel_interleave_num", 1, "mf_parallel.plan", ()),
+           ("pipeline_parallel_enable_dxdw_split", True, "mf_parallel.plan", ()),
+           ("pipeline_parallel_overlap_p2p", True, "mf_train.layouts.pipelined", (
+               no_effect(_p2p_overlap_on_cpu,
+                         "overlaps nothing on the CPU backend: each pipeline message is "
+                         "launched without waiting (on Ascend and GPU a non-blocking send and "
+                         "receive on the communication stream), but MindSpore's CPU backend "
+                         "runs every operation of a process in one queue, so the message "
+                         "still waits for the computations queued before it (measured: an "
+                         "async all-reduce beside a computation took as long as the two in "
+                         "turn); the results are the same",
+                         {"parallelism.pipeline_parallel_overlap_p2p": True,
+                          "parallelism.pipeline_parallel": 2}, world_size=2),)))},
     "parallelism.pipeline_parallel_overlap_b_f": Field(rules=(
         no_effect(differs(False), "has no effect: each stage runs one computation at a time; "
-                                  "overlapping one micro-batch's backward with another's "
-                                  "forward is not implemented",
+                                  "running one micro-batch's forward beside another's backward "
+                                  "needs a second compute stream, which MindSpore's CPU "
+                                  "backend lacks (there `mindspore.runtime.Stream()` is stream "
+                                  "0 and `StreamCtx` fails), so it is not built",
                   {"parallelism.pipeline_parallel_overlap_b_f": True}),)),
     "parallelism.sequence_parallel": Field(rules=(
         no_effect(_without_tensor_parallel, "has no effect without tensor parallelism "

@@ -5,7 +5,7 @@ Importing this package imports MindSpore (1-1.5 s); the plan (`mf_parallel`) nev
 Install it with `pip install "mf-parallel[runtime]"`.
 """
 
-from .collectives import Collectives
+from .collectives import Collectives, Pending
 from .comm import Communication, init_communication
 from .fully_sharded import FullyShardedDataParallel
 from .grad_sync import GradientSync
@@ -16,6 +16,7 @@ __all__ = [
     "Communication",
     "FullyShardedDataParallel",
     "GradientSync",
+    "Pending",
     "ShardedDataParallel",
     "init_communication",
 ]

@@ -17,8 +17,8 @@ All operations but `all_reduce_in_place` are out of place and return new tensors
 
 `start_all_gather` launches an all-gather without waiting for it (MindSpore's `async_op`
 collectives: on Ascend and GPU on the communication stream, on CPU the emulation's all-reduce)
-and returns a `PendingGather` whose `wait` gives the result: the caller computes something
-else in between.
+and returns a `Pending` whose `wait` gives the result: the caller computes something
+else in between. `start_send_recv` does the same for a point-to-point message.
 """
 
 from __future__ import annotations
@@ -101,22 +101,22 @@ class Collectives:
         placed = _placed(tensor, self.comm.group_size(kind), self.comm.group_rank(kind))
         return ops.AllReduce(op="sum", group=group)(placed)
 
-    def start_all_gather(self, tensor: ms.Tensor, kind: str) -> PendingGather:
+    def start_all_gather(self, tensor: ms.Tensor, kind: str) -> Pending:
         """Launch `all_gather(tensor, kind)` and return at once; `wait()` on the result gives
         the gathered tensor. Not differentiated: the caller attaches the gradient (a gather's
         backward is a reduce-scatter)."""
         group = self.comm.group(kind)
         tensor = ops.stop_gradient(tensor).contiguous()
         if group is None:
-            return PendingGather(tensor, None)
+            return Pending(tensor, None)
         size, me = self.comm.group_size(kind), self.comm.group_rank(kind)
         if self.comm.device_target in FULL_BACKENDS:
             out = ops.zeros((size * tensor.shape[0], *tensor.shape[1:]), tensor.dtype)
             handle = mint.distributed.all_gather_into_tensor(out, tensor, group=group,
                                                              async_op=True)
-            return PendingGather(out, handle)
+            return Pending(out, handle)
         out = _placed(tensor, size, me).contiguous()
-        return PendingGather(out, mint.distributed.all_reduce(out, group=group, async_op=True))
+        return Pending(out, mint.distributed.all_reduce(out, group=group, async_op=True))
 
     def reduce_scatter(self, tensor: ms.Tensor, kind: str) -> ms.Tensor:
         """Sum over the group, then this rank's equal slice of dim 0."""
@@ -174,6 +174,23 @@ class Collectives:
         return ops.Receive(0, src, list(tensor.shape), tensor.dtype,
                            group=communication.GlobalComm.WORLD_COMM_GROUP)()
 
+    def start_send_recv(self, tensor: ms.Tensor, src: int, dst: int) -> Pending:
+        """`send_recv` launched without waiting: `wait()` on the result gives the received
+        tensor on `dst` (the sent one on `src`, which waits before the tensor may change).
+        On Ascend and GPU a non-blocking send or receive (`isend` / `irecv`) on the
+        communication stream; on CPU the emulation's all-reduce in the two-rank group,
+        launched with `async_op`, which the CPU backend still runs in kernel order."""
+        if src == dst:
+            return Pending(tensor, None)
+        if self.comm.device_target in FULL_BACKENDS:
+            if self.comm.rank == src:
+                tensor = tensor.contiguous()
+                return Pending(tensor, mint.distributed.isend(tensor, dst=dst))
+            return Pending(tensor, mint.distributed.irecv(tensor, src=src))
+        contribution = (tensor if self.comm.rank == src else ops.zeros_like(tensor)).contiguous()
+        return Pending(contribution, mint.distributed.all_reduce(
+            contribution, group=self._pair_group(src, dst), async_op=True))
+
     def all_reduce_pair(self, tensor: ms.Tensor, a: int, b: int) -> ms.Tensor:
         """Sum over the two global ranks `a` and `b` (both call this; the tied embedding's
         copies on the first and last pipeline stages)."""
@@ -201,14 +218,15 @@ class Collectives:
         return name
 
 
-class PendingGather:
-    """An all-gather under way (`Collectives.start_all_gather`)."""
+class Pending:
+    """A collective under way (`Collectives.start_all_gather`, `start_send_recv`)."""
 
     def __init__(self, buffer: ms.Tensor, handle: object | None):
         self._buffer, self._handle = buffer, handle
 
     def wait(self) -> ms.Tensor:
-        """Block until the gather is done; the gathered tensor (rank after rank, dim 0)."""
+        """Block until the collective is done; its result (a gather's: rank after rank along
+        dim 0)."""
         if self._handle is not None:
             self._handle.wait()
             self._handle = None

@@ -31,7 +31,7 @@ from __future__ import annotations
 from mindspore import Tensor, nn, ops
 
 from ..sequence import context_spans
-from .collectives import Collectives, PendingGather
+from .collectives import Collectives, Pending
 
 KIND, ULYSSES, RING = "context", "context_ulysses", "context_ring"
 
@@ -86,7 +86,7 @@ class ContextGroup:
         """Sum over the context group (the loss's token count)."""
         return self.collectives.all_reduce(x, KIND)
 
-    def start_gather(self, x: Tensor) -> PendingGather:
+    def start_gather(self, x: Tensor) -> Pending:
         """Start the all-gather of `x` along dim 0 over the `context_ring` group; attach its
         result with `JoinGathered` for the gradient."""
         return self.collectives.start_all_gather(x, RING)

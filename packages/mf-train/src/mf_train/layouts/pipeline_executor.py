@@ -3,7 +3,12 @@
 The program is mf-parallel's (`pipeline_program.stage_programs` over `build_schedule`, the same
 action lists the plan simulates): F and B computations of (micro-batch, chunk), SEND / RECV of
 activations and gradients, and the `Transfer` points at which a message moves between two
-stages (a blocking rendezvous, see that module for why and why it cannot deadlock).
+stages (a rendezvous, see that module for why and why it cannot deadlock). With
+`overlap_p2p` a transfer is launched and not waited for: the receiver waits when it uses the
+message, the sender at the end of the step, so neither stage stops at the rendezvous while the
+message moves (Megatron's `overlap_p2p_comm`). On Ascend and GPU that is a non-blocking send
+and receive on the communication stream; MindSpore's CPU backend runs every operation of a
+process in one queue, so there the message still waits for what was queued before it.
 
 How F and B run in PyNative. MindSpore keeps the autograd record of one forward pass at a time
 for a later backward only in last-in, first-out order (measured: vjp functions called in the
@@ -41,7 +46,7 @@ from mf_parallel.pipeline_layout import StageLayout
 from mf_parallel.pipeline_program import Step, Transfer, stage_programs
 from mf_parallel.pipeline_schedules import Kind, Message, build_schedule
 from mf_parallel.pipeline_simulator import unit_times
-from mf_parallel.runtime import Collectives
+from mf_parallel.runtime import Collectives, Pending
 
 from ..models.parts import PipelineModel
 from .contract import LocalGradients, MicroBatch, StepObserver
@@ -73,16 +78,18 @@ class StageRunner:
         forward_context: entered around each computation (the layout's `forward_context`).
         split_backward: each backward as B (input gradient) and W (weight gradient), the
             plan's `split_backward` (ZB-H1).
+        overlap_p2p: launch each transfer without waiting for it
+            (`pipeline_parallel_overlap_p2p`).
     """
 
     def __init__(self, model: PipelineModel, params: Sequence[Parameter], layout: StageLayout,
                  schedule: str, stage: int, stage_ranks: Sequence[int], collectives: Collectives,
                  forward_context: Callable[[], AbstractContextManager[None]] = nullcontext, *,
-                 split_backward: bool = False):
+                 split_backward: bool = False, overlap_p2p: bool = False):
         self.model, self.params = model, list(params)
         self.forward_context = forward_context
         self.layout, self.schedule, self.stage = layout, schedule, stage
-        self.split_backward = split_backward
+        self.split_backward, self.overlap_p2p = split_backward, overlap_p2p
         self.stage_ranks, self.collectives = list(stage_ranks), collectives
         self.num_stages, self.num_chunks = layout.num_stages, layout.num_chunks
         self.chunks = [self._chunk(c) for c in range(self.num_chunks)]
@@ -125,6 +132,8 @@ class StageRunner:
                 self._backward(self.chunks[item.chunk], item.microbatch, step, observer)
             elif item.kind is Kind.W:
                 self._weights(self.chunks[item.chunk], item.microbatch, step, observer)
+        for pending in step.sending:
+            pending.wait()
         grads = [ops.zeros_like(p) if g is None else g for g, p in zip(step.grads, self.params,
                                                                         strict=True)]
         loss = step.loss if step.loss is not None else Tensor(0.0, ms.float32)
@@ -136,7 +145,7 @@ class StageRunner:
     def _forward(self, chunk: Chunk, mb: int, step: _StepState) -> None:
         """Keep the chunk's input; unless this is the last virtual stage, run the forward and
         keep its output for sending."""
-        hidden = None if chunk.first else step.arrived.pop(Message(Kind.F, mb, chunk.virtual - 1))
+        hidden = None if chunk.first else step.received(Message(Kind.F, mb, chunk.virtual - 1))
         step.inputs[(mb, chunk.virtual)] = hidden
         if chunk.last:
             return
@@ -157,7 +166,7 @@ class StageRunner:
         if chunk.last:
             extra = (labels, mask)
         else:
-            extra = (step.arrived.pop(Message(Kind.B, mb, chunk.virtual + 1)),)
+            extra = (step.received(Message(Kind.B, mb, chunk.virtual + 1)),)
         inputs = (tokens, *attention, *extra)
         args = inputs if chunk.first else (hidden, *inputs)
         if self.split_backward:
@@ -243,16 +252,24 @@ class StageRunner:
     # ------------------------------------------------------------------ messages
 
     def _transfer(self, transfer: Transfer, step: _StepState) -> None:
-        """Move one message between this stage and its neighbour (both call this)."""
+        """Move one message between this stage and its neighbour (both call this); with
+        `overlap_p2p`, launch it only."""
         source, target = self.stage_ranks[transfer.source], self.stage_ranks[transfer.target]
         message = transfer.message
         if transfer.source == self.stage:
-            self.collectives.send_recv(step.outbox.pop(message), source, target)
-            return
-        tokens = step.micro_batches[message.microbatch].tokens
-        shape, dtype = self.model.hidden_spec(*tokens.shape)
-        buffer = ops.zeros(shape, dtype)
-        step.arrived[message] = self.collectives.send_recv(buffer, source, target)
+            tensor = step.outbox.pop(message)
+        else:
+            tokens = step.micro_batches[message.microbatch].tokens
+            shape, dtype = self.model.hidden_spec(*tokens.shape)
+            tensor = ops.zeros(shape, dtype)
+        if self.overlap_p2p:
+            pending = self.collectives.start_send_recv(tensor, source, target)
+        else:
+            pending = Pending(self.collectives.send_recv(tensor, source, target), None)
+        if transfer.source == self.stage:
+            step.sending.append(pending)
+        else:
+            step.arrived[message] = pending
 
     def _chunk(self, chunk: int) -> Chunk:
         virtual = chunk * self.num_stages + self.stage
@@ -278,8 +295,14 @@ class _StepState:
     """(micro-batch, virtual stage) -> the chunk's input, kept from F to B."""
     outbox: dict[Message, Tensor] = field(default_factory=dict)
     """Outputs and input gradients computed, not yet transferred."""
-    arrived: dict[Message, Tensor] = field(default_factory=dict)
-    """Messages transferred to this stage, not yet used."""
+    arrived: dict[Message, Pending] = field(default_factory=dict)
+    """Messages transferred (or, with `overlap_p2p`, under way) to this stage, not yet used."""
+    sending: list[Pending] = field(default_factory=list)
+    """Messages sent by this stage, to be waited for by the end of the step."""
     weights_due: dict[tuple[int, int], tuple[Any, ...]] = field(default_factory=dict)
     """(micro-batch, virtual stage) -> the arguments of a chunk's backward whose W is still to
     run (the backward split)."""
+
+    def received(self, message: Message) -> Tensor:
+        """A message that arrived (waited for, if it is still under way), taken out."""
+        return self.arrived.pop(message).wait()

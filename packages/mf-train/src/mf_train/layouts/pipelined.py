@@ -107,7 +107,8 @@ class Pipelined(StepLayout):
         runner = StageRunner(parts.model, inner.params, parts.plan.layout, parts.plan.schedule,
                              comm.group_rank("pipeline"), comm.group_ranks["pipeline"],
                              parts.collectives, inner.forward_context,
-                             split_backward=parts.plan.split_backward)
+                             split_backward=parts.plan.split_backward,
+                             overlap_p2p=parts.parallelism.pipeline_parallel_overlap_p2p)
         return cls(inner, runner, parts.collectives, parts.plan)
 
     def describe(self) -> str:
@@ -115,7 +116,9 @@ class Pipelined(StepLayout):
         return (f"pipeline {self.num_stages} ({self.plan.schedule}"
                 f"{f', {self.plan.interleave} chunks' if self.plan.interleave > 1 else ''}"
                 f"{', backward split into B and W (ZB-H1)' if self.plan.split_backward else ''}; "
-                f"this stage {self.stage}: layers {layers}) x {self.inner.describe()}")
+                f"this stage {self.stage}: layers {layers}"
+                f"{'; messages overlapped' if self.runner.overlap_p2p else ''}) "
+                f"x {self.inner.describe()}")
 
     def forward_backward(self, micro_batches: list[MicroBatch],
                          observer: StepObserver) -> LocalGradients:
