@@ -73,16 +73,21 @@ def test_a_pipelined_run_resumes_bit_for_bit(data_prefix, two_stages, tmp_path) 
     (FOUR_LAYERS, [*INTERLEAVED, "parallelism.expert_parallel=2",
                    "training.local_batch_size=1"]),  # 2 micro-batches on each data rank
     (BALANCED, ["parallelism.pipeline_parallel=2", "parallelism.tensor_parallel=2"]),
+    (BALANCED, ["parallelism.pipeline_parallel=2", "parallelism.expert_parallel=2",
+                "parallelism.data_parallel_shard_strategy=optim_grads",
+                "parallelism.moe_token_dispatcher_type=alltoall_deredundancy",
+                "parallelism.npu_nums_per_device=1"]),
     (FOUR_LAYERS, [*INTERLEAVED, "parallelism.context_parallel=2",
                    "parallelism.context_parallel_method=ulysses",
                    "parallelism.pipeline_parallel_overlap_p2p=true"]),
-], ids=["interleaved-expert", "tensor", "interleaved-context"])
+], ids=["interleaved-expert", "tensor", "expert-zero2-deredundant", "interleaved-context"])
 def test_two_stages_with_another_degree_on_four_ranks(data_prefix, runs, tmp_path, shape,
                                                       sets) -> None:
-    """1F1B with tensor parallel 2; 4 layers in 4 virtual stages (stage 0: layers 0 and 2)
-    with expert parallel 2 (each stage's 2 data ranks shard the rest of the stage, FSDP) or
-    context parallel 2 (ulysses; its stage messages launched without waiting, waited for
-    where used: `pipeline_parallel_overlap_p2p`)."""
+    """1F1B with tensor parallel 2, or with expert parallel 2 through the deredundant
+    dispatcher and ZeRO-2 over each stage's 2 data ranks; 4 layers in 4 virtual stages
+    (stage 0: layers 0 and 2) with expert parallel 2 (each stage's 2 data ranks shard the rest
+    of the stage, FSDP) or context parallel 2 (ulysses; its stage messages launched without
+    waiting, waited for where used: `pipeline_parallel_overlap_p2p`)."""
     one = runs(DEEPSEEK, *shape)
     train(DEEPSEEK, tmp_path, data_prefix, *shape, *sets, nproc=4)
     assert_same_run(tmp_path, one)
@@ -92,5 +97,8 @@ def test_two_stages_with_another_degree_on_four_ranks(data_prefix, runs, tmp_pat
     if "parallelism.pipeline_parallel_overlap_p2p=true" in sets:
         assert "layers 0, 2; messages overlapped)" in log
     if "parallelism.expert_parallel=2" in sets:
-        assert ("x expert parallel 2 (experts 0-1 of 4 here, all-to-all) x FSDP over 2 ranks"
-                in log)
+        dispatcher, strategy = (("deredundant, devices of 1", "ZeRO-2")
+                                if "parallelism.npu_nums_per_device=1" in sets
+                                else ("all-to-all", "FSDP"))
+        assert (f"x expert parallel 2 (experts 0-1 of 4 here, {dispatcher}) x {strategy} over "
+                "2 ranks" in log)
