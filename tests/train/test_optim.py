@@ -300,6 +300,31 @@ def test_state_dict_round_trip_continues_bit_identically(kind) -> None:
         np.testing.assert_array_equal(value, resumed.state_dict()[key], err_msg=key)
 
 
+@pytest.mark.parametrize("kind", ["AdamW", "Muon"])
+def test_a_step_not_kept_changes_nothing_and_is_uncounted(kind) -> None:
+    """`keep` false (decided on the device) with non-finite gradients and a device clip
+    coefficient: parameters, float16 masters and moments stay bit-identical, and after
+    `uncount` the run goes on exactly as one that never had that step."""
+    dtypes = {"layers.0.attn.weight": ms.float16}
+    config = OptimizerConfig(type=kind, weight_decay=0.05)
+    named, plain_named = make_params(seed=2, dtypes=dtypes), make_params(seed=2, dtypes=dtypes)
+    gated, plain = build_optimizer(config, named), build_optimizer(config, plain_named)
+    run(gated, range(2))
+    run(plain, range(2))
+    bad = [Tensor(np.full(g.shape, np.nan, np.float32)) for g in make_grads(2)]
+    gated.step(bad, 0.1, clip=Tensor(np.float32(np.nan)), keep=Tensor(False))
+    gated.uncount()
+    keep = Tensor(True)
+    for step in range(2, 5):  # kept steps with the device arguments equal the plain ones
+        gated.step([Tensor(g) for g in make_grads(step)], LRS[step % len(LRS)],
+                   clip=Tensor(np.float32(1.0)), keep=keep)
+    run(plain, range(2, 5))
+    for (name, a), (_, b) in zip(named, plain_named, strict=True):
+        np.testing.assert_array_equal(a.asnumpy(), b.asnumpy(), err_msg=name)
+    for key, value in plain.state_dict().items():
+        np.testing.assert_array_equal(gated.state_dict()[key], value, err_msg=key)
+
+
 def test_state_dict_is_a_copy() -> None:
     opt = AdamW(make_params())
     run(opt, range(1))

@@ -127,7 +127,8 @@ def test_norm_sums_the_squares_of_every_ranks_slice() -> None:
     mine = StubShard._flat(grads)[5:10]
     grad, norm = reduce_to_slice(sharded, optimizer.collectives, grads)
     np.testing.assert_array_equal(grad.asnumpy(), mine)
-    assert norm == pytest.approx(math.sqrt(float((mine ** 2).sum()) + 4.0), rel=1e-6)
+    assert float(norm.asnumpy()) == pytest.approx(math.sqrt(float((mine ** 2).sum()) + 4.0),
+                                                  rel=1e-6)
 
 
 def test_norm_with_tensor_parallelism_sums_split_elements_over_the_tensor_group() -> None:
@@ -141,7 +142,8 @@ def test_norm_with_tensor_parallelism_sums_split_elements_over_the_tensor_group(
     assert norm.split.asnumpy().tolist() == [1.0, 0.0, 0.0, 0.0, 0.0]
     _, value = reduce_to_slice(sharded, stub_collectives(), grads, norm)
     mine = StubShard._flat(grads)[5:10].astype(np.float64)
-    assert value == pytest.approx(math.sqrt(3 * mine[0] ** 2 + (mine[1:] ** 2).sum()), rel=1e-6)
+    assert float(value.asnumpy()) == pytest.approx(
+        math.sqrt(3 * mine[0] ** 2 + (mine[1:] ** 2).sum()), rel=1e-6)
 
 
 def test_clip_scales_the_slice_like_the_whole_gradient() -> None:
@@ -151,6 +153,26 @@ def test_clip_scales_the_slice_like_the_whole_gradient() -> None:
     scaled, _ = reduce_to_slice(s2, stub_collectives(), [g * 0.25 for g in grads])
     scaled_opt.step([scaled], LR)
     np.testing.assert_array_equal(s1.published[-1], s2.published[-1])
+
+
+def test_a_slice_step_not_kept_changes_nothing() -> None:
+    """ZeRO's and FSDP's update with `keep` false (NaN slice, decayed parameters): the
+    masters and moments stay bit-identical; uncounted, the next kept step equals a run
+    without the skipped one."""
+    (s1, gated, grads), (s2, plain, _) = stub_problem(), stub_problem()
+    grad, _ = reduce_to_slice(s1, stub_collectives(), grads)
+    gated.step([grad], LR, keep=Tensor(True))
+    plain.step([reduce_to_slice(s2, stub_collectives(), grads)[0]], LR)
+    before = {key: value.copy() for key, value in gated.state_dict().items()}
+    gated.step([grad * np.float32(np.nan)], LR, clip=Tensor(np.float32(0.5)),
+               keep=Tensor(False))
+    gated.uncount()
+    for key, value in gated.state_dict().items():
+        np.testing.assert_array_equal(value, before[key], err_msg=key)
+    gated.step([grad], LR, keep=Tensor(True))
+    plain.step([reduce_to_slice(s2, stub_collectives(), grads)[0]], LR)
+    np.testing.assert_array_equal(s1.published[-1], s2.published[-1])
+    assert gated.global_step == plain.global_step == 2
 
 
 def test_state_dict_round_trip_and_layout_check() -> None:

@@ -15,7 +15,7 @@ from mindspore import Tensor
 from regression_model import Regression, batch
 
 from mf_config import OptimizerConfig
-from mf_train.gradient_norm import clip_coefficient, global_norm
+from mf_train.gradient_norm import clip_coefficient, global_norm, update_kept
 from mf_train.layouts import MicroBatch, SingleRank
 from mf_train.optim import build_optimizer
 from mf_train.trainer import TrainStep
@@ -46,10 +46,14 @@ def test_two_micro_batches_equal_one_batch_of_both() -> None:
 def test_clipping_formula() -> None:
     grads = [Tensor(np.array([3.0, 4.0], np.float32)), Tensor(np.array([12.0], np.float32))]
     norm = global_norm(grads)
-    assert norm == pytest.approx(13.0)
-    assert clip_coefficient(norm, max_norm=1.0) == 1.0 / (13.0 + 1e-6)
-    assert clip_coefficient(norm, max_norm=20.0) == 1.0
-    assert math.isnan(clip_coefficient(math.nan, max_norm=1.0))
+    assert norm.shape == () and float(norm.asnumpy()) == pytest.approx(13.0)
+    assert float(clip_coefficient(norm, max_norm=1.0).asnumpy()) == \
+        pytest.approx(1.0 / (13.0 + 1e-6), rel=1e-7)
+    assert float(clip_coefficient(norm, max_norm=20.0).asnumpy()) == 1.0
+    assert math.isnan(float(clip_coefficient(Tensor(math.nan, ms.float32), 1.0).asnumpy()))
+    kept = [bool(update_kept(Tensor(value, ms.float32), 10.0).asnumpy())
+            for value in (9.0, 10.0, 11.0, math.inf, math.nan)]
+    assert kept == [True, True, False, False, False]
 
 
 def test_clipped_step_moves_less() -> None:
@@ -62,7 +66,7 @@ def test_clipped_step_moves_less() -> None:
     m_free = free.layout.optimizer.state_dict()["adam_m.w"]
     m_clip = clip.layout.optimizer.state_dict()["adam_m.w"]
     ratio = np.abs(m_clip).sum() / np.abs(m_free).sum()
-    outcome_norm = global_norm([Tensor(m_free / 0.1)])  # (1 - beta1) = 0.1 scales the grads
+    outcome_norm = float(global_norm([Tensor(m_free / 0.1)]).asnumpy())  # (1 - beta1) = 0.1
     assert ratio == pytest.approx(1e-3 / outcome_norm, rel=1e-3)
     assert not np.array_equal(before, clip.layout.model.w.asnumpy())
 
@@ -74,6 +78,8 @@ def test_spike_and_nan_skip_the_update() -> None:
     assert outcome.skipped and outcome.grad_norm > 1e-3
     np.testing.assert_array_equal(step.layout.model.w.asnumpy(), before)
     assert step.layout.optimizer.global_step == 0
+    assert not any(value.any() for key, value in step.layout.optimizer.state_dict().items()
+                   if key.startswith("adam_"))  # the moments untouched (still zero)
     nan = make(skip=1e9)
     nan.layout.model.w.set_data(Tensor(np.full((4, 3), np.nan, np.float32)))
     outcome = nan([batch(4)], lr=0.1)

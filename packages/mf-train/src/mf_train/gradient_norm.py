@@ -1,14 +1,19 @@
-"""The global gradient norm and the clip coefficient (Megatron's and MindFormers' formulas).
+"""The global gradient norm, the clip coefficient (Megatron's and MindFormers' formulas) and
+the skip decision, all on the device.
 
 The global norm is the float32 L2 norm over all gradients; when it exceeds `training.
 max_norm` every gradient is scaled by `clip_coefficient = max_norm / (norm + 1e-6)` (applied
 only when below 1). How the squares are summed over ranks is the step layout's
 (`mf_train.layouts`); these are the pieces every layout uses.
+
+Each is a 0-d float32 (or bool) tensor, never read back to the host inside a step: on a
+device that queues kernels ahead of the host (PyNative on Ascend), a read would stop the host
+from queueing the update until the norm is computed (torchtitan keeps its norm and clip on
+the device too). The trainer reads the numbers it reports after the step.
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 
 import mindspore as ms
@@ -35,12 +40,24 @@ def _self_dot(grad: Tensor) -> Tensor:
     return mint.matmul(flat, flat.reshape(-1, 1)).reshape(())
 
 
-def global_norm(grads: Sequence[Tensor]) -> float:
-    """The float32 L2 norm of all gradients together."""
-    return math.sqrt(float(square_sum(grads).asnumpy()))
+def global_norm(grads: Sequence[Tensor]) -> Tensor:
+    """The float32 L2 norm of all gradients together (a 0-d tensor)."""
+    return root(square_sum(grads))
 
 
-def clip_coefficient(norm: float, max_norm: float) -> float:
-    """`max_norm / (norm + 1e-6)` when that is below 1 (or not a number), else 1."""
+def root(squares: Tensor) -> Tensor:
+    """The norm from a sum of squares (any shape holding one value): a 0-d float32 tensor."""
+    return ops.sqrt(squares.reshape(()))
+
+
+def clip_coefficient(norm: Tensor, max_norm: float) -> Tensor:
+    """`max_norm / (norm + 1e-6)` when that is below 1 (or not a number), else 1: a 0-d
+    float32 tensor."""
     coef = max_norm / (norm + CLIP_EPS)
-    return 1.0 if coef >= 1.0 else coef
+    return ops.select(coef >= 1.0, ops.ones((), ms.float32), coef)
+
+
+def update_kept(norm: Tensor, skip_threshold: float) -> Tensor:
+    """Whether the step's update is applied (`training.use_skip_step_on_nan`): the norm is
+    finite and at most `skip_threshold`. A 0-d bool tensor."""
+    return ops.logical_and(ops.isfinite(norm), norm <= skip_threshold)

@@ -29,7 +29,6 @@ Megatron does (`mf_train.expert_bias` says why).
 from __future__ import annotations
 
 import logging
-import math
 import random
 import time
 from collections.abc import Callable, Sequence
@@ -39,7 +38,7 @@ from pathlib import Path
 import attrs
 import mindspore as ms
 import numpy as np
-from mindspore import nn
+from mindspore import Tensor, nn
 
 from mf_config import ParallelismConfig, TrainConfig
 from mf_config.components import model_shape, sequence_length
@@ -69,7 +68,7 @@ from .checkpoint.layout import read_common
 from .checkpoint.reader import conversion
 from .compiled_layers import CompileReport, compile_layers
 from .expert_bias import ExpertBiasUpdate, NoExpertBiasUpdate
-from .gradient_norm import clip_coefficient
+from .gradient_norm import clip_coefficient, update_kept
 from .input_checks import check_inputs
 from .job import check_support, make_job_plan, resolve_device
 from .layouts import (
@@ -115,6 +114,20 @@ class StepOutcome:
     lr: float
 
 
+@dataclass(frozen=True)
+class LaunchedStep:
+    """A step whose work is queued, its numbers still on the device (`TrainStep.launch`)."""
+
+    loss: Tensor
+    norm: Tensor
+    keep: Tensor | None
+    """Whether the update applied (None: no skip decision, it did)."""
+    tokens: int
+    lr: float
+    start: float
+    """`time.perf_counter()` when the step began."""
+
+
 class TrainStep:
     """One optimizer step of a layout: forward/backward, reduce, skip or clip, update.
 
@@ -138,24 +151,33 @@ class TrainStep:
         self.observer = Observers(self.expert_bias, observer or Unobserved())
 
     def __call__(self, micro_batches: Sequence[MicroBatch], lr: float) -> StepOutcome:
-        """Run the step on this rank's `micro_batches` at learning rate `lr`."""
+        """Run the step on this rank's `micro_batches` at learning rate `lr`; its numbers."""
+        return self.read(self.launch(micro_batches, lr))
+
+    def launch(self, micro_batches: Sequence[MicroBatch], lr: float) -> LaunchedStep:
+        """Queue the step's work without reading anything back to the host: the norm, the
+        clip coefficient and the skip decision stay on the device (`gradient_norm`); a
+        skipped step runs an update that changes nothing (`optim.protocol`)."""
         start = time.perf_counter()
         local = self.layout.forward_backward(micro_batches, self.observer)
         self.observer.reduced(local.loss, local.grads)
         reduced = self.layout.reduce(local)
-        skipped = self._should_skip(reduced.norm)
-        if not skipped:
-            clip = clip_coefficient(reduced.norm, self.max_norm)
-            self.layout.optimizer.step(reduced.grads, lr, clip)
+        keep = None if self.skip_threshold is None else update_kept(reduced.norm,
+                                                                    self.skip_threshold)
+        self.layout.optimizer.step(reduced.grads, lr,
+                                   clip_coefficient(reduced.norm, self.max_norm), keep)
         self.expert_bias.update()  # every step, skipped or not (as Megatron)
-        return StepOutcome(loss=float(reduced.loss.asnumpy()), grad_norm=reduced.norm,
-                           skipped=skipped, tokens=local.tokens,
-                           seconds=time.perf_counter() - start, lr=lr)
+        return LaunchedStep(reduced.loss, reduced.norm, keep, local.tokens, lr, start)
 
-    def _should_skip(self, norm: float) -> bool:
-        if self.skip_threshold is None:
-            return False
-        return not math.isfinite(norm) or norm > self.skip_threshold
+    def read(self, step: LaunchedStep) -> StepOutcome:
+        """The launched step's numbers on the host (this waits for its kernels); a skipped
+        step's update count taken back from the optimizer."""
+        skipped = step.keep is not None and not bool(step.keep.asnumpy())
+        if skipped:
+            self.layout.optimizer.uncount()
+        return StepOutcome(loss=float(step.loss.asnumpy()), grad_norm=float(step.norm.asnumpy()),
+                           skipped=skipped, tokens=step.tokens,
+                           seconds=time.perf_counter() - step.start, lr=step.lr)
 
 
 class TrainingStopped(RuntimeError):

@@ -233,10 +233,10 @@ class Pending:
         return self._buffer
 
 
-_LOCAL_REDUCTIONS = {
-    "max": lambda stacked: stacked.max(axis=0),
-    "min": lambda stacked: stacked.min(axis=0),
-    "prod": lambda stacked: stacked.prod(axis=0),
+_LOCAL_REDUCTIONS = {  # not Tensor.max(axis=): it reads a value back to the host
+    "max": lambda stacked: ops.amax(stacked, 0),
+    "min": lambda stacked: ops.amin(stacked, 0),
+    "prod": lambda stacked: ops.prod(stacked, 0),
 }
 
 

@@ -256,7 +256,8 @@ def vocab_parallel_cross_entropy(logits: Tensor, targets: Tensor,
     start = group.rank * per_rank
     reduce = ReduceFromTensorRegion(group)
     # The max only keeps exp() in range; it cancels in the loss, so no gradient flows into it.
-    local_max = ops.stop_gradient(logits.max(axis=-1, keepdims=True))
+    # (ops.amax: Tensor.max(axis=) reads a value back to the host.)
+    local_max = ops.stop_gradient(ops.amax(logits, -1, True))
     shifted = logits - ops.stop_gradient(group.collectives.all_reduce(local_max, KIND, op="max"))
     sum_exp = reduce(ops.exp(shifted).sum(axis=-1))
     local_targets = targets - start

@@ -57,24 +57,23 @@ class MicroBatch:
     attention_mask: np.ndarray | None = None
     """Bool `[batch or 1, 1, rows, seq]`, True = masked (the dense document mask)."""
 
-    def model_inputs(self) -> tuple[Tensor | None, ...]:
+    def model_inputs(self) -> tuple[Tensor | np.ndarray | None, ...]:
         """What the model's forward takes: (tokens, labels, loss mask, position ids, document
-        ends, attention mask), as tensors (None where absent), without the trailing absent
-        ones (a model that takes no packing or context inputs is called with three)."""
+        ends, attention mask), the first three as tensors, the attention inputs as host
+        arrays (`attention_inputs`), None where absent, without the trailing absent ones (a
+        model that takes no packing or context inputs is called with three)."""
         mask = None if self.loss_mask is None else Tensor(self.loss_mask.astype(np.float32))
         inputs = [Tensor(self.tokens), Tensor(self.labels), mask, *self.attention_inputs()]
         while len(inputs) > 3 and inputs[-1] is None:
             inputs.pop()
         return tuple(inputs)
 
-    def attention_inputs(self) -> tuple[Tensor | None, Tensor | None, Tensor | None]:
-        """(position ids, document ends, attention mask) as tensors, None where absent."""
-        return (_tensor(self.position_ids), _tensor(self.actual_seq_len),
-                _tensor(self.attention_mask))
-
-
-def _tensor(array: np.ndarray | None) -> Tensor | None:
-    return None if array is None else Tensor(array)
+    def attention_inputs(self) -> tuple[np.ndarray | None, np.ndarray | None,
+                                        np.ndarray | None]:
+        """(position ids, document ends, attention mask), None where absent: host arrays,
+        as the model makes its rotary positions and masks from them on the host
+        (`models.attention_inputs`); a tensor would be read back for that."""
+        return self.position_ids, self.actual_seq_len, self.attention_mask
 
 Problem = tuple[Path, str]
 """A configuration path and what is wrong there (`settings_error` makes the `ConfigError`)."""
@@ -124,8 +123,9 @@ class ReducedGradients:
     """The step's loss over the data-parallel ranks."""
     grads: list[Tensor]
     """Whole reduced gradients, or this rank's slice of them (sharded layouts)."""
-    norm: float
-    """The global L2 norm of the reduced gradients (every element counted once)."""
+    norm: Tensor
+    """The global L2 norm of the reduced gradients (every element counted once): a 0-d
+    float32 tensor, on the device (`gradient_norm`)."""
 
 
 @dataclass(frozen=True)

@@ -36,11 +36,10 @@ the inner layout's norm.
 from __future__ import annotations
 
 import contextlib
-import math
 from collections.abc import Callable, Iterator, Sequence
 
 import attrs
-from mindspore import Parameter, Tensor, nn
+from mindspore import Parameter, Tensor, nn, ops
 
 from mf_config import ParallelismConfig
 from mf_memory.layers import ids_text
@@ -49,7 +48,7 @@ from mf_parallel.runtime import Collectives
 from mf_parallel.runtime.flat_shard import EXPERT_DATA_GROUPS, preslice
 from mf_parallel.runtime.grad_sync import GradientSync
 
-from ..gradient_norm import square_sum
+from ..gradient_norm import root, square_sum
 from ..optim import ShardedAdamW, build_optimizer
 from ..optim.base import rules_unchecked, warn_unmatched_rules
 from ..optim.joined import JoinedOptimizer
@@ -248,7 +247,7 @@ class ExpertParallel(StepLayout):
         if self.scale != 1.0:  # a multiplication, as GradientSync averages (exact for 2^n)
             experts = [g * self.scale for g in experts]
         squares = self.collectives.all_reduce(square_sum(experts).reshape(1), "expert")
-        norm = math.sqrt(reduced.norm ** 2 + float(squares.asnumpy()[0]))
+        norm = root(ops.square(reduced.norm) + squares)
         return ReducedGradients(reduced.loss, [*reduced.grads, *experts], norm)
 
     def whole_model(self):

@@ -18,11 +18,10 @@ under their model-wide names.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable
 
 import attrs
-from mindspore import Parameter, Tensor, nn
+from mindspore import Parameter, Tensor, nn, ops
 
 from mf_config import ParallelismConfig
 from mf_memory.layers import ids_text
@@ -31,7 +30,7 @@ from mf_parallel.dims import ParallelDims
 from mf_parallel.runtime import Collectives
 from mf_parallel.runtime.tensor_parallel import is_tensor_sharded
 
-from ..gradient_norm import square_sum
+from ..gradient_norm import root, square_sum
 from ..models.parts import ModelPart, PipelineModel
 from .contract import (
     LayoutParts,
@@ -135,11 +134,12 @@ class Pipelined(StepLayout):
                 (self.collectives.comm.rank, peer)))
         twice = self._counted_twice(grads)  # first: the inner reduction consumes `grads`
         reduced = self.inner.reduce(LocalGradients(local.loss, grads, local.tokens))
-        squares = reduced.norm ** 2 - twice
-        total = self.collectives.all_reduce(Tensor([squares]), "pipeline")
+        squares = ops.square(reduced.norm).reshape(1)
+        if twice is not None:
+            squares = squares - twice
+        total = self.collectives.all_reduce(squares, "pipeline")
         loss = self.collectives.all_reduce(reduced.loss, "pipeline")
-        return ReducedGradients(loss, reduced.grads, math.sqrt(max(float(total.asnumpy()[0]),
-                                                                   0.0)))
+        return ReducedGradients(loss, reduced.grads, root(ops.relu(total)))
 
     def whole_model(self):
         return self.inner.whole_model()
@@ -169,11 +169,11 @@ class Pipelined(StepLayout):
         ranks = self.collectives.comm.group_ranks["pipeline"]
         return index, ranks[-1] if self.stage == 0 else ranks[0]
 
-    def _counted_twice(self, grads: list[Tensor]) -> float:
+    def _counted_twice(self, grads: list[Tensor]) -> Tensor | None:
         """On the last stage, the squares of the tied copy's reduced gradient (the first
-        stage counts them already); 0 elsewhere."""
+        stage counts them already, shape (1,)); None elsewhere."""
         if self.tied is None or self.stage == 0:
-            return 0.0
+            return None
         index, _ = self.tied
         grad, param = grads[index], self.params[index]
         size = self.collectives.comm.group_size("loss")
@@ -184,4 +184,4 @@ class Pipelined(StepLayout):
         squares = square_sum([grad]).reshape(1)
         if isinstance(param, Parameter) and is_tensor_sharded(param):
             squares = self.collectives.all_reduce(squares, "tensor")
-        return float(squares.asnumpy().sum())
+        return squares

@@ -15,7 +15,6 @@ ones once.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Sequence
 
 from mindspore import Tensor
@@ -30,7 +29,7 @@ from mf_parallel.runtime.tensor_parallel import (
     reduce_sequence_parallel_grads,
 )
 
-from ..gradient_norm import global_norm, square_sum
+from ..gradient_norm import global_norm, root, square_sum
 from ..optim import Optimizer, build_optimizer
 from .contract import LayoutParts, LocalGradients, ReducedGradients, StepLayout
 
@@ -153,7 +152,7 @@ class TensorParallel(DataParallel):
 
 
 def tensor_parallel_norm(sharded: Sequence[bool], sum_over_group: Callable[[Tensor], Tensor],
-                         ) -> Callable[[Sequence[Tensor]], float]:
+                         ) -> Callable[[Sequence[Tensor]], Tensor]:
     """The global norm under tensor parallelism.
 
     Args:
@@ -165,10 +164,9 @@ def tensor_parallel_norm(sharded: Sequence[bool], sum_over_group: Callable[[Tens
         summed over the group plus those of replicated ones (equal on every rank) once.
     """
 
-    def norm(grads: Sequence[Tensor]) -> float:
+    def norm(grads: Sequence[Tensor]) -> Tensor:
         split = [g for g, s in zip(grads, sharded, strict=True) if s]
         whole = [g for g, s in zip(grads, sharded, strict=True) if not s]
-        total = sum_over_group(square_sum(split).reshape(1)) + square_sum(whole)
-        return math.sqrt(float(total.asnumpy().sum()))
+        return root(sum_over_group(square_sum(split).reshape(1)) + square_sum(whole))
 
     return norm

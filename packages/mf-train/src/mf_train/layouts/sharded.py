@@ -36,7 +36,6 @@ and FSDP's do not stack).
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from typing import Any
@@ -57,6 +56,7 @@ from mf_parallel.runtime.tensor_parallel import (
     is_tensor_sharded,
 )
 
+from ..gradient_norm import root
 from ..optim import AdamW, Muon, ShardedAdamW
 from ..optim.adamw import adamw_settings
 from ..optim.base import adam_hyperparameters, decay_flags
@@ -117,7 +117,7 @@ class SliceNorm:
                 for buffer, expert in zip(buffers, self.experts, strict=True) if not expert]
             self.split = ops.cat(self._split_parts)
 
-    def __call__(self, grad: Tensor | Sequence[Tensor]) -> float:
+    def __call__(self, grad: Tensor | Sequence[Tensor]) -> Tensor:
         """The norm from this rank's slices: one per buffer, or all end to end (without
         buffers of experts)."""
         slices = [grad] if isinstance(grad, Tensor) else list(grad)
@@ -141,7 +141,7 @@ class SliceNorm:
             total = self.group.all_reduce(split_part) + whole
         if experts is not None:
             total = total + experts
-        return math.sqrt(float(total.asnumpy()[0]))
+        return root(total)
 
 
 def _sum_all(values: Sequence[Tensor]) -> Tensor:
@@ -152,7 +152,7 @@ def _sum_all(values: Sequence[Tensor]) -> Tensor:
 
 
 def reduce_to_slice(sharded: Any, collectives: Collectives, grads: Sequence[Tensor],
-                    norm: SliceNorm | None = None) -> tuple[Tensor, float]:
+                    norm: SliceNorm | None = None) -> tuple[Tensor, Tensor]:
     """This rank's slice of the reduced gradients, and their global norm.
 
     Args:
@@ -163,7 +163,8 @@ def reduce_to_slice(sharded: Any, collectives: Collectives, grads: Sequence[Tens
         norm: the norm of the slice (None: `SliceNorm` without tensor parallelism).
 
     Returns:
-        The float32 slice (all buffers end to end) and the L2 norm of the whole gradient.
+        The float32 slice (all buffers end to end) and the L2 norm of the whole gradient (a
+        0-d tensor).
     """
     slices = sharded.reduce_grads(list(grads))
     grad = ops.cast(slices[0] if len(slices) == 1 else ops.cat(slices), FLOAT32)

@@ -26,7 +26,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-from mindspore import Tensor
+from mindspore import Tensor, ops
 
 from mf_parallel.runtime.context_parallel import ULYSSES, ContextGroup
 
@@ -92,8 +92,8 @@ class AttentionPlaces:
             return Attending(positions, Tensor(_document_mask(_host(actual_seq_len), queries,
                                                               keys)))
         if attention_mask is not None:
-            return Attending(positions, Tensor(self._dense_rows(_host(attention_mask), own,
-                                                                queries, keys)))
+            return Attending(positions, self._dense_rows(_host(attention_mask), own, queries,
+                                                         keys))
         return Attending(positions, self._causal_mask(queries, keys))
 
     def _orders_of(self, seq: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -116,7 +116,7 @@ class AttentionPlaces:
         return self._causal[len(queries)]
 
     def _dense_rows(self, mask: np.ndarray, own: np.ndarray, queries: np.ndarray,
-                    keys: np.ndarray) -> np.ndarray:
+                    keys: np.ndarray) -> Tensor:
         """The given mask's rows of the queries and columns of the keys, in attention's order.
         Rows the loader cut to this rank's tokens are gathered over the Ulysses block first
         (its queries are the block's tokens)."""
@@ -130,14 +130,15 @@ class AttentionPlaces:
         elif len(queries) == len(own):
             rows = mask
         else:
-            rows = self._gather_rows(mask)
-        return rows[..., keys]
+            return self._gathered_rows(mask, keys)
+        return Tensor(rows[..., keys])
 
-    def _gather_rows(self, mask: np.ndarray) -> np.ndarray:
-        """The rows of every member of this rank's Ulysses block, member after member."""
+    def _gathered_rows(self, mask: np.ndarray, keys: np.ndarray) -> Tensor:
+        """The rows of every member of this rank's Ulysses block, member after member, at the
+        keys' columns: gathered and cut on the device (nothing read back inside the step)."""
         rows = Tensor(np.ascontiguousarray(np.moveaxis(mask, -2, 0)).astype(np.float32))
-        gathered = self.context.collectives.all_gather(rows, ULYSSES).asnumpy() > 0.5
-        return np.moveaxis(gathered, 0, -2)
+        gathered = ops.moveaxis(self.context.collectives.all_gather(rows, ULYSSES), 0, -2)
+        return ops.gather(gathered, Tensor(keys.astype(np.int32)), gathered.ndim - 1) > 0.5
 
 
 def cumulative_lengths(ends: np.ndarray, seq: int) -> tuple[int, ...]:

@@ -6,13 +6,13 @@ with `monitor.health_checkpoint.embedding_local_norm_threshold`; here the norm i
 of this rank's accumulated gradient of the embedding parameters (names containing `embed`),
 before the data-parallel reduction and clipping, as `train_state`'s `device_norm` measures a
 parameter. Every step it reaches metrics.jsonl and TensorBoard as `embedding_local_norm`; a
-step above the threshold logs a warning naming the step, the norm and the threshold.
+step above the threshold logs a warning naming the step, the norm and the threshold. The norm
+is computed on the device during the step and read at its end (`on_step_end`).
 """
 
 from __future__ import annotations
 
 import logging
-import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -32,13 +32,13 @@ class EmbeddingHealthMonitor(Callback):
     def __init__(self, config: HealthCheckpointConfig | None = None):
         config = config if config is not None else HealthCheckpointConfig()
         self.threshold = config.embedding_local_norm_threshold
-        self._norm: float | None = None
+        self._norm: Any = None
 
     def record(self, names: Sequence[str], grads: Sequence[Any]) -> None:
         """This rank's accumulated gradients of the step (`grads[i]` of `names[i]`)."""
         squares = [grad_norm(grad) ** 2 for name, grad in zip(names, grads, strict=True)
                    if EMBEDDING in name and grad is not None]
-        self._norm = math.sqrt(sum(squares)) if squares else None
+        self._norm = sum(squares[1:], squares[0]) ** 0.5 if squares else None
 
     def on_step_begin(self, ctx: TrainContext, step: int) -> None:
         self._norm = None
@@ -46,8 +46,8 @@ class EmbeddingHealthMonitor(Callback):
     def on_step_end(self, ctx: TrainContext, record: StepRecord) -> None:
         if self._norm is None:
             return
-        record.extra["embedding_local_norm"] = self._norm
-        if not self._norm <= self.threshold:  # NaN counts as above
+        norm = record.extra["embedding_local_norm"] = float(self._norm)
+        if not norm <= self.threshold:  # NaN counts as above
             logger.warning("step %d rank %d: the embedding's local gradient norm %.6g exceeds "
                            "monitor.health_checkpoint.embedding_local_norm_threshold (%g)",
-                           record.step, ctx.rank, self._norm, self.threshold)
+                           record.step, ctx.rank, norm, self.threshold)

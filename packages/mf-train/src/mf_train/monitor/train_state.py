@@ -34,7 +34,9 @@ unconditionally; numbers may be floats, numpy scalars or 0-d tensors):
     train_state.record_device_norms(names, accumulated_grads)  # before the reduction
 
 Norms are computed here (`grad_norms`), for the selected parameters only: numpy arrays in
-float64, MindSpore tensors on their device in float32 (sum of squares), one scalar read each.
+float64, MindSpore tensors on their device in float32 (sum of squares). Tensors stay on the
+device during the step and are read in `on_step_end`, after the step's update is queued
+(nothing the monitor records makes the step wait: `mf_train.host_reads`).
 """
 
 from __future__ import annotations
@@ -97,7 +99,7 @@ class TrainStateMonitor(Callback):
     def record_local_loss(self, micro_step: int, loss: Any) -> None:
         """The loss of micro-batch `micro_step` (1-based) on this rank."""
         if self.local_loss:
-            self._values[f"local_loss/micro{_micro(micro_step)}"] = float(loss)
+            self._values[f"local_loss/micro{_micro(micro_step)}"] = loss
 
     def record_local_norms(self, micro_step: int, names: Sequence[str],
                            grads: Sequence[Any]) -> None:
@@ -112,7 +114,7 @@ class TrainStateMonitor(Callback):
     def record_device_loss(self, loss: Any) -> None:
         """This rank's loss of the step."""
         if self.device_loss:
-            self._values["device_loss"] = float(loss)
+            self._values["device_loss"] = loss
 
     def record_device_norms(self, names: Sequence[str], grads: Sequence[Any]) -> None:
         """Norms of the accumulated gradients the update uses, for the parameters
@@ -128,32 +130,32 @@ class TrainStateMonitor(Callback):
     def on_step_end(self, ctx: TrainContext, record: StepRecord) -> None:
         if not self._values:
             return
-        record.extra.update(self._values)
+        values = {key: float(value) for key, value in self._values.items()}
+        record.extra.update(values)
         logger.info("train_state step %d rank %d: %s", record.step, ctx.rank,
-                    json.dumps({key: _rounded(value) for key, value in self._values.items()}))
+                    json.dumps({key: _rounded(value) for key, value in values.items()}))
         self._values = {}
 
 
 def grad_norms(names: Sequence[str], grads: Sequence[Any],
-               selected: NameFilter | None = None) -> dict[str, float]:
-    """`{name: L2 norm of its gradient}` for the names `selected` accepts (all when None);
-    a None gradient is left out."""
+               selected: NameFilter | None = None) -> dict[str, Any]:
+    """`{name: L2 norm of its gradient}` (`grad_norm`) for the names `selected` accepts (all
+    when None); a None gradient is left out."""
     if len(names) != len(grads):
         raise ValueError(f"grad_norms: {len(names)} parameter names but {len(grads)} gradients")
     return {name: grad_norm(grad) for name, grad in zip(names, grads, strict=True)
             if grad is not None and (selected is None or selected(name))}
 
 
-def grad_norm(grad: Any) -> float:
-    """sqrt(sum(g**2)): float64 for numpy arrays, float32 on the device for MindSpore
-    tensors (only the scalar is read back)."""
+def grad_norm(grad: Any) -> Any:
+    """sqrt(sum(g**2)): a float64 float for numpy arrays; for MindSpore tensors, a 0-d
+    float32 tensor on their device (`float()` reads it)."""
     if isinstance(grad, np.ndarray | np.generic):
         return float(np.sqrt(np.sum(np.square(grad, dtype=np.float64))))
     import mindspore as ms
     from mindspore import ops
 
-    squared = ops.sum(ops.square(grad.astype(ms.float32)))
-    return math.sqrt(float(squared.asnumpy()))
+    return ops.sqrt(ops.sum(ops.square(grad.astype(ms.float32))))
 
 
 def _micro(micro_step: int) -> int:

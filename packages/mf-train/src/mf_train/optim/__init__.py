@@ -4,8 +4,8 @@
 OPTIMIZERS` ("AdamW", "Muon", lower-case aliases, entry points or a `module:Class` path) and
 calls the class's `from_config(config, named_params, source)`. The sharded step layouts build
 `ShardedAdamW` instead. Both kinds implement `protocol.Optimizer`: `.names`, `.params`,
-`.global_step`, `.step(grads, lr, clip)`, `.state_dict()`, `.load_state_dict(state)`,
-`.reload_main_params_from_model()` and `.groups_summary()`.
+`.global_step`, `.step(grads, lr, clip, keep)`, `.uncount()`, `.state_dict()`,
+`.load_state_dict(state)`, `.reload_main_params_from_model()` and `.groups_summary()`.
 """
 
 from __future__ import annotations

@@ -33,6 +33,7 @@ from mf_config.yaml_source import Source
 from ..registry import OPTIMIZERS
 from ..settings.adamw import AdamWSettings
 from .base import ParameterOptimizer, adam_hyperparameters, decay_flags
+from .protocol import gated
 
 
 def adamw_update(param: Tensor, grad: Tensor, exp_avg: Tensor, exp_avg_sq: Tensor, step: int,
@@ -59,7 +60,8 @@ _ADAMW_KERNEL = ops.AdamWeightDecay()
 
 def adamw_update_in_place(param: Tensor, grad: Tensor, exp_avg: Tensor, exp_avg_sq: Tensor,
                           step: int, lr: float, weight_decay: float,
-                          betas: tuple[float, float], eps: float) -> None:
+                          betas: tuple[float, float], eps: float,
+                          keep: Tensor | None = None) -> None:
     """`adamw_update` as one fused operation that changes `param`, `exp_avg` and `exp_avg_sq`
     in place (`ops.AdamWeightDecay`, which has CPU, GPU and Ascend kernels).
 
@@ -71,11 +73,17 @@ def adamw_update_in_place(param: Tensor, grad: Tensor, exp_avg: Tensor, exp_avg_
     arguments: `lr' = lr * sqrt(bc2) / bc1`, `eps' = eps * sqrt(bc2)`,
     `wd' = wd * bc1 / sqrt(bc2)` (bc = 1 - beta^step), which is the same update up to float32
     rounding (tests/train/test_optim.py compares the two over 20 steps).
+
+    With `keep` (a 0-d bool tensor; `grad` must then be zero where it is false), the rate
+    and the decays are chosen on the device: `lr' = 0` and both betas 1 where the update does
+    not apply, which leaves `param` and the moments exactly as they were.
     """
     beta1, beta2 = betas
     correction1 = 1.0 - beta1**step
     root_correction2 = math.sqrt(1.0 - beta2**step)
-    _ADAMW_KERNEL(param, exp_avg, exp_avg_sq, lr * root_correction2 / correction1, beta1, beta2,
+    _ADAMW_KERNEL(param, exp_avg, exp_avg_sq,
+                  gated(lr * root_correction2 / correction1, keep, 0.0),
+                  gated(beta1, keep, 1.0), gated(beta2, keep, 1.0),
                   eps * root_correction2, weight_decay * correction1 / root_correction2, grad)
 
 
@@ -91,13 +99,14 @@ class AdamMoments:
                              optimizer.add_state("adam_v", index)) for index in indices}
 
     def update(self, index: int, value: Tensor, grad: Tensor, lr: float,
-               weight_decay: float) -> Tensor:
+               weight_decay: float, keep: Tensor | None = None) -> Tensor:
         """Parameter `index`'s float32 `value` (the parameter or its master), updated in place
-        with its moments; returned for `ParameterOptimizer._write`."""
+        with its moments (unless `keep` is false); returned for
+        `ParameterOptimizer._write`."""
         m_key, v_key = self.keys[index]
         adamw_update_in_place(value, grad, self.optimizer.state[m_key],
                               self.optimizer.state[v_key], self.optimizer.global_step, lr,
-                              weight_decay, self.betas, self.eps)
+                              weight_decay, self.betas, self.eps, keep)
         return value
 
 
@@ -124,8 +133,8 @@ class AdamW(ParameterOptimizer):
                    decays=decay_flags(config, named_params, source))
 
     def _update(self, index: int, value: Tensor, grad: Tensor, lr: float,
-                weight_decay: float) -> Tensor:
-        return self.moments.update(index, value, grad, lr, weight_decay)
+                weight_decay: float, keep: Tensor | None) -> Tensor:
+        return self.moments.update(index, value, grad, lr, weight_decay, keep)
 
 
 def adamw_settings(config: OptimizerConfig, source: Source | None = None) -> AdamWSettings:

@@ -31,7 +31,7 @@ from mf_config.yaml_source import Source
 from mf_parallel.runtime.flat_shard import built_shape
 
 from .param_groups import check_rules, unmatched_rules, weight_decay_flags
-from .protocol import FLOAT32, STEP_KEY, OptimizerStateError, checked_lr
+from .protocol import FLOAT32, STEP_KEY, OptimizerStateError, checked_lr, update_gradient
 
 LOW_PRECISION = (ms.float16, ms.bfloat16)
 MASTER_PREFIX = "main_param"
@@ -65,20 +65,22 @@ class ParameterOptimizer:
 
     # ----- the training loop's interface -----
 
-    def step(self, grads: Sequence[Tensor], lr: float, clip: float = 1.0) -> None:
+    def step(self, grads: Sequence[Tensor], lr: float, clip: float | Tensor = 1.0,
+             keep: Tensor | None = None) -> None:
         """One update of every parameter from `grads` (same order as `params`) at rate `lr`,
-        the gradients scaled by `clip` first (1: unclipped)."""
+        the gradients scaled by `clip` first (1: unclipped); with `keep` false, nothing
+        changes (`protocol.Optimizer.step`)."""
         lr = checked_lr(lr)
         self._check_grads(grads)
         self.global_step += 1
         for index, (param, grad) in enumerate(zip(self.params, grads, strict=True)):
             value = self._masters.get(index, param)
-            if clip != 1.0:
-                grad = grad * clip
-            if grad.dtype != FLOAT32:
-                grad = ops.cast(grad, FLOAT32)
-            new_value = self._update(index, value, grad, lr, self.weight_decays[index])
+            grad = update_gradient(grad, clip, keep)
+            new_value = self._update(index, value, grad, lr, self.weight_decays[index], keep)
             self._write(index, new_value)
+
+    def uncount(self) -> None:
+        self.global_step -= 1
 
     def state_dict(self) -> dict[str, np.ndarray]:
         """Copies of the update count, the masters and the state, as numpy arrays."""
@@ -185,9 +187,10 @@ class ParameterOptimizer:
     # ----- for subclasses -----
 
     def _update(self, index: int, value: Tensor, grad: Tensor, lr: float,
-                weight_decay: float) -> Tensor:
+                weight_decay: float, keep: Tensor | None) -> Tensor:
         """The new float32 value of parameter `index` (`value` is its current float32 value:
-        the parameter itself or its master, which may be updated in place and returned)."""
+        the parameter itself or its master, which may be updated in place and returned);
+        where `keep` is false, `value` and the state unchanged."""
         raise NotImplementedError
 
     def add_state(self, prefix: str, index: int) -> str:

@@ -40,10 +40,15 @@ class JoinedOptimizer:
     def global_step(self) -> int:
         return self.first.global_step
 
-    def step(self, grads: Sequence[Tensor], lr: float, clip: float = 1.0) -> None:
+    def step(self, grads: Sequence[Tensor], lr: float, clip: float | Tensor = 1.0,
+             keep: Tensor | None = None) -> None:
         split = len(grads) - self.second_grads
-        self.first.step(grads[:split], lr, clip)
-        self.second.step(grads[split:], lr, clip)
+        self.first.step(grads[:split], lr, clip, keep)
+        self.second.step(grads[split:], lr, clip, keep)
+
+    def uncount(self) -> None:
+        self.first.uncount()
+        self.second.uncount()
 
     def state_dict(self) -> dict[str, np.ndarray]:
         state = self.first.state_dict()

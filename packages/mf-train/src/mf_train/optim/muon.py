@@ -140,13 +140,17 @@ class Muon(ParameterOptimizer):
         return summary
 
     def _update(self, index: int, value: Tensor, grad: Tensor, lr: float,
-                weight_decay: float) -> Tensor:
+                weight_decay: float, keep: Tensor | None) -> Tensor:
         if not self.use_muon[index]:
-            return self.moments.update(index, value, grad, lr, weight_decay)
+            return self.moments.update(index, value, grad, lr, weight_decay, keep)
         key = self.muon_keys[index]
-        value, self.state[key] = muon_update(value, grad, self.state[key], lr, weight_decay,
-                                             self.settings, self.coefficients)
-        return value
+        new, momentum = muon_update(value, grad, self.state[key], lr, weight_decay,
+                                    self.settings, self.coefficients)
+        if keep is not None:  # not in place: keep the old tensors where the step is skipped
+            new = ops.select(keep, new, value)
+            momentum = ops.select(keep, momentum, self.state[key])
+        self.state[key] = momentum
+        return new
 
 
 def ns_schedule(settings: MuonSettings, given: set[str],

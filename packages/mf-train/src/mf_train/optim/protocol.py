@@ -8,6 +8,12 @@ what its optimizer updates, takes their global norm and calls `step` with the li
 rate and the clip coefficient. The norm lives with the layout because it depends on how the
 gradients are spread over ranks (whole, split over the tensor group, sliced over the shard
 group), not on the update rule.
+
+The clip coefficient and the skip decision (`keep`) are tensors on the device: an update
+neither reads them back nor branches on them. A step that is not kept runs the same kernels
+with arguments that leave every parameter and state element as it was (the gradient zeroed,
+so that a non-finite one cannot reach the state; a zero learning rate; moment decays of 1),
+and the caller, once it has read that the step was skipped, takes the count back (`uncount`).
 """
 
 from __future__ import annotations
@@ -18,7 +24,7 @@ from typing import Any, Protocol
 
 import mindspore as ms
 import numpy as np
-from mindspore import Parameter, Tensor
+from mindspore import Parameter, Tensor, ops
 
 FLOAT32 = ms.float32
 STEP_KEY = "global_step"
@@ -35,14 +41,23 @@ class Optimizer(Protocol):
     global_step: int
     """Updates done so far."""
 
-    def step(self, grads: Sequence[Tensor], lr: float, clip: float = 1.0) -> None:
-        """One update from the reduced gradients of what this optimizer updates.
+    def step(self, grads: Sequence[Tensor], lr: float, clip: float | Tensor = 1.0,
+             keep: Tensor | None = None) -> None:
+        """One update from the reduced gradients of what this optimizer updates; counted.
 
         Args:
             grads: whole gradients aligned with `params`, or this rank's gradient slices.
             lr: the learning rate of this update (the schedule's, read every step).
-            clip: the clip coefficient the gradients are scaled by (1: unclipped).
+            clip: the clip coefficient the gradients are scaled by (1: unclipped; a 0-d
+                tensor from `gradient_norm.clip_coefficient`).
+            keep: a 0-d bool tensor, whether the update applies (None: it does); where it
+                is false every parameter and state element stays as it was.
         """
+        ...
+
+    def uncount(self) -> None:
+        """Take back the count of the last `step`: its `keep` was false (the caller read
+        it after the step)."""
         ...
 
     def state_dict(self) -> dict[str, np.ndarray]:
@@ -93,3 +108,23 @@ def checked_lr(lr: float) -> float:
     if not math.isfinite(value) or value < 0:
         raise ValueError(f"learning rate must be a finite number >= 0, got {lr!r}")
     return value
+
+
+def gated(value: float, keep: Tensor | None, otherwise: float) -> float | Tensor:
+    """An update's argument: `value`, or with `keep`, a 0-d float32 tensor that is `value`
+    where the update applies and `otherwise` (the argument that changes nothing) where not."""
+    if keep is None:
+        return value
+    return ops.select(keep, Tensor(value, FLOAT32), Tensor(otherwise, FLOAT32))
+
+
+def update_gradient(grad: Tensor, clip: float | Tensor, keep: Tensor | None) -> Tensor:
+    """`grad` in float32, times the clip coefficient, and zero where the update does not
+    apply (a skipped step's gradient may hold infinities or NaNs)."""
+    if grad.dtype != FLOAT32:
+        grad = ops.cast(grad, FLOAT32)
+    if isinstance(clip, Tensor) or clip != 1.0:
+        grad = grad * clip
+    if keep is not None:
+        grad = ops.masked_fill(grad, ops.logical_not(keep), 0.0)
+    return grad

@@ -39,7 +39,7 @@ from mf_parallel.runtime.copies import fresh_copy
 
 from .adamw import adamw_update_in_place
 from .base import MASTER_PREFIX
-from .protocol import FLOAT32, STEP_KEY, OptimizerStateError, checked_lr
+from .protocol import FLOAT32, STEP_KEY, OptimizerStateError, checked_lr, gated, update_gradient
 
 LAYOUT_KEY = "shard_layout"
 LAYOUT_FIELDS = ("shard degree", "shard rank", "elements", "slice length", "buffers")
@@ -106,7 +106,8 @@ class ShardedAdamW:
 
     # ----- the training step's interface -----
 
-    def step(self, grads: Sequence[Tensor], lr: float, clip: float = 1.0) -> None:
+    def step(self, grads: Sequence[Tensor], lr: float, clip: float | Tensor = 1.0,
+             keep: Tensor | None = None) -> None:
         """AdamW update number `global_step + 1` of this rank's slices, then publish them.
 
         Args:
@@ -114,18 +115,21 @@ class ShardedAdamW:
                 the sharded layouts reduce them), or one of all buffers end to end.
             lr: the learning rate of this update.
             clip: the clip coefficient the slices are scaled by (1: unclipped).
+            keep: whether the update applies (`protocol.Optimizer.step`).
         """
         lr = checked_lr(lr)
         grads = self._per_buffer(grads)
         self.global_step += 1
         for b, grad in enumerate(grads):
-            if clip != 1.0:
-                grad = grad * clip
-            value = self._decayed(b, self.masters[b], lr)
+            grad = update_gradient(grad, clip, keep)
+            value = self._decayed(b, self.masters[b], lr, keep)
             adamw_update_in_place(value, grad, self.avgs[b], self.avg_sqs[b], self.global_step,
-                                  lr, 0.0, self.betas, self.eps)
+                                  lr, 0.0, self.betas, self.eps, keep)
             self.masters[b] = value
         self._publish()
+
+    def uncount(self) -> None:
+        self.global_step -= 1
 
     # ----- checkpoints and loading -----
 
@@ -264,17 +268,18 @@ class ShardedAdamW:
                          if b > a])
         return rates, runs
 
-    def _decayed(self, b: int, value: Tensor, lr: float) -> Tensor:
+    def _decayed(self, b: int, value: Tensor, lr: float, keep: Tensor | None = None) -> Tensor:
         """`value * (1 - lr * rate)` per element of buffer `b`'s slice, the factor computed as
-        `adamw_update` computes it for a whole tensor (in Python, then float32); a new
-        tensor (the fused kernel then updates it in place)."""
+        `adamw_update` computes it for a whole tensor (in Python, then float32; 1 where
+        `keep` is false); a new tensor (the fused kernel then updates it in place)."""
         runs = self.runs[b]
         if lr == 0.0 or all(self.rates[r] == 0.0 for _, _, r in runs):
             return fresh_copy(value)
-        factors = [np.float32(1.0 - lr * self.rates[r]) for _, _, r in runs]
+        factors = [gated(float(np.float32(1.0 - lr * self.rates[r])), keep, 1.0)
+                   for _, _, r in runs]
         if len(runs) == 1:
-            return value * Tensor(factors[0])
-        return ops.cat([value[a:e] * Tensor(f) for (a, e, _), f in zip(runs, factors, strict=True)])
+            return value * factors[0]
+        return ops.cat([value[a:e] * f for (a, e, _), f in zip(runs, factors, strict=True)])
 
     def _publish(self) -> None:
         self.sharded.publish(list(self.masters))
