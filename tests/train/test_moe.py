@@ -31,16 +31,44 @@ BIASED = np.array([[0.9, 0.1, 0.2, 0.6, 0.7, 0.5],    # groups: 0.9+0.2=1.1 < 0.
                    [0.3, 0.8, 0.7, 0.9, 0.1, 0.2]])   # groups: 0.8+0.7=1.5 > 0.9+0.2=1.1
 
 
+def np_select_experts(biased_scores: np.ndarray, top_k: int, n_group: int,
+                      topk_group: int) -> np.ndarray:
+    """The group-limited top-k in numpy (the reference of the device's `select_experts`):
+    a group's score is the sum of its two best biased scores, the `topk_group` best groups
+    stay eligible, the `top_k` best eligible experts are chosen, best first."""
+    tokens, n_experts = biased_scores.shape
+    grouped = biased_scores.reshape(tokens, n_group, n_experts // n_group)
+    best = min(2, grouped.shape[-1])
+    group_scores = -np.sort(-grouped, axis=-1)[..., :best].sum(-1)
+    chosen_groups = np.argsort(-group_scores, axis=-1, kind="stable")[:, :topk_group]
+    eligible = np.zeros((tokens, n_group), dtype=bool)
+    np.put_along_axis(eligible, chosen_groups, True, axis=-1)
+    eligible = np.repeat(eligible, n_experts // n_group, axis=-1)
+    masked = np.where(eligible, biased_scores, -np.inf)
+    return np.argsort(-masked, axis=-1, kind="stable")[:, :top_k]
+
+
+def selected(biased: np.ndarray, top_k: int, n_group: int, topk_group: int) -> list:
+    """The device's choice, as lists."""
+    return select_experts(Tensor(biased.astype(np.float32)), top_k, n_group,
+                          topk_group).asnumpy().tolist()
+
+
 def test_group_limited_routing_picks_the_best_group_by_its_top_two() -> None:
     # Token 0's single best expert (0) lies in the losing group, so it is not chosen.
-    chosen = select_experts(BIASED, top_k=2, n_group=2, topk_group=1)
-    assert chosen.tolist() == [[4, 3], [1, 2]]
+    assert selected(BIASED, top_k=2, n_group=2, topk_group=1) == [[4, 3], [1, 2]]
 
 
 def test_routing_without_group_limit_is_plain_top_k() -> None:
-    assert select_experts(BIASED, top_k=2, n_group=2, topk_group=2).tolist() == [[0, 4], [3, 1]]
-    assert select_experts(BIASED, top_k=3, n_group=1, topk_group=1).tolist() == [
-        [0, 4, 3], [3, 1, 2]]
+    assert selected(BIASED, top_k=2, n_group=2, topk_group=2) == [[0, 4], [3, 1]]
+    assert selected(BIASED, top_k=3, n_group=1, topk_group=1) == [[0, 4, 3], [3, 1, 2]]
+
+
+@pytest.mark.parametrize(("n_group", "topk_group"), [(4, 2), (8, 3), (16, 16), (1, 1)])
+def test_device_routing_equals_numpy_on_random_scores(n_group, topk_group) -> None:
+    scores = np.random.default_rng(n_group).uniform(0, 1, (200, 16)).astype(np.float32)
+    assert selected(scores, 4, n_group, topk_group) == \
+        np_select_experts(scores, 4, n_group, topk_group).tolist()
 
 
 def _router(scores: list[float], bias: list[float], top_k: int, norm: bool,
@@ -50,7 +78,7 @@ def _router(scores: list[float], bias: list[float], top_k: int, norm: bool,
     router = Router(logits[:, None].astype(np.float32), top_k, 1, 1, norm, scale)
     router.e_score_correction_bias.set_data(Tensor(np.array(bias, np.float32)))
     indices, weights, _ = router(Tensor(np.ones((1, 1), np.float32)))
-    return indices, weights.asnumpy()
+    return indices.asnumpy(), weights.asnumpy()
 
 
 def test_bias_chooses_experts_but_weights_are_the_unbiased_scores() -> None:
@@ -72,7 +100,8 @@ def test_balance_loss_matches_the_formula_by_hand() -> None:
     # f = 4 / (1 * 2) * [1, 1, 0, 0]; P = mean of the normalised scores over the two tokens.
     p0, p1 = (0.4 + 1 / 6) / 2, (0.2 + 0.5) / 2
     expected = 0.01 * (2 * p0 + 2 * p1)
-    got = balance_loss(Tensor(scores), indices, seq=2, alpha=0.01).asnumpy()
+    got = balance_loss(Tensor(scores), Tensor(indices.astype(np.int32)), seq=2,
+                       alpha=0.01).asnumpy()
     np.testing.assert_allclose(got, expected, rtol=1e-6)
 
 
@@ -80,8 +109,8 @@ def test_balance_loss_is_one_alpha_when_perfectly_balanced() -> None:
     # Uniform scores and each expert chosen equally often: sum_i f_i P_i = N * 1 * 1/N = 1.
     scores = np.full((4, 4), 0.3, np.float32)
     indices = np.array([[0, 1], [2, 3], [1, 0], [3, 2]])
-    np.testing.assert_allclose(balance_loss(Tensor(scores), indices, 4, 0.5).asnumpy(), 0.5,
-                               rtol=1e-6)
+    got = balance_loss(Tensor(scores), Tensor(indices.astype(np.int32)), 4, 0.5).asnumpy()
+    np.testing.assert_allclose(got, 0.5, rtol=1e-6)
 
 
 def test_balance_loss_averages_sequences_in_seq_batch_order() -> None:
@@ -89,10 +118,11 @@ def test_balance_loss_averages_sequences_in_seq_batch_order() -> None:
     rng = np.random.default_rng(3)
     scores = rng.uniform(0.1, 0.9, (4, 4)).astype(np.float32)
     indices = np.array([[0], [1], [0], [2]])
-    per_sequence = [balance_loss(Tensor(scores[[b, b + 2]]), indices[[b, b + 2]], 2, 1.0)
+    per_sequence = [balance_loss(Tensor(scores[[b, b + 2]]),
+                                 Tensor(indices[[b, b + 2]].astype(np.int32)), 2, 1.0)
                     .asnumpy() for b in (0, 1)]
-    np.testing.assert_allclose(balance_loss(Tensor(scores), indices, 2, 1.0).asnumpy(),
-                               np.mean(per_sequence), rtol=1e-6)
+    got = balance_loss(Tensor(scores), Tensor(indices.astype(np.int32)), 2, 1.0).asnumpy()
+    np.testing.assert_allclose(got, np.mean(per_sequence), rtol=1e-6)
 
 
 def _mlp_weights(rng: np.random.Generator, size: int, hidden: int) -> list[np.ndarray]:
@@ -121,7 +151,7 @@ def test_dispatch_is_exact_and_counts_every_token_slot() -> None:
 
     flat = x.reshape(-1, hidden).astype(np.float64)
     scores = 1 / (1 + np.exp(-(flat @ router.T.astype(np.float64))))
-    chosen = select_experts(scores, top_k, 2, 1)
+    chosen = np_select_experts(scores, top_k, 2, 1)
     expected = _numpy_swiglu(expert_weights["shared_experts"], flat)
     for t, experts_of_t in enumerate(chosen):
         w = scores[t, experts_of_t] / scores[t, experts_of_t].sum() * 1.5
@@ -177,8 +207,8 @@ def reference_bias_step(bias: list[float], counts: list[int], rate: float) -> li
 
 def test_bias_update_by_hand() -> None:
     # mean 3: expert 0 and 2 are overloaded, 1 and 3 underloaded; a row at the mean stays.
-    bias = updated_expert_bias(np.zeros((2, 4), np.float32), np.array([[6, 2, 4, 0],
-                                                                       [3, 3, 3, 3]]), 0.001)
+    bias = updated_expert_bias(Tensor(np.zeros((2, 4), np.float32)),
+                               Tensor(np.float32([[6, 2, 4, 0], [3, 3, 3, 3]])), 0.001).asnumpy()
     assert bias.dtype == np.float32
     np.testing.assert_array_equal(bias, np.float32([[-0.001, 0.001, -0.001, 0.001],
                                                     [0, 0, 0, 0]]))
@@ -197,9 +227,9 @@ def test_router_bias_follows_the_reference_over_routed_steps() -> None:
     for _ in range(5):
         scores = rng.uniform(0, 0.2, (64, n_experts)).astype(np.float32) + skew
         bias = router.e_score_correction_bias.asnumpy()
-        counts = expert_counts(select_experts(scores + bias, 2, 2, 2), n_experts)
+        counts = expert_counts(np_select_experts(scores + bias, 2, 2, 2), n_experts)
         spreads.append(int(counts.max() - counts.min()))
-        router.update_bias(counts, rate)
+        router.update_bias(Tensor(counts.astype(np.float32)), rate)
         reference = reference_bias_step(reference, counts.tolist(), rate)
         np.testing.assert_array_equal(router.e_score_correction_bias.asnumpy(),
                                       np.float32(reference))

@@ -59,7 +59,9 @@ def run(connect, *, world: int, dispatcher: str, npu_nums_per_device: int) -> di
     last = {}
 
     def loss_fn(x, w):
-        result = group.dispatch(x, idx_all[me], w, experts, lambda e, rows: mine[e](rows))
+        result = group.dispatch(x, Tensor(idx_all[me].astype(np.int32)), w, experts,
+                                lambda e, rows: mine[e](rows))
+        assert result.indices.tolist() == idx_all[me].tolist()
         last["load"], last["received"] = result.load, result.rows_received
         last["out"] = result.output
         return (result.output * Tensor(probe_all[me])).sum()

@@ -31,7 +31,7 @@ from mindspore import Tensor
 
 from mf_parallel.runtime import Collectives
 
-from .expert_counts import Counts, StepCounts, global_counts
+from .expert_counts import StepCounts, global_counts
 
 LOG = logging.getLogger(__name__)
 
@@ -52,9 +52,8 @@ class NoExpertBiasUpdate:
         """No gradient is read (the counts come from the routers)."""
         return False
 
-    def update(self) -> Counts:
-        """Nothing to update; no counts."""
-        return {}
+    def update(self) -> None:
+        """Nothing to update."""
 
 
 class ExpertBiasUpdate(NoExpertBiasUpdate):
@@ -86,13 +85,9 @@ class ExpertBiasUpdate(NoExpertBiasUpdate):
         """Add a micro-batch's routing in these layers to the step's counts."""
         self.step_counts.add_last_forward(layers)
 
-    def update(self) -> Counts:
-        """Sum the step's counts over the routing ranks and update every MoE layer's bias.
-
-        Returns:
-            The global counts the update used (layer -> int64 `[n_routed_experts]`).
-        """
+    def update(self) -> None:
+        """Sum the step's counts over the routing ranks and update every MoE layer's bias,
+        on the device."""
         counts = global_counts(self.step_counts.take(), self.collectives)
         if counts:
             self.model.update_expert_bias(counts)
-        return counts

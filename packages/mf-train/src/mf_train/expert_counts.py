@@ -65,8 +65,10 @@ class StepCounts:
         return counts
 
 
-def global_counts(local: Mapping[int, np.ndarray], collectives: Collectives | None) -> Counts:
-    """The step's counts summed over the ranks that route different tokens.
+def global_counts(local: Mapping[int, np.ndarray],
+                  collectives: Collectives | None) -> dict[int, Tensor]:
+    """The step's counts summed over the ranks that route different tokens, left on the
+    device (the bias update uses them there: nothing is read back inside the step).
 
     Args:
         local: this rank's counts of the step (every micro-batch).
@@ -74,13 +76,17 @@ def global_counts(local: Mapping[int, np.ndarray], collectives: Collectives | No
             tensor groups must call this at the same step with the same layers.
 
     Returns:
-        The summed counts, the same on every rank of those groups.
+        Layer -> the summed counts (float32 `[n_routed_experts]`, exact), the same on every
+        rank of those groups.
     """
     layers = sorted(local)
-    if collectives is None or not layers:
-        return {layer: np.asarray(local[layer], np.int64) for layer in layers}
-    stacked = _reduce(np.stack([local[layer] for layer in layers]), collectives)
-    return dict(zip(layers, stacked, strict=True))
+    if not layers:
+        return {}
+    stacked = Tensor(np.stack([local[layer] for layer in layers]).astype(np.float32))
+    if collectives is not None:
+        for kind in ROUTING_GROUPS:
+            stacked = collectives.all_reduce(stacked, kind)
+    return {layer: stacked[index] for index, layer in enumerate(layers)}
 
 
 def per_rank_counts(local: Mapping[int, np.ndarray], collectives: Collectives | None,

@@ -42,7 +42,7 @@ from mindspore import Tensor, ops
 
 from ..mesh import expert_share
 from .collectives import Collectives
-from .expert_exchange import Exchange, GatherRows, ScatterRows, counts_tensor, take_rows
+from .expert_exchange import Exchange, GatherRows, ScatterRows, row_counts, take_rows
 
 Dispatcher = Literal["alltoall", "alltoall_deredundancy"]
 RunExpert = Callable[[int, Tensor], Tensor]
@@ -80,23 +80,22 @@ class ExpertGroup:
         """
         return expert_share(n_experts, self.size, self.rank)
 
-    def routing_tables(self, indices: np.ndarray) -> np.ndarray:
-        """Every group rank's expert indices, `[size, tokens, top_k]` (an all-gather; sent as
-        float32, exact below 2**24, because the CPU backend's emulated all-gather over a group
-        smaller than the world is a sum, which it has no int32 kernel for)."""
-        if self.size == 1:
-            return indices[None]
-        gathered = self.collectives.all_gather(Tensor(indices[None].astype(np.float32)),
-                                               "expert")
+    def routing_tables(self, indices: Tensor) -> np.ndarray:
+        """Every group rank's expert indices, `[size, tokens, top_k]` on the host: an
+        all-gather (sent as float32, exact below 2**24, because the CPU backend's emulated
+        all-gather over a group smaller than the world is a sum, which it has no int32 kernel
+        for) and the dispatch's one read back to the host."""
+        indices = indices.astype(ms.float32).expand_dims(0)
+        gathered = indices if self.size == 1 else self.collectives.all_gather(indices, "expert")
         return np.rint(gathered.asnumpy()).astype(np.int64)
 
-    def dispatch(self, flat: Tensor, indices: np.ndarray, weights: Tensor, n_experts: int,
+    def dispatch(self, flat: Tensor, indices: Tensor, weights: Tensor, n_experts: int,
                  run_expert: RunExpert) -> Dispatched:
         """The routed experts' weighted sum for each of this rank's tokens.
 
         Args:
             flat: this rank's tokens `[tokens, hidden]`.
-            indices: their experts `[tokens, top_k]` (global indices, numpy).
+            indices: their experts `[tokens, top_k]` (global indices, on the device).
             weights: their routing weights `[tokens, top_k]` (float32, differentiable).
             n_experts: the number of routed experts.
             run_expert: runs one of this rank's experts on its rows.
@@ -116,6 +115,8 @@ class Dispatched:
     """A dispatch's output and its counts."""
 
     output: Tensor
+    indices: np.ndarray
+    """This rank's routing `[tokens, top_k]`, as read back to the host."""
     load: np.ndarray
     """(token, expert) pairs each expert of this rank computed, int64 `[n_experts]` (zero for
     the other ranks' experts): over the group, the counts of the whole group's routing."""
@@ -136,12 +137,12 @@ def _all_to_all(group: ExpertGroup, flat: Tensor, tables: np.ndarray, weights: T
     sent = np.stack([np.bincount(o.ravel(), minlength=size) for o in owner])  # [src, dst]
     idle = sent.sum(0) == 0
     sent = sent + np.diag(idle.astype(sent.dtype))
-    width = counts_tensor(sent.max())
+    width = int(sent.max())
     order = np.argsort(tables[me].reshape(-1), kind="stable")         # my pairs by expert
     phantom_at = int(sent[me, :me].sum())                             # my chunk to myself
     send_index = np.insert(order // top_k, phantom_at, 0) if idle[me] else order // top_k
-    received = group.exchange(take_rows(flat, send_index), counts_tensor(sent[me]),
-                              counts_tensor(sent[:, me]), width)
+    received = group.exchange(take_rows(flat, send_index), row_counts(sent[me]),
+                              row_counts(sent[:, me]), width)
     # Each source's rows arrive sorted by expert; the experts run on them expert by expert.
     expert_of = np.concatenate([np.sort(t[o == me]) for t, o in zip(tables, owner, strict=True)]
                                + [np.array([me * local])] * int(idle[me]))
@@ -150,13 +151,13 @@ def _all_to_all(group: ExpertGroup, flat: Tensor, tables: np.ndarray, weights: T
                                  expert_of[by_expert], me * local, local)
     load[0] -= int(idle[me])
     back = group.exchange(take_rows(outputs, np.argsort(by_expert, kind="stable")),
-                          counts_tensor(sent[:, me]), counts_tensor(sent[me]), width)
+                          row_counts(sent[:, me]), row_counts(sent[me]), width)
     sorted_at = np.arange(len(order))
     sorted_at += (sorted_at >= phantom_at) * int(idle[me])            # past my phantom
     per_slot = take_rows(back, sorted_at[np.argsort(order, kind="stable")])
     per_slot = per_slot.reshape(tokens, top_k, flat.shape[-1])
     mixed = (per_slot.astype(ms.float32) * weights.expand_dims(-1)).sum(1)
-    return Dispatched(mixed.astype(flat.dtype), _load(load, me, size),
+    return Dispatched(mixed.astype(flat.dtype), tables[me], _load(load, me, size),
                       len(expert_of) - int(idle[me]))
 
 
@@ -181,20 +182,20 @@ def _deredundant(group: ExpertGroup, flat: Tensor, tables: np.ndarray, weights: 
         goes[rank, rank // node, 0] = True
     sent = goes.sum(-1)                                               # [source, device]
     peers = [dev * node + place for dev in range(devices)]            # my expert_peer group
-    width = counts_tensor(sent[peers].max())
+    width = int(sent[peers].max())
     send_token = np.concatenate([np.flatnonzero(goes[me, dev]) for dev in range(devices)])
     send_device = np.concatenate([np.full(sent[me, dev], dev) for dev in range(devices)])
     masked = np.where(device_of[me][send_token] == send_device[:, None], 1.0, 0.0)
     send_weights = take_rows(weights, send_token) * Tensor(masked.astype(np.float32))
-    from_peers = counts_tensor(sent[peers, my_device])
-    x = group.peer_exchange(take_rows(flat, send_token), counts_tensor(sent[me]), from_peers,
+    from_peers = row_counts(sent[peers, my_device])
+    x = group.peer_exchange(take_rows(flat, send_token), row_counts(sent[me]), from_peers,
                             width)
-    w = group.peer_exchange(send_weights, counts_tensor(sent[me]), from_peers, width)
+    w = group.peer_exchange(send_weights, row_counts(sent[me]), from_peers, width)
     # The device's rows: member by member, then source device by source device, token order.
     sources = [dev * node + m for m in range(node) for dev in range(devices)]
     row_source = np.concatenate([np.full(sent[s, my_device], s) for s in sources])
     row_token = np.concatenate([np.flatnonzero(goes[s, my_device]) for s in sources])
-    node_counts = counts_tensor(sent[sources, my_device].reshape(node, devices).sum(1))
+    node_counts = row_counts(sent[sources, my_device].reshape(node, devices).sum(1))
     x_node = group.gather_node(x, node_counts)
     w_node = group.gather_node(w, node_counts)
     experts = tables[row_source, row_token]                           # [device rows, top_k]
@@ -212,11 +213,11 @@ def _deredundant(group: ExpertGroup, flat: Tensor, tables: np.ndarray, weights: 
     partial = _sum_into(weighted, row * top_k + slot, len(row_token) * top_k)
     partial = partial.reshape(len(row_token), top_k, flat.shape[-1]).sum(1)
     mine = group.scatter_node(partial, node_counts)
-    back = group.peer_exchange(mine, from_peers, counts_tensor(sent[me]), width)
+    back = group.peer_exchange(mine, from_peers, row_counts(sent[me]), width)
     routed = _sum_into(back, send_token * devices + send_device, tokens * devices)
     out = routed.reshape(tokens, devices, flat.shape[-1]).sum(1)
     received = int(sent[peers, my_device].sum()) - int(me in idle)
-    return Dispatched(out.astype(flat.dtype), _load(load, me, size), received)
+    return Dispatched(out.astype(flat.dtype), tables[me], _load(load, me, size), received)
 
 
 def _run_experts(run_expert: RunExpert, rows: Tensor, expert_of: np.ndarray, first: int,

@@ -5,8 +5,9 @@ Each is an operation of equal chunks padded to the largest count in the group, w
 backend has (mf-parallel's `Collectives`: the real operation on Ascend and GPU, an emulation on
 the CPU backend), inside a cell whose backward is the conjugate exchange, as the
 tensor-parallel region cells: MindSpore's own backward of these collectives would reduce where
-rows must be routed. Counts are passed as int32 tensors so that the backward reads the counts of
-its own forward (a micro-batch's, a recomputed layer's).
+rows must be routed. Counts are passed as tuples of Python ints (`row_counts`), arguments of
+the cell, so that the backward reads the counts of its own forward (a micro-batch's, a
+recomputed layer's) without reading anything back from the device.
 """
 
 from __future__ import annotations
@@ -18,48 +19,48 @@ from mindspore import Tensor, nn, ops
 
 from .collectives import Collectives
 
+Counts = tuple[int, ...]
+"""Rows to or from each group rank, on the host."""
+
 
 class Exchange(nn.Cell):
     """All-to-all-v over a group: rows addressed to each group rank in turn go there; the
     backward sends the gradients back the same way (the reverse exchange).
 
-    Call with the rows ordered by destination and two int32 count tensors (`send[d]`: rows to
-    group rank d; `recv[s]`: rows from group rank s). Returns the received rows, by source.
+    Call with the rows ordered by destination, two row counts (`send[d]`: rows to group rank
+    d; `recv[s]`: rows from group rank s) and the largest count in the group. Returns the
+    received rows, by source.
     """
 
     def __init__(self, collectives: Collectives, kind: str):
         super().__init__()
         self.collectives, self.kind = collectives, kind
 
-    def construct(self, rows: Tensor, send: Tensor, recv: Tensor, width: Tensor) -> Tensor:
-        return _exchange(self.collectives, self.kind, rows, send.asnumpy(), recv.asnumpy(),
-                         int(width.asnumpy()))
+    def construct(self, rows: Tensor, send: Counts, recv: Counts, width: int) -> Tensor:
+        return _exchange(self.collectives, self.kind, rows, send, recv, width)
 
-    def bprop(self, rows: Tensor, send: Tensor, recv: Tensor, width: Tensor, out: Tensor,
-              dout: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-        back = _exchange(self.collectives, self.kind, dout, recv.asnumpy(), send.asnumpy(),
-                         int(width.asnumpy()))
-        return back, ops.zeros_like(send), ops.zeros_like(recv), ops.zeros_like(width)
+    def bprop(self, rows: Tensor, send: Counts, recv: Counts, width: int, out: Tensor,
+              dout: Tensor) -> tuple[Tensor, tuple[()], tuple[()], int]:
+        return _exchange(self.collectives, self.kind, dout, recv, send, width), (), (), 0
 
 
 class GatherRows(nn.Cell):
     """All-gather-v over a group: every rank gets the rows of all, in group-rank order; the
     backward sums the gradients of this rank's rows over the group (a reduce-scatter-v).
 
-    Call with this rank's rows and the int32 counts of every group rank.
+    Call with this rank's rows and the row counts of every group rank.
     """
 
     def __init__(self, collectives: Collectives, kind: str):
         super().__init__()
         self.collectives, self.kind = collectives, kind
 
-    def construct(self, rows: Tensor, counts: Tensor) -> Tensor:
-        return _gather_rows(self.collectives, self.kind, rows, counts.asnumpy())
+    def construct(self, rows: Tensor, counts: Counts) -> Tensor:
+        return _gather_rows(self.collectives, self.kind, rows, counts)
 
-    def bprop(self, rows: Tensor, counts: Tensor, out: Tensor, dout: Tensor,
-              ) -> tuple[Tensor, Tensor]:
-        return _scatter_rows(self.collectives, self.kind, dout, counts.asnumpy()), \
-            ops.zeros_like(counts)
+    def bprop(self, rows: Tensor, counts: Counts, out: Tensor, dout: Tensor,
+              ) -> tuple[Tensor, tuple[()]]:
+        return _scatter_rows(self.collectives, self.kind, dout, counts), ()
 
 
 class ScatterRows(nn.Cell):
@@ -71,43 +72,40 @@ class ScatterRows(nn.Cell):
         super().__init__()
         self.collectives, self.kind = collectives, kind
 
-    def construct(self, rows: Tensor, counts: Tensor) -> Tensor:
-        return _scatter_rows(self.collectives, self.kind, rows, counts.asnumpy())
+    def construct(self, rows: Tensor, counts: Counts) -> Tensor:
+        return _scatter_rows(self.collectives, self.kind, rows, counts)
 
-    def bprop(self, rows: Tensor, counts: Tensor, out: Tensor, dout: Tensor,
-              ) -> tuple[Tensor, Tensor]:
-        return _gather_rows(self.collectives, self.kind, dout, counts.asnumpy()), \
-            ops.zeros_like(counts)
+    def bprop(self, rows: Tensor, counts: Counts, out: Tensor, dout: Tensor,
+              ) -> tuple[Tensor, tuple[()]]:
+        return _gather_rows(self.collectives, self.kind, dout, counts), ()
 
 
-def _exchange(collectives: Collectives, kind: str, rows: Tensor, send: np.ndarray,
-              recv: np.ndarray, width: int) -> Tensor:
+def _exchange(collectives: Collectives, kind: str, rows: Tensor, send: Counts, recv: Counts,
+              width: int) -> Tensor:
     """Rows to each destination padded to `width`, one all-to-all, padding dropped."""
     chunks, start = [], 0
-    for count in send.tolist():
+    for count in send:
         chunks.append(_padded(rows[start:start + count], width))
         start += count
     received = collectives.all_to_all(ops.cat(chunks), kind)
     return _unpadded(received, recv, width)
 
 
-def _gather_rows(collectives: Collectives, kind: str, rows: Tensor,
-                 counts: np.ndarray) -> Tensor:
-    width = int(counts.max())
+def _gather_rows(collectives: Collectives, kind: str, rows: Tensor, counts: Counts) -> Tensor:
+    width = max(counts)
     gathered = collectives.all_gather(_padded(rows, width), kind)
     return _unpadded(gathered, counts, width)
 
 
-def _scatter_rows(collectives: Collectives, kind: str, rows: Tensor,
-                  counts: np.ndarray) -> Tensor:
-    width = int(counts.max())
+def _scatter_rows(collectives: Collectives, kind: str, rows: Tensor, counts: Counts) -> Tensor:
+    width = max(counts)
     chunks, start = [], 0
-    for count in counts.tolist():
+    for count in counts:
         chunks.append(_padded(rows[start:start + count], width))
         start += count
     mine = collectives.reduce_scatter(ops.cat(chunks), kind)
     me = collectives.comm.group_rank(kind)
-    return mine[:int(counts[me])] if counts[me] else no_rows(mine)
+    return mine[:counts[me]] if counts[me] else no_rows(mine)
 
 
 def _padded(rows: Tensor, width: int) -> Tensor:
@@ -121,9 +119,9 @@ def _padded(rows: Tensor, width: int) -> Tensor:
     return zeros if rows.shape[0] == 0 else ops.cat((rows, zeros))
 
 
-def _unpadded(received: Tensor, counts: np.ndarray, width: int) -> Tensor:
+def _unpadded(received: Tensor, counts: Counts, width: int) -> Tensor:
     width = max(width, 1)
-    parts = [received[s * width:s * width + int(c)] for s, c in enumerate(counts.tolist()) if c]
+    parts = [received[s * width:s * width + c] for s, c in enumerate(counts) if c]
     if not parts:
         return no_rows(received)
     return parts[0] if len(parts) == 1 else ops.cat(parts)
@@ -140,9 +138,9 @@ def no_rows(like: Tensor) -> Tensor:
     return ops.gather(like, Tensor(np.zeros(0, np.int32)), 0)
 
 
-def counts_tensor(values: Sequence[int] | np.ndarray) -> Tensor:
-    """Row counts as the int32 tensor the exchange cells take."""
-    return Tensor(np.asarray(values, np.int32))
+def row_counts(values: Sequence[int] | np.ndarray) -> Counts:
+    """Row counts as the exchange cells take them."""
+    return tuple(int(value) for value in np.asarray(values).reshape(-1))
 
 
 def take_rows(rows: Tensor, index: np.ndarray) -> Tensor:

@@ -207,7 +207,8 @@ class DeepseekV3ForCausalLM(CausalLMPieces, nn.Cell):
     the gradients of marked parameters over the group (`reduce_sequence_parallel_grads`).
     """
 
-    compile_blocker = "its MoE layers route tokens to experts on the host (numpy)"
+    compile_blocker = ("its MoE layers run each expert on a slice whose length is read back "
+                       "to the host (the routing itself runs on the device)")
 
     def __init__(self, settings: DeepseekV3Settings, *, tensor_group: TensorGroup | None = None,
                  seed: int | None = None, source: Source | None = None,
@@ -338,12 +339,13 @@ class DeepseekV3ForCausalLM(CausalLMPieces, nn.Cell):
         s = self.settings
         return s.moe_router_bias_update_rate if s.moe_router_enable_expert_bias else 0.0
 
-    def update_expert_bias(self, counts: Mapping[int, np.ndarray]) -> None:
-        """Move each MoE layer's `e_score_correction_bias` by one auxiliary-loss-free step.
+    def update_expert_bias(self, counts: Mapping[int, Tensor]) -> None:
+        """Move each MoE layer's `e_score_correction_bias` by one auxiliary-loss-free step,
+        on the device.
 
         Args:
             counts: global layer index -> the step's tokens per expert summed over every rank
-                that routes different tokens (`mf_train.expert_counts.global_counts`).
+                that routes different tokens (float32, `mf_train.expert_counts.global_counts`).
         """
         for index, layer in self._layers():
             if layer.is_moe and index in counts:

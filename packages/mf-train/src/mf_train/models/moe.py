@@ -15,6 +15,12 @@ expert, each expert runs once on its tokens, and the outputs are put back in (to
 order and summed with the routing weights. The selection is not differentiable (as in
 Hugging Face); the weights are, so the router learns through them and through the balance loss.
 
+Where it runs: the scores, the group-limited top-k, the weights, the balance loss and the
+bias update run on the device. A layer reads one thing back to the host per forward: the
+chosen experts (without expert parallelism this rank's `[tokens, top_k]`; with it, the
+group's tables after their all-gather), because PyNative runs each expert on a slice whose
+length is its token count (Megatron's dispatchers read their split sizes likewise).
+
 Auxiliary-loss-free balancing (report, section 2.1.2; Megatron's `moe_router_enable_expert_bias`):
 after each training step, `b += gamma * sign(mean_i(c_i) - c)` with `c` the tokens routed to each
 expert in the whole step (every micro-batch, every rank that routes different tokens), so an
@@ -59,25 +65,29 @@ MakeMlp = Callable[[str, int], nn.Cell]
 given intermediate size."""
 
 
-def select_experts(biased_scores: np.ndarray, top_k: int, n_group: int,
-                   topk_group: int) -> np.ndarray:
-    """Indices `[tokens, top_k]` of the experts each token is routed to.
+def select_experts(biased_scores: Tensor, top_k: int, n_group: int,
+                   topk_group: int) -> Tensor:
+    """Indices `[tokens, top_k]` (int32, on the device) of the experts each token is routed to.
 
-    `biased_scores` is `[tokens, n_experts]` (sigmoid scores plus the correction bias). A
-    group's score is the sum of its two highest biased scores (its only one, for one-expert
-    groups); the `topk_group` best groups stay eligible and the `top_k` best eligible experts
-    are chosen, best first. Ties go to the lower index.
+    `biased_scores` is `[tokens, n_experts]` float32 (sigmoid scores plus the correction
+    bias). A group's score is the sum of its two highest biased scores (its only one, for
+    one-expert groups); the `topk_group` best groups stay eligible and the `top_k` best
+    eligible experts are chosen, best first; of equal scores the lower index (a stable
+    descending sort: `ops.topk` orders ties differently on CPU).
     """
     tokens, n_experts = biased_scores.shape
-    grouped = biased_scores.reshape(tokens, n_group, n_experts // n_group)
-    best = min(2, grouped.shape[-1])
-    group_scores = -np.sort(-grouped, axis=-1)[..., :best].sum(-1)
-    chosen_groups = np.argsort(-group_scores, axis=-1, kind="stable")[:, :topk_group]
-    eligible = np.zeros((tokens, n_group), dtype=bool)
-    np.put_along_axis(eligible, chosen_groups, True, axis=-1)
-    eligible = np.repeat(eligible, n_experts // n_group, axis=-1)
-    masked = np.where(eligible, biased_scores, -np.inf)
-    return np.argsort(-masked, axis=-1, kind="stable")[:, :top_k]
+    per_group = n_experts // n_group
+    if topk_group < n_group:
+        grouped = biased_scores.reshape(tokens, n_group, per_group)
+        group_scores = ops.topk(grouped, min(2, per_group))[0].sum(-1)
+        chosen_groups = ops.argsort(group_scores, -1, descending=True)[:, :topk_group]
+        eligible = ops.one_hot(chosen_groups, n_group, Tensor(1.0, ms.float32),
+                               Tensor(0.0, ms.float32)).sum(1) > 0
+        eligible = eligible.expand_dims(-1).broadcast_to(grouped.shape).reshape(tokens,
+                                                                                n_experts)
+        biased_scores = ops.masked_fill(biased_scores, ops.logical_not(eligible),
+                                        float("-inf"))
+    return ops.argsort(biased_scores, -1, descending=True)[:, :top_k].astype(ms.int32)
 
 
 def expert_counts(indices: np.ndarray, n_experts: int) -> np.ndarray:
@@ -85,26 +95,27 @@ def expert_counts(indices: np.ndarray, n_experts: int) -> np.ndarray:
     return np.bincount(indices.reshape(-1), minlength=n_experts).astype(np.int64)
 
 
-def updated_expert_bias(bias: np.ndarray, counts: np.ndarray, rate: float) -> np.ndarray:
-    """The auxiliary-loss-free bias after one step (module docstring), in float32.
+def updated_expert_bias(bias: Tensor, counts: Tensor, rate: float) -> Tensor:
+    """The auxiliary-loss-free bias after one step (module docstring), on the device.
 
     Args:
-        bias: `[..., n_experts]` current `e_score_correction_bias` (one row per layer, or one).
-        counts: tokens routed to each expert in the step, the same shape.
+        bias: `[..., n_experts]` float32 current `e_score_correction_bias` (one row per
+            layer, or one).
+        counts: tokens routed to each expert in the step, the same shape (float32, exact).
         rate: the update rate gamma (`moe_router_bias_update_rate`).
 
     Returns:
         `bias + rate * sign(mean(counts) - counts)` along the last axis, float32: an expert
         exactly at the mean keeps its bias (sign 0), as in Megatron.
     """
-    counts = np.asarray(counts, dtype=np.float32)
-    offset = counts.mean(-1, keepdims=True, dtype=np.float32) - counts
-    return (np.asarray(bias, np.float32) + np.float32(rate) * np.sign(offset)).astype(np.float32)
+    counts = counts.astype(ms.float32)
+    offset = ops.mean(counts, -1, True) - counts
+    return bias.astype(ms.float32) + ops.sign(offset) * rate
 
 
 class Router(nn.Cell):
-    """`[tokens, hidden]` -> (expert indices `[tokens, k]` as numpy, weights `[tokens, k]`,
-    float32 scores `[tokens, n_experts]`). Hugging Face `mlp.gate`."""
+    """`[tokens, hidden]` -> (expert indices `[tokens, k]` int32, weights `[tokens, k]`,
+    float32 scores `[tokens, n_experts]`), all on the device. Hugging Face `mlp.gate`."""
 
     def __init__(self, weight: np.ndarray, top_k: int, n_group: int, topk_group: int,
                  norm_topk_prob: bool, scaling_factor: float):
@@ -119,33 +130,34 @@ class Router(nn.Cell):
             Tensor(np.zeros(n_experts, np.float32)), name="e_score_correction_bias",
             requires_grad=False)
 
-    def update_bias(self, counts: np.ndarray, rate: float) -> None:
+    def update_bias(self, counts: Tensor, rate: float) -> None:
         """Apply one auxiliary-loss-free step to `e_score_correction_bias` from the step's
-        global `counts` (`[n_experts]`); in place, so the Parameter (and its name in
-        checkpoints) stays the same."""
-        bias = updated_expert_bias(self.e_score_correction_bias.asnumpy(), counts, rate)
-        self.e_score_correction_bias.set_data(Tensor(bias))
+        global `counts` (`[n_experts]`, on the device); in place, so the Parameter (and its
+        name in checkpoints) stays the same."""
+        ops.assign(self.e_score_correction_bias,
+                   updated_expert_bias(self.e_score_correction_bias, counts, rate))
 
-    def construct(self, x: Tensor) -> tuple[np.ndarray, Tensor, Tensor]:
+    def construct(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         logits = mint.matmul(x.astype(ms.float32), self.weight.astype(ms.float32).T)
         scores = ops.sigmoid(logits)
-        biased = scores.asnumpy() + self.e_score_correction_bias.asnumpy()[None, :]
+        biased = ops.stop_gradient(scores) + self.e_score_correction_bias.expand_dims(0)
         indices = select_experts(biased, self.top_k, self.n_group, self.topk_group)
-        weights = ops.gather_elements(scores, 1, Tensor(indices.astype(np.int32)))
+        weights = ops.gather_elements(scores, 1, indices)
         if self.norm_topk_prob:
             weights = weights / (weights.sum(-1, keepdims=True) + 1e-20)
         return indices, weights * self.scaling_factor, scores
 
 
-def balance_loss(scores: Tensor, indices: np.ndarray, seq: int, alpha: float,
+def balance_loss(scores: Tensor, indices: Tensor, seq: int, alpha: float,
                  group: TensorGroup | None = None,
                  context: ContextGroup | None = None) -> Tensor:
-    """DeepSeek-V3's sequence-wise balance loss (module docstring) of one MoE layer.
+    """DeepSeek-V3's sequence-wise balance loss (module docstring) of one MoE layer, on the
+    device.
 
     Args:
         scores: `[seq * batch, n_experts]` float32 router scores (differentiable), tokens in
             `[seq, batch]` order (blocks.py's layout).
-        indices: `[seq * batch, k]` chosen experts (numpy).
+        indices: `[seq * batch, k]` chosen experts (int32).
         seq: the sequence length of these tokens (this rank's slice with `group`/`context`).
         alpha: the loss coefficient.
         group: the tensor group whose ranks hold the other slices of every sequence
@@ -159,20 +171,19 @@ def balance_loss(scores: Tensor, indices: np.ndarray, seq: int, alpha: float,
     """
     tokens, n_experts = scores.shape
     batch, top_k = tokens // seq, indices.shape[1]
-    per_sequence = indices.reshape(seq, batch, top_k)
-    chosen = np.stack([expert_counts(per_sequence[:, b], n_experts) for b in range(batch)])
+    chosen = ops.one_hot(indices, n_experts, Tensor(1.0, ms.float32), Tensor(0.0, ms.float32))
+    counts = chosen.sum(1).reshape(seq, batch, n_experts).sum(0)     # [batch, n_experts]
     normalised = scores / scores.sum(-1, keepdims=True)
     slices = (1 if group is None else group.size) * (1 if context is None else context.size)
     if slices == 1:
-        fraction = Tensor((chosen * (n_experts / (top_k * seq))).astype(np.float32))
+        fraction = counts * float(np.float32(n_experts / (top_k * seq)))
         probability = normalised.reshape(seq, batch, n_experts).mean(0)
         return (fraction * probability).sum(-1).mean() * alpha
     whole = seq * slices
-    counts = Tensor(chosen.astype(np.float32))
     for over in (group, context):
         if over is not None:
             counts = over.all_reduce(counts)
-    fraction = Tensor((counts.asnumpy() * (n_experts / (top_k * whole))).astype(np.float32))
+    fraction = counts * float(np.float32(n_experts / (top_k * whole)))
     probability = normalised.reshape(seq, batch, n_experts).sum(0) / whole
     part = (fraction * probability).sum(-1).mean() * alpha
     if group is not None:
@@ -221,7 +232,6 @@ class MoE(nn.Cell):
         seq, batch, hidden = x.shape
         flat = x.reshape(seq * batch, hidden)
         indices, weights, scores = self.router(flat)
-        self.last_tokens_per_expert = expert_counts(indices, self.n_experts)
         out = self._routed(flat, indices, weights).reshape(seq, batch, hidden)
         if self.shared_experts is not None:
             out = out + self.shared_experts(x)
@@ -230,14 +240,18 @@ class MoE(nn.Cell):
         return out, balance_loss(scores, indices, seq, self.aux_loss_alpha,
                                  self.sequence_group, self.context)
 
-    def _routed(self, flat: Tensor, indices: np.ndarray, weights: Tensor) -> Tensor:
-        """Sum over each token's k experts of weight * expert(token), exactly."""
+    def _routed(self, flat: Tensor, indices: Tensor, weights: Tensor) -> Tensor:
+        """Sum over each token's k experts of weight * expert(token), exactly; the layer's
+        one read to the host (module docstring)."""
         if self.expert_group is not None:
             done = self.expert_group.dispatch(flat, indices, weights, self.n_experts,
                                               lambda e, rows: self.experts.by_id(e)(rows))
+            self.last_tokens_per_expert = expert_counts(done.indices, self.n_experts)
             self.last_expert_load = done.load
             return done.output
-        self.last_expert_load = self.last_tokens_per_expert
+        indices = indices.asnumpy()
+        self.last_tokens_per_expert = self.last_expert_load = expert_counts(indices,
+                                                                            self.n_experts)
         tokens, top_k = indices.shape
         order = np.argsort(indices.reshape(-1), kind="stable")  # (token, slot) pairs by expert
         inputs = ops.gather(flat, Tensor((order // top_k).astype(np.int32)), 0)
