@@ -154,13 +154,17 @@ def worker_log(output: Path, rank: int = 0) -> str:
 
 def assert_same_run(got: Path, want: Path, rel: float = 1e-5, count: int = 4) -> None:
     """`got` logged the losses and gradient norms of `want` within `rel`, `count` steps, and
-    the loss fell."""
+    the loss fell; where one process read nothing back to the host inside a step, neither
+    did `got`."""
     one, other = steps(want), steps(got)
     assert len(one) == len(other) == count
     assert [s["loss"] for s in other] == pytest.approx([s["loss"] for s in one], rel=rel)
     assert [s["grad_norm"] for s in other] == pytest.approx([s["grad_norm"] for s in one],
                                                             rel=rel)
     assert one[-1]["loss"] < one[0]["loss"]
+    if not any(s.get("host_reads") for s in one):  # counted (conftest.py): none in one process
+        assert [s.get("host_reads") for s in other] == [s.get("host_reads") for s in one], \
+            "the layout's step read tensors back to the host (tests/train/test_host_reads.py)"
 
 
 def assert_resumed_across_layouts(resumed: Path, whole: Path, rel: float = 1e-5) -> None:

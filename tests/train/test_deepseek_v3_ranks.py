@@ -48,6 +48,10 @@ def test_two_ranks_move_the_bias_as_one_process(data_prefix, single, tmp_path, l
     train(DEEPSEEK, tmp_path, data_prefix, *SETTINGS, LAYOUTS[layout], nproc=2, timeout=300)
     one, two = steps(single), steps(tmp_path)
     assert len(one) == len(two) == 4
+    # Host reads inside a step: one routing table per MoE layer (2) and forward; one
+    # micro-batch a rank, or, in 2 stages, 2 micro-batches x (F, and B's recompute) x 1 layer.
+    assert [s["host_reads"] for s in one] == [4] * 4  # 2 micro-batches
+    assert [s["host_reads"] for s in two] == [4 if layout == "pipeline" else 2] * 4
     assert [s["loss"] for s in two] == pytest.approx([s["loss"] for s in one], rel=1e-5,
                                                      abs=1e-5)
     counts = [key for key in one[0] if key.endswith(tuple(f"expert{e}" for e in range(4)))]

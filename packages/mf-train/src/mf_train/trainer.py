@@ -28,6 +28,7 @@ Megatron does (`mf_train.expert_bias` says why).
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import random
 import time
@@ -69,6 +70,7 @@ from .checkpoint.reader import conversion
 from .compiled_layers import CompileReport, compile_layers
 from .expert_bias import ExpertBiasUpdate, NoExpertBiasUpdate
 from .gradient_norm import clip_coefficient, update_kept
+from .host_reads import counted_reads, counting_asked
 from .input_checks import check_inputs
 from .job import check_support, make_job_plan, resolve_device
 from .layouts import (
@@ -112,6 +114,9 @@ class StepOutcome:
     """Tokens of this step on this rank (micro-batches x batch x sequence)."""
     seconds: float
     lr: float
+    host_reads: int | None = None
+    """Reads of device tensors to the host while the step was launched, when counted
+    (`host_reads`)."""
 
 
 @dataclass(frozen=True)
@@ -139,12 +144,16 @@ class TrainStep:
         observer: told each micro-batch's and the step's local loss and gradients.
         expert_bias: the MoE routers' auxiliary-loss-free bias update (none by default); it
             also observes the micro-batches, to count their tokens per expert.
+        count_host_reads: count the reads to the host while a step is launched
+            (`host_reads`; the outcome's `host_reads`).
     """
 
     def __init__(self, layout: StepLayout, *, max_norm: float,
                  skip_threshold: float | None = None, observer: StepObserver | None = None,
-                 expert_bias: NoExpertBiasUpdate | None = None):
+                 expert_bias: NoExpertBiasUpdate | None = None,
+                 count_host_reads: bool = False):
         self.layout = layout
+        self.count_host_reads = count_host_reads
         self.max_norm = max_norm
         self.skip_threshold = skip_threshold
         self.expert_bias = expert_bias or NoExpertBiasUpdate()
@@ -152,7 +161,11 @@ class TrainStep:
 
     def __call__(self, micro_batches: Sequence[MicroBatch], lr: float) -> StepOutcome:
         """Run the step on this rank's `micro_batches` at learning rate `lr`; its numbers."""
-        return self.read(self.launch(micro_batches, lr))
+        if not self.count_host_reads:
+            return self.read(self.launch(micro_batches, lr))
+        with counted_reads() as reads:
+            launched = self.launch(micro_batches, lr)
+        return dataclasses.replace(self.read(launched), host_reads=reads.count)
 
     def launch(self, micro_batches: Sequence[MicroBatch], lr: float) -> LaunchedStep:
         """Queue the step's work without reading anything back to the host: the norm, the
@@ -411,7 +424,8 @@ class Trainer:
         observer = MonitorObserver.of(self.layout.optimizer.names, self.callbacks)
         return TrainStep(self.layout, max_norm=self.config.training.max_norm,
                          skip_threshold=skip, observer=observer,
-                         expert_bias=ExpertBiasUpdate.of(self.model, self.collectives))
+                         expert_bias=ExpertBiasUpdate.of(self.model, self.collectives),
+                         count_host_reads=counting_asked())
 
     # ------------------------------------------------------------------ checkpoints
 
@@ -612,6 +626,9 @@ class Trainer:
         peak = largest_peak(self.device, self.comm.world_size)
         record.peak_memory_gib = round(peak.gib, 3)
         record.peak_memory_rank = peak.rank if self.comm.world_size > 1 else None
+        if outcome.host_reads is not None:  # the most any rank made
+            record.extra["host_reads"] = max(world_group.every_rank(outcome.host_reads)) \
+                if self.comm.world_size > 1 else outcome.host_reads
         graphs, seconds = self.compiled.take_new()
         if graphs:
             record.extra.update(compile_time=seconds, compiled_graphs=graphs)
