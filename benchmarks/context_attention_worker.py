@@ -19,7 +19,7 @@ time is its work. The exchanges are timed by wrapping what they call: mf-paralle
 `sequence_to_heads` / `heads_to_sequence` (Ulysses, forward and backward) and
 `Collectives.all_gather` / `reduce_scatter` (the colossal all-gather and its backward); nested
 calls count once. With `context_parallel_async` the all-gather is started
-(`Collectives.start_all_gather`) and waited for (`PendingGather.wait`): both are timed, so
+(`Collectives.start_all_gather`) and waited for (`Pending.wait`): both are timed, so
 the figure is the time the exchanges hold the step up, not the time they are under way.
 
 Memory: the high-water mark of resident memory (`VmHWM` of /proc/self/status, reset with
@@ -47,7 +47,7 @@ from mindspore import Tensor
 from mf_config import load_config
 from mf_config.components import sequence_length
 from mf_parallel.runtime import context_parallel
-from mf_parallel.runtime.collectives import Collectives, PendingGather
+from mf_parallel.runtime.collectives import Collectives, Pending
 from mf_parallel.runtime.comm import init_communication
 from mf_parallel.runtime.context_parallel import ContextGroup
 from mf_train.job import make_job_plan
@@ -79,7 +79,7 @@ for _name in ("sequence_to_heads", "heads_to_sequence"):  # looked up at call ti
     setattr(context_parallel, _name, timed_exchange(getattr(context_parallel, _name)))
 for _name in ("all_gather", "reduce_scatter", "start_all_gather"):
     setattr(Collectives, _name, timed_exchange(getattr(Collectives, _name)))
-PendingGather.wait = timed_exchange(PendingGather.wait)
+Pending.wait = timed_exchange(Pending.wait)
 
 
 def status_kib(field: str) -> int:
