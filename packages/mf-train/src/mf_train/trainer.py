@@ -1,10 +1,11 @@
 """The training recipe, for one rank: config -> plan -> build -> run.
 
-Read `Trainer.train` and `TrainStep.__call__` to follow a step: micro-batches from the data
+Read `Trainer.train` and `TrainStep.launch` to follow a step: micro-batches from the data
 stream -> forward, loss and backward (`layout.forward_backward`) -> reduction over the
 parallel groups and the global norm (`layout.reduce`) -> skip or clip -> optimizer update ->
-the MoE routers' auxiliary-loss-free bias (`expert_bias`) -> checkpoint -> metrics
-(callbacks). The only part that depends on the parallel layout is the `StepLayout`
+the MoE routers' auxiliary-loss-free bias (`expert_bias`), all queued without reading a value
+back to the host (`TrainStep.read` then reads the loss, norm and skip flag) -> checkpoint ->
+metrics (callbacks). The only part that depends on the parallel layout is the `StepLayout`
 (`mf_train.layouts`), chosen from the plan in one place.
 
 `Trainer(config, output_dir=...)` builds everything from the validated configuration, in this
