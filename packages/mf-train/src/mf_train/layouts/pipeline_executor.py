@@ -5,8 +5,10 @@ action lists the plan simulates): F and B computations of (micro-batch, chunk), 
 activations and gradients, and the `Transfer` points at which a message moves between two
 stages (a rendezvous, see that module for why and why it cannot deadlock). With
 `overlap_p2p` a transfer is launched and not waited for: the receiver waits when it uses the
-message, the sender at the end of the step, so neither stage stops at the rendezvous while the
-message moves (Megatron's `overlap_p2p_comm`). On Ascend and GPU that is a non-blocking send
+message, the sender at its next transfer (so it holds at most one sent message; the peer
+reaches the earlier transfer first, in the same global order, so this cannot deadlock) or at
+the end of the step: neither stage stops at the rendezvous while the message moves
+(Megatron's `overlap_p2p_comm`). On Ascend and GPU that is a non-blocking send
 and receive on the communication stream; MindSpore's CPU backend runs every operation of a
 process in one queue, so there the message still waits for what was queued before it.
 
@@ -132,8 +134,7 @@ class StageRunner:
                 self._backward(self.chunks[item.chunk], item.microbatch, step, observer)
             elif item.kind is Kind.W:
                 self._weights(self.chunks[item.chunk], item.microbatch, step, observer)
-        for pending in step.sending:
-            pending.wait()
+        step.wait_sent()
         grads = [ops.zeros_like(p) if g is None else g for g, p in zip(step.grads, self.params,
                                                                         strict=True)]
         loss = step.loss if step.loss is not None else Tensor(0.0, ms.float32)
@@ -263,13 +264,14 @@ class StageRunner:
             shape, dtype = self.model.hidden_spec(*tokens.shape)
             tensor = ops.zeros(shape, dtype)
         if self.overlap_p2p:
+            step.wait_sent()
             pending = self.collectives.start_send_recv(tensor, source, target)
         else:
             pending = Pending(self.collectives.send_recv(tensor, source, target), None)
-        if transfer.source == self.stage:
-            step.sending.append(pending)
-        else:
+        if transfer.source != self.stage:
             step.arrived[message] = pending
+        elif self.overlap_p2p:
+            step.sending.append(pending)
 
     def _chunk(self, chunk: int) -> Chunk:
         virtual = chunk * self.num_stages + self.stage
@@ -298,10 +300,16 @@ class _StepState:
     arrived: dict[Message, Pending] = field(default_factory=dict)
     """Messages transferred (or, with `overlap_p2p`, under way) to this stage, not yet used."""
     sending: list[Pending] = field(default_factory=list)
-    """Messages sent by this stage, to be waited for by the end of the step."""
+    """Messages this stage sent and has not waited for (`overlap_p2p`: at most one)."""
     weights_due: dict[tuple[int, int], tuple[Any, ...]] = field(default_factory=dict)
     """(micro-batch, virtual stage) -> the arguments of a chunk's backward whose W is still to
     run (the backward split)."""
+
+    def wait_sent(self) -> None:
+        """Wait for the messages this stage sent; their tensors may then be freed."""
+        for pending in self.sending:
+            pending.wait()
+        self.sending.clear()
 
     def received(self, message: Message) -> Tensor:
         """A message that arrived (waited for, if it is still under way), taken out."""

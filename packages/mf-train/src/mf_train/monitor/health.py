@@ -38,7 +38,13 @@ class EmbeddingHealthMonitor(Callback):
         """This rank's accumulated gradients of the step (`grads[i]` of `names[i]`)."""
         squares = [grad_norm(grad) ** 2 for name, grad in zip(names, grads, strict=True)
                    if EMBEDDING in name and grad is not None]
-        self._norm = sum(squares[1:], squares[0]) ** 0.5 if squares else None
+        if not squares:
+            self._norm = None
+            return
+        total = squares[0]  # float or 0-d tensor: left where it was computed
+        for square in squares[1:]:
+            total = total + square
+        self._norm = total ** 0.5
 
     def on_step_begin(self, ctx: TrainContext, step: int) -> None:
         self._norm = None
