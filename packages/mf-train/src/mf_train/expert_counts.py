@@ -82,10 +82,7 @@ def global_counts(local: Mapping[int, np.ndarray],
     layers = sorted(local)
     if not layers:
         return {}
-    stacked = Tensor(np.stack([local[layer] for layer in layers]).astype(np.float32))
-    if collectives is not None:
-        for kind in ROUTING_GROUPS:
-            stacked = collectives.all_reduce(stacked, kind)
+    stacked = _summed(np.stack([local[layer] for layer in layers]), collectives)
     return {layer: stacked[index] for index, layer in enumerate(layers)}
 
 
@@ -129,12 +126,17 @@ def _rank(collectives: Collectives | None) -> int:
     return 0 if collectives is None else collectives.comm.rank
 
 
-def _reduce(array: np.ndarray, collectives: Collectives) -> np.ndarray:
-    """Sum over the routing groups, as float32, back to int64."""
+def _summed(array: np.ndarray, collectives: Collectives | None) -> Tensor:
+    """Sum over the routing groups, as float32, on the device."""
     tensor = Tensor(array.astype(np.float32))
-    for kind in ROUTING_GROUPS:
+    for kind in ROUTING_GROUPS if collectives is not None else ():
         tensor = collectives.all_reduce(tensor, kind)
-    return np.rint(tensor.asnumpy()).astype(np.int64)
+    return tensor
+
+
+def _reduce(array: np.ndarray, collectives: Collectives) -> np.ndarray:
+    """Sum over the routing groups, back to int64 on the host (`_summed`)."""
+    return np.rint(_summed(array, collectives).asnumpy()).astype(np.int64)
 
 
 def across_stages(tables: Mapping[int, np.ndarray], ranks: list[int],

@@ -163,16 +163,9 @@ class Collectives:
 
     def send_recv(self, tensor: ms.Tensor, src: int, dst: int) -> ms.Tensor:
         """Point to point: `dst` gets `src`'s tensor (both ranks call this; `dst` passes a
-        buffer of the right shape and dtype). Returns the received tensor on `dst`."""
-        if src == dst:
-            return tensor
-        if self.comm.device_target not in FULL_BACKENDS:
-            return self._broadcast(tensor, src, self._pair_group(src, dst))
-        if self.comm.rank == src:
-            ops.Send(0, dst, group=communication.GlobalComm.WORLD_COMM_GROUP)(tensor)
-            return tensor
-        return ops.Receive(0, src, list(tensor.shape), tensor.dtype,
-                           group=communication.GlobalComm.WORLD_COMM_GROUP)()
+        buffer of the right shape and dtype). Returns the received tensor on `dst`: the
+        message of `start_send_recv`, waited for."""
+        return self.start_send_recv(tensor, src, dst).wait()
 
     def start_send_recv(self, tensor: ms.Tensor, src: int, dst: int) -> Pending:
         """`send_recv` launched without waiting: `wait()` on the result gives the received

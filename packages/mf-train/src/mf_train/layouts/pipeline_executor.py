@@ -265,9 +265,9 @@ class StageRunner:
             tensor = ops.zeros(shape, dtype)
         if self.overlap_p2p:
             step.wait_sent()
-            pending = self.collectives.start_send_recv(tensor, source, target)
-        else:
-            pending = Pending(self.collectives.send_recv(tensor, source, target), None)
+        pending = self.collectives.start_send_recv(tensor, source, target)
+        if not self.overlap_p2p:
+            pending.wait()
         if transfer.source != self.stage:
             step.arrived[message] = pending
         elif self.overlap_p2p:
