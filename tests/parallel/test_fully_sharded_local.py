@@ -120,3 +120,38 @@ def test_units_cut_as_they_are_built_train_as_units_cut_after(collectives) -> No
     with pytest.raises(ValueError, match=r"a slice of \d+ elements was cut when the unit was "
                                          r"built; its parameters now need \d+"):
         FullyShardedDataParallel(again, [again[0]], collectives, lr=1e-2)
+
+
+@pytest.mark.parametrize("presliced", [False, True], ids=["cut-by-wrapper", "cut-as-built"])
+def test_compiled_units_keep_their_tensors_and_train_as_pynative_ones(collectives,
+                                                                      presliced) -> None:
+    """Units compiled with `mindspore.jit` hold the parameter tensors of their first call:
+    with `keep_tensors`, freeing resizes each parameter's storage to nothing (its tensor and
+    shape kept) and gathering refills it, so every step's graphs read the updated values.
+    Three steps under `always` equal the same wrapper in PyNative."""
+    from mf_parallel.runtime.flat_shard import preslice
+
+    net, reference = tiny_mlp(5, depth=2), tiny_mlp(5, depth=2)
+    if presliced:
+        for unit in (net[0], net[2]):
+            preslice(unit, collectives)
+    for unit in (net[0], net[2]):
+        unit.construct = ms.jit(unit.construct)
+    compiled = FullyShardedDataParallel(net, [net[0], net[2]], collectives, lr=1e-2,
+                                        reshard_after_forward_policy="always",
+                                        keep_tensors=True)
+    pynative = FullyShardedDataParallel(reference, [reference[0], reference[2]], collectives,
+                                        lr=1e-2, reshard_after_forward_policy="always")
+    x = ops.ones((3, 16), ms.float32)
+    for _ in range(3):
+        _, got = ms.value_and_grad(lambda a: net(a).sum(), None, compiled.params)(x)
+        _, want = ms.value_and_grad(lambda a: reference(a).sum(), None, pynative.params)(x)
+        for g, w in zip(got, want, strict=True):
+            np.testing.assert_allclose(g.asnumpy(), w.asnumpy(), rtol=1e-6, atol=1e-7)
+        compiled.step(got)
+        pynative.step(want)
+        kept = net[2].trainable_params()
+        assert [tuple(p.shape) for p in kept] == [(5, 5), (5,)]  # shapes kept ...
+        assert [p.untyped_storage().nbytes() for p in kept] == [0, 0]  # ... memory freed
+    for a, b in zip(compiled.full_parameters(), pynative.full_parameters(), strict=True):
+        np.testing.assert_allclose(a.asnumpy(), b.asnumpy(), rtol=1e-6, atol=1e-7)

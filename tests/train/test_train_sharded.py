@@ -200,7 +200,8 @@ def test_a_format_2_checkpoint_that_does_not_fit_names_its_conversion(data_prefi
 def test_fsdp_loads_weights_saved_by_zero(data_prefix, single, sharded, tmp_path) -> None:
     """Weights only (`no_load_optim`): FSDP gathers its model, loads the whole model ZeRO-1
     saved at step 2 and takes its slices from it; it then trains as one process does from its
-    own step-2 weights."""
+    own step-2 weights. The FSDP run compiles its layers (`context.compile`): the graphs
+    keep their parameter tensors, whose storage FSDP frees and refills around each pass."""
     common = ("checkpoint.no_load_optim=true", "checkpoint.enable_save=false",
               "training.steps=2")
     one, two = tmp_path / "one", tmp_path / "two"
@@ -209,9 +210,13 @@ def test_fsdp_loads_weights_saved_by_zero(data_prefix, single, sharded, tmp_path
           *common)
     saved_by_zero = sharded("optim") / "ckpt" / iteration_name(2)
     two_ranks(data_prefix, two, f"checkpoint.load_path={saved_by_zero}",
-              "parallelism.data_parallel_shard_strategy=optim_grads_params", *common)
+              "parallelism.data_parallel_shard_strategy=optim_grads_params",
+              "context.compile=true", *common)
     expected = [s["loss"] for s in steps(one)]
     assert [s["loss"] for s in steps(two)] == pytest.approx(expected, rel=1e-5)
+    assert [s["grad_norm"] for s in steps(two)] == pytest.approx(
+        [s["grad_norm"] for s in steps(one)], rel=1e-5)
+    assert steps(two)[0]["compiled_graphs"] >= 2  # both layers, forward and backward
     assert expected[0] != pytest.approx(steps(single)[0]["loss"], rel=1e-6)  # weights loaded
 
 

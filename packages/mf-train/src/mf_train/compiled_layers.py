@@ -8,11 +8,12 @@ parameter, faster than any compiled form measured) and the gradient reduction. R
 PyNative's within 1e-6, tests/train/test_compiled_layers.py).
 
 What falls back to PyNative, decided before the first step and said in one log line:
-- a model whose layers cannot be traced (`model.compile_blocker`: DeepSeek-V3 routes tokens
-  to experts on the host, with numpy);
-- a step layout that changes the layers between calls (`StepLayout.compile_blocker`:
-  FSDP swaps parameters for placeholders, tensor parallelism communicates inside
-  custom-gradient cells);
+- a model whose layers cannot be traced (`model.compile_blocker`: DeepSeek-V3 runs each
+  expert on a slice whose length is read back to the host);
+- a step layout whose layers a graph cannot hold (`StepLayout.compile_blocker`: tensor
+  parallelism communicates inside custom-gradient cells). FSDP compiles: a graph holds the
+  parameter tensors of its first call, and FSDP (told by `LayoutParts.compile`) frees and
+  refills their storage instead of swapping tensors;
 - activation swap, whose hooks see each saved tensor of a layer.
 
 Why it is off by default (benchmarks/README.md, "speed.py"): on the CPU backend a compiled

@@ -87,9 +87,7 @@ def _compile_blocked(value: Any, target: Target) -> bool:
     `compiled_layers`'; mf-train's start-up line names the one that applies)."""
     config = target.config
     model = _model_name(target)
-    fsdp = (target.data_shard > 1
-            and config.parallelism.data_parallel_shard_strategy == "optim_grads_params")
-    return bool(value) and (model in ("DeepseekV3ForCausalLM", "deepseek_v3") or fsdp
+    return bool(value) and (model in ("DeepseekV3ForCausalLM", "deepseek_v3")
                             or config.parallelism.tensor_parallel > 1 or config.swap.enable)
 
 
@@ -202,7 +200,7 @@ FIELDS: dict[str, Field] = {
                   {"context.max_device_memory": "1GB"}),)),
     "context.compile": reads(TRAINER, "mf_train.compiled_layers", rules=(
         no_effect(_compile_blocked, "has no effect here: the decoder layers stay in PyNative "
-                                    "under tensor parallelism, FSDP or activation swap and for "
+                                    "under tensor parallelism or activation swap and for "
                                     "DeepSeek-V3 (the start-up log line says why)",
                   {"context.compile": True, "swap.enable": True,
                    "swap.layer_swap": [{"layers": ["0"]}]}),)),

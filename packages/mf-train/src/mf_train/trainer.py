@@ -306,7 +306,7 @@ class Trainer:
         self.swap = self._apply_memory()
         self.layout = build_layout(LayoutParts(
             self.model, config.optimizer, config.parallelism, self.plan.dims, self.collectives,
-            self.tensor_group, source, self.plan))
+            self.tensor_group, source, self.plan, config.context.compile))
         return_freed_host_memory()  # what the layout freed of the model built whole
         self.placement = Placement(self.comm, self.plan.dims, self.layout.copies())
         self.compiled = compile_layers(self.model, config.context.compile, [

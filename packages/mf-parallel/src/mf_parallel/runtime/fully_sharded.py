@@ -28,6 +28,12 @@ decay) when the wrapper was built with `lr`. AdamW is element-wise, so the resul
 data parallelism: the tests compare them on real ranks. Parameters must be used only inside the
 cell that owns them (no weight shared between units), and units must not nest.
 
+Compiled layers (`mindspore.jit`) hold the parameter tensors they were compiled with, so
+swapping a parameter's tensor would leave a graph reading the old one. With `keep_tensors`
+each parameter keeps its tensor and shape once gathered, and freeing resizes its storage to
+nothing (`untyped_storage().resize_(0)`, PyTorch FSDP2's way); gathering resizes it back and
+copies the gathered values in: one more copy of the unit per gather than swapping.
+
 A model may be built unit by unit with each unit cut to this rank's slice as soon as it
 exists (`flat_shard.preslice`): its parameters are then empty from the start and the wrapper
 takes the recorded slice, so no rank ever holds more than one unit of the model whole.
@@ -54,10 +60,12 @@ class ShardedUnit(FlatBucket):
 
     def __init__(self, name: str, params: Sequence[Parameter], collectives: Collectives,
                  reshard_after_forward: bool, presliced: ms.Tensor | None = None,
-                 groups: ShardGroups = DATA_GROUPS):
+                 groups: ShardGroups = DATA_GROUPS, keep_tensors: bool = False):
         super().__init__(f"fsdp_{name}", params, collectives, presliced, groups)
         self.name = name
         self.reshard_after_forward = reshard_after_forward
+        self.keep_tensors = keep_tensors
+        """Free and refill each parameter's storage instead of swapping its tensor."""
         self.gathered = presliced is None
         self.gathers = 0
         """All-gathers so far (tests and benchmarks read it)."""
@@ -69,16 +77,24 @@ class ShardedUnit(FlatBucket):
             return
         gathered = self.flat.all_gather(self.master.value())
         for param, full in zip(self.params, gathered, strict=True):
-            param.set_data(full, slice_shape=True)
+            if self.keep_tensors and tuple(param.shape) == tuple(full.shape):
+                param.untyped_storage().resize_(full.nbytes)
+                ops.assign(param, full)
+            else:  # swapped in (kept tensors too, the first time: a built unit was emptied)
+                param.set_data(full, slice_shape=True)
         self.gathered = True
         self.gathers += 1
 
     def reshard(self) -> None:
-        """Replace the full parameters by empty placeholders, freeing them."""
+        """Free the full parameters: empty placeholders, or (`keep_tensors`) their storage
+        resized to nothing."""
         if not self.gathered:
             return
         for param in self.params:
-            param.set_data(ops.zeros((0,), param.dtype), slice_shape=True)
+            if self.keep_tensors:
+                param.untyped_storage().resize_(0)
+            else:
+                param.set_data(ops.zeros((0,), param.dtype), slice_shape=True)
         self.gathered = False
 
 
@@ -149,6 +165,8 @@ class FullyShardedDataParallel:
         pipeline_parallel: the pipeline degree (for the `default` policy).
         betas, eps, weight_decay: the built-in AdamW's settings.
         average: average the gradients over the data-parallel ranks instead of summing.
+        keep_tensors: free a parameter by resizing its storage, keeping its tensor (compiled
+            layers hold the tensors they were compiled with).
         expert_units: routed experts under expert parallelism, left out of `model`'s
             trainable parameters: pairs of (one of `units`, the cell holding its experts).
             Each holder's parameters are one more unit, sliced over the expert-data group
@@ -161,6 +179,7 @@ class FullyShardedDataParallel:
                  lr: float | None = None, reshard_after_forward_policy: str = "default",
                  pipeline_parallel: int = 1, betas: tuple[float, float] = (0.9, 0.95),
                  eps: float = 1e-8, weight_decay: float = 0.0, average: bool = True,
+                 keep_tensors: bool = False,
                  expert_units: Sequence[tuple[nn.Cell, nn.Cell]] = ()):
         self.params = list(model.trainable_params())
         self.average = average
@@ -168,13 +187,14 @@ class FullyShardedDataParallel:
         root = [p for p in self.params if id(p) not in {id(q) for ps in owned for q in ps}]
         reshard = reshard_plan(reshard_after_forward_policy, len(units), pipeline_parallel)
         self.units = [ShardedUnit(f"unit{i}", ps, collectives, flag,
-                                  getattr(cell, PRESLICED, None))
+                                  getattr(cell, PRESLICED, None), keep_tensors=keep_tensors)
                       for i, (cell, ps, flag) in enumerate(zip(units, owned, reshard,
                                                                strict=True))]
         flags = {id(cell): flag for cell, flag in zip(units, reshard, strict=True)}
         experts = [(cell, list(holder.get_parameters()), holder) for cell, holder in expert_units]
         self.expert_units = [ShardedUnit(f"experts{i}", ps, collectives, flags[id(cell)],
-                                         getattr(holder, PRESLICED, None), EXPERT_DATA_GROUPS)
+                                         getattr(holder, PRESLICED, None), EXPERT_DATA_GROUPS,
+                                         keep_tensors)
                              for i, (cell, ps, holder) in enumerate(experts)]
         self.params += [p for _, ps, _ in experts for p in ps]
         self.root = ShardedUnit("root", root, collectives, False) if root else None

@@ -329,9 +329,6 @@ class ZeRO(StepLayout):
 class FSDP(ZeRO):
     """FSDP: parameters sharded too, unit by unit, gathered around each unit's passes."""
 
-    compile_blocker = ("FSDP swaps each unit's parameters for placeholders between its passes "
-                       "(hooks a compiled graph would not see)")
-
     @classmethod
     def selects(cls, dims: ParallelDims, parallelism: ParallelismConfig) -> bool:
         return (whole_model_here(dims) and dims.data_shard > 1
@@ -371,7 +368,8 @@ class FSDP(ZeRO):
             expert_units=expert_holders(layers, experts),
             reshard_after_forward_policy=parts.parallelism.reshard_after_forward_policy,
             pipeline_parallel=parts.dims.pipeline,
-            average=not parts.parallelism.disable_gradient_division)
+            average=not parts.parallelism.disable_gradient_division,
+            keep_tensors=parts.compile)
 
     def describe(self) -> str:
         return f"{super().describe()}, reshard policy {self.reshard_policy}"
