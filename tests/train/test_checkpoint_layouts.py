@@ -21,6 +21,7 @@ from runs import (
     QWEN3_2_LAYERS,
     QWEN3_4_LAYERS,
     assert_resumed_across_layouts,
+    steps,
     train,
 )
 from test_train_pipeline import PIPELINE_X_TENSOR
@@ -54,9 +55,12 @@ def single(runs) -> Path:
 def test_one_process_checkpoint_continues_under_tensor_parallelism(data_prefix, single,
                                                                    tmp_path) -> None:
     """Each tensor rank cuts its shard of every split weight (fused qkv and gate_up
-    included) and of its moments out of the whole saved tensors."""
-    continued(single, QWEN3, tmp_path, data_prefix, *QWEN3_2_LAYERS, TENSOR_2, nproc=2)
+    included) and of its moments out of the whole saved tensors. The tensor-parallel run
+    compiles its layers (`context.compile`: the regions' collectives inside the graphs)."""
+    continued(single, QWEN3, tmp_path, data_prefix, *QWEN3_2_LAYERS, TENSOR_2,
+              "context.compile=true", nproc=2)
     assert_resumed_across_layouts(tmp_path, single)
+    assert steps(tmp_path)[0]["compiled_graphs"] >= 2  # both layers, forward and backward
 
 
 def test_tensor_parallel_checkpoint_continues_on_one_process(data_prefix, runs, single,

@@ -17,7 +17,7 @@ from runs import steps
 
 from mf_config import load_config
 from mf_train.compiled_layers import compile_layers, graphs_compiled
-from mf_train.layouts.replicated import TensorParallel
+from mf_train.layouts.context_parallel import ContextParallel
 from mf_train.models import build_model
 from mf_train.trainer import Trainer
 
@@ -68,14 +68,14 @@ def test_off_leaves_every_layer_in_pynative() -> None:
 def test_a_blocking_layout_keeps_the_layers_in_pynative_and_says_why() -> None:
     model = _tiny_qwen3()
     before = [layer.construct for layer in model.decoder_layers]
-    report = compile_layers(model, True, [("swap", None), ("the tensor-parallel layout",
-                                                           TensorParallel.compile_blocker)])
+    report = compile_layers(model, True, [("swap", None), ("the context-parallel layout",
+                                                           ContextParallel.compile_blocker)])
     assert [layer.construct for layer in model.decoder_layers] == before
     assert report.compiled == []
     line = report.describe()
     assert line.startswith("context.compile: nothing compiled; the decoder layers run in "
-                           "PyNative (the tensor-parallel layout: the tensor-parallel "
-                           "layers communicate")
+                           "PyNative (the context-parallel layout: context-parallel "
+                           "attention exchanges")
 
 
 def test_deepseek_v3_stays_in_pynative() -> None:

@@ -10,10 +10,12 @@ PyNative's within 1e-6, tests/train/test_compiled_layers.py).
 What falls back to PyNative, decided before the first step and said in one log line:
 - a model whose layers cannot be traced (`model.compile_blocker`: DeepSeek-V3 runs each
   expert on a slice whose length is read back to the host);
-- a step layout whose layers a graph cannot hold (`StepLayout.compile_blocker`: tensor
-  parallelism communicates inside custom-gradient cells). FSDP compiles: a graph holds the
-  parameter tensors of its first call, and FSDP (told by `LayoutParts.compile`) frees and
-  refills their storage instead of swapping tensors;
+- a step layout whose layers a graph cannot hold (`StepLayout.compile_blocker`: context
+  parallelism launches and waits for its attention's collectives from Python). Tensor
+  parallelism compiles (its regions' collectives are `GroupCollectives` cells, built
+  before the graphs), and so does FSDP: a graph holds the parameter tensors of its first
+  call, and FSDP (told by `LayoutParts.compile`) frees and refills their storage instead of
+  swapping tensors;
 - activation swap, whose hooks see each saved tensor of a layer.
 
 Why it is off by default (benchmarks/README.md, "speed.py"): on the CPU backend a compiled

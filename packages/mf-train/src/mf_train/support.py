@@ -88,7 +88,7 @@ def _compile_blocked(value: Any, target: Target) -> bool:
     config = target.config
     model = _model_name(target)
     return bool(value) and (model in ("DeepseekV3ForCausalLM", "deepseek_v3")
-                            or config.parallelism.tensor_parallel > 1 or config.swap.enable)
+                            or config.parallelism.context_parallel > 1 or config.swap.enable)
 
 
 def _without_tensor_parallel(value: Any, target: Target) -> bool:
@@ -200,7 +200,7 @@ FIELDS: dict[str, Field] = {
                   {"context.max_device_memory": "1GB"}),)),
     "context.compile": reads(TRAINER, "mf_train.compiled_layers", rules=(
         no_effect(_compile_blocked, "has no effect here: the decoder layers stay in PyNative "
-                                    "under tensor parallelism or activation swap and for "
+                                    "under context parallelism or activation swap and for "
                                     "DeepSeek-V3 (the start-up log line says why)",
                   {"context.compile": True, "swap.enable": True,
                    "swap.layer_swap": [{"layers": ["0"]}]}),)),

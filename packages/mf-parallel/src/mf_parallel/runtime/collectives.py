@@ -26,7 +26,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import mindspore as ms
-from mindspore import communication, mint, ops
+from mindspore import communication, mint, nn, ops
 
 from .comm import Communication
 from .copies import fresh_copy
@@ -48,6 +48,14 @@ class Collectives:
     def __init__(self, comm: Communication):
         self.comm = comm
         self._pairs: set[str] = set()
+        self._groups: dict[str, GroupCollectives] = {}
+
+    def of_group(self, kind: str) -> GroupCollectives:
+        """The sums and gathers over `kind`'s group as a cell, which also runs inside
+        compiled graphs (one per kind, made on first use)."""
+        if kind not in self._groups:
+            self._groups[kind] = GroupCollectives(self, kind)
+        return self._groups[kind]
 
     def emulates(self, operation: str) -> bool:
         """Whether `operation` (`"reduce_scatter"`, `"all_to_all"`, ...) is emulated from
@@ -69,7 +77,9 @@ class Collectives:
         group = self.comm.group(kind)
         if group is None:
             return tensor
-        if op == "sum" or self.comm.device_target in FULL_BACKENDS:
+        if op == "sum":
+            return self.of_group(kind).all_reduce(tensor)
+        if self.comm.device_target in FULL_BACKENDS:
             return ops.AllReduce(op=op, group=group)(tensor.contiguous())
         if op not in _LOCAL_REDUCTIONS:
             raise ValueError(f"unknown reduction {op!r}; use sum, max, min or prod")
@@ -93,13 +103,7 @@ class Collectives:
 
     def all_gather(self, tensor: ms.Tensor, kind: str) -> ms.Tensor:
         """The group's tensors concatenated along dim 0, in group-rank order."""
-        group = self.comm.group(kind)
-        if group is None:
-            return tensor
-        if self._native_everywhere(group):
-            return ops.AllGather(group=group)(tensor.contiguous())
-        placed = _placed(tensor, self.comm.group_size(kind), self.comm.group_rank(kind))
-        return ops.AllReduce(op="sum", group=group)(placed)
+        return self.of_group(kind).all_gather(tensor)
 
     def start_all_gather(self, tensor: ms.Tensor, kind: str) -> Pending:
         """Launch `all_gather(tensor, kind)` and return at once; `wait()` on the result gives
@@ -120,14 +124,9 @@ class Collectives:
 
     def reduce_scatter(self, tensor: ms.Tensor, kind: str) -> ms.Tensor:
         """Sum over the group, then this rank's equal slice of dim 0."""
-        group = self.comm.group(kind)
-        if group is None:
-            return tensor
-        size = _divisible(tensor, self.comm.group_size(kind), "reduce_scatter")
-        if self.comm.device_target in FULL_BACKENDS:
-            return ops.ReduceScatter(op="sum", group=group)(tensor.contiguous())
-        return self.reduce_scatter_slices(
-            lambda index: fresh_copy(_chunk(tensor, size, index)), kind)  # own memory, not a view
+        if self.comm.group(kind) is not None:
+            _divisible(tensor, self.comm.group_size(kind), "reduce_scatter")
+        return self.of_group(kind).reduce_scatter(tensor)
 
     def reduce_scatter_slices(self, slice_of: Callable[[int], ms.Tensor], kind: str,
                               ) -> ms.Tensor:
@@ -209,6 +208,65 @@ class Collectives:
             communication.create_group(name, ranks)
             self._pairs.add(name)
         return name
+
+
+class GroupCollectives(nn.Cell):
+    """The sum, all-gather and reduce-scatter over one group, as a cell whose operations are
+    decided when it is built (the group's name and size, this rank's place, the backend's
+    primitives), so that the same code runs in PyNative and inside graphs compiled with
+    `mindspore.jit` (the tensor-parallel layers' regions). The CPU emulations are the module
+    docstring's. Made by `Collectives.of_group`; all ranks of the group must call each
+    operation.
+
+    Args:
+        collectives: this rank's collectives.
+        kind: the group kind.
+    """
+
+    def __init__(self, collectives: Collectives, kind: str):
+        super().__init__()
+        comm = collectives.comm
+        group = comm.group(kind)
+        self.alone = group is None
+        self.size, self.me = comm.group_size(kind), comm.group_rank(kind)
+        self.native = comm.device_target in FULL_BACKENDS
+        self.gathers = not self.alone and collectives._native_everywhere(group)
+        if not self.alone:
+            self.sum = ops.AllReduce(op="sum", group=group)
+            self.gather = ops.AllGather(group=group)
+            self.scatter = ops.ReduceScatter(op="sum", group=group)
+
+    def all_reduce(self, x: ms.Tensor) -> ms.Tensor:
+        """The sum over the group."""
+        if self.alone:
+            return x
+        return self.sum(x.contiguous())
+
+    def all_gather(self, x: ms.Tensor) -> ms.Tensor:
+        """The group's tensors concatenated along dim 0, in group-rank order."""
+        if self.alone:
+            return x
+        if self.gathers:
+            return self.gather(x.contiguous())
+        return self.sum(_placed(x, self.size, self.me).contiguous())
+
+    def reduce_scatter(self, x: ms.Tensor) -> ms.Tensor:
+        """Sum over the group, then this rank's equal slice of dim 0 (dim 0 must divide)."""
+        if self.alone:
+            return x
+        if self.native:
+            return self.scatter(x.contiguous())
+        # Each slice summed in turn, this rank's kept. Each sum waits for the one before
+        # (`depend`) and the last is returned with the kept one, so that a compiled graph
+        # neither drops the sums it does not keep nor reorders them across ranks.
+        step = x.shape[0] // self.size
+        mine = summed = x[:step]
+        for index in range(self.size):
+            piece = fresh_copy(x[index * step:(index + 1) * step])  # not a view
+            summed = self.sum(piece if index == 0 else ops.depend(piece, summed))
+            if index == self.me:
+                mine = summed
+        return ops.depend(mine, summed)
 
 
 class Pending:

@@ -59,6 +59,9 @@ class TensorGroup:
 
     def __init__(self, collectives: Collectives, sequence_parallel: bool | None = None):
         self.collectives = collectives
+        self.ops = collectives.of_group(KIND)
+        """The group's collectives as a cell: what the regions call, in PyNative and in
+        compiled graphs alike."""
         self.size = collectives.comm.group_size(KIND)
         self.rank = collectives.comm.group_rank(KIND)
         self.sequence_parallel = self.size > 1 if sequence_parallel is None else sequence_parallel
@@ -93,7 +96,8 @@ class TensorGroup:
 
 class _TensorRegion(nn.Cell):
     """A cell at the edge of a tensor-parallel region: its forward and its `bprop` are a
-    conjugate pair of collectives over the tensor group.
+    conjugate pair of collectives over the tensor group (`TensorGroup.ops`, which a compiled
+    graph can hold).
 
     Args:
         group: this rank's tensor group.
@@ -101,7 +105,7 @@ class _TensorRegion(nn.Cell):
 
     def __init__(self, group: TensorGroup):
         super().__init__()
-        self.group = group
+        self.group = group.ops
 
 
 class CopyToTensorRegion(_TensorRegion):

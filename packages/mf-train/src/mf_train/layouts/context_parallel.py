@@ -58,10 +58,13 @@ class ContextParallel(StepLayout):
 
     name = "context parallel"
 
+    compile_blocker = ("context-parallel attention exchanges key/value blocks through "
+                       "collectives launched and waited for from Python (overlapped with "
+                       "each block's attention), which a compiled graph cannot hold")
+
     def __init__(self, inner: StepLayout, dims: ParallelDims):
         self.inner, self.dims = inner, dims
         super().__init__(inner.model, inner.optimizer, loss_divisor=inner.loss_divisor)
-        self.compile_blocker = inner.compile_blocker
 
     @classmethod
     def selects(cls, dims: ParallelDims, parallelism: ParallelismConfig) -> bool:

@@ -120,9 +120,6 @@ class DataParallel(StepLayout):
 class TensorParallel(DataParallel):
     """Tensor (and sequence) parallelism, with replicated data parallelism or without."""
 
-    compile_blocker = ("the tensor-parallel layers communicate inside custom-gradient cells, "
-                       "which are not compiled")
-
     def __init__(self, model, optimizer: Optimizer, collectives: Collectives,
                  parallelism: ParallelismConfig, group: TensorGroup):
         super().__init__(model, optimizer, collectives, parallelism)

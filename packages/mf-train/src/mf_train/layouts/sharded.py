@@ -73,7 +73,7 @@ from .contract import (
     StepObserver,
 )
 from .expert_parallel import EXPERT_MARK, expert_holders
-from .replicated import DataParallelLoss, TensorParallel, whole_model_here
+from .replicated import DataParallelLoss, whole_model_here
 
 NAMES = {"optim": "ZeRO-1", "optim_grads": "ZeRO-2", "optim_grads_params": "FSDP"}
 FSDP_STRATEGY = "optim_grads_params"
@@ -185,8 +185,6 @@ class ZeRO(StepLayout):
         self.reshard_policy = parallelism.reshard_after_forward_policy
         self.group = group if group is not None and group.size > 1 else None
         self.norm = SliceNorm(self.sharded.buffers, collectives, self.group)
-        if self.group is not None and self.compile_blocker is None:
-            self.compile_blocker = TensorParallel.compile_blocker  # the layers' bprop cells
         buffers = self.sharded.buffers
         experts = {id(p) for buffer in buffers if holds_experts(buffer) for p in buffer.params}
         self._tensor_partial = {i for i, p in enumerate(self.params) if id(p) not in experts
