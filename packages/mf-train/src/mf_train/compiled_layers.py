@@ -8,8 +8,10 @@ parameter, faster than any compiled form measured) and the gradient reduction. R
 PyNative's within 1e-6, tests/train/test_compiled_layers.py).
 
 What falls back to PyNative, decided before the first step and said in one log line:
-- a model whose layers cannot be traced (`model.compile_blocker`: DeepSeek-V3 runs each
-  expert on a slice whose length is read back to the host);
+- a model whose layers cannot be traced whole (`model.compile_blocker`: DeepSeek-V3 runs
+  each expert on a slice whose length is read back to the host) compiles the parts it names
+  (`model.compilable_parts()`: DeepSeek-V3's attention, dense MLP, router and shared
+  experts);
 - a step layout whose layers a graph cannot hold (`StepLayout.compile_blocker`: context
   parallelism launches and waits for its attention's collectives from Python). Tensor
   parallelism compiles (its regions' collectives are `GroupCollectives` cells, built
@@ -110,19 +112,41 @@ def compile_layers(model: nn.Cell, enabled: bool,
     report = CompileReport(enabled)
     if not enabled:
         return report
-    reasons = [("the model", getattr(model, "compile_blocker", None)), *blockers]
-    for what, reason in reasons:
+    for what, reason in blockers:
         if reason:
             report.fallbacks.append(("the decoder layers", f"{what}: {reason}"))
             return report
     timer = CompileTimer(report)
+    model_reason = getattr(model, "compile_blocker", None)
+    if model_reason:
+        _compile_parts(model, timer, report)
+        report.fallbacks.append(("the rest of the decoder layers" if report.compiled
+                                 else "the decoder layers", f"the model: {model_reason}"))
+        return report
     for layer in model.decoder_layers:
-        layer.construct = ms.jit(layer.construct)
-        timer.attach(layer)
-    ids = layer_ids(model)
-    report.compiled.append(f"decoder layers {ids_text(ids)}" if len(ids) > 1
-                           else f"decoder layer {ids[0]}")
+        _compile(layer, timer)
+    report.compiled.append(_layers_text("decoder layer", layer_ids(model)))
     report.fallbacks.append(("embedding, final norm, head and loss", "small; compiled "
                              "separately they add a graph boundary each"))
     return report
+
+
+def _compile(cell: nn.Cell, timer: CompileTimer) -> None:
+    cell.construct = ms.jit(cell.construct)
+    timer.attach(cell)
+
+
+def _layers_text(what: str, ids: Sequence[int]) -> str:
+    return f"{what}s {ids_text(ids)}" if len(ids) > 1 else f"{what} {ids[0]}"
+
+
+def _compile_parts(model: nn.Cell, timer: CompileTimer, report: CompileReport) -> None:
+    """The cells a model whose layers do not compile whole names as compiling on their own
+    (`model.compilable_parts()`: `(part name, layer id, cell)`), by part."""
+    ids: dict[str, list[int]] = {}
+    for part, index, cell in getattr(model, "compilable_parts", list)():
+        _compile(cell, timer)
+        ids.setdefault(part, []).append(index)
+    report.compiled += [f"{part} of {_layers_text('decoder layer', found)}"
+                        for part, found in ids.items()]
 

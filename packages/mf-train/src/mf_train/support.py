@@ -86,9 +86,7 @@ def _compile_blocked(value: Any, target: Target) -> bool:
     """`context.compile` asked where the decoder layers stay in PyNative (the reasons are
     `compiled_layers`'; mf-train's start-up line names the one that applies)."""
     config = target.config
-    model = _model_name(target)
-    return bool(value) and (model in ("DeepseekV3ForCausalLM", "deepseek_v3")
-                            or config.parallelism.context_parallel > 1 or config.swap.enable)
+    return bool(value) and (config.parallelism.context_parallel > 1 or config.swap.enable)
 
 
 def _without_tensor_parallel(value: Any, target: Target) -> bool:
@@ -200,8 +198,8 @@ FIELDS: dict[str, Field] = {
                   {"context.max_device_memory": "1GB"}),)),
     "context.compile": reads(TRAINER, "mf_train.compiled_layers", rules=(
         no_effect(_compile_blocked, "has no effect here: the decoder layers stay in PyNative "
-                                    "under context parallelism or activation swap and for "
-                                    "DeepSeek-V3 (the start-up log line says why)",
+                                    "under context parallelism or activation swap (the "
+                                    "start-up log line says why)",
                   {"context.compile": True, "swap.enable": True,
                    "swap.layer_swap": [{"layers": ["0"]}]}),)),
     # checkpoint

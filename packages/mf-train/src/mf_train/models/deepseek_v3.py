@@ -281,6 +281,23 @@ class DeepseekV3ForCausalLM(CausalLMPieces, nn.Cell):
                    source=source, expert_group=expert_group, context_group=context_group,
                    part=part, layer_built=layer_built)
 
+    def compilable_parts(self) -> list[tuple[str, int, nn.Cell]]:
+        """The cells of the decoder layers that compile on their own (`context.compile`),
+        where a whole MoE layer does not (`compile_blocker`): `(part, layer id, cell)` for
+        each layer's attention, the dense layers' MLP, the MoE layers' router and shared
+        experts. The routed experts stay in PyNative: each runs on as many tokens as the
+        routing sent it, a new graph for each count."""
+        parts: list[tuple[str, int, nn.Cell]] = []
+        for index, layer in zip(self.layer_ids, self.decoder_layers, strict=True):
+            parts.append(("attention", index, layer.attention))
+            if not layer.is_moe:
+                parts.append(("dense MLP", index, layer.mlp))
+                continue
+            parts.append(("router", index, layer.mlp.router))
+            if layer.mlp.shared_experts is not None:
+                parts.append(("shared experts", index, layer.mlp.shared_experts))
+        return parts
+
     # --- forward ------------------------------------------------------------------------
 
     def construct(self, input_ids: Tensor, labels: Tensor, loss_mask: Tensor | None = None,
