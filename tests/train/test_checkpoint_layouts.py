@@ -117,10 +117,12 @@ def test_expert_parallel_checkpoint_continues_with_tensor_parallelism(data_prefi
                                                                       experts,
                                                                       tmp_path) -> None:
     """4 ranks, experts over 2 x tensor parallel 2: each rank cuts its tensor shard of its
-    experts (and of multi-head latent attention) out of the whole saved tensors."""
+    experts (and of multi-head latent attention) out of the whole saved tensors. The run
+    compiles its layers' parts (`context.compile`: attention, MLPs, routers and experts)."""
     continued(experts, DEEPSEEK, tmp_path, data_prefix, *DEEPSEEK_3_LAYERS,
-              "parallelism.expert_parallel=2", TENSOR_2, nproc=4)
+              "parallelism.expert_parallel=2", TENSOR_2, "context.compile=true", nproc=4)
     assert_resumed_across_layouts(tmp_path, runs(DEEPSEEK, *DEEPSEEK_3_LAYERS))
+    assert steps(tmp_path)[0]["compiled_graphs"] >= 8
 
 
 SAVED = {

@@ -8,10 +8,10 @@ parameter, faster than any compiled form measured) and the gradient reduction. R
 PyNative's within 1e-6, tests/train/test_compiled_layers.py).
 
 What falls back to PyNative, decided before the first step and said in one log line:
-- a model whose layers cannot be traced whole (`model.compile_blocker`: DeepSeek-V3 runs
-  each expert on a slice whose length is read back to the host) compiles the parts it names
-  (`model.compilable_parts()`: DeepSeek-V3's attention, dense MLP, router and shared
-  experts);
+- a model whose layers cannot be traced whole (`model.compile_blocker`: DeepSeek-V3 reads
+  each MoE layer's routing back to give each expert its tokens) compiles the parts it names
+  (`model.compilable_parts()`: DeepSeek-V3's attention, dense MLP, router, routed experts
+  and shared experts);
 - a step layout whose layers a graph cannot hold (`StepLayout.compile_blocker`: context
   parallelism launches and waits for its attention's collectives from Python). Tensor
   parallelism compiles (its regions' collectives are `GroupCollectives` cells, built
@@ -131,8 +131,8 @@ def compile_layers(model: nn.Cell, enabled: bool,
     return report
 
 
-def _compile(cell: nn.Cell, timer: CompileTimer) -> None:
-    cell.construct = ms.jit(cell.construct)
+def _compile(cell: nn.Cell, timer: CompileTimer, dynamic: bool = False) -> None:
+    cell.construct = ms.jit(cell.construct, dynamic=int(dynamic))
     timer.attach(cell)
 
 
@@ -142,11 +142,15 @@ def _layers_text(what: str, ids: Sequence[int]) -> str:
 
 def _compile_parts(model: nn.Cell, timer: CompileTimer, report: CompileReport) -> None:
     """The cells a model whose layers do not compile whole names as compiling on their own
-    (`model.compilable_parts()`: `(part name, layer id, cell)`), by part."""
+    (`model.compilable_parts()`: `(part name, layer id, cell, dynamic)`), by part. A
+    `dynamic` cell gets one graph for inputs of any length (`mindspore.jit(dynamic=1)`:
+    compiled again once, at the first call with another shape)."""
     ids: dict[str, list[int]] = {}
-    for part, index, cell in getattr(model, "compilable_parts", list)():
-        _compile(cell, timer)
-        ids.setdefault(part, []).append(index)
+    for part, index, cell, dynamic in getattr(model, "compilable_parts", list)():
+        _compile(cell, timer, dynamic)
+        found = ids.setdefault(part, [])
+        if index not in found:
+            found.append(index)
     report.compiled += [f"{part} of {_layers_text('decoder layer', found)}"
                         for part, found in ids.items()]
 

@@ -18,7 +18,7 @@ import mindspore as ms
 import numpy as np
 from mindspore import Parameter, mint, ops
 
-from .collectives import Collectives
+from .collectives import PAD_DTYPES, Collectives
 from .copies import fresh_copy
 
 
@@ -228,10 +228,6 @@ def _placed_in(shape: tuple[int, ...], part: ms.Tensor, low: int) -> ms.Tensor:
     if first == 0 and last == shape[0]:
         return fresh_copy(block)
     return _zero_rows_around(block, first, shape[0] - last)
-
-
-PAD_DTYPES = (ms.float16, ms.float32, ms.float64)
-"""The dtypes MindSpore 2.10's CPU pad kernel takes (not bfloat16)."""
 
 
 def _zero_rows_around(tensor: ms.Tensor, before: int, after: int) -> ms.Tensor:

@@ -207,8 +207,8 @@ class DeepseekV3ForCausalLM(CausalLMPieces, nn.Cell):
     the gradients of marked parameters over the group (`reduce_sequence_parallel_grads`).
     """
 
-    compile_blocker = ("its MoE layers run each expert on a slice whose length is read back "
-                       "to the host (the routing itself runs on the device)")
+    compile_blocker = ("its MoE layers read the routing back to the host to give each expert "
+                       "its tokens (one read per layer; the routing runs on the device)")
 
     def __init__(self, settings: DeepseekV3Settings, *, tensor_group: TensorGroup | None = None,
                  seed: int | None = None, source: Source | None = None,
@@ -281,21 +281,23 @@ class DeepseekV3ForCausalLM(CausalLMPieces, nn.Cell):
                    source=source, expert_group=expert_group, context_group=context_group,
                    part=part, layer_built=layer_built)
 
-    def compilable_parts(self) -> list[tuple[str, int, nn.Cell]]:
+    def compilable_parts(self) -> list[tuple[str, int, nn.Cell, bool]]:
         """The cells of the decoder layers that compile on their own (`context.compile`),
-        where a whole MoE layer does not (`compile_blocker`): `(part, layer id, cell)` for
-        each layer's attention, the dense layers' MLP, the MoE layers' router and shared
-        experts. The routed experts stay in PyNative: each runs on as many tokens as the
-        routing sent it, a new graph for each count."""
-        parts: list[tuple[str, int, nn.Cell]] = []
+        where a whole MoE layer does not (`compile_blocker`): `(part, layer id, cell,
+        dynamic)` for each layer's attention, the dense layers' MLP, the MoE layers' router,
+        routed experts and shared experts. A routed expert runs on as many tokens as the
+        routing sent it: its graph takes any number (`dynamic`); the routing read, the
+        token permutation and the weighted sum stay in PyNative."""
+        parts: list[tuple[str, int, nn.Cell, bool]] = []
         for index, layer in zip(self.layer_ids, self.decoder_layers, strict=True):
-            parts.append(("attention", index, layer.attention))
+            parts.append(("attention", index, layer.attention, False))
             if not layer.is_moe:
-                parts.append(("dense MLP", index, layer.mlp))
+                parts.append(("dense MLP", index, layer.mlp, False))
                 continue
-            parts.append(("router", index, layer.mlp.router))
+            parts.append(("router", index, layer.mlp.router, False))
+            parts += [("routed experts", index, expert, True) for expert in layer.mlp.experts]
             if layer.mlp.shared_experts is not None:
-                parts.append(("shared experts", index, layer.mlp.shared_experts))
+                parts.append(("shared experts", index, layer.mlp.shared_experts, False))
         return parts
 
     # --- forward ------------------------------------------------------------------------
