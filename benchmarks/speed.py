@@ -7,7 +7,11 @@ recompute off:
 - **tiny**: examples/qwen3_tiny.yaml's model (vocabulary 512, hidden 64, 4 layers, 4 heads,
   2 KV heads), sequence 128, micro-batch 2, global batch 4 = 2 micro-batches per step;
 - **28m**: hidden 512, intermediate 1408, 8 layers, 8 heads, 4 KV heads, head_dim 64,
-  vocabulary 8192, one sequence of 512 per step.
+  vocabulary 8192, one sequence of 512 per step;
+- **28m-2ranks**: the same model, two sequences per step, also under FSDP and tensor
+  parallelism on 2 ranks (`LAYOUT_VARIANTS`), each in PyNative and compiled;
+- **deepseek-tiny**: examples/deepseek_v3_tiny.yaml's MoE model, PyNative and compiled (no
+  PyTorch rows: its ratios are to the PyNative row).
 
 Implementations (the tables `MF_VARIANTS` and `TORCH_VARIANTS` below):
 
@@ -36,7 +40,7 @@ children it waited for would count too), the whole process's wall time (launch t
 imports, building, the data index, all steps, teardown), and the ratios of step time and
 of peak memory to the first PyTorch row (mf / PyTorch).
 
-Run: python benchmarks/speed.py [--rounds N] [--steps N] [--only tiny|28m] [--previous DIR]
+Run: python benchmarks/speed.py [--rounds N] [--steps N] [--only MODEL] [--previous DIR]
 (`nox -s bench_speed -- ...` installs mf, torch 2.13.0 CPU and transformers 4.57.6 first).
 """
 
@@ -61,14 +65,29 @@ import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "qwen3_tiny.yaml"
+DEEPSEEK = ROOT / "examples" / "deepseek_v3_tiny.yaml"
 
-MF_VARIANTS: tuple[tuple[str, tuple[str, ...]], ...] = (
-    ("mf (default: PyNative)", ()),
-    ("mf, context.compile=true", ("context.compile=true",)),
+COMPILE = "context.compile=true"
+MF_VARIANTS: tuple[tuple[str, tuple[str, ...], int], ...] = (
+    ("mf (default: PyNative)", (), 1),
+    ("mf, context.compile=true", (COMPILE,), 1),
 )
-"""mf rows: (label, `--set` overrides of mf-train). `--previous DIR` adds a row running the
-packages of another checkout (`DIR/packages/*/src` first on PYTHONPATH), e.g. a `git worktree`
-of an earlier commit, with no overrides."""
+"""mf rows: (label, `--set` overrides of mf-train, ranks). `--previous DIR` adds a row running
+the packages of another checkout (`DIR/packages/*/src` first on PYTHONPATH), e.g. a `git
+worktree` of an earlier commit, with no overrides."""
+
+FSDP = "parallelism.data_parallel_shard_strategy=optim_grads_params"
+TENSOR = "parallelism.tensor_parallel=2"
+LAYOUT_VARIANTS: tuple[tuple[str, tuple[str, ...], int], ...] = (
+    *MF_VARIANTS,
+    ("mf FSDP 2 ranks", (FSDP,), 2),
+    ("mf FSDP 2 ranks, compiled", (FSDP, COMPILE), 2),
+    ("mf TP 2 ranks", (TENSOR,), 2),
+    ("mf TP 2 ranks, compiled", (TENSOR, COMPILE), 2),
+)
+"""The layouts' rows (the `28m-2ranks` model): one process, FSDP and tensor parallelism on
+2 ranks (msrun on this machine's 2 cores), each in PyNative and compiled. A rank's peak is the
+largest of the launcher's children (`ru_maxrss` of what `os.wait4` reaped)."""
 
 TORCH_VARIANTS: tuple[tuple[str, dict[str, Any], dict[str, str]], ...] = (
     ("PyTorch eager + HF", {"attention": "sdpa", "threads": 2}, {}),
@@ -91,6 +110,12 @@ class Model:
     local_batch: int
     global_batch: int
     steps: int
+    example: Path = EXAMPLE
+    """The mf configuration the run starts from (its model section updated with `shape`)."""
+    variants: tuple[tuple[str, tuple[str, ...], int], ...] = MF_VARIANTS
+    torch: bool = True
+    """Whether the PyTorch rows run (a Qwen3 of `shape`); without them the ratios are to the
+    first mf row."""
 
     @property
     def tokens(self) -> int:
@@ -108,6 +133,14 @@ MODELS = {
                   "head_dim": 64, "max_position_embeddings": 512, **COMMON},
                  seq=512, local_batch=1, global_batch=1, steps=4),
 }
+MODELS["28m-2ranks"] = Model(MODELS["28m"].shape, seq=512, local_batch=1, global_batch=2,
+                             steps=4, variants=LAYOUT_VARIANTS)
+"""The 28M model, two sequences per step: one process (2 micro-batches), FSDP 2 (one per
+rank), TP 2 (2 micro-batches on both ranks)."""
+MODELS["deepseek-tiny"] = Model({}, seq=128, local_batch=2, global_batch=4, steps=8,
+                                example=DEEPSEEK, torch=False)
+"""examples/deepseek_v3_tiny.yaml's model as written (3 layers, 4 routed experts, top 2),
+PyNative and compiled (attention, dense MLP, router and shared experts)."""
 
 TORCH_WORKER = r"""
 import json, sys, time
@@ -247,7 +280,7 @@ def prepare_data(tmp: Path, timeout: float) -> Path:
 
 def mf_config(model: Model, steps: int, prefix: Path) -> dict[str, Any]:
     """examples/qwen3_tiny.yaml with the model's shape and batch, no recompute, no saves."""
-    config = yaml.safe_load(EXAMPLE.read_text())
+    config = yaml.safe_load(model.example.read_text())
     config.pop("recompute", None)
     config["training"].update(steps=steps, local_batch_size=model.local_batch,
                               global_batch_size=model.global_batch)
@@ -261,9 +294,11 @@ def mf_config(model: Model, steps: int, prefix: Path) -> dict[str, Any]:
 
 
 def run_mf(overrides: tuple[str, ...], config: Path, out: Path, timeout: float,
-           env: dict[str, str] | None = None) -> Run:
-    """One mf-train run; step times and tokens from its metrics.jsonl."""
+           env: dict[str, str] | None = None, nproc: int = 1) -> Run:
+    """One mf-train run on `nproc` ranks; step times and tokens from its metrics.jsonl."""
     command = [tool("mf-train"), "--config", str(config), "--output-dir", str(out)]
+    if nproc > 1:
+        command += ["--nproc", str(nproc), "--timeout", str(int(timeout))]
     for override in overrides:
         command += ["--set", override]
     code, _, err, peak, wall = run_measured(command, timeout, env)
@@ -324,11 +359,11 @@ def measure(name: str, model: Model, steps: int, rounds: int, tmp: Path, prefix:
         (f"mf at {previous.name} (previous)",
          lambda out: run_mf((), config, out, timeout, previous_env(previous)))]
     runs: list[tuple[str, Any]] = [
-        *((label, lambda out, o=overrides: run_mf(o, config, out, timeout))
-          for label, overrides in MF_VARIANTS), *older,
+        *((label, lambda out, o=overrides, n=nproc: run_mf(o, config, out, timeout, nproc=n))
+          for label, overrides, nproc in model.variants), *older,
         *((label, lambda out, o=options, e=env: run_torch(torch_spec(model, steps, o), e,
                                                           timeout))
-          for label, options, env in TORCH_VARIANTS)]
+          for label, options, env in (TORCH_VARIANTS if model.torch else ()))]
     rows = {label: Row() for label, _ in runs}
     for index in range(rounds):
         shift = index % len(runs)
@@ -355,7 +390,7 @@ def measure(name: str, model: Model, steps: int, rounds: int, tmp: Path, prefix:
 
 
 def print_table(name: str, model: Model, steps: int, rows: dict[str, Row]) -> None:
-    baseline = rows[TORCH_VARIANTS[0][0]]
+    baseline = rows[TORCH_VARIANTS[0][0]] if model.torch else next(iter(rows.values()))
     print(f"\n{name}: {model.tokens} tokens per step ({model.global_batch // model.local_batch}"
           f" x {model.local_batch} x {model.seq}), {steps} steps per run")
     head = (f"{'implementation':<28}{'step ms, median (min-max)':>28}{'tokens/s':>10}"
@@ -397,7 +432,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     parser.add_argument("--rounds", type=int, default=2, help="alternating rounds (default 2)")
     parser.add_argument("--steps", type=int, default=None,
-                        help="steps per run (default: 8 for tiny, 4 for 28m)")
+                        help="steps per run (default: 8 for the tiny models, 4 for the 28m ones)")
     parser.add_argument("--only", choices=sorted(MODELS), help="one model only")
     parser.add_argument("--timeout", type=float, default=1800,
                         help="seconds before a run is killed (default 1800)")
@@ -421,7 +456,7 @@ def main() -> None:
             print_table(key, model, steps, rows)
     print(f"\nload average {load:.1f} at the start, {os.getloadavg()[0]:.1f} at the end; "
           f"{time.perf_counter() - began:.0f} s in all; step ratio and mem ratio: "
-          f"the row / {TORCH_VARIANTS[0][0]}")
+          f"the row / {TORCH_VARIANTS[0][0]} (deepseek-tiny: / its first row)")
 
 
 if __name__ == "__main__":
