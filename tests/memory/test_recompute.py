@@ -152,6 +152,11 @@ class TwoCopies:
     def shard(self, full: np.ndarray, axis: int) -> np.ndarray:
         return full
 
+    @property
+    def ops(self) -> TwoCopies:
+        """What the regions call (`TensorGroup.ops`): these collectives."""
+        return self
+
 
 @pytest.mark.parametrize("group_kind", ["world of one", "two copies"])
 @pytest.mark.parametrize("shape", [(4, 4), (4, 1, 4)], ids=["[s, h]", "[s, b, h]"])

@@ -12,7 +12,9 @@ from mf_parallel.runtime.tensor_parallel import TensorGroup
 
 def tensor_group(rank: int, size: int = 2, sequence_parallel: bool = True) -> SimpleNamespace:
     """Rank `rank` of a tensor group of `size`: its rank, size, sequence-parallel flag and
-    `TensorGroup.shard` (this rank's slice of a full array); no collectives."""
-    group = SimpleNamespace(rank=rank, size=size, sequence_parallel=sequence_parallel)
+    `TensorGroup.shard` (this rank's slice of a full array); no collectives (`ops`, which
+    the regions keep, is None)."""
+    group = SimpleNamespace(rank=rank, size=size, sequence_parallel=sequence_parallel,
+                            ops=None)
     group.shard = functools.partial(TensorGroup.shard, group)
     return group

@@ -153,4 +153,3 @@ def _compile_parts(model: nn.Cell, timer: CompileTimer, report: CompileReport) -
             found.append(index)
     report.compiled += [f"{part} of {_layers_text('decoder layer', found)}"
                         for part, found in ids.items()]
-
