@@ -1,6 +1,7 @@
 """A stand-in for one rank's tensor-parallel group, without communication: what a model reads of
 its `TensorGroup` while it is built, and what the Hugging Face import's `local_value` reads to
-pick a rank's slice (test_qwen3.py, test_export_hf.py, test_hf_streaming.py)."""
+pick a rank's slice (test_qwen3.py, test_export_hf.py, test_hf_streaming.py,
+test_train_sharded.py)."""
 
 from __future__ import annotations
 

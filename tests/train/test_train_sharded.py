@@ -5,9 +5,7 @@ is refused before any rank starts."""
 
 from __future__ import annotations
 
-import functools
 from pathlib import Path
-from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -29,9 +27,9 @@ from runs import (
     train,
     worker_log,
 )
+from tensor_groups import tensor_group
 
 from mf_config import load_config
-from mf_parallel.runtime.tensor_parallel import TensorGroup
 from mf_train.checkpoint.layout import iteration_name
 from mf_train.checkpoint.params import apply_model_params, model_arrays
 from mf_train.cli import run
@@ -247,13 +245,6 @@ def with_tensor_parallel(runs):
     return lambda strategy: runs(QWEN3, *with_tensor_parallel_settings(strategy), nproc=4)
 
 
-def tensor_rank(rank: int, size: int) -> SimpleNamespace:
-    """What a model reads of its `TensorGroup` while it is built (no communication)."""
-    group = SimpleNamespace(rank=rank, size=size, sequence_parallel=True)
-    group.shard = functools.partial(TensorGroup.shard, group)
-    return group
-
-
 def as_tensor_shards(whole: dict[str, np.ndarray], data_prefix: str,
                      size: int) -> list[dict[str, np.ndarray]]:
     """A one-process checkpoint's weights cut as each tensor rank holds them: the model's own
@@ -265,7 +256,7 @@ def as_tensor_shards(whole: dict[str, np.ndarray], data_prefix: str,
     weights = hf_state(model)
     shards = []
     for rank in range(size):
-        shard = build_model(config.model, tensor_group=tensor_rank(rank, size))
+        shard = build_model(config.model, tensor_group=tensor_group(rank, size))
         load_hf_state(shard, weights)
         shards.append(model_arrays(shard.parameters_and_names()))
     return shards
