@@ -16,7 +16,7 @@ What falls back to PyNative, decided before the first step and said in one log l
   parallelism launches and waits for its attention's collectives from Python). Tensor
   parallelism compiles (its regions' collectives are `GroupCollectives` cells, built
   before the graphs), and so does FSDP: a graph holds the parameter tensors of its first
-  call, and FSDP (told by `LayoutParts.compile`) frees and refills their storage instead of
+  call, and FSDP (told by `LayoutParts.compiled`) frees and refills their storage instead of
   swapping tensors;
 - activation swap, whose hooks see each saved tensor of a layer.
 

@@ -141,7 +141,7 @@ class LayoutParts:
     source: Source | None = None
     plan: Plan | None = None
     """The whole plan (the pipeline layout reads its stage layout and schedule)."""
-    compile: bool = False
+    compiled: bool = False
     """`context.compile`: the decoder layers may become graphs holding their parameter
     tensors (FSDP then frees a parameter's storage instead of swapping its tensor)."""
 

@@ -367,7 +367,7 @@ class FSDP(ZeRO):
             reshard_after_forward_policy=parts.parallelism.reshard_after_forward_policy,
             pipeline_parallel=parts.dims.pipeline,
             average=not parts.parallelism.disable_gradient_division,
-            keep_tensors=parts.compile)
+            keep_tensors=parts.compiled)
 
     def describe(self) -> str:
         return f"{super().describe()}, reshard policy {self.reshard_policy}"
