@@ -132,6 +132,10 @@ def compile_layers(model: nn.Cell, enabled: bool,
 
 
 def _compile(cell: nn.Cell, timer: CompileTimer, dynamic: bool = False) -> None:
+    for _, inner in cell.cells_and_names():
+        prepare = getattr(inner, "prepare_for_graph", None)
+        if prepare is not None:  # PyNative-only fast paths step aside (gathered_heads)
+            prepare()
     cell.construct = ms.jit(cell.construct, dynamic=int(dynamic))
     timer.attach(cell)
 

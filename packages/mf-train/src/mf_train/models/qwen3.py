@@ -53,10 +53,12 @@ from .blocks import (
     mark_tensor_partial,
     resolve_compute_dtype,
     row_linear,
+    same_dtype,
     tensor_size,
 )
 from .causal_lm import CausalLMPieces
 from .context_attention import SequenceExchange
+from .gathered_heads import GatheredHeads
 from .hf_weights import WeightMap
 from .parts import LayerStack, ModelPart, each_built
 
@@ -165,11 +167,20 @@ class Qwen3Attention(nn.Cell):
             mark_tensor_partial(self.q_norm.weight)
             mark_tensor_partial(self.k_norm.weight)
         self.tile = rotary.tile
+        self.rotary = rotary
         self.exchange = SequenceExchange(context, core)
+        self.gathered = (GatheredHeads(self.heads, self.kv_heads, self.head_dim)
+                         if self.tile and context is None and not core.flash else None)
+
+    def prepare_for_graph(self) -> None:
+        """Before this layer is compiled: the strided views (see `gathered_heads`)."""
+        self.gathered = None
 
     def construct(self, x: Tensor, cos: Tensor, sin: Tensor, mask: Tensor | None = None,
                   lengths: tuple[int, ...] | None = None) -> Tensor:
         qkv = self.qkv(x)
+        if self.gathered is not None:
+            return self.out(self._gathered(qkv, cos, sin, mask))
         seq, batch = qkv.shape[0], qkv.shape[1]
         q_size, kv_size = self.heads * self.head_dim, self.kv_heads * self.head_dim
         q = apply_rotary(self._heads(qkv[..., :q_size], self.heads, self.q_norm), cos, sin,
@@ -179,6 +190,17 @@ class Qwen3Attention(nn.Cell):
         v = self._heads(qkv[..., q_size + kv_size:], self.kv_heads)
         context = self.exchange.attend(q, k, v, mask, lengths)
         return self.out(context.reshape(seq, batch, q_size))
+
+    def _gathered(self, qkv: Tensor, cos: Tensor, sin: Tensor, mask: Tensor | None) -> Tensor:
+        """The attention of `construct` without strided views (CPU, PyNative): q, k, v
+        gathered into `[b, heads, s, d]` (k and v repeated per query group), normed and
+        rotated there, and the output gathered back to `[s, b, heads * d]`."""
+        q, k, v = self.gathered.split(qkv)
+        cos, sin = self.rotary.head_tables(cos, sin, q.shape)
+        cos, sin = same_dtype(cos, q.dtype), same_dtype(sin, q.dtype)
+        q = self.gathered.rotate(self.q_norm(q), cos, sin)
+        k = self.gathered.rotate(self.k_norm(k), cos, sin)
+        return self.gathered.merge(self.exchange.core(q, k, v, mask))
 
     def _heads(self, x: Tensor, count: int, norm: nn.Cell | None = None) -> Tensor:
         """`[s, b, count * d]` -> `[s, b, count, d]`, normed per head when `norm` is given."""

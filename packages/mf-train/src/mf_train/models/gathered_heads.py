@@ -1,0 +1,157 @@
+"""Attention's layout changes as row gathers, for the CPU backend in PyNative.
+
+The linear layers work on `[seq, batch, features]`, attention on `[batch, heads, seq, dim]`.
+Slicing q, k and v out of the fused projection and transposing them makes strided views,
+which MindSpore 2.10 turns contiguous with a generic `Contiguous` kernel (1.1 ms for a
+`[512, 1, 8, 64]` transpose that an element-wise copy does in 0.08 ms; 16 % of the 28M
+model's step on CPU, more with the gradients' transposes). Here every layout change is one
+gather of whole rows of `head_dim` values (0.3 ms for the same move) whose backward is the
+gather by the inverse permutation (a custom bprop), so no strided view is ever made:
+
+- `FusedHeads`: the fused `[s, b, (hq + 2 hkv) d]` projection -> q, k, v `[b, hq, s, d]`,
+  keys and values repeated over their query group (Hugging Face's `repeat_kv`) in the same
+  gather; the backward sums each key's copies.
+- `HeadsToSequence`: `[b, h, s, d]` -> `[s, b, h, d]`, the attention output back.
+- `RotateHalf`: `[x1, x2] -> [x2, x1]` over the last dimension, the sign of rotary's
+  `rotate_half` folded into the sine table (`RotaryEmbedding.head_tables`).
+- `PairSplit`: `[..., 2n]` -> its two halves (SwiGLU's gate and up).
+
+`GatheredHeads` builds them per input shape on first use. Graphs (`mindspore.jit`) transpose
+without the generic kernel, so compiled layers keep the views (`prepare_for_graph`).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from mindspore import Tensor, nn, ops
+
+
+def _index(values: np.ndarray) -> Tensor:
+    return Tensor(np.ascontiguousarray(values).reshape(-1).astype(np.int32))
+
+
+class FusedHeads(nn.Cell):
+    """q, k, v `[b, hq, s, d]` out of the fused projection `[s, b, (hq + 2 hkv) d]` (rows
+    `[q heads; k heads; v heads]`), k and v repeated `hq / hkv` times (head i uses kv head
+    `i // (hq / hkv)`)."""
+
+    def __init__(self, seq: int, batch: int, heads: int, kv_heads: int, head_dim: int):
+        super().__init__()
+        rows = np.arange(seq * batch * (heads + 2 * kv_heads)).reshape(seq, batch, -1)
+        q = rows[:, :, :heads].transpose(1, 2, 0)
+        k = rows[:, :, heads:heads + kv_heads].transpose(1, 2, 0)
+        v = rows[:, :, heads + kv_heads:].transpose(1, 2, 0)
+        group = heads // kv_heads
+        self.order = _index(np.concatenate([q.ravel(), np.repeat(k, group, 1).ravel(),
+                                            np.repeat(v, group, 1).ravel()]))
+        self.inverse = _index(np.argsort(np.concatenate([q.ravel(), k.ravel(), v.ravel()])))
+        self.shape = (batch, heads, seq, head_dim)
+        self.kv_copies = (batch, kv_heads, group, seq, head_dim)
+        self.count, self.dim = batch * heads * seq, head_dim
+
+    def construct(self, qkv: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        rows = ops.gather(qkv.reshape(-1, self.dim), self.order, 0)
+        n = self.count
+        return (rows[:n].reshape(self.shape), rows[n:2 * n].reshape(self.shape),
+                rows[2 * n:].reshape(self.shape))
+
+    def bprop(self, qkv: Tensor, out: tuple, dout: tuple) -> tuple[Tensor]:
+        dq, dk, dv = dout
+        dk = dk.reshape(self.kv_copies).sum(2).reshape(-1, self.dim)
+        dv = dv.reshape(self.kv_copies).sum(2).reshape(-1, self.dim)
+        rows = ops.cat((dq.reshape(-1, self.dim), dk, dv), 0)
+        return (ops.gather(rows, self.inverse, 0).reshape(qkv.shape),)
+
+
+class HeadsToSequence(nn.Cell):
+    """`[b, h, s, d]` -> `[s, b, h, d]`."""
+
+    def __init__(self, batch: int, heads: int, seq: int, head_dim: int):
+        super().__init__()
+        rows = np.arange(batch * heads * seq).reshape(batch, heads, seq).transpose(2, 0, 1)
+        self.order, self.inverse = _index(rows), _index(np.argsort(rows.ravel()))
+        self.shape, self.back = (seq, batch, heads, head_dim), (batch, heads, seq, head_dim)
+        self.dim = head_dim
+
+    def construct(self, x: Tensor) -> Tensor:
+        return ops.gather(x.reshape(-1, self.dim), self.order, 0).reshape(self.shape)
+
+    def bprop(self, x: Tensor, out: Tensor, dout: Tensor) -> tuple[Tensor]:
+        return (ops.gather(dout.reshape(-1, self.dim), self.inverse, 0).reshape(self.back),)
+
+
+class RotateHalf(nn.Cell):
+    """`[x1, x2] -> [x2, x1]` over the last dimension (rotary's `rotate_half` without its
+    sign, which `RotaryEmbedding.head_tables` puts in the sine table)."""
+
+    def __init__(self, dim: int):
+        super().__init__()
+        order = np.concatenate([np.arange(dim // 2, dim), np.arange(dim // 2)])
+        self.order, self.inverse = _index(order), _index(np.argsort(order))
+
+    def construct(self, x: Tensor) -> Tensor:
+        return ops.gather(x, self.order, x.ndim - 1)
+
+    def bprop(self, x: Tensor, out: Tensor, dout: Tensor) -> tuple[Tensor]:
+        return (ops.gather(dout, self.inverse, dout.ndim - 1),)
+
+
+class PairSplit(nn.Cell):
+    """`[..., 2n]` -> (`[..., :n]`, `[..., n:]`), each contiguous; the backward stacks."""
+
+    def __init__(self, rows: int, half: int):
+        super().__init__()
+        self.first, self.second = _index(np.arange(rows) * 2), _index(np.arange(rows) * 2 + 1)
+        self.half = half
+
+    def construct(self, x: Tensor) -> tuple[Tensor, Tensor]:
+        rows = x.reshape(-1, self.half)
+        shape = (*x.shape[:-1], self.half)
+        return (ops.gather(rows, self.first, 0).reshape(shape),
+                ops.gather(rows, self.second, 0).reshape(shape))
+
+    def bprop(self, x: Tensor, out: tuple, dout: tuple) -> tuple[Tensor]:
+        first, second = (d.reshape(-1, self.half) for d in dout)
+        return (ops.stack((first, second), 1).reshape(x.shape),)
+
+
+class GatheredHeads:
+    """One attention block's gathers, built per input shape on first use.
+
+    Args:
+        heads, kv_heads: this rank's query and key/value heads.
+        head_dim: the head size.
+    """
+
+    def __init__(self, heads: int, kv_heads: int, head_dim: int):
+        self.heads, self.kv_heads, self.head_dim = heads, kv_heads, head_dim
+        self._split: dict[tuple[int, int], FusedHeads] = {}
+        self._merge: dict[tuple[int, int], HeadsToSequence] = {}
+        self.rotate_half = RotateHalf(head_dim)
+
+    def split(self, qkv: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """The fused projection `[s, b, ...]` -> q, k, v `[b, heads, s, d]`."""
+        key = (qkv.shape[0], qkv.shape[1])
+        if key not in self._split:
+            self._split[key] = FusedHeads(*key, self.heads, self.kv_heads, self.head_dim)
+        return self._split[key](qkv)
+
+    def merge(self, out: Tensor) -> Tensor:
+        """Attention's `[b, heads, s, d]` -> `[s, b, heads * d]`."""
+        key = (out.shape[0], out.shape[2])
+        if key not in self._merge:
+            self._merge[key] = HeadsToSequence(key[0], self.heads, key[1], self.head_dim)
+        seq, batch = key[1], key[0]
+        return self._merge[key](out).reshape(seq, batch, self.heads * self.head_dim)
+
+    def rotate(self, x: Tensor, cos: Tensor, signed_sin: Tensor) -> Tensor:
+        """Rotary on `[b, h, s, d]` with `RotaryEmbedding.head_tables`' tables."""
+        return x * cos + self.rotate_half(x) * signed_sin
+
+
+def pair_split(cache: dict[tuple[int, int], PairSplit], x: Tensor) -> tuple[Tensor, Tensor]:
+    """`x`'s halves over the last dimension through the `PairSplit` cached for its shape."""
+    key = (int(np.prod(x.shape[:-1])), x.shape[-1] // 2)
+    if key not in cache:
+        cache[key] = PairSplit(*key)
+    return cache[key](x)
