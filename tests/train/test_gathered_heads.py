@@ -38,24 +38,21 @@ def grads_of(fn, inputs: list[np.ndarray], weights: list[np.ndarray]) -> list[np
     return [g.asnumpy() for g in (got if isinstance(got, tuple) else (got,))]
 
 
-def test_fused_heads_gathers_q_k_v_and_repeats_kv_per_query_group() -> None:
+def test_fused_heads_gathers_q_k_v_into_heads_layout() -> None:
     seq, batch, heads, kv_heads, dim = 5, 2, 4, 2, 3
     qkv = f32(seq, batch, (heads + 2 * kv_heads) * dim)
     split = gathered_heads.FusedHeads(seq, batch, heads, kv_heads, dim)
     parts = qkv.reshape(seq, batch, heads + 2 * kv_heads, dim).transpose(1, 2, 0, 3)
-    q, k, v = parts[:, :heads], parts[:, heads:heads + kv_heads], parts[:, heads + kv_heads:]
-    want = (q, np.repeat(k, 2, 1), np.repeat(v, 2, 1))  # head i uses kv head i // 2
+    want = (parts[:, :heads], parts[:, heads:heads + kv_heads], parts[:, heads + kv_heads:])
     for got, expected in zip(split(Tensor(qkv)), want, strict=True):
         np.testing.assert_array_equal(got.asnumpy(), expected)
-    weights = [f32(batch, heads, seq, dim) for _ in range(3)]
+    weights = [f32(*part.shape) for part in want]
     (grad,) = grads_of(split, [qkv], weights)
-    wk = weights[1].reshape(batch, kv_heads, 2, seq, dim).sum(2)  # each key's two copies
-    wv = weights[2].reshape(batch, kv_heads, 2, seq, dim).sum(2)
-    want_grad = np.concatenate([weights[0], wk, wv], 1).transpose(2, 0, 1, 3)
-    np.testing.assert_allclose(grad, want_grad.reshape(qkv.shape), rtol=1e-6, atol=1e-6)
+    np.testing.assert_array_equal(grad, np.concatenate(weights, 1).transpose(2, 0, 1, 3)
+                                  .reshape(qkv.shape))
 
 
-def test_heads_to_sequence_and_pair_split_move_rows_and_route_gradients_back() -> None:
+def test_heads_to_sequence_and_swiglu_activation_values_and_gradients() -> None:
     x = f32(2, 3, 4, 5)
     back = gathered_heads.HeadsToSequence(2, 3, 4, 5)
     np.testing.assert_array_equal(back(Tensor(x)).asnumpy(), x.transpose(2, 0, 1, 3))
@@ -64,13 +61,16 @@ def test_heads_to_sequence_and_pair_split_move_rows_and_route_gradients_back() -
     np.testing.assert_array_equal(grad, weight.transpose(1, 2, 0, 3))
 
     y = f32(4, 2, 6)
-    split = gathered_heads.PairSplit(8, 3)
-    first, second = split(Tensor(y))
-    np.testing.assert_array_equal(first.asnumpy(), y[..., :3])
-    np.testing.assert_array_equal(second.asnumpy(), y[..., 3:])
-    weights = [f32(4, 2, 3), f32(4, 2, 3)]
-    (grad,) = grads_of(split, [y], weights)
-    np.testing.assert_array_equal(grad, np.concatenate(weights, -1))
+    activation = gathered_heads.SwiGLUActivation(8, 3)
+    gate, up = y[..., :3].astype(np.float64), y[..., 3:].astype(np.float64)
+    sig = 1 / (1 + np.exp(-gate))
+    np.testing.assert_allclose(activation(Tensor(y)).asnumpy(), gate * sig * up, rtol=1e-5,
+                               atol=1e-6)
+    w = f32(4, 2, 3)
+    (grad,) = grads_of(activation, [y], [w])
+    d_gate = w * up * (sig + gate * sig * (1 - sig))  # d silu(g) = sig + g sig (1 - sig)
+    np.testing.assert_allclose(grad, np.concatenate([d_gate, w * gate * sig], -1), rtol=1e-5,
+                               atol=1e-6)
 
 
 def test_gathered_rotary_equals_rotate_half_rope_and_its_gradient() -> None:
@@ -99,24 +99,30 @@ def test_gathered_rotary_equals_rotate_half_rope_and_its_gradient() -> None:
     assert rotary.head_tables(cos, sin, x.shape)[0] is cos_h  # one build per forward pass
 
 
-def test_softmax_attention_values_and_gradients_equal_numpy() -> None:
-    b, h, s, d, scale = 2, 3, 5, 4, 0.5
-    q, k, v = f32(b, h, s, d), f32(b, h, s, d), f32(b, h, s, d)
+@pytest.mark.parametrize("kv_heads", [6, 2])
+def test_softmax_attention_values_and_gradients_equal_numpy(kv_heads: int) -> None:
+    """With as many kv heads as query heads, and grouped (query head i uses kv head i // 3)."""
+    b, h, s, d, scale = 2, 6, 5, 4, 0.5
+    q, k_kv, v_kv = f32(b, h, s, d), f32(b, kv_heads, s, d), f32(b, kv_heads, s, d)
+    k, v = (np.repeat(x, h // kv_heads, 1) for x in (k_kv, v_kv))
     hidden = np.triu(np.ones((s, s), bool), 1)
     hidden = np.ascontiguousarray(np.broadcast_to(hidden, (b, h, s, s)))
     attention = blocks.SoftmaxAttention(scale)
     scores = np.where(hidden, -np.inf, q @ k.swapaxes(-1, -2) * scale)
     p = np.exp(scores - scores.max(-1, keepdims=True))
     p /= p.sum(-1, keepdims=True)
-    out, probs = attention(Tensor(q), Tensor(k), Tensor(v), Tensor(hidden))
+    out, probs = attention(Tensor(q), Tensor(k_kv), Tensor(v_kv), Tensor(hidden))
     np.testing.assert_allclose(out.asnumpy(), p @ v, rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(probs.asnumpy(), p, rtol=1e-5, atol=1e-6)
 
     w = f32(b, h, s, d)
-    got = grads_of(lambda q_, k_, v_: attention(q_, k_, v_, Tensor(hidden))[0], [q, k, v], [w])
+    got = grads_of(lambda q_, k_, v_: attention(q_, k_, v_, Tensor(hidden))[0],
+                   [q, k_kv, v_kv], [w])
     d_p = w @ v.swapaxes(-1, -2)
     d_s = p * (d_p - (d_p * p).sum(-1, keepdims=True))
-    want = [d_s @ k * scale, d_s.swapaxes(-1, -2) @ q * scale, p.swapaxes(-1, -2) @ w]
+    copies = (b, kv_heads, h // kv_heads, s, d)  # a kv head's gradient: the sum of its copies'
+    want = [d_s @ k * scale, (d_s.swapaxes(-1, -2) @ q * scale).reshape(copies).sum(2),
+            (p.swapaxes(-1, -2) @ w).reshape(copies).sum(2)]
     for g, expected in zip(got, want, strict=True):
         np.testing.assert_allclose(g, expected, rtol=1e-4, atol=1e-5)
 

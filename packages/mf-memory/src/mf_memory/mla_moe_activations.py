@@ -63,9 +63,9 @@ def latent_attention_tensors(shape: ModelShape, geo: Geometry) -> list[Saved]:
       (`rms_norm_tensors`);
     - RoPE (tiled): cos and sin repeated for q, T·(n/t)·d_r each, and for the one shared k
       head, T·d_r each;
-    - plain attention: scaled q and k T·(n/t)·d_qk each, the causal mask (bytes) and the
-      softmax output in float32 b·(n/t)·s·S each (plus its copy in the compute dtype below
-      float32), v T·(n/t)·d_v;
+    - plain attention (mf-train's `SoftmaxAttention`, whose written-out backward keeps its
+      inputs and outputs): q and k T·(n/t)·d_qk each, the causal mask (bytes) and the
+      softmax output in float32 b·(n/t)·s·S each, v and the output T·(n/t)·d_v each;
     - flash attention: q, k and v (v zero-padded to d_qk when d_v differs) T·(n/t)·d_qk each,
       the softmax statistics T·(n/t) float32, and the padded output when padded;
     - `o_proj` input (the attention output) T·(n/t)·d_v.
@@ -106,12 +106,9 @@ def _core_tensors(T: int, n: int, qk: int, dv: int, geo: Geometry) -> list[Saved
                 *([Saved("mla.padded_output", m, T * n * qk, e)] if padded else [])]
     scores = T * n * geo.seq_length
     mask = scores if geo.tiled else geo.seq_length * geo.seq_length // geo.cp
-    saved = [Saved("mla.q", m, T * n * qk, e), Saved("mla.k", m, T * n * qk, e),
-             Saved("mla.causal_mask", m, mask, 1),
-             Saved("mla.probs", m, scores, FLOAT32)]
-    if e < FLOAT32:
-        saved.append(Saved("mla.probs_cast", m, scores, e))
-    return [*saved, Saved("mla.v", m, T * n * dv, e)]
+    return [Saved("mla.q", m, T * n * qk, e), Saved("mla.k", m, T * n * qk, e),
+            Saved("mla.causal_mask", m, mask, 1), Saved("mla.probs", m, scores, FLOAT32),
+            Saved("mla.v", m, T * n * dv, e), Saved("mla.output", m, T * n * dv, e)]
 
 
 def swiglu_tensors(prefix: str, rows: int, hidden: int, width: int, e: int) -> list[Saved]:

@@ -41,7 +41,7 @@ from mf_parallel.runtime.tensor_parallel import (
     vocab_parallel_cross_entropy,
 )
 
-from .gathered_heads import PairSplit, pair_split
+from .gathered_heads import SwiGLUActivation, swiglu_activation
 
 log = logging.getLogger("mf_train.models")
 
@@ -300,7 +300,7 @@ class RotaryEmbedding:
         self.tile = tiles_broadcasts()
         self._tables: dict[int, tuple[Tensor, Tensor]] = {}
         self._placed: dict[tuple[int, bytes], tuple[Tensor, Tensor]] = {}
-        self._heads: tuple[Tensor, tuple[int, ...], tuple[Tensor, Tensor]] | None = None
+        self._heads: tuple[Tensor, dict[tuple[int, ...], tuple[Tensor, Tensor]]] | None = None
 
     def tables(self, seq: int) -> tuple[Tensor, Tensor]:
         """(cos, sin), each float32 `[seq, dim]`, for positions 0..seq-1."""
@@ -333,16 +333,17 @@ class RotaryEmbedding:
                     shape: tuple[int, ...]) -> tuple[Tensor, Tensor]:
         """`at`'s tables `[s, b or 1, 1, d]` for `[b, heads, s, d]` activations (`shape`),
         repeated to it, the sine's first half negated (for `gathered_heads.RotateHalf`).
-        The last pair is kept: every layer of a forward pass asks for the same."""
-        if self._heads is not None and self._heads[0] is cos and self._heads[1] == shape:
-            return self._heads[2]
-        half = self.dim // 2
-        cos_h = ops.tile(cos.transpose(1, 2, 0, 3), (shape[0] // cos.shape[1], shape[1], 1, 1))
-        sin_h = sin.transpose(1, 2, 0, 3)
-        sin_h = ops.tile(ops.cat((-sin_h[..., :half], sin_h[..., half:]), -1),
-                         (shape[0] // sin.shape[1], shape[1], 1, 1))
-        self._heads = (cos, tuple(shape), (cos_h, sin_h))
-        return cos_h, sin_h
+        Kept per shape for the last `cos`: every layer of a forward pass asks for the same."""
+        if self._heads is None or self._heads[0] is not cos:
+            self._heads = (cos, {})
+        built = self._heads[1]
+        if tuple(shape) not in built:
+            half, times = self.dim // 2, (shape[0] // cos.shape[1], shape[1], 1, 1)
+            sin_h = sin.transpose(1, 2, 0, 3)
+            built[tuple(shape)] = (
+                ops.tile(cos.transpose(1, 2, 0, 3), times),
+                ops.tile(ops.cat((-sin_h[..., :half], sin_h[..., half:]), -1), times))
+        return built[tuple(shape)]
 
     def _cos_sin(self, positions: np.ndarray) -> tuple[Tensor, Tensor]:
         angles = positions.astype(np.float64)[..., None] * self.inv_freq
@@ -383,24 +384,54 @@ _BATCH_MATMUL_TRANSPOSED_A = ops.BatchMatMul(transpose_a=True)
 
 
 class SoftmaxAttention(nn.Cell):
-    """`softmax(q k^T * scale, masked to -inf) @ v` on `[b, h, s, d]` (k and v with q's
-    heads), returning the output and the float32 probabilities, with its backward written
-    out: autograd's transposes `k`, `v` and the probabilities into strided views, which
-    MindSpore 2.10 copies with its slow generic kernel on CPU before each batched matmul;
-    here the matmuls take the transposes as flags. About 2x faster forward + backward for
-    the 28M model's `[1, 8, 512, 64]` (49 against 24 ms), the same gradients.
+    """`softmax(q k^T * scale, masked to -inf) @ v` on `[b, h, s, d]`, k and v with `h / g`
+    query heads per key/value head (head i uses kv head `i // (h / g)`), returning the
+    output and the float32 probabilities, with its backward written out: autograd's
+    transposes `k`, `v` and the probabilities into strided views, which MindSpore 2.10
+    copies with its slow generic kernel on CPU before each batched matmul; here the matmuls
+    take the transposes as flags, and k and v are kept unrepeated (repeated again in the
+    backward). About 2x faster forward + backward for the 28M model's `[1, 8, 512, 64]`
+    (49 against 24 ms), the same gradients.
 
     The backward: dv = P^T dO, dP = dO v^T, dS = P * (dP - rowsum(dP * P)) (softmax's),
-    dq = dS k * scale, dk = dS^T (q * scale).
+    dq = dS k * scale, dk = dS^T (q * scale), each kv head's gradient summed over its copies.
     """
 
     def __init__(self, scale: float):
         super().__init__()
         self.scale = scale
         self.tile = tiles_broadcasts()
+        self._indices: dict[tuple[int, int], tuple[Tensor, list[Tensor]]] = {}
+
+    def _copies(self, heads: int, kv_heads: int) -> tuple[Tensor, list[Tensor]]:
+        """The kv head of each query head, and per copy j the query heads of copy j."""
+        key = (heads, kv_heads)
+        if key not in self._indices:
+            group = heads // kv_heads
+            self._indices[key] = (
+                Tensor(np.repeat(np.arange(kv_heads), group).astype(np.int32)),
+                [Tensor((np.arange(kv_heads) * group + j).astype(np.int32))
+                 for j in range(group)])
+        return self._indices[key]
+
+    def _repeated(self, x: Tensor, heads: int) -> Tensor:
+        if x.shape[1] == heads:
+            return x
+        return ops.gather(x, self._copies(heads, x.shape[1])[0], 1)
+
+    def _summed(self, grad: Tensor, kv_heads: int) -> Tensor:
+        if grad.shape[1] == kv_heads:
+            return grad
+        copies = self._copies(grad.shape[1], kv_heads)[1]
+        total = ops.gather(grad, copies[0], 1)
+        for index in copies[1:]:
+            total = total + ops.gather(grad, index, 1)
+        return total
 
     def construct(self, q: Tensor, k: Tensor, v: Tensor,
                   hidden: Tensor) -> tuple[Tensor, Tensor]:
+        heads = q.shape[1]
+        k, v = self._repeated(k, heads), self._repeated(v, heads)
         scores = same_dtype(_BATCH_MATMUL_TRANSPOSED(q * self.scale, k), ms.float32)
         probs = mint.nn.functional.softmax(ops.masked_fill(scores, hidden, float("-inf")),
                                            dim=-1)
@@ -408,15 +439,18 @@ class SoftmaxAttention(nn.Cell):
 
     def bprop(self, q: Tensor, k: Tensor, v: Tensor, hidden: Tensor, out: tuple,
               dout: tuple) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        heads, kv_heads = q.shape[1], k.shape[1]
+        k_all, v_all = self._repeated(k, heads), self._repeated(v, heads)
         probs, d_out = out[1], dout[0]
         d_v = _BATCH_MATMUL_TRANSPOSED_A(same_dtype(probs, v.dtype), d_out)
-        d_probs = same_dtype(_BATCH_MATMUL_TRANSPOSED(d_out, v), ms.float32)
+        d_probs = same_dtype(_BATCH_MATMUL_TRANSPOSED(d_out, v_all), ms.float32)
         row = (d_probs * probs).sum(-1, keepdims=True)
         d_scores = same_dtype(probs * (d_probs - expand(row, d_probs.shape, self.tile)),
                               q.dtype)
-        d_q = _BATCH_MATMUL(d_scores, k) * self.scale
+        d_q = _BATCH_MATMUL(d_scores, k_all) * self.scale
         d_k = _BATCH_MATMUL_TRANSPOSED_A(d_scores, q * self.scale)
-        return d_q, d_k, d_v, ops.zeros_like(hidden)
+        return (d_q, self._summed(d_k, kv_heads), self._summed(d_v, kv_heads),
+                ops.zeros_like(hidden))
 
 
 class AttentionCore:
@@ -462,12 +496,12 @@ class AttentionCore:
         return self._plain(q, k, v, mask)
 
     def _plain(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None) -> Tensor:
-        group = q.shape[1] // k.shape[1]
-        if group > 1:
-            k, v = ops.repeat_interleave(k, group, 1), ops.repeat_interleave(v, group, 1)
         shape = (*q.shape[:-1], k.shape[2])
         hidden = self._future(shape) if mask is None else expand(mask, shape, self.tile)
         if self.graph:
+            group = q.shape[1] // k.shape[1]
+            if group > 1:
+                k, v = ops.repeat_interleave(k, group, 1), ops.repeat_interleave(v, group, 1)
             scores = same_dtype(_BATCH_MATMUL_TRANSPOSED(q * self.scale, k), ms.float32)
             scores = ops.masked_fill(scores, hidden, float("-inf"))
             probs = same_dtype(mint.nn.functional.softmax(scores, dim=-1), v.dtype)
@@ -563,18 +597,18 @@ class SwiGLU(nn.Cell):
         self.local = gate.shape[0] // shards
         self.gate_up = column_linear(fuse_rows([gate, up], shards), None, group)
         self.down = row_linear(down, None, group)
-        self.splits: dict[tuple[int, int], PairSplit] | None = {} if tiles_broadcasts() else None
+        self.activations: dict[tuple[int, int], SwiGLUActivation] | None = (
+            {} if tiles_broadcasts() else None)
 
     def prepare_for_graph(self) -> None:
         """Before this block is compiled: slices (see `gathered_heads`)."""
-        self.splits = None
+        self.activations = None
 
     def construct(self, x: Tensor) -> Tensor:
         gate_up = self.gate_up(x)
-        if self.splits is not None:
-            gate, up = pair_split(self.splits, gate_up)
-        else:
-            gate, up = gate_up[..., :self.local], gate_up[..., self.local:]
+        if self.activations is not None:
+            return self.down(swiglu_activation(self.activations, gate_up))
+        gate, up = gate_up[..., :self.local], gate_up[..., self.local:]
         return self.down(mint.nn.functional.silu(gate) * up)
 
 

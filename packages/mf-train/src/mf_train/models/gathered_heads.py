@@ -8,13 +8,13 @@ model's step on CPU, more with the gradients' transposes). Here every layout cha
 gather of whole rows of `head_dim` values (0.3 ms for the same move) whose backward is the
 gather by the inverse permutation (a custom bprop), so no strided view is ever made:
 
-- `FusedHeads`: the fused `[s, b, (hq + 2 hkv) d]` projection -> q, k, v `[b, hq, s, d]`,
-  keys and values repeated over their query group (Hugging Face's `repeat_kv`) in the same
-  gather; the backward sums each key's copies.
+- `FusedHeads`: the fused `[s, b, (hq + 2 hkv) d]` projection -> q `[b, hq, s, d]`, k and
+  v `[b, hkv, s, d]` (`blocks.SoftmaxAttention` repeats them over their query group).
 - `HeadsToSequence`: `[b, h, s, d]` -> `[s, b, h, d]`, the attention output back.
 - `RotateHalf`: `[x1, x2] -> [x2, x1]` over the last dimension, the sign of rotary's
   `rotate_half` folded into the sine table (`RotaryEmbedding.head_tables`).
-- `PairSplit`: `[..., 2n]` -> its two halves (SwiGLU's gate and up).
+- `SwiGLUActivation`: `silu(gate) * up` of SwiGLU's fused `[..., 2n]`, the halves gathered,
+  its backward written out from the input alone.
 
 `GatheredHeads` builds them per input shape on first use. Graphs (`mindspore.jit`) transpose
 without the generic kernel, so compiled layers keep the views (`prepare_for_graph`).
@@ -23,7 +23,7 @@ without the generic kernel, so compiled layers keep the views (`prepare_for_grap
 from __future__ import annotations
 
 import numpy as np
-from mindspore import Tensor, nn, ops
+from mindspore import Tensor, mint, nn, ops
 
 
 def _index(values: np.ndarray) -> Tensor:
@@ -31,35 +31,29 @@ def _index(values: np.ndarray) -> Tensor:
 
 
 class FusedHeads(nn.Cell):
-    """q, k, v `[b, hq, s, d]` out of the fused projection `[s, b, (hq + 2 hkv) d]` (rows
-    `[q heads; k heads; v heads]`), k and v repeated `hq / hkv` times (head i uses kv head
-    `i // (hq / hkv)`)."""
+    """q `[b, hq, s, d]`, k and v `[b, hkv, s, d]` out of the fused projection
+    `[s, b, (hq + 2 hkv) d]` (rows `[q heads; k heads; v heads]`)."""
 
     def __init__(self, seq: int, batch: int, heads: int, kv_heads: int, head_dim: int):
         super().__init__()
         rows = np.arange(seq * batch * (heads + 2 * kv_heads)).reshape(seq, batch, -1)
-        q = rows[:, :, :heads].transpose(1, 2, 0)
-        k = rows[:, :, heads:heads + kv_heads].transpose(1, 2, 0)
-        v = rows[:, :, heads + kv_heads:].transpose(1, 2, 0)
-        group = heads // kv_heads
-        self.order = _index(np.concatenate([q.ravel(), np.repeat(k, group, 1).ravel(),
-                                            np.repeat(v, group, 1).ravel()]))
-        self.inverse = _index(np.argsort(np.concatenate([q.ravel(), k.ravel(), v.ravel()])))
-        self.shape = (batch, heads, seq, head_dim)
-        self.kv_copies = (batch, kv_heads, group, seq, head_dim)
-        self.count, self.dim = batch * heads * seq, head_dim
+        order = np.concatenate([rows[:, :, :heads].transpose(1, 2, 0).ravel(),
+                                rows[:, :, heads:].reshape(seq, batch, 2, kv_heads)
+                                .transpose(2, 1, 3, 0).ravel()])
+        self.order, self.inverse = _index(order), _index(np.argsort(order))
+        self.q_shape = (batch, heads, seq, head_dim)
+        self.kv_shape = (batch, kv_heads, seq, head_dim)
+        self.q_rows, self.kv_rows = batch * heads * seq, batch * kv_heads * seq
+        self.dim = head_dim
 
     def construct(self, qkv: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         rows = ops.gather(qkv.reshape(-1, self.dim), self.order, 0)
-        n = self.count
-        return (rows[:n].reshape(self.shape), rows[n:2 * n].reshape(self.shape),
-                rows[2 * n:].reshape(self.shape))
+        q, kv = self.q_rows, self.kv_rows
+        return (rows[:q].reshape(self.q_shape), rows[q:q + kv].reshape(self.kv_shape),
+                rows[q + kv:].reshape(self.kv_shape))
 
     def bprop(self, qkv: Tensor, out: tuple, dout: tuple) -> tuple[Tensor]:
-        dq, dk, dv = dout
-        dk = dk.reshape(self.kv_copies).sum(2).reshape(-1, self.dim)
-        dv = dv.reshape(self.kv_copies).sum(2).reshape(-1, self.dim)
-        rows = ops.cat((dq.reshape(-1, self.dim), dk, dv), 0)
+        rows = ops.cat([d.reshape(-1, self.dim) for d in dout], 0)
         return (ops.gather(rows, self.inverse, 0).reshape(qkv.shape),)
 
 
@@ -96,23 +90,31 @@ class RotateHalf(nn.Cell):
         return (ops.gather(dout, self.inverse, dout.ndim - 1),)
 
 
-class PairSplit(nn.Cell):
-    """`[..., 2n]` -> (`[..., :n]`, `[..., n:]`), each contiguous; the backward stacks."""
+class SwiGLUActivation(nn.Cell):
+    """`silu(gate) * up` of `[..., 2n]` (`[gate, up]`), the halves gathered contiguous; the
+    backward recomputes them from the input (kept as Megatron's fused SwiGLU keeps it) and
+    stacks their gradients, so neither half nor silu(gate) is saved."""
 
     def __init__(self, rows: int, half: int):
         super().__init__()
         self.first, self.second = _index(np.arange(rows) * 2), _index(np.arange(rows) * 2 + 1)
         self.half = half
 
-    def construct(self, x: Tensor) -> tuple[Tensor, Tensor]:
+    def _halves(self, x: Tensor) -> tuple[Tensor, Tensor]:
         rows = x.reshape(-1, self.half)
-        shape = (*x.shape[:-1], self.half)
-        return (ops.gather(rows, self.first, 0).reshape(shape),
-                ops.gather(rows, self.second, 0).reshape(shape))
+        return ops.gather(rows, self.first, 0), ops.gather(rows, self.second, 0)
 
-    def bprop(self, x: Tensor, out: tuple, dout: tuple) -> tuple[Tensor]:
-        first, second = (d.reshape(-1, self.half) for d in dout)
-        return (ops.stack((first, second), 1).reshape(x.shape),)
+    def construct(self, x: Tensor) -> Tensor:
+        gate, up = self._halves(x)
+        return (mint.nn.functional.silu(gate) * up).reshape(*x.shape[:-1], self.half)
+
+    def bprop(self, x: Tensor, out: Tensor, dout: Tensor) -> tuple[Tensor]:
+        gate, up = self._halves(x)
+        sig = ops.sigmoid(gate)
+        d_out = dout.reshape(-1, self.half)
+        d_up = d_out * (gate * sig)
+        d_gate = d_out * up * (sig * (1 + gate * (1 - sig)))
+        return (ops.stack((d_gate, d_up), 1).reshape(x.shape),)
 
 
 class GatheredHeads:
@@ -130,7 +132,8 @@ class GatheredHeads:
         self.rotate_half = RotateHalf(head_dim)
 
     def split(self, qkv: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        """The fused projection `[s, b, ...]` -> q, k, v `[b, heads, s, d]`."""
+        """The fused projection `[s, b, ...]` -> q `[b, heads, s, d]`, k, v
+        `[b, kv_heads, s, d]`."""
         key = (qkv.shape[0], qkv.shape[1])
         if key not in self._split:
             self._split[key] = FusedHeads(*key, self.heads, self.kv_heads, self.head_dim)
@@ -149,9 +152,10 @@ class GatheredHeads:
         return x * cos + self.rotate_half(x) * signed_sin
 
 
-def pair_split(cache: dict[tuple[int, int], PairSplit], x: Tensor) -> tuple[Tensor, Tensor]:
-    """`x`'s halves over the last dimension through the `PairSplit` cached for its shape."""
+def swiglu_activation(cache: dict[tuple[int, int], SwiGLUActivation], x: Tensor) -> Tensor:
+    """`silu(gate) * up` of `x` `[..., 2n]` through the `SwiGLUActivation` cached for its
+    shape."""
     key = (int(np.prod(x.shape[:-1])), x.shape[-1] // 2)
     if key not in cache:
-        cache[key] = PairSplit(*key)
+        cache[key] = SwiGLUActivation(*key)
     return cache[key](x)

@@ -193,14 +193,16 @@ class Qwen3Attention(nn.Cell):
 
     def _gathered(self, qkv: Tensor, cos: Tensor, sin: Tensor, mask: Tensor | None) -> Tensor:
         """The attention of `construct` without strided views (CPU, PyNative): q, k, v
-        gathered into `[b, heads, s, d]` (k and v repeated per query group), normed and
-        rotated there, and the output gathered back to `[s, b, heads * d]`."""
+        gathered into `[b, heads, s, d]`, normed and rotated there, and the output gathered
+        back to `[s, b, heads * d]`."""
         q, k, v = self.gathered.split(qkv)
-        cos, sin = self.rotary.head_tables(cos, sin, q.shape)
-        cos, sin = same_dtype(cos, q.dtype), same_dtype(sin, q.dtype)
-        q = self.gathered.rotate(self.q_norm(q), cos, sin)
-        k = self.gathered.rotate(self.k_norm(k), cos, sin)
+        q = self.gathered.rotate(self.q_norm(q), *self._tables(cos, sin, q))
+        k = self.gathered.rotate(self.k_norm(k), *self._tables(cos, sin, k))
         return self.gathered.merge(self.exchange.core(q, k, v, mask))
+
+    def _tables(self, cos: Tensor, sin: Tensor, x: Tensor) -> tuple[Tensor, Tensor]:
+        cos, sin = self.rotary.head_tables(cos, sin, x.shape)
+        return same_dtype(cos, x.dtype), same_dtype(sin, x.dtype)
 
     def _heads(self, x: Tensor, count: int, norm: nn.Cell | None = None) -> Tensor:
         """`[s, b, count * d]` -> `[s, b, count, d]`, normed per head when `norm` is given."""
