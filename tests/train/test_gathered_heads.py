@@ -54,7 +54,7 @@ def test_fused_heads_gathers_q_k_v_into_heads_layout() -> None:
 
 def test_heads_to_sequence_and_swiglu_activation_values_and_gradients() -> None:
     x = f32(2, 3, 4, 5)
-    back = gathered_heads.HeadsToSequence(2, 3, 4, 5)
+    back = gathered_heads.heads_to_sequence(2, 3, 4, 5)
     np.testing.assert_array_equal(back(Tensor(x)).asnumpy(), x.transpose(2, 0, 1, 3))
     weight = f32(4, 2, 3, 5)
     (grad,) = grads_of(back, [x], [weight])

@@ -332,7 +332,7 @@ class RotaryEmbedding:
     def head_tables(self, cos: Tensor, sin: Tensor,
                     shape: tuple[int, ...]) -> tuple[Tensor, Tensor]:
         """`at`'s tables `[s, b or 1, 1, d]` for `[b, heads, s, d]` activations (`shape`),
-        repeated to it, the sine's first half negated (for `gathered_heads.RotateHalf`).
+        repeated to it, the sine's first half negated (for `gathered_heads.rotate_half`).
         Kept per shape for the last `cos`: every layer of a forward pass asks for the same."""
         if self._heads is None or self._heads[0] is not cos:
             self._heads = (cos, {})
@@ -383,6 +383,15 @@ _BATCH_MATMUL = ops.BatchMatMul()
 _BATCH_MATMUL_TRANSPOSED_A = ops.BatchMatMul(transpose_a=True)
 
 
+def softmax_attention(q: Tensor, k: Tensor, v: Tensor, hidden: Tensor,
+                      scale: float) -> tuple[Tensor, Tensor]:
+    """`softmax(q k^T * scale, masked to -inf where hidden) @ v` on `[b, h, s, d]` (k and v
+    with q's heads): the output and the float32 probabilities."""
+    scores = same_dtype(_BATCH_MATMUL_TRANSPOSED(q * scale, k), ms.float32)
+    probs = mint.nn.functional.softmax(ops.masked_fill(scores, hidden, float("-inf")), dim=-1)
+    return _BATCH_MATMUL(same_dtype(probs, v.dtype), v), probs
+
+
 class SoftmaxAttention(nn.Cell):
     """`softmax(q k^T * scale, masked to -inf) @ v` on `[b, h, s, d]`, k and v with `h / g`
     query heads per key/value head (head i uses kv head `i // (h / g)`), returning the
@@ -431,11 +440,8 @@ class SoftmaxAttention(nn.Cell):
     def construct(self, q: Tensor, k: Tensor, v: Tensor,
                   hidden: Tensor) -> tuple[Tensor, Tensor]:
         heads = q.shape[1]
-        k, v = self._repeated(k, heads), self._repeated(v, heads)
-        scores = same_dtype(_BATCH_MATMUL_TRANSPOSED(q * self.scale, k), ms.float32)
-        probs = mint.nn.functional.softmax(ops.masked_fill(scores, hidden, float("-inf")),
-                                           dim=-1)
-        return _BATCH_MATMUL(same_dtype(probs, v.dtype), v), probs
+        return softmax_attention(q, self._repeated(k, heads), self._repeated(v, heads),
+                                 hidden, self.scale)
 
     def bprop(self, q: Tensor, k: Tensor, v: Tensor, hidden: Tensor, out: tuple,
               dout: tuple) -> tuple[Tensor, Tensor, Tensor, Tensor]:
@@ -498,15 +504,12 @@ class AttentionCore:
     def _plain(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None) -> Tensor:
         shape = (*q.shape[:-1], k.shape[2])
         hidden = self._future(shape) if mask is None else expand(mask, shape, self.tile)
-        if self.graph:
-            group = q.shape[1] // k.shape[1]
-            if group > 1:
-                k, v = ops.repeat_interleave(k, group, 1), ops.repeat_interleave(v, group, 1)
-            scores = same_dtype(_BATCH_MATMUL_TRANSPOSED(q * self.scale, k), ms.float32)
-            scores = ops.masked_fill(scores, hidden, float("-inf"))
-            probs = same_dtype(mint.nn.functional.softmax(scores, dim=-1), v.dtype)
-            return mint.matmul(probs, v)
-        return self._softmax_attention(q, k, v, hidden)[0]
+        if not self.graph:
+            return self._softmax_attention(q, k, v, hidden)[0]
+        group = q.shape[1] // k.shape[1]
+        if group > 1:
+            k, v = ops.repeat_interleave(k, group, 1), ops.repeat_interleave(v, group, 1)
+        return softmax_attention(q, k, v, hidden, self.scale)[0]
 
     def partial(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]:
         """Attention over some of the keys, for merging with the rest

@@ -10,9 +10,10 @@ gather by the inverse permutation (a custom bprop), so no strided view is ever m
 
 - `FusedHeads`: the fused `[s, b, (hq + 2 hkv) d]` projection -> q `[b, hq, s, d]`, k and
   v `[b, hkv, s, d]` (`blocks.SoftmaxAttention` repeats them over their query group).
-- `HeadsToSequence`: `[b, h, s, d]` -> `[s, b, h, d]`, the attention output back.
-- `RotateHalf`: `[x1, x2] -> [x2, x1]` over the last dimension, the sign of rotary's
-  `rotate_half` folded into the sine table (`RotaryEmbedding.head_tables`).
+- `heads_to_sequence`: `[b, h, s, d]` -> `[s, b, h, d]`, the attention output back, and
+  `rotate_half`: `[x1, x2] -> [x2, x1]` over the last dimension, the sign of rotary's
+  `rotate_half` folded into the sine table (`RotaryEmbedding.head_tables`): each a
+  `Permutation`.
 - `SwiGLUActivation`: `silu(gate) * up` of SwiGLU's fused `[..., 2n]`, the halves gathered,
   its backward written out from the input alone.
 
@@ -22,12 +23,45 @@ without the generic kernel, so compiled layers keep the views (`prepare_for_grap
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 from mindspore import Tensor, mint, nn, ops
 
 
 def _index(values: np.ndarray) -> Tensor:
     return Tensor(np.ascontiguousarray(values).reshape(-1).astype(np.int32))
+
+
+def _built(cache: dict, key: tuple[int, ...], build: Callable[..., nn.Cell]) -> nn.Cell:
+    """The cell `cache` holds for `key`, built as `build(*key)` on first use."""
+    if key not in cache:
+        cache[key] = build(*key)
+    return cache[key]
+
+
+class Permutation(nn.Cell):
+    """`x`'s entries along `axis` taken in `order`; the backward takes them back by the
+    inverse order. With `rows`, `x` is first seen as rows of `rows` values (`axis` 0 then
+    permutes whole rows) and the result reshaped to `shape`."""
+
+    def __init__(self, order: np.ndarray, axis: int = -1, rows: int | None = None,
+                 shape: tuple[int, ...] | None = None):
+        super().__init__()
+        order = np.asarray(order).reshape(-1)
+        self.order, self.inverse = _index(order), _index(np.argsort(order))
+        self.axis, self.rows, self.shape = axis, rows, shape
+
+    def construct(self, x: Tensor) -> Tensor:
+        if self.rows is None:
+            return ops.gather(x, self.order, self.axis)
+        return ops.gather(x.reshape(-1, self.rows), self.order, self.axis).reshape(self.shape)
+
+    def bprop(self, x: Tensor, out: Tensor, dout: Tensor) -> tuple[Tensor]:
+        if self.rows is None:
+            return (ops.gather(dout, self.inverse, self.axis),)
+        back = ops.gather(dout.reshape(-1, self.rows), self.inverse, self.axis)
+        return (back.reshape(x.shape),)
 
 
 class FusedHeads(nn.Cell):
@@ -40,7 +74,7 @@ class FusedHeads(nn.Cell):
         order = np.concatenate([rows[:, :, :heads].transpose(1, 2, 0).ravel(),
                                 rows[:, :, heads:].reshape(seq, batch, 2, kv_heads)
                                 .transpose(2, 1, 3, 0).ravel()])
-        self.order, self.inverse = _index(order), _index(np.argsort(order))
+        self.order, self.inverse = _index(order), _index(np.argsort(order))  # as Permutation
         self.q_shape = (batch, heads, seq, head_dim)
         self.kv_shape = (batch, kv_heads, seq, head_dim)
         self.q_rows, self.kv_rows = batch * heads * seq, batch * kv_heads * seq
@@ -57,37 +91,16 @@ class FusedHeads(nn.Cell):
         return (ops.gather(rows, self.inverse, 0).reshape(qkv.shape),)
 
 
-class HeadsToSequence(nn.Cell):
+def heads_to_sequence(batch: int, heads: int, seq: int, head_dim: int) -> Permutation:
     """`[b, h, s, d]` -> `[s, b, h, d]`."""
-
-    def __init__(self, batch: int, heads: int, seq: int, head_dim: int):
-        super().__init__()
-        rows = np.arange(batch * heads * seq).reshape(batch, heads, seq).transpose(2, 0, 1)
-        self.order, self.inverse = _index(rows), _index(np.argsort(rows.ravel()))
-        self.shape, self.back = (seq, batch, heads, head_dim), (batch, heads, seq, head_dim)
-        self.dim = head_dim
-
-    def construct(self, x: Tensor) -> Tensor:
-        return ops.gather(x.reshape(-1, self.dim), self.order, 0).reshape(self.shape)
-
-    def bprop(self, x: Tensor, out: Tensor, dout: Tensor) -> tuple[Tensor]:
-        return (ops.gather(dout.reshape(-1, self.dim), self.inverse, 0).reshape(self.back),)
+    rows = np.arange(batch * heads * seq).reshape(batch, heads, seq).transpose(2, 0, 1)
+    return Permutation(rows, axis=0, rows=head_dim, shape=(seq, batch, heads, head_dim))
 
 
-class RotateHalf(nn.Cell):
+def rotate_half(dim: int) -> Permutation:
     """`[x1, x2] -> [x2, x1]` over the last dimension (rotary's `rotate_half` without its
     sign, which `RotaryEmbedding.head_tables` puts in the sine table)."""
-
-    def __init__(self, dim: int):
-        super().__init__()
-        order = np.concatenate([np.arange(dim // 2, dim), np.arange(dim // 2)])
-        self.order, self.inverse = _index(order), _index(np.argsort(order))
-
-    def construct(self, x: Tensor) -> Tensor:
-        return ops.gather(x, self.order, x.ndim - 1)
-
-    def bprop(self, x: Tensor, out: Tensor, dout: Tensor) -> tuple[Tensor]:
-        return (ops.gather(dout, self.inverse, dout.ndim - 1),)
+    return Permutation(np.concatenate([np.arange(dim // 2, dim), np.arange(dim // 2)]))
 
 
 class SwiGLUActivation(nn.Cell):
@@ -127,25 +140,21 @@ class GatheredHeads:
 
     def __init__(self, heads: int, kv_heads: int, head_dim: int):
         self.heads, self.kv_heads, self.head_dim = heads, kv_heads, head_dim
-        self._split: dict[tuple[int, int], FusedHeads] = {}
-        self._merge: dict[tuple[int, int], HeadsToSequence] = {}
-        self.rotate_half = RotateHalf(head_dim)
+        self._split: dict[tuple[int, ...], FusedHeads] = {}
+        self._merge: dict[tuple[int, ...], Permutation] = {}
+        self.rotate_half = rotate_half(head_dim)
 
     def split(self, qkv: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """The fused projection `[s, b, ...]` -> q `[b, heads, s, d]`, k, v
         `[b, kv_heads, s, d]`."""
-        key = (qkv.shape[0], qkv.shape[1])
-        if key not in self._split:
-            self._split[key] = FusedHeads(*key, self.heads, self.kv_heads, self.head_dim)
-        return self._split[key](qkv)
+        key = (qkv.shape[0], qkv.shape[1], self.heads, self.kv_heads, self.head_dim)
+        return _built(self._split, key, FusedHeads)(qkv)
 
     def merge(self, out: Tensor) -> Tensor:
         """Attention's `[b, heads, s, d]` -> `[s, b, heads * d]`."""
-        key = (out.shape[0], out.shape[2])
-        if key not in self._merge:
-            self._merge[key] = HeadsToSequence(key[0], self.heads, key[1], self.head_dim)
-        seq, batch = key[1], key[0]
-        return self._merge[key](out).reshape(seq, batch, self.heads * self.head_dim)
+        batch, seq = out.shape[0], out.shape[2]
+        merge = _built(self._merge, (batch, self.heads, seq, self.head_dim), heads_to_sequence)
+        return merge(out).reshape(seq, batch, self.heads * self.head_dim)
 
     def rotate(self, x: Tensor, cos: Tensor, signed_sin: Tensor) -> Tensor:
         """Rotary on `[b, h, s, d]` with `RotaryEmbedding.head_tables`' tables."""
@@ -155,7 +164,4 @@ class GatheredHeads:
 def swiglu_activation(cache: dict[tuple[int, int], SwiGLUActivation], x: Tensor) -> Tensor:
     """`silu(gate) * up` of `x` `[..., 2n]` through the `SwiGLUActivation` cached for its
     shape."""
-    key = (int(np.prod(x.shape[:-1])), x.shape[-1] // 2)
-    if key not in cache:
-        cache[key] = SwiGLUActivation(*key)
-    return cache[key](x)
+    return _built(cache, (int(np.prod(x.shape[:-1])), x.shape[-1] // 2), SwiGLUActivation)(x)
