@@ -37,7 +37,8 @@ from mf_train.models import build_model, hf_state, load_hf_state
 
 FSDP_STRATEGY = "optim_grads_params"
 STRATEGIES = {"optim": "ZeRO-1 over 2 ranks", "optim_grads": "ZeRO-2 over 2 ranks",
-              "optim_grads_params": "FSDP over 2 ranks, reshard policy default",
+              "optim_grads_params": "FSDP over 2 ranks, reshard policy default, vocabulary "
+                                    "split over the shard group",
               "replicated": "data parallel 2 (replicated)"}
 pytestmark = pytest.mark.ranks
 

@@ -140,7 +140,7 @@ class FlatShard:
 
     def reduce_scatter(self, flat: ms.Tensor) -> ms.Tensor:
         """Sum a full flat buffer over every data-parallel rank; return this rank's slice."""
-        return self._over_replicas(self.collectives.reduce_scatter(flat, self.shard_kind))
+        return self.over_replicas(self.collectives.reduce_scatter(flat, self.shard_kind))
 
     def reduce_scatter_tensors(self, tensors: Sequence[ms.Tensor]) -> ms.Tensor:
         """`reduce_scatter(flatten(tensors))` without the whole flat buffer where the backend
@@ -152,9 +152,9 @@ class FlatShard:
         mine = self.collectives.reduce_scatter_slices(
             lambda shard: self._range(flats, shard * self.length, (shard + 1) * self.length),
             self.shard_kind)
-        return self._over_replicas(mine)
+        return self.over_replicas(mine)
 
-    def _over_replicas(self, mine: ms.Tensor) -> ms.Tensor:
+    def over_replicas(self, mine: ms.Tensor) -> ms.Tensor:
         """A reduced slice summed over the replicate group (HSDP), if there is one."""
         if self.replicate_kind is None:
             return mine

@@ -34,6 +34,12 @@ each parameter keeps its tensor and shape once gathered, and freeing resizes its
 nothing (`untyped_storage().resize_(0)`, PyTorch FSDP2's way); gathering resizes it back and
 copies the gathered values in: one more copy of the unit per gather than swapping.
 
+Under `vocabulary` (`sharded_vocabulary.ShardedVocabulary`), the `[vocabulary, hidden]` tables
+(the embedding, an untied head) are units of one table each, never gathered for the model's
+passes: they hold this rank's rows through forward and backward (`VocabularyRows`), the model
+moves its tokens to them instead, and their gradient is this rank's rows already summed over
+the shard group (summed over the replicate group only, with HSDP).
+
 A model may be built unit by unit with each unit cut to this rank's slice as soon as it
 exists (`flat_shard.preslice`): its parameters are then empty from the start and the wrapper
 takes the recorded slice, so no rank ever holds more than one unit of the model whole.
@@ -52,7 +58,15 @@ from mindspore.experimental.optim import AdamW
 from mf_parallel.reshard_policy import reshard_plan
 
 from .collectives import Collectives
-from .flat_shard import DATA_GROUPS, EXPERT_DATA_GROUPS, PRESLICED, FlatBucket, ShardGroups
+from .flat_shard import (
+    DATA_GROUPS,
+    EXPERT_DATA_GROUPS,
+    PRESLICED,
+    FlatBucket,
+    ShardGroups,
+    built_shape,
+)
+from .sharded_vocabulary import ShardedVocabulary
 
 
 class ShardedUnit(FlatBucket):
@@ -96,6 +110,63 @@ class ShardedUnit(FlatBucket):
             else:
                 param.set_data(ops.zeros((0,), param.dtype), slice_shape=True)
         self.gathered = False
+
+    def reduce(self, grads: Sequence[ms.Tensor]) -> ms.Tensor:
+        """The unit's gradients summed over the data-parallel ranks, this rank's slice."""
+        return self.flat.reduce_scatter_tensors(grads)
+
+
+class VocabularyRows(ShardedUnit):
+    """One `[vocabulary, ...]` table whose rows are split over the shard group, used where it
+    is: `use_rows` puts this rank's rows (its slice, whole rows since the group's size divides
+    the vocabulary) into the parameter for the model's passes, without communication.
+    `unshard` still gathers it whole (to read or load it), `reshard` empties it either way.
+
+    Its gradient comes out of backward as this rank's rows summed over the shard group's
+    tokens (`ShardedVocabulary`): `reduce` only sums it over the replicate group.
+    """
+
+    def __init__(self, name: str, param: Parameter, collectives: Collectives):
+        shape = built_shape(param)
+        shards = collectives.comm.group_size(DATA_GROUPS.shard)
+        if len(shape) != 2 or shape[0] % shards:
+            raise ValueError(f"{name}: a table of shape {shape} does not split by rows over "
+                             f"{shards} ranks")
+        self.rows_shape = (shape[0] // shards, shape[1])
+        self.in_use = False
+        """Whether the parameter holds this rank's rows."""
+        super().__init__(name, [param], collectives, reshard_after_forward=False)
+
+    def use_rows(self) -> None:
+        """This rank's rows into the parameter (a view of the slice; no-op when there)."""
+        if self.in_use:
+            return
+        self.reshard()
+        self.params[0].set_data(self.master.value().reshape(self.rows_shape), slice_shape=True)
+        self.in_use = True
+
+    def unshard(self) -> None:
+        """The whole table into the parameter (a collective)."""
+        if self.in_use:
+            self._empty()
+        super().unshard()
+
+    def reshard(self) -> None:
+        """Empty the parameter, whole or holding rows."""
+        if self.in_use:
+            self._empty()
+        super().reshard()
+
+    def _empty(self) -> None:
+        param = self.params[0]
+        param.set_data(ops.zeros((0,), param.dtype), slice_shape=True)
+        self.in_use = False
+
+    def reduce(self, grads: Sequence[ms.Tensor]) -> ms.Tensor:
+        """This rank's rows' gradient, already summed over the shard group, summed over the
+        replicate group."""
+        (grad,) = grads
+        return self.flat.over_replicas(grad.reshape(-1))
 
 
 class _ParamRef(NamedTuple):
@@ -173,6 +244,10 @@ class FullyShardedDataParallel:
             (`EXPERT_DATA_GROUPS`: the ranks holding the same experts) and gathered and freed
             by hooks on its unit's cell as that unit is; their gradients are summed over that
             group. Their parameters follow the model's in `params`, their units the cells'.
+        vocabulary: with `vocabulary_tables`, the vocabulary split over the shard group that
+            the model's embedding and head use (see the module docstring), else None.
+        vocabulary_tables: the model's `[vocabulary, hidden]` parameters (embedding, untied
+            head): units of one table each, kept as rows, never gathered for the passes.
     """
 
     def __init__(self, model: nn.Cell, units: Sequence[nn.Cell], collectives: Collectives, *,
@@ -180,11 +255,17 @@ class FullyShardedDataParallel:
                  pipeline_parallel: int = 1, betas: tuple[float, float] = (0.9, 0.95),
                  eps: float = 1e-8, weight_decay: float = 0.0, average: bool = True,
                  keep_tensors: bool = False,
-                 expert_units: Sequence[tuple[nn.Cell, nn.Cell]] = ()):
+                 expert_units: Sequence[tuple[nn.Cell, nn.Cell]] = (),
+                 vocabulary: ShardedVocabulary | None = None,
+                 vocabulary_tables: Sequence[Parameter] = ()):
         self.params = list(model.trainable_params())
         self.average = average
+        if bool(vocabulary_tables) != (vocabulary is not None):
+            raise ValueError("vocabulary and vocabulary_tables come together")
+        self.vocabulary = vocabulary
         owned = _owned_params(units, self.params)
-        root = [p for p in self.params if id(p) not in {id(q) for ps in owned for q in ps}]
+        kept = {id(q) for ps in owned for q in ps} | {id(p) for p in vocabulary_tables}
+        root = [p for p in self.params if id(p) not in kept]
         reshard = reshard_plan(reshard_after_forward_policy, len(units), pipeline_parallel)
         self.units = [ShardedUnit(f"unit{i}", ps, collectives, flag,
                                   getattr(cell, PRESLICED, None), keep_tensors=keep_tensors)
@@ -197,6 +278,8 @@ class FullyShardedDataParallel:
                                          keep_tensors)
                              for i, (cell, ps, holder) in enumerate(experts)]
         self.params += [p for _, ps, _ in experts for p in ps]
+        self.vocabulary_units = [VocabularyRows(f"vocabulary{i}", param, collectives)
+                                 for i, param in enumerate(vocabulary_tables)]
         self.root = ShardedUnit("root", root, collectives, False) if root else None
         self._index = {id(p): i for i, p in enumerate(self.params)}
         self.saved = _SavedParams()
@@ -212,7 +295,8 @@ class FullyShardedDataParallel:
     @property
     def buffers(self) -> list[ShardedUnit]:
         """The units in the order of `reduce_grads`' and `publish`'s slices: the cells' units
-        in forward order, the experts' units, then the root unit (if any). Each has
+        in forward order, the experts' units, the vocabulary's tables, then the root unit (if
+        any). Each has
         `.params`, `.flat` (its `FlatShard`) and `.master` (this rank's slice, in the
         parameters' dtype)."""
         return self._all_units()
@@ -247,9 +331,8 @@ class FullyShardedDataParallel:
 
     @staticmethod
     def reduce_bucket(unit: ShardedUnit, grads: Sequence[ms.Tensor]) -> ms.Tensor:
-        """One unit's gradients reduce-scattered: summed over the data-parallel ranks, this
-        rank's slice."""
-        return unit.flat.reduce_scatter_tensors(grads)
+        """One unit's gradients summed over the data-parallel ranks, this rank's slice."""
+        return unit.reduce(grads)
 
     def publish(self, slices: Sequence[ms.Tensor]) -> None:
         """Take this rank's updated slices; the next forward pass gathers them. Local: no
@@ -294,7 +377,8 @@ class FullyShardedDataParallel:
         return {"params": mine, "grads": mine, "optimizer": 2 * mine}
 
     def _all_units(self) -> list[ShardedUnit]:
-        return self.units + self.expert_units + ([self.root] if self.root is not None else [])
+        return (self.units + self.expert_units + self.vocabulary_units
+                + ([self.root] if self.root is not None else []))
 
     def _hook_unit(self, cell: nn.Cell, unit: ShardedUnit) -> None:
         def before_forward(_cell, _inputs):
@@ -326,6 +410,8 @@ class FullyShardedDataParallel:
     def _enter_forward(self) -> None:
         if self.root is not None:
             self.root.unshard()
+        for unit in self.vocabulary_units:
+            unit.use_rows()
         self.saved.enter()
 
     def _hook_root(self, model: nn.Cell) -> None:

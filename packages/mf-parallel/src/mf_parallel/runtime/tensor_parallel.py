@@ -61,25 +61,28 @@ class TensorGroup:
         collectives: this rank's collectives (the `tensor` group is used).
         sequence_parallel: split activations along the sequence outside the tensor-parallel
             regions (None: whenever the group has more than one rank, as the spec keeps it).
+        kind: the group's kind in `Comm` (`sharded_vocabulary` splits the vocabulary over the
+            data-parallel `shard` group with these same regions).
     """
 
-    def __init__(self, collectives: Collectives, sequence_parallel: bool | None = None):
-        self.collectives = collectives
-        self.ops = collectives.of_group(KIND)
+    def __init__(self, collectives: Collectives, sequence_parallel: bool | None = None,
+                 kind: str = KIND):
+        self.collectives, self.kind = collectives, kind
+        self.ops = collectives.of_group(kind)
         """The group's collectives as a cell: what the regions call, in PyNative and in
         compiled graphs alike."""
-        self.size = collectives.comm.group_size(KIND)
-        self.rank = collectives.comm.group_rank(KIND)
+        self.size = collectives.comm.group_size(kind)
+        self.rank = collectives.comm.group_rank(kind)
         self.sequence_parallel = self.size > 1 if sequence_parallel is None else sequence_parallel
 
     def all_reduce(self, x: Tensor) -> Tensor:
-        return self.collectives.all_reduce(x, KIND)
+        return self.collectives.all_reduce(x, self.kind)
 
     def all_gather(self, x: Tensor) -> Tensor:
-        return self.collectives.all_gather(x, KIND)
+        return self.collectives.all_gather(x, self.kind)
 
     def reduce_scatter(self, x: Tensor) -> Tensor:
-        return self.collectives.reduce_scatter(x, KIND)
+        return self.collectives.reduce_scatter(x, self.kind)
 
     def shard(self, full: np.ndarray, axis: int) -> np.ndarray:
         """This rank's equal slice of a full array, to build a layer's sharded weights.
@@ -151,6 +154,19 @@ class ReduceScatterToSequenceRegion(_TensorRegion):
 
     def construct(self, x: Tensor) -> Tensor:
         return self.group.reduce_scatter(x)
+
+    def bprop(self, x: Tensor, out: Tensor, dout: Tensor) -> tuple[Tensor]:
+        return (self.group.all_gather(dout),)
+
+
+class ScatterToSequenceRegion(_TensorRegion):
+    """This rank's equal slice along dim 0 forward; all-gather along dim 0 backward (Megatron's
+    scatter to the sequence-parallel region): leaves a region where every rank computed the
+    same values for every rank's rows."""
+
+    def construct(self, x: Tensor) -> Tensor:
+        rows = x.shape[0] // self.group.size
+        return x[self.group.me * rows:(self.group.me + 1) * rows]
 
     def bprop(self, x: Tensor, out: Tensor, dout: Tensor) -> tuple[Tensor]:
         return (self.group.all_gather(dout),)
@@ -238,12 +254,16 @@ class VocabParallelEmbedding(nn.Cell):
                       else ReduceFromTensorRegion(group))
 
     def construct(self, ids: Tensor) -> Tensor:
-        local = ids - self.start
-        outside = ops.logical_or(local < 0, local >= self.per_rank)
-        local = ops.masked_fill(local, outside, 0)
-        rows = ops.gather(self.weight, local, 0)
-        rows = ops.masked_fill(rows, outside.expand_dims(-1), 0.0)
-        return self.leave(rows)
+        return self.leave(rows_in_range(self.weight, ids, self.start))
+
+
+def rows_in_range(table: Tensor, ids: Tensor, start: int) -> Tensor:
+    """`table[ids - start]` for the ids this rank's rows `[start, start + len(table))` hold,
+    zeros for the others: `ids.shape + table.shape[1:]`."""
+    local = ids - start
+    outside = ops.logical_or(local < 0, local >= table.shape[0])
+    rows = ops.gather(table, ops.masked_fill(local, outside, 0), 0)
+    return ops.masked_fill(rows, outside.expand_dims(-1), 0.0)
 
 
 def vocab_parallel_cross_entropy(logits: Tensor, targets: Tensor,
@@ -268,7 +288,8 @@ def vocab_parallel_cross_entropy(logits: Tensor, targets: Tensor,
     # The max only keeps exp() in range; it cancels in the loss, so no gradient flows into it.
     # (ops.amax: Tensor.max(axis=) reads a value back to the host.)
     local_max = ops.stop_gradient(ops.amax(logits, -1, True))
-    shifted = logits - ops.stop_gradient(group.collectives.all_reduce(local_max, KIND, op="max"))
+    global_max = group.collectives.all_reduce(local_max, group.kind, op="max")
+    shifted = logits - ops.stop_gradient(global_max)
     sum_exp = reduce(ops.exp(shifted).sum(axis=-1))
     local_targets = targets - start
     outside = ops.logical_or(local_targets < 0, local_targets >= per_rank)

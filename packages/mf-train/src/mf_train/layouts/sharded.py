@@ -9,7 +9,9 @@ rank) above one, `parallelism.data_parallel_shard_strategy` decides:
   the reduction;
 - `optim_grads_params` (FSDP): parameters sharded too, unit by unit (the decoder layers; the
   embedding, final norm and head form the root unit), gathered around each unit's forward and
-  backward (`reshard_after_forward_policy`).
+  backward (`reshard_after_forward_policy`). Without tensor parallelism, and where the shard
+  group's size divides the vocabulary, the embedding table and an untied head stay split by
+  rows instead, never gathered: the tokens travel to them (`sharded_vocabulary`).
 
 mf-parallel's `ShardedDataParallel` / `FullyShardedDataParallel` reduce the gradients to this
 rank's slice; `optim.ShardedAdamW` updates it. The global norm is sqrt(sum over the shard
@@ -50,6 +52,7 @@ from mf_parallel.dims import ParallelDims
 from mf_parallel.runtime import Collectives
 from mf_parallel.runtime.flat_shard import EXPERT_DATA_GROUPS, preslice
 from mf_parallel.runtime.grad_shards import ShardedGradients
+from mf_parallel.runtime.sharded_vocabulary import ShardedVocabulary
 from mf_parallel.runtime.tensor_parallel import (
     SEQUENCE_PARALLEL_ATTRIBUTE,
     TensorGroup,
@@ -361,16 +364,24 @@ class FSDP(ZeRO):
         each layer's routed `experts` one more unit over the expert-data group, gathered with
         its layer."""
         layers = list(_decoder_layers(parts.model))
-        return runtime.FullyShardedDataParallel(
+        vocabulary = sharded_vocabulary(parts)
+        sharded = runtime.FullyShardedDataParallel(
             parts.model, layers, parts.collectives,
             expert_units=expert_holders(layers, experts),
             reshard_after_forward_policy=parts.parallelism.reshard_after_forward_policy,
             pipeline_parallel=parts.dims.pipeline,
             average=not parts.parallelism.disable_gradient_division,
-            keep_tensors=parts.compiled)
+            keep_tensors=parts.compiled, vocabulary=vocabulary,
+            vocabulary_tables=parts.model.vocabulary_tables() if vocabulary else ())
+        if vocabulary is not None:
+            parts.model.use_sharded_vocabulary(vocabulary)
+        return sharded
 
     def describe(self) -> str:
-        return f"{super().describe()}, reshard policy {self.reshard_policy}"
+        text = f"{super().describe()}, reshard policy {self.reshard_policy}"
+        if self.sharded.vocabulary is not None:
+            text += ", vocabulary split over the shard group"
+        return text
 
     def forward_context(self) -> AbstractContextManager[None]:
         """The root unit gathered and the saved-tensor hooks on (see `StepLayout`)."""
@@ -393,6 +404,21 @@ class FSDP(ZeRO):
             yield
         finally:
             self.sharded.reshard()
+
+
+def sharded_vocabulary(parts: LayoutParts) -> ShardedVocabulary | None:
+    """The vocabulary split over the shard group, where FSDP can keep the embedding table
+    (and an untied head) as each rank's rows instead of gathering them (mf-parallel's
+    `sharded_vocabulary`): a model with the pieces for it (`use_sharded_vocabulary`) and
+    its embedding and head here, no tensor parallelism (whose own vocabulary split it would
+    have to compose with), and a vocabulary the shard group's size divides. None otherwise:
+    the tables are then gathered with the root unit."""
+    model, shards = parts.model, parts.collectives.comm.group_size("shard")
+    if (not hasattr(model, "use_sharded_vocabulary") or parts.dims.tensor > 1 or shards < 2
+            or not (model.part.embedding and model.part.head)):
+        return None
+    vocab = model.settings.vocab_size
+    return ShardedVocabulary(parts.collectives, vocab) if vocab % shards == 0 else None
 
 
 def adamw_settings_of(config: OptimizerConfig, named: list[tuple[str, Any]],

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import logging
 import zlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import mindspore as ms
 import numpy as np
@@ -640,11 +640,20 @@ def causal_lm_loss(logits: Tensor, labels: Tensor, loss_mask: Tensor | None = No
     group, and the rank's sum is multiplied by the group size, so that the mean over the
     data x context ranks (what the step layouts take) is the loss of the whole sequences.
     """
+    return masked_token_mean(lambda targets: token_cross_entropy(logits, targets, group),
+                             labels, loss_mask, context)
+
+
+def masked_token_mean(cross_entropy: Callable[[Tensor], Tensor], labels: Tensor,
+                      loss_mask: Tensor | None = None,
+                      context: ContextGroup | None = None) -> Tensor:
+    """`causal_lm_loss` from a per-token cross-entropy: `cross_entropy(targets)` gives each
+    token's loss for `targets` in [0, V) (the labels with the masked ones set to 0)."""
     valid = labels >= 0
     mask = valid.astype(ms.float32)
     if loss_mask is not None:
         mask = mask * loss_mask.astype(ms.float32)
-    ce = token_cross_entropy(logits, ops.masked_fill(labels, ops.logical_not(valid), 0), group)
+    ce = cross_entropy(ops.masked_fill(labels, ops.logical_not(valid), 0))
     count = mask.sum()
     if context is None or context.size == 1:
         return (ce * mask).sum() / ops.maximum(count, 1.0)

@@ -3,8 +3,13 @@ causal LM around its own `decoder` and `_head_logits` (`parts.PipelineModel`).
 
 A model using `CausalLMPieces` has `settings` (`seq_length`, `max_position_embeddings`,
 `hidden_size`), `places` (`attention_inputs.AttentionPlaces`), `embedding`, `compute_dtype`,
-`tensor_group`, `context_group`, `part`, and its own `decoder(hidden, layers, attending) -> (hidden,
-auxiliary loss or None)` and `_head_logits(hidden)`.
+`tensor_group`, `context_group`, `part`, `tied`, `final_norm`, `head` (untied), and its own
+`decoder(hidden, layers, attending) -> (hidden, auxiliary loss or None)` and
+`_head_logits(hidden)`.
+
+Under FSDP the layout may split the vocabulary over the data-parallel shard group
+(`use_sharded_vocabulary`, mf-parallel's `sharded_vocabulary`): while the embedding table
+holds this rank's rows, `embed` and `head_loss` move the tokens to the rows instead.
 """
 
 from __future__ import annotations
@@ -12,10 +17,17 @@ from __future__ import annotations
 from typing import Any
 
 import mindspore as ms
-from mindspore import Tensor
+from mindspore import Parameter, Tensor
 
 from .attention_inputs import Attending
-from .blocks import causal_lm_loss, check_input_ids, is_sequence_parallel, tensor_size
+from .blocks import (
+    causal_lm_loss,
+    check_input_ids,
+    is_sequence_parallel,
+    masked_token_mean,
+    same_dtype,
+    tensor_size,
+)
 
 
 class CausalLMPieces:
@@ -24,6 +36,21 @@ class CausalLMPieces:
 
     settings: Any
     places: Any
+    vocabulary: Any = None
+    """mf-parallel's `ShardedVocabulary` when the layout splits the vocabulary over the shard
+    group (`use_sharded_vocabulary`), else None."""
+
+    def vocabulary_tables(self) -> list[Parameter]:
+        """The `[vocabulary, hidden]` parameters: the embedding table and an untied head."""
+        return [self.embedding.weight] + ([] if self.tied else [self.head.weight])
+
+    def use_sharded_vocabulary(self, vocabulary: Any) -> None:
+        """Embed and compute the loss with `vocabulary` whenever the embedding table holds
+        this rank's rows of it (FSDP puts them there for the forward and backward passes)."""
+        self.vocabulary = vocabulary
+
+    def _rows_only(self) -> bool:
+        return self.vocabulary is not None and self.vocabulary.holds_rows(self.embedding.weight)
 
     def attending(self, input_ids: Tensor, position_ids: Tensor | None = None,
                   actual_seq_len: Tensor | None = None,
@@ -38,12 +65,21 @@ class CausalLMPieces:
         check_input_ids(input_ids, self.settings.seq_length,
                         self.settings.max_position_embeddings, self.tensor_group,
                         self.places.context_size)
-        return self.embedding(input_ids.swapaxes(0, 1)).astype(self.compute_dtype)
+        ids = input_ids.swapaxes(0, 1)
+        if self._rows_only():
+            return self.vocabulary.embed(self.embedding.weight, ids).astype(self.compute_dtype)
+        return self.embedding(ids).astype(self.compute_dtype)
 
     def head_loss(self, hidden: Tensor, labels: Tensor, loss_mask: Tensor | None) -> Tensor:
         """The last layer's output -> the masked mean cross-entropy (an auxiliary loss is the
         `decoder`'s)."""
         mask = None if loss_mask is None else loss_mask.swapaxes(0, 1)
+        if self._rows_only():
+            normed = self.final_norm(hidden)
+            table = same_dtype((self.embedding if self.tied else self.head).weight, normed.dtype)
+            return masked_token_mean(
+                lambda targets: self.vocabulary.token_cross_entropy(normed, table, targets),
+                labels.swapaxes(0, 1), mask, self.context_group)
         return causal_lm_loss(self._head_logits(hidden), labels.swapaxes(0, 1), mask,
                               self.tensor_group, self.context_group)
 
@@ -58,7 +94,12 @@ class CausalLMPieces:
                actual_seq_len: Tensor | None = None,
                attention_mask: Tensor | None = None) -> Tensor:
         """`[batch, seq, vocab]` logits in the compute dtype (this rank's vocabulary slice
-        under tensor parallelism)."""
+        under tensor parallelism). Needs the whole vocabulary: under a sharded vocabulary,
+        call it inside the layout's `whole_model()`."""
+        if self._rows_only():
+            raise RuntimeError("logits() needs the whole vocabulary, and the embedding holds "
+                               "this rank's rows of it: call it inside the layout's "
+                               "whole_model()")
         attending = self.attending(input_ids, position_ids, actual_seq_len, attention_mask)
         hidden, _ = self.decoder(self.embed(input_ids), self.part.layers, attending)
         return self._head_logits(hidden).swapaxes(0, 1)
