@@ -179,33 +179,35 @@ def test_fsdp_slices_experts_with_their_layer_or_over_their_expert_data_ranks() 
     fsdp = estimate(config(training={"local_batch_size": 2, "global_batch_size": 8}),
                     world_size=4)
     # flat buffers: layer 0, layer 1 with its experts (the routing bias takes no gradient:
-    # outside, whole), the root; each rank keeps a quarter of each
-    layer_0, layer_1, root = buffers = [DENSE_LAYER, MOE_LAYER - BIAS, OUTER]
+    # outside, whole), the embedding and the untied head kept as rows (4 ranks divide the
+    # vocabulary of 64), the final norm's root; each rank keeps a quarter of each
+    table, norm = 64 * 16, 16
+    layer_0, layer_1 = DENSE_LAYER, MOE_LAYER - BIAS
+    buffers = [layer_0, layer_1, table, table, norm]
     assert fsdp.routed_experts == (4, 4, 4)
     assert fsdp.params == 4 * (sum(b // 4 for b in buffers) + BIAS)
-    # layer 1 with its experts is reduced once its attention's gradients are there (an
-    # expert without tokens then gives zeros), then layer 0, with the head's and final
-    # norm's gradients held (they are complete first), then the root
-    late_root = 16 + 64 * 16
-    assert fsdp.grads == 4 * sum(b // 4 for b in buffers) + 4 * (
-        max(late_root + max(layer_0, layer_1), root))
+    # the head's rows and the final norm are reduced as backward starts; layer 1 with its
+    # experts once its attention's gradients are there (an expert without tokens then gives
+    # zeros), then layer 0, then the embedding's rows
+    assert fsdp.grads == 4 * sum(b // 4 for b in buffers) + 4 * max(layer_0, layer_1)
     with_ep = estimate(config(parallelism={"expert_parallel": 2},
                               training={"local_batch_size": 2, "global_batch_size": 8}),
                        world_size=4)
     # 2 experts per rank, FSDP units of their own over the 2-rank expert-data group: a
     # quarter of the experts' parameters on each rank, and their AdamW state (the moments,
     # 8 B per element as the rest's)
-    layer_0, layer_1, root = buffers = [DENSE_LAYER, MOE_LAYER - BIAS - EXPERTS, OUTER]
+    layer_1 = MOE_LAYER - BIAS - EXPERTS
+    buffers = [layer_0, layer_1, table, table, norm]
     assert with_ep.routed_experts == (4, 2, 2)
     assert with_ep.params == 4 * (sum(b // 4 for b in buffers) + EXPERTS // 4 + BIAS)
     assert with_ep.optimizer == 8 * sum(b // 4 for b in buffers) + 8 * (EXPERTS // 4)
     # FSDP's backward: everything reduced during it (layer 1, its experts, whole beside it
-    # until then, layer 0, then the root, with the head's and final norm's gradients held),
-    # and the experts' float32 sums
+    # until then, layer 0), and the experts' float32 sums
     assert with_ep.grads == 4 * sum(b // 4 for b in buffers) + 4 * (
-        max(late_root + EXPERTS // 2 + max(layer_0, layer_1), root) + EXPERTS // 4)
-    # gathered with layer 1: its experts (2 of them) and their all-gather's output
-    assert with_ep.gathered_params == 4 * (root + max(
+        EXPERTS // 2 + max(layer_0, layer_1) + EXPERTS // 4)
+    # gathered: the final norm's root, and with layer 1 its experts (2 of them) and their
+    # all-gather's output; the tables never
+    assert with_ep.gathered_params == 4 * (norm + max(
         layer_0 + 4 * (layer_0 // 4), layer_1 + EXPERTS // 2 + 4 * (layer_1 // 4)
         + 2 * (EXPERTS // 4)))
     # under ZeRO-2 they stay whole between steps, in buffers of their own (moments and a

@@ -4,7 +4,9 @@ The tiny Qwen3 of test_estimate (h 24, a 4, g 2, d 6, f 40, V 50, untied head, f
 2 layers, on 4 ranks of a CPU job (S = 4, one micro-batch of 3 per rank). Its flat buffers, as
 mf-parallel lays them out: each layer P_L = qkv 1152 + o 576 + norms 48 + q/k norms 12 +
 gate/up 1920 + down 960 = 4668 elements, the root P_R = embedding 1200 + final norm 24 + head
-1200 = 2424; this rank's slices n_L = 1167 and n_R = 606, N = 2 n_L + n_R = 2940.
+1200 = 2424; this rank's slices n_L = 1167 and n_R = 606, N = 2 n_L + n_R = 2940. (A
+vocabulary of 50 does not split over 4 ranks, so FSDP keeps its tables in the root unit;
+`test_fsdp_keeps_the_vocabulary_tables_as_rows` takes V 48.)
 """
 
 from __future__ import annotations
@@ -87,6 +89,30 @@ def test_fsdp_holds_slices_and_gathers_a_unit_at_a_time() -> None:
     # no all-gather after the update: the gradient slices, one clipped slice, new masters
     assert result.step == 4 * N + 4 * N_L + 4 * N == 28_188
     assert result.held_params == N
+
+
+def test_fsdp_keeps_the_vocabulary_tables_as_rows() -> None:
+    """V 48 splits over 4 ranks: the embedding and the untied head are buffers of one table
+    each (1152 elements, 288 per rank), never gathered, their gradients this rank's rows; the
+    root is the final norm alone (24, 6 per rank)."""
+    rows, root = 288, 24
+    n = 2 * N_L + 2 * rows + root // 4
+    result = on_ranks("optim_grads_params", model__vocab_size=48)
+    assert result.params == 4 * n
+    assert result.optimizer == 8 * n
+    # the head's rows and the root are reduced as backward starts, so only a layer's whole
+    # gradients are in flight
+    assert result.grads == 4 * n + 4 * P_L
+    # gathered: the root and one layer with its all-gather's flat output; no table
+    assert result.gathered_params == 4 * (root + P_L + 4 * N_L)
+    # tied: the table's rows hold the head's share of their gradient through the layers
+    tied = on_ranks("optim_grads_params", model__vocab_size=48, model__tie_word_embeddings=True)
+    n_tied = 2 * N_L + rows + root // 4
+    assert tied.grads == 4 * n_tied + 4 * (rows + P_L)
+    # tensor parallelism splits the vocabulary its own way: the tables stay in the root
+    tp = on_ranks("optim_grads_params", model__vocab_size=48, ranks=8, model__seq_length=8,
+                  parallelism__tensor_parallel=2)
+    assert tp.gathered_params >= 4 * (2 * 48 * 24 // 2 + 24)  # the root gathered, tables too
 
 
 def test_fsdp_state_is_one_process_s_divided_plus_the_buffers_in_flight() -> None:

@@ -16,7 +16,11 @@ keeps one slice of each buffer (`mf_parallel.runtime.flat_shard`), and mf-train'
   (`mf_parallel.runtime.grad_shards`), so whole gradients never outlive their buffer;
 - `optim_grads_params` (FSDP): only the slices of the parameters between steps; each decoder
   layer's unit is gathered around its forward and its backward pass, the root unit through the
-  whole forward and backward; gradients as ZeRO-2, no all-gather after the update.
+  whole forward and backward; gradients as ZeRO-2, no all-gather after the update. Without
+  tensor or pipeline parallelism, and where S divides the vocabulary, the vocabulary tables
+  (the embedding, an untied head) are buffers of one table each, kept as this rank's rows and
+  never gathered (`vocabulary_rows`, mf-parallel's `sharded_vocabulary`): backward produces
+  their gradients as this rank's rows, P_table / S.
 
 Under pipeline parallelism, and under expert parallelism when no other rank holds the same
 experts, the composing layout runs the backward pass itself: every strategy then accumulates
@@ -53,6 +57,8 @@ from .param_groups import ParamGroup
 OPTIMIZER_STATES = {"adamw": 2, "adam": 2, "muon": 1, "sgd": 1}
 """float32 buffers per parameter: Adam's two moments, Muon's / SGD's momentum."""
 ZERO_1, FSDP = "optim", "optim_grads_params"
+VOCABULARY_TABLES = ("embedding", "head")
+"""The root groups whose rows are the vocabulary (`param_groups`' names)."""
 
 
 def shard(count: int, degree: int) -> int:
@@ -112,6 +118,23 @@ class DataParallelRank:
     expert_data: int = 1
     """E_d, the ranks routed experts are sliced over under expert parallelism with a sharded
     strategy (their expert-data group); 1 when each rank keeps its experts' state whole."""
+    vocabulary_rows: bool = False
+    """FSDP keeps the vocabulary tables as this rank's rows, in buffers of their own, never
+    gathered (see the module docstring)."""
+
+    def is_table(self, group: ParamGroup) -> bool:
+        """Whether a root group is a vocabulary table kept as rows (`vocabulary_rows`)."""
+        return self.fsdp and self.vocabulary_rows and group.name in VOCABULARY_TABLES
+
+    @property
+    def tables(self) -> list[ParamGroup]:
+        """The vocabulary tables kept as rows, in mf-parallel's order (embedding, head)."""
+        return [g for g in self.root if self.is_table(g) and self.in_buffers(g)]
+
+    @property
+    def rest(self) -> list[ParamGroup]:
+        """The root unit's groups: the root's groups other than the `tables`."""
+        return [g for g in self.root if not self.is_table(g)]
 
     @property
     def sharded(self) -> bool:
@@ -160,11 +183,11 @@ class DataParallelRank:
 
     @property
     def buffers(self) -> list[int]:
-        """P_b of each buffer, in mf-parallel's order: the layers, then the root (if it has
-        any parameter)."""
+        """P_b of each buffer, in mf-parallel's order: the layers, the vocabulary tables kept
+        as rows (one each), then the root (if it has any parameter)."""
         sizes = [self.count(unit) for unit in self.units]
-        root = self.count(self.root)
-        return sizes + ([root] if root else [])
+        root = self.count(self.rest)
+        return sizes + [self.count([g]) for g in self.tables] + ([root] if root else [])
 
     @property
     def slices(self) -> list[int]:
@@ -177,11 +200,17 @@ class DataParallelRank:
         the end when it holds the embedding (first otherwise: on a later pipeline stage it
         holds the final norm and head, which come after the layers)."""
         layers = list(reversed(range(len(self.units))))
-        if len(self.buffers) == len(self.units):
+        tables = {g.name: len(self.units) + i for i, g in enumerate(self.tables)}
+        root = [len(self.units) + len(tables)] if self.count(self.rest) else []
+        if tables:  # the head's first, then the final norm's root; the embedding's last
+            head = [tables["head"]] if "head" in tables else []
+            embedding = [tables["embedding"]] if "embedding" in tables else []
+            return [*head, *root, *layers, *embedding]
+        if not root:
             return layers
         if any(g.name == "embedding" for g in self.root):
-            return [*layers, len(self.units)]
-        return [len(self.units), *layers]
+            return [*layers, *root]
+        return [*root, *layers]
 
     # ----- the figures
 
@@ -257,15 +286,31 @@ class DataParallelRank:
         """
         p, c = self.param_bytes, self.reduce_copy
         sizes = self.buffers
+        experts = max((self.experts(unit) for unit in self.units), default=0) * p \
+            if self.sliced_experts else 0
+        if self.tables:
+            return self._in_flight_with_rows(experts)
         order = self.reduction_order()
         k = order.index(len(self.units)) if len(sizes) > len(self.units) else len(order)
         early, tail = [sizes[b] * p for b in order[:k]], [sizes[b] * p for b in order[k:]]
         late_root = self.elements(self.root, lambda g: self.in_buffers(g)
                                   and (g.name != "embedding" or self.tied)) * p
-        experts = max((self.experts(unit) for unit in self.units), default=0) * p \
-            if self.sliced_experts else 0
         return max(late_root + experts + c * max(early, default=0),
                    sum(tail) + (c - 1) * max(tail, default=0), c * experts)
+
+    def _in_flight_with_rows(self, experts: int) -> int:
+        """`in_flight_grads` with the vocabulary tables kept as rows: the head's rows and the
+        final norm's root are complete, and reduced, as backward starts; a tied table's rows
+        then hold their gradient G_rows = ⌈P_table / S⌉·p (the head's share) through the
+        layers until the embedding adds its own at the end:
+
+            in flight = max(G_rows·[tied] + X + c·max_j G_j, c·G_rows, c·G_root, c·X)
+        """
+        p, c = self.param_bytes, self.reduce_copy
+        rows = shard(self.count([self.tables[0]]), self.degree) * p
+        layers = max((self.count(unit) * p for unit in self.units), default=0)
+        return max((rows if self.tied else 0) + experts + c * layers, c * rows,
+                   c * self.count(self.rest) * p, c * experts)
 
     def optimizer(self, kind: str) -> int:
         """Optimizer state held between steps.
@@ -297,8 +342,9 @@ class DataParallelRank:
     def gathered(self, policy: str, pipeline: int) -> int:
         """Parameters FSDP gathers beside this rank's slices (which stay, in `params`).
 
-        The root unit (embedding, final norm, head) is gathered when the forward pass starts
-        and stays so until the step's gradients are reduced: P_root·p. Each layer unit i is
+        The root unit (embedding, final norm, head; the final norm alone when the vocabulary
+        tables are kept as rows, never gathered) is gathered when the forward pass starts and
+        stays so until the step's gradients are reduced: P_root·p. Each layer unit i is
         gathered around its forward pass and again around its backward pass if it reshards
         after forward (mf_parallel.reshard_plan; `default` keeps the last unit, `never` every
         unit); the all-gather holds its flat output S·n_i beside the parameters' copies P_i
@@ -314,7 +360,7 @@ class DataParallelRank:
         if not self.fsdp or not self.units:
             return 0
         sizes, slices = self.buffers, self.slices
-        root = sizes[len(self.units)] if len(sizes) > len(self.units) else 0
+        root = self.count(self.rest)
         peak = kept = 0
         for i, reshards in enumerate(reshard_plan(policy, len(self.units), pipeline)):
             experts = self.experts(self.units[i]) if self.sliced_experts else 0
@@ -378,10 +424,11 @@ class DataParallelRank:
 
 
 def data_parallel_rank(config: TrainConfig, plan: Plan, units: list[list[ParamGroup]],
-                       root: list[ParamGroup], *, tied: bool, param_bytes: int
-                       ) -> DataParallelRank:
+                       root: list[ParamGroup], *, tied: bool, param_bytes: int,
+                       vocab_size: int = 0) -> DataParallelRank:
     """What a rank of `plan` holds of a stage of `units` (its decoder layers' groups, in
-    forward order) and `root` (its other groups)."""
+    forward order) and `root` (its other groups); `vocab_size` decides whether FSDP keeps
+    the vocabulary tables as rows (0: never)."""
     d = plan.dims
     strategy = config.parallelism.data_parallel_shard_strategy
     expert_data = expert_shard_degree(plan) if d.expert > 1 else 1
@@ -391,7 +438,17 @@ def data_parallel_rank(config: TrainConfig, plan: Plan, units: list[list[ParamGr
         scatters=d.data_shard > 1 and strategy != ZERO_1 and d.pipeline == 1
         and (d.expert == 1 or expert_data > 1),
         tied=tied, reduce_copy=1 if config.context.device_target == "CPU" else 2,
-        micro_batches=plan.batch.accumulation_steps(), expert_data=expert_data)
+        micro_batches=plan.batch.accumulation_steps(), expert_data=expert_data,
+        vocabulary_rows=vocabulary_rows(plan, vocab_size))
+
+
+def vocabulary_rows(plan: Plan, vocab_size: int) -> bool:
+    """Whether mf-train's FSDP keeps the vocabulary tables as each rank's rows: one stage, no
+    tensor parallelism, and a shard degree above one that divides the vocabulary (mf-train's
+    `layouts.sharded.sharded_vocabulary`)."""
+    d = plan.dims
+    return (d.data_shard > 1 and d.tensor == 1 and d.pipeline == 1 and vocab_size > 0
+            and vocab_size % d.data_shard == 0)
 
 
 def expert_shard_degree(plan: Plan) -> int:

@@ -362,7 +362,7 @@ def _stage_estimate(config: TrainConfig, shape: ModelShape, seq: int, plan: Plan
                 else []))
     groups = [g for unit in unit_groups for g in unit] + outer
     rank = data_parallel_rank(config, plan, unit_groups, outer, tied=shape.tie_word_embeddings,
-                              param_bytes=pbytes)
+                              param_bytes=pbytes, vocab_size=shape.vocab_size)
     per_layer, warnings = stage_layer_activations(config, shape, geo, layers)
     held = in_flight(plan, stage)
     transient = transient_bytes(per_layer, config.swap.default_prefetch
