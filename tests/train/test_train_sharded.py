@@ -324,6 +324,26 @@ def test_fsdp_with_tensor_parallelism_resumes_exactly(data_prefix, with_tensor_p
         [(s["loss"], s["grad_norm"]) for s in reference]
 
 
+def test_hsdp_keeps_the_vocabulary_as_rows_and_matches_one_process(data_prefix, runs,
+                                                                   tmp_path) -> None:
+    """4 ranks: data parallel 4 = replicate 2 x shard 2 (FSDP), no tensor parallelism, one
+    sample per rank: the embedding stays as rows over the shard group (the tokens travel) and
+    its rows' gradient is summed over the replicas; losses, norms and the final weights equal
+    one process taking the same 4 samples one by one."""
+    batch = "training.local_batch_size=1"
+    one = runs(QWEN3, *QWEN3_2_LAYERS, batch)
+    four = train(QWEN3, tmp_path / "four", data_prefix, *QWEN3_2_LAYERS, batch,
+                 strategy_setting(FSDP_STRATEGY), "parallelism.data_parallel_shard=2",
+                 nproc=4, timeout=300)
+    assert_same_steps(steps(one), steps(four))
+    assert ("FSDP over 2 ranks x 2 replicas, reshard policy default, vocabulary split over "
+            "the shard group") in worker_log(four)
+    want, got = saved_tensors(one, 4), saved_tensors(four, 4)
+    assert got.keys() == want.keys()
+    for name, array in want.items():
+        np.testing.assert_allclose(got[name], array, rtol=1e-4, atol=1e-6, err_msg=name)
+
+
 def test_hsdp_with_tensor_parallelism_matches_one_process(data_prefix, runs, tmp_path) -> None:
     """8 ranks: data parallel 4 = replicate 2 x shard 2 (FSDP), x tensor parallel 2, one
     sample per data-parallel rank, against one process taking the same 4 samples one by

@@ -444,11 +444,12 @@ def data_parallel_rank(config: TrainConfig, plan: Plan, units: list[list[ParamGr
 
 def vocabulary_rows(plan: Plan, vocab_size: int) -> bool:
     """Whether mf-train's FSDP keeps the vocabulary tables as each rank's rows: one stage, no
-    tensor parallelism, and a shard degree above one that divides the vocabulary (mf-train's
+    tensor parallelism, and a shard degree above one that divides the vocabulary, at most 2^24
+    tokens, whose ids travel as float32 (mf-train's
     `layouts.sharded.sharded_vocabulary`)."""
     d = plan.dims
-    return (d.data_shard > 1 and d.tensor == 1 and d.pipeline == 1 and vocab_size > 0
-            and vocab_size % d.data_shard == 0)
+    return (d.data_shard > 1 and d.tensor == 1 and d.pipeline == 1
+            and 0 < vocab_size <= 1 << 24 and vocab_size % d.data_shard == 0)
 
 
 def expert_shard_degree(plan: Plan) -> int:

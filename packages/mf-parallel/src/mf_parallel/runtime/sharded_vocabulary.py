@@ -43,6 +43,9 @@ from .tensor_parallel import (
 )
 
 SHARD_KIND = "shard"
+EXACT_IDS = 1 << 24
+"""Token ids travel as float32 (the CPU backend's all-reduce, which emulates the all-gather
+over a subgroup, takes no integers): exact below 2^24."""
 
 
 class ShardedVocabulary:
@@ -60,6 +63,9 @@ class ShardedVocabulary:
         if vocab_size % self.group.size:
             raise ValueError(f"a vocabulary of {vocab_size} does not split over "
                              f"{self.group.size} ranks")
+        if vocab_size > EXACT_IDS:
+            raise ValueError(f"a vocabulary of {vocab_size} is above {EXACT_IDS}: its ids "
+                             "would not travel exactly as float32")
         self.rows = vocab_size // self.group.size
         """The rows each rank holds."""
         self.start = self.group.rank * self.rows
@@ -82,8 +88,7 @@ class ShardedVocabulary:
         Returns:
             `[s, b, h]`.
         """
-        every = ops.stop_gradient(self.group.ops.all_gather(ids))
-        return self.scatter_tokens(rows_in_range(table, every, self.start))
+        return self.scatter_tokens(rows_in_range(table, self._every(ids), self.start))
 
     def token_cross_entropy(self, hidden: Tensor, head: Tensor, labels: Tensor) -> Tensor:
         """Per-token cross-entropy of this rank's tokens, in float32.
@@ -100,5 +105,11 @@ class ShardedVocabulary:
         """
         every = self.gather_tokens(hidden)
         logits = linear_rows(every, head).astype(ms.float32)
-        every_label = ops.stop_gradient(self.group.ops.all_gather(labels))
-        return self.own_tokens(vocab_parallel_cross_entropy(logits, every_label, self.group))
+        return self.own_tokens(vocab_parallel_cross_entropy(logits, self._every(labels),
+                                                            self.group))
+
+    def _every(self, ids: Tensor) -> Tensor:
+        """Every rank's ids, gathered along dim 0 in group order (as float32, see
+        `EXACT_IDS`)."""
+        every = self.group.ops.all_gather(ops.stop_gradient(ids).astype(ms.float32))
+        return every.astype(ids.dtype)

@@ -52,7 +52,7 @@ from mf_parallel.dims import ParallelDims
 from mf_parallel.runtime import Collectives
 from mf_parallel.runtime.flat_shard import EXPERT_DATA_GROUPS, preslice
 from mf_parallel.runtime.grad_shards import ShardedGradients
-from mf_parallel.runtime.sharded_vocabulary import ShardedVocabulary
+from mf_parallel.runtime.sharded_vocabulary import EXACT_IDS, ShardedVocabulary
 from mf_parallel.runtime.tensor_parallel import (
     SEQUENCE_PARALLEL_ATTRIBUTE,
     TensorGroup,
@@ -411,14 +411,17 @@ def sharded_vocabulary(parts: LayoutParts) -> ShardedVocabulary | None:
     (and an untied head) as each rank's rows instead of gathering them (mf-parallel's
     `sharded_vocabulary`): a model with the pieces for it (`use_sharded_vocabulary`) and
     its embedding and head here, no tensor parallelism (whose own vocabulary split it would
-    have to compose with), and a vocabulary the shard group's size divides. None otherwise:
+    have to compose with), and a vocabulary the shard group's size divides (and below 2^24,
+    its ids travelling as float32). None otherwise:
     the tables are then gathered with the root unit."""
     model, shards = parts.model, parts.collectives.comm.group_size("shard")
     if (not hasattr(model, "use_sharded_vocabulary") or parts.dims.tensor > 1 or shards < 2
             or not (model.part.embedding and model.part.head)):
         return None
     vocab = model.settings.vocab_size
-    return ShardedVocabulary(parts.collectives, vocab) if vocab % shards == 0 else None
+    if vocab % shards or vocab > EXACT_IDS:
+        return None
+    return ShardedVocabulary(parts.collectives, vocab)
 
 
 def adamw_settings_of(config: OptimizerConfig, named: list[tuple[str, Any]],
