@@ -49,7 +49,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from mf_config import TrainConfig
-from mf_parallel import Plan, reshard_plan
+from mf_parallel import Plan, keeps_vocabulary_rows, reshard_plan
 
 from .model_shape import EstimateError
 from .param_groups import ParamGroup
@@ -439,17 +439,7 @@ def data_parallel_rank(config: TrainConfig, plan: Plan, units: list[list[ParamGr
         and (d.expert == 1 or expert_data > 1),
         tied=tied, reduce_copy=1 if config.context.device_target == "CPU" else 2,
         micro_batches=plan.batch.accumulation_steps(), expert_data=expert_data,
-        vocabulary_rows=vocabulary_rows(plan, vocab_size))
-
-
-def vocabulary_rows(plan: Plan, vocab_size: int) -> bool:
-    """Whether mf-train's FSDP keeps the vocabulary tables as each rank's rows: one stage, no
-    tensor parallelism, and a shard degree above one that divides the vocabulary, at most 2^24
-    tokens, whose ids travel as float32 (mf-train's
-    `layouts.sharded.sharded_vocabulary`)."""
-    d = plan.dims
-    return (d.data_shard > 1 and d.tensor == 1 and d.pipeline == 1
-            and 0 < vocab_size <= 1 << 24 and vocab_size % d.data_shard == 0)
+        vocabulary_rows=keeps_vocabulary_rows(vocab_size, d.data_shard, d.tensor, d.pipeline))
 
 
 def expert_shard_degree(plan: Plan) -> int:

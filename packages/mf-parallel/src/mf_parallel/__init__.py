@@ -18,6 +18,7 @@ from .pipeline_simulator import ScheduleError, SimulationResult, simulate
 from .plan import Plan, make_plan, plan_summary
 from .reshard_policy import RESHARD_POLICIES, reshard_after_forward, reshard_plan
 from .sequence import check_sequence_length, sequence_divisor
+from .vocabulary_rows import keeps_vocabulary_rows
 
 __all__ = [
     "DIMENSIONS",
@@ -38,6 +39,7 @@ __all__ = [
     "StageLayout",
     "build_schedule",
     "check_sequence_length",
+    "keeps_vocabulary_rows",
     "make_plan",
     "plan_summary",
     "reshard_after_forward",

@@ -34,11 +34,11 @@ each parameter keeps its tensor and shape once gathered, and freeing resizes its
 nothing (`untyped_storage().resize_(0)`, PyTorch FSDP2's way); gathering resizes it back and
 copies the gathered values in: one more copy of the unit per gather than swapping.
 
-Under `vocabulary` (`sharded_vocabulary.ShardedVocabulary`), the `[vocabulary, hidden]` tables
-(the embedding, an untied head) are units of one table each, never gathered for the model's
-passes: they hold this rank's rows through forward and backward (`VocabularyRows`), the model
-moves its tokens to them instead, and their gradient is this rank's rows already summed over
-the shard group (summed over the replicate group only, with HSDP).
+With `vocabulary_tables`, the `[vocabulary, hidden]` tables (the embedding, an untied head)
+are units of one table each, never gathered for the model's passes: they hold this rank's rows
+through forward and backward (`VocabularyRows`), the model moves its tokens to them instead
+(`sharded_vocabulary.ShardedVocabulary`), and their gradient is this rank's rows already summed
+over the shard group (summed over the replicate group only, with HSDP).
 
 A model may be built unit by unit with each unit cut to this rank's slice as soon as it
 exists (`flat_shard.preslice`): its parameters are then empty from the start and the wrapper
@@ -66,7 +66,6 @@ from .flat_shard import (
     ShardGroups,
     built_shape,
 )
-from .sharded_vocabulary import ShardedVocabulary
 
 
 class ShardedUnit(FlatBucket):
@@ -244,10 +243,9 @@ class FullyShardedDataParallel:
             (`EXPERT_DATA_GROUPS`: the ranks holding the same experts) and gathered and freed
             by hooks on its unit's cell as that unit is; their gradients are summed over that
             group. Their parameters follow the model's in `params`, their units the cells'.
-        vocabulary: with `vocabulary_tables`, the vocabulary split over the shard group that
-            the model's embedding and head use (see the module docstring), else None.
         vocabulary_tables: the model's `[vocabulary, hidden]` parameters (embedding, untied
-            head): units of one table each, kept as rows, never gathered for the passes.
+            head), if the model uses them through a `ShardedVocabulary`: units of one table
+            each, kept as rows, never gathered for the passes.
     """
 
     def __init__(self, model: nn.Cell, units: Sequence[nn.Cell], collectives: Collectives, *,
@@ -256,13 +254,9 @@ class FullyShardedDataParallel:
                  eps: float = 1e-8, weight_decay: float = 0.0, average: bool = True,
                  keep_tensors: bool = False,
                  expert_units: Sequence[tuple[nn.Cell, nn.Cell]] = (),
-                 vocabulary: ShardedVocabulary | None = None,
                  vocabulary_tables: Sequence[Parameter] = ()):
         self.params = list(model.trainable_params())
         self.average = average
-        if bool(vocabulary_tables) != (vocabulary is not None):
-            raise ValueError("vocabulary and vocabulary_tables come together")
-        self.vocabulary = vocabulary
         owned = _owned_params(units, self.params)
         kept = {id(q) for ps in owned for q in ps} | {id(p) for p in vocabulary_tables}
         root = [p for p in self.params if id(p) not in kept]
@@ -296,9 +290,8 @@ class FullyShardedDataParallel:
     def buffers(self) -> list[ShardedUnit]:
         """The units in the order of `reduce_grads`' and `publish`'s slices: the cells' units
         in forward order, the experts' units, the vocabulary's tables, then the root unit (if
-        any). Each has
-        `.params`, `.flat` (its `FlatShard`) and `.master` (this rank's slice, in the
-        parameters' dtype)."""
+        any). Each has `.params`, `.flat` (its `FlatShard`) and `.master` (this rank's slice,
+        in the parameters' dtype)."""
         return self._all_units()
 
     def step(self, grads: Sequence[ms.Tensor]) -> None:

@@ -31,6 +31,7 @@ from __future__ import annotations
 import mindspore as ms
 from mindspore import Tensor, ops
 
+from ..vocabulary_rows import keeps_vocabulary_rows
 from .collectives import Collectives
 from .tensor_parallel import (
     GatherFromSequenceRegion,
@@ -43,9 +44,6 @@ from .tensor_parallel import (
 )
 
 SHARD_KIND = "shard"
-EXACT_IDS = 1 << 24
-"""Token ids travel as float32 (the CPU backend's all-reduce, which emulates the all-gather
-over a subgroup, takes no integers): exact below 2^24."""
 
 
 class ShardedVocabulary:
@@ -54,18 +52,15 @@ class ShardedVocabulary:
 
     Args:
         collectives: this rank's collectives.
-        vocab_size: the vocabulary; the shard group's size must divide it.
+        vocab_size: the vocabulary (`vocabulary_rows.keeps_vocabulary_rows` must hold).
         kind: the group the rows are split over.
     """
 
     def __init__(self, collectives: Collectives, vocab_size: int, kind: str = SHARD_KIND):
         self.group = TensorGroup(collectives, sequence_parallel=True, kind=kind)
-        if vocab_size % self.group.size:
+        if self.group.size > 1 and not keeps_vocabulary_rows(vocab_size, self.group.size):
             raise ValueError(f"a vocabulary of {vocab_size} does not split over "
-                             f"{self.group.size} ranks")
-        if vocab_size > EXACT_IDS:
-            raise ValueError(f"a vocabulary of {vocab_size} is above {EXACT_IDS}: its ids "
-                             "would not travel exactly as float32")
+                             f"{self.group.size} ranks (vocabulary_rows)")
         self.rows = vocab_size // self.group.size
         """The rows each rank holds."""
         self.start = self.group.rank * self.rows
@@ -110,6 +105,6 @@ class ShardedVocabulary:
 
     def _every(self, ids: Tensor) -> Tensor:
         """Every rank's ids, gathered along dim 0 in group order (as float32, see
-        `EXACT_IDS`)."""
+        `vocabulary_rows.EXACT_IDS`)."""
         every = self.group.ops.all_gather(ops.stop_gradient(ids).astype(ms.float32))
         return every.astype(ids.dtype)

@@ -52,12 +52,13 @@ from mf_parallel.dims import ParallelDims
 from mf_parallel.runtime import Collectives
 from mf_parallel.runtime.flat_shard import EXPERT_DATA_GROUPS, preslice
 from mf_parallel.runtime.grad_shards import ShardedGradients
-from mf_parallel.runtime.sharded_vocabulary import EXACT_IDS, ShardedVocabulary
+from mf_parallel.runtime.sharded_vocabulary import ShardedVocabulary
 from mf_parallel.runtime.tensor_parallel import (
     SEQUENCE_PARALLEL_ATTRIBUTE,
     TensorGroup,
     is_tensor_sharded,
 )
+from mf_parallel.vocabulary_rows import keeps_vocabulary_rows
 
 from ..gradient_norm import root
 from ..optim import AdamW, Muon, ShardedAdamW
@@ -365,21 +366,18 @@ class FSDP(ZeRO):
         its layer."""
         layers = list(_decoder_layers(parts.model))
         vocabulary = sharded_vocabulary(parts)
-        sharded = runtime.FullyShardedDataParallel(
+        return runtime.FullyShardedDataParallel(
             parts.model, layers, parts.collectives,
             expert_units=expert_holders(layers, experts),
             reshard_after_forward_policy=parts.parallelism.reshard_after_forward_policy,
             pipeline_parallel=parts.dims.pipeline,
             average=not parts.parallelism.disable_gradient_division,
-            keep_tensors=parts.compiled, vocabulary=vocabulary,
+            keep_tensors=parts.compiled,
             vocabulary_tables=parts.model.vocabulary_tables() if vocabulary else ())
-        if vocabulary is not None:
-            parts.model.use_sharded_vocabulary(vocabulary)
-        return sharded
 
     def describe(self) -> str:
         text = f"{super().describe()}, reshard policy {self.reshard_policy}"
-        if self.sharded.vocabulary is not None:
+        if self.sharded.vocabulary_units:
             text += ", vocabulary split over the shard group"
         return text
 
@@ -407,21 +405,20 @@ class FSDP(ZeRO):
 
 
 def sharded_vocabulary(parts: LayoutParts) -> ShardedVocabulary | None:
-    """The vocabulary split over the shard group, where FSDP can keep the embedding table
-    (and an untied head) as each rank's rows instead of gathering them (mf-parallel's
-    `sharded_vocabulary`): a model with the pieces for it (`use_sharded_vocabulary`) and
-    its embedding and head here, no tensor parallelism (whose own vocabulary split it would
-    have to compose with), and a vocabulary the shard group's size divides (and below 2^24,
-    its ids travelling as float32). None otherwise:
-    the tables are then gathered with the root unit."""
+    """The vocabulary split over the shard group, handed to the model
+    (`use_sharded_vocabulary`), where FSDP keeps the embedding table (and an untied head) as
+    each rank's rows instead of gathering them (mf-parallel's `sharded_vocabulary`): a model
+    with the pieces for it, its embedding and head here, and mf-parallel's
+    `keeps_vocabulary_rows`. None otherwise: the tables are then gathered with the root
+    unit."""
     model, shards = parts.model, parts.collectives.comm.group_size("shard")
-    if (not hasattr(model, "use_sharded_vocabulary") or parts.dims.tensor > 1 or shards < 2
-            or not (model.part.embedding and model.part.head)):
+    if not (hasattr(model, "use_sharded_vocabulary") and model.part.embedding
+            and model.part.head and keeps_vocabulary_rows(
+                model.settings.vocab_size, shards, parts.dims.tensor, parts.dims.pipeline)):
         return None
-    vocab = model.settings.vocab_size
-    if vocab % shards or vocab > EXACT_IDS:
-        return None
-    return ShardedVocabulary(parts.collectives, vocab)
+    vocabulary = ShardedVocabulary(parts.collectives, model.settings.vocab_size)
+    model.use_sharded_vocabulary(vocabulary)
+    return vocabulary
 
 
 def adamw_settings_of(config: OptimizerConfig, named: list[tuple[str, Any]],
