@@ -6,6 +6,7 @@ import platform
 import subprocess
 import sys
 
+import psutil
 import pytest
 
 GLIBC = sys.platform.startswith("linux") and platform.libc_ver()[0] == "glibc"
@@ -20,3 +21,20 @@ def test_glibc_takes_the_fixed_mmap_threshold() -> None:
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
                             timeout=120, check=True)
     assert result.stdout.split() == ["True"]
+
+
+def test_cpu_pool_is_one_block_of_the_machines_memory() -> None:
+    """In a fresh process: on CPU the pool is configured once, with one block as large as the
+    machine's memory (a second call, as a second trainer in the process makes, leaves it);
+    another backend leaves MindSpore's defaults."""
+    script = ("from mindspore._c_expression import RuntimeConf\n"
+              "from mf_train.process_memory import one_block_cpu_pool\n"
+              "print(one_block_cpu_pool('Ascend'), RuntimeConf.get_instance()"
+              ".is_memory_configured())\n"
+              "print(one_block_cpu_pool('CPU'), RuntimeConf.get_instance()"
+              ".is_memory_configured())\n"
+              "print(one_block_cpu_pool('CPU'))\n")
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                            timeout=120, check=True)
+    gib = psutil.virtual_memory().total // 2**30
+    assert result.stdout.split() == ["None", "False", f"{gib}GB", "True", "None"]

@@ -20,6 +20,7 @@ import sys
 from dataclasses import dataclass
 
 import mindspore as ms
+import psutil
 
 from . import world_group
 
@@ -55,6 +56,29 @@ def largest_peak(device: str, world_size: int) -> RankPeak:
     every = world_group.every_rank(mine / 2**20)  # MiB: exact enough in float32
     rank = max(range(len(every)), key=every.__getitem__)
     return RankPeak(round(every[rank] * 2**20), rank)
+
+
+def one_block_cpu_pool(device: str) -> str | None:
+    """On the CPU backend, make MindSpore's memory pool one block as large as the machine's
+    memory (`mindspore.runtime.set_memory`), before any kernel runs; returns the size set, or
+    None (another backend, or the pool configured already in this process).
+
+    Why: the CPU pool otherwise grows by blocks of 1 GiB and places each tensor best-fit in
+    one of them; a tensor that fits no free range of any block opens a new block, whose pages
+    become resident beside the freed ranges of the others. The 127M Qwen3 on one process used
+    at most 1.96 GiB of pool but opened a third block and peaked at 4.0 GiB resident against
+    3.14 with one block, from step 2 on; a change of kernel (Dense or MatMul in
+    `linear_rows`) was enough to move it (benchmarks/README.md, "layout_memory.py"). One
+    block costs address space only: a page is resident once a tensor has used it. On devices
+    MindSpore's pool keeps its own defaults."""
+    if device != "CPU":
+        return None
+    size = f"{max(1, psutil.virtual_memory().total // GIB)}GB"
+    try:
+        ms.runtime.set_memory(init_size=size, increase_size=size)
+    except RuntimeError:  # "can not be set repeatedly": a second trainer in this process
+        return None
+    return size
 
 
 M_MMAP_THRESHOLD = -3

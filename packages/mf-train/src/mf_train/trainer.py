@@ -95,7 +95,12 @@ from .models.hf_weights import HFPieces, checked_entries
 from .monitor import standard_callbacks
 from .optim import Optimizer
 from .placement import Placement
-from .process_memory import largest_peak, map_large_allocations, return_freed_host_memory
+from .process_memory import (
+    largest_peak,
+    map_large_allocations,
+    one_block_cpu_pool,
+    return_freed_host_memory,
+)
 from .run_directory import checkpoint_root
 from .step_monitors import MonitorObserver
 from .tensor_recut import RecutIndex
@@ -279,6 +284,7 @@ class Trainer:
             LOG.info("CPU backend: kernels launched synchronously (faster here than a launch "
                      "thread competing with the kernels' threads)")
         cap_device_memory(config.context.max_device_memory, self.device)
+        one_block_cpu_pool(self.device)  # no tensors spread over blocks (process_memory)
         map_large_allocations()  # freed tensors leave the resident set (process_memory)
         seed_everything(config.training.seed, config.training.deterministic)
         self.plan = make_job_plan(config, world_size, source)
