@@ -46,11 +46,11 @@ def linear_rows(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor
     the transposed weight contiguous first, in its forward and backward: at the 28M model's
     `[512, 512] x [2816, 512]^T` forward + backward 39 ms against 46 ms, the same values;
     a 28M `mf-train` step 1.3 s against 1.8 s (Dense) and 1.7 s (`mint.matmul(x, W.T)`), at
-    the same peak. With a bias, Dense adds it (the CPU's broadcasting add is slow). Measured
-    and not understood: one `mf-train` process of the 127M Qwen3 (benchmarks/layout_memory.py)
-    peaks at 3.94 GiB with this MatMul against 3.06 with Dense (3.37 with `mint.matmul`),
-    reproducibly, while a bare forward + backward of the same model does not (benchmarks/
-    README.md, "The vocabulary kept as rows").
+    the same peak. With a bias, Dense adds it (the CPU's broadcasting add is slow). The
+    one-process peak this MatMul seemed to raise (127M Qwen3: 3.94 GiB against 3.06 with
+    Dense) was MindSpore's CPU memory pool spreading tensors over 1 GiB blocks, which any
+    change of allocation order moves; mf-train gives the pool one block
+    (`mf_train.process_memory.one_block_cpu_pool`): 3.13 GiB with this MatMul.
     """
     rows = x if x.ndim == 2 else x.reshape(-1, x.shape[-1])
     y = (_MATMUL_TRANSPOSED_B(rows, weight) if bias is None
