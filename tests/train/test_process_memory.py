@@ -5,9 +5,12 @@ from __future__ import annotations
 import platform
 import subprocess
 import sys
+from pathlib import Path
 
 import psutil
 import pytest
+
+from mf_train.process_memory import cpu_pool_block
 
 GLIBC = sys.platform.startswith("linux") and platform.libc_ver()[0] == "glibc"
 
@@ -23,6 +26,9 @@ def test_glibc_takes_the_fixed_mmap_threshold() -> None:
     assert result.stdout.split() == ["True"]
 
 
+@pytest.mark.skipif(Path("/proc/sys/vm/overcommit_memory").exists()
+                    and Path("/proc/sys/vm/overcommit_memory").read_text().strip() == "2",
+                    reason="strict overcommit keeps MindSpore's pool defaults")
 def test_cpu_pool_is_one_block_of_the_machines_memory() -> None:
     """In a fresh process: on CPU the pool is configured once, with one block as large as the
     machine's memory (a second call, as a second trainer in the process makes, leaves it);
@@ -38,3 +44,10 @@ def test_cpu_pool_is_one_block_of_the_machines_memory() -> None:
                             timeout=120, check=True)
     gib = psutil.virtual_memory().total // 2**30
     assert result.stdout.split() == ["None", "False", f"{gib}GB", "True", "None"]
+
+
+def test_cpu_pool_block_follows_the_machine_and_its_overcommit_policy() -> None:
+    assert cpu_pool_block(24 * 2**30, 0) == "24GB"
+    assert cpu_pool_block(24 * 2**30 - 1, 1) == "23GB"  # whole GiB, rounded down
+    assert cpu_pool_block(2**29, None) == "1GB"  # at least one
+    assert cpu_pool_block(64 * 2**30, 2) is None  # strict: MindSpore's defaults

@@ -70,15 +70,32 @@ def one_block_cpu_pool(device: str) -> str | None:
     3.14 with one block, from step 2 on; a change of kernel (Dense or MatMul in
     `linear_rows`) was enough to move it (benchmarks/README.md, "layout_memory.py"). One
     block costs address space only: a page is resident once a tensor has used it. On devices
-    MindSpore's pool keeps its own defaults."""
-    if device != "CPU":
+    MindSpore's pool keeps its own defaults, and so does a machine that commits address space
+    strictly (`vm.overcommit_memory` 2), where reserving it would count against the limit."""
+    size = cpu_pool_block(psutil.virtual_memory().total, _overcommit_mode())
+    if device != "CPU" or size is None:
         return None
-    size = f"{max(1, psutil.virtual_memory().total // GIB)}GB"
     try:
         ms.runtime.set_memory(init_size=size, increase_size=size)
     except RuntimeError:  # "can not be set repeatedly": a second trainer in this process
         return None
     return size
+
+
+def cpu_pool_block(total_bytes: int, overcommit_mode: int | None) -> str | None:
+    """The size `one_block_cpu_pool` gives the pool (`"<GiB>GB"`, at least 1) for a machine
+    of `total_bytes` of memory, or None where address space is committed strictly."""
+    if overcommit_mode == 2:
+        return None
+    return f"{max(1, total_bytes // GIB)}GB"
+
+
+def _overcommit_mode() -> int | None:
+    try:
+        with open("/proc/sys/vm/overcommit_memory") as f:
+            return int(f.read().strip())
+    except (OSError, ValueError):  # not Linux
+        return None
 
 
 M_MMAP_THRESHOLD = -3
