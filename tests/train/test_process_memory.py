@@ -5,12 +5,11 @@ from __future__ import annotations
 import platform
 import subprocess
 import sys
-from pathlib import Path
 
 import psutil
 import pytest
 
-from mf_train.process_memory import cpu_pool_block
+from mf_train.process_memory import cpu_pool_block, overcommit_mode
 
 GLIBC = sys.platform.startswith("linux") and platform.libc_ver()[0] == "glibc"
 
@@ -26,8 +25,7 @@ def test_glibc_takes_the_fixed_mmap_threshold() -> None:
     assert result.stdout.split() == ["True"]
 
 
-@pytest.mark.skipif(Path("/proc/sys/vm/overcommit_memory").exists()
-                    and Path("/proc/sys/vm/overcommit_memory").read_text().strip() == "2",
+@pytest.mark.skipif(overcommit_mode() == 2,
                     reason="strict overcommit keeps MindSpore's pool defaults")
 def test_cpu_pool_is_one_block_of_the_machines_memory() -> None:
     """In a fresh process: on CPU the pool is configured once, with one block as large as the

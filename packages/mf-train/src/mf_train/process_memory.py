@@ -72,8 +72,10 @@ def one_block_cpu_pool(device: str) -> str | None:
     block costs address space only: a page is resident once a tensor has used it. On devices
     MindSpore's pool keeps its own defaults, and so does a machine that commits address space
     strictly (`vm.overcommit_memory` 2), where reserving it would count against the limit."""
-    size = cpu_pool_block(psutil.virtual_memory().total, _overcommit_mode())
-    if device != "CPU" or size is None:
+    if device != "CPU":
+        return None
+    size = cpu_pool_block(psutil.virtual_memory().total, overcommit_mode())
+    if size is None:
         return None
     try:
         ms.runtime.set_memory(init_size=size, increase_size=size)
@@ -90,7 +92,8 @@ def cpu_pool_block(total_bytes: int, overcommit_mode: int | None) -> str | None:
     return f"{max(1, total_bytes // GIB)}GB"
 
 
-def _overcommit_mode() -> int | None:
+def overcommit_mode() -> int | None:
+    """Linux's `vm.overcommit_memory` (0 heuristic, 1 always, 2 strict); None elsewhere."""
     try:
         with open("/proc/sys/vm/overcommit_memory") as f:
             return int(f.read().strip())
