@@ -122,6 +122,22 @@ def test_units_cut_as_they_are_built_train_as_units_cut_after(collectives) -> No
         FullyShardedDataParallel(again, [again[0]], collectives, lr=1e-2)
 
 
+def test_a_unit_s_master_is_its_slice_not_a_host_copy(collectives) -> None:
+    """The slice a unit was cut to becomes its master as it is: a Parameter made from a
+    tensor would copy it into host memory outside MindSpore's pool (a rank's whole share of
+    the parameters beside the pool's, until the first update replaced it)."""
+    from mf_parallel.runtime.flat_shard import preslice
+
+    net = tiny_mlp(5, depth=2)
+    mine = [preslice(unit, collectives) for unit in (net[0], net[2])]
+    values = [m.asnumpy().copy() for m in mine]
+    fsdp = FullyShardedDataParallel(net, [net[0], net[2]], collectives, lr=1e-2)
+    for unit, slice_, value in zip(fsdp.units, mine, values, strict=True):
+        assert unit.master.data_ptr() == slice_.data_ptr()
+        assert tuple(unit.master.shape) == (unit.flat.length,)
+        np.testing.assert_array_equal(unit.master.asnumpy(), value)
+
+
 @pytest.mark.parametrize("presliced", [False, True], ids=["cut-by-wrapper", "cut-as-built"])
 def test_compiled_units_keep_their_tensors_and_train_as_pynative_ones(collectives,
                                                                       presliced) -> None:
