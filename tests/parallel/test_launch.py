@@ -1,5 +1,6 @@
 """The msrun launcher: a failed or killed rank ends the job at once and is named with its error;
-a hung job is killed at the deadline; an unwritable log directory is one clear error; rank 0's
+a job whose ranks have all succeeded ends without waiting for its scheduler; a hung job is
+killed at the deadline; an unwritable log directory is one clear error; rank 0's
 lines can be followed while the job runs; msrun, started through `parent_death`, dies with the
 process that started it."""
 
@@ -18,7 +19,7 @@ import pytest
 from mf_parallel.errors import PlanError
 from mf_parallel.launch import LaunchError, run_ranks
 from mf_parallel.log_echo import MINDSPORE_INFO, echoing
-from mf_parallel.msrun import free_port, msrun_command
+from mf_parallel.msrun import ONE_HOST_HEARTBEAT, child_env, free_port, msrun_command
 from mf_parallel.nodes import Nodes
 from mf_parallel.rank_watch import LogScan, RankWatch, rank_failure_message
 
@@ -164,6 +165,52 @@ def test_a_hung_job_is_killed_at_the_deadline(tmp_path) -> None:
     finally:
         _assert_none_left(tmp_path)
     assert "rank 1 fails at " in (tmp_path / "worker_1.log").read_text(errors="replace")
+
+
+@pytest.mark.ranks
+def test_a_job_ends_when_every_rank_has_succeeded(tmp_path) -> None:
+    """Every worker exits with status 0 while the scheduler lingers (MindSpore's looks for
+    leaving workers every 5 s): the job succeeds without waiting for it, and the scheduler
+    is ended, not left behind. Before, only the deadline would have ended this job."""
+    pytest.importorskip("mindspore")  # msrun comes with it
+    try:
+        result = run_ranks(WORKERS / "lingering_scheduler.py", 2, log_dir=tmp_path / "logs",
+                           timeout=120, args=[str(tmp_path)])
+    finally:
+        _assert_none_left(tmp_path)
+    assert result.returncode == 0
+    assert [(tmp_path / "logs" / f"worker_{rank}.log").read_text() for rank in (0, 1)] == [
+        "rank 0 done\n", "rank 1 done\n"]
+
+
+@pytest.mark.ranks
+def test_a_rank_that_fails_as_it_ends_still_fails_the_job(tmp_path) -> None:
+    """Rank 1 exits with status 3 as rank 0 exits with 0: the job does not count as ended
+    well, and rank 1 is named."""
+    pytest.importorskip("mindspore")
+    try:
+        with pytest.raises(LaunchError) as exc:
+            run_ranks(WORKERS / "lingering_scheduler.py", 2, log_dir=tmp_path, timeout=120,
+                      args=[str(tmp_path), "3"])
+    finally:
+        _assert_none_left(tmp_path)
+    assert str(exc.value) == ("rank 1 exited with status 3 and logged no Python error (log: "
+                              f"{tmp_path / 'worker_1.log'})")
+
+
+def test_ranks_on_one_host_beat_every_second_unless_told_otherwise(monkeypatch) -> None:
+    """A worker's heartbeat thread sleeps between beats, and a worker ending waits for it:
+    on one host the ranks beat every second; over several hosts, or when the environment
+    sets the interval, MindSpore's own setting stands."""
+    monkeypatch.delenv("MS_RETRY_INTERVAL_LOWER", raising=False)
+    monkeypatch.delenv("MS_RETRY_INTERVAL_UPPER", raising=False)
+    assert {name: child_env(None, echo=False, one_host=True)[name] for name in
+            ONE_HOST_HEARTBEAT} == {"MS_RETRY_INTERVAL_LOWER": "1", "MS_RETRY_INTERVAL_UPPER": "1"}
+    assert not ONE_HOST_HEARTBEAT.keys() & child_env(None, echo=False).keys()
+    monkeypatch.setenv("MS_RETRY_INTERVAL_UPPER", "7")
+    assert child_env(None, echo=False, one_host=True)["MS_RETRY_INTERVAL_UPPER"] == "7"
+    assert child_env({"MS_RETRY_INTERVAL_LOWER": "2"}, echo=False,
+                     one_host=True)["MS_RETRY_INTERVAL_LOWER"] == "2"
 
 
 class _Console(io.StringIO):

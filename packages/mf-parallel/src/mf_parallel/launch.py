@@ -36,7 +36,7 @@ from .log_echo import echoing
 from .msrun import child_env, free_port, kill_group, msrun_command
 from .nodes import Nodes
 from .parent_death import command as dying_with_this_process
-from .rank_watch import TIMED_OUT, traceback_tail, watch
+from .rank_watch import TIMED_OUT, WORKERS_ENDED, traceback_tail, watch
 
 __all__ = ["Forward", "LaunchError", "LaunchResult", "Nodes", "failure_message", "run_ranks"]
 
@@ -129,7 +129,9 @@ def _run_msrun(script: str | Path, nproc: int, log_dir: Path, timeout: float,
                hold_fds: Sequence[int] = ()) -> tuple[str | None, int, float]:
     """Run msrun until it exits, a rank fails or the time is up, then end every process of
     the job. Returns the watch's failure (see `rank_watch.watch`), msrun's exit status and
-    the seconds since msrun started."""
+    the seconds since msrun started. On one host, the job ends as soon as every worker has
+    exited with status 0 (the status is then 0: msrun's own, once its scheduler is ended,
+    would not be)."""
     ranks = nodes.local_ranks(nproc)
     msrun_log = _open_log_dir(log_dir, ranks, nodes.msrun_log)
     port = nodes.master_port if nodes.master_port is not None else free_port()
@@ -139,15 +141,19 @@ def _run_msrun(script: str | Path, nproc: int, log_dir: Path, timeout: float,
         start = time.monotonic()
         process = subprocess.Popen(dying_with_this_process(signal.SIGINT, command),
                                    stdout=msrun_log, stderr=subprocess.STDOUT,
-                                   env=child_env(env, echo=echo[0] is not None),
+                                   env=child_env(env, echo=echo[0] is not None,
+                                                 one_host=nodes.count == 1),
                                    start_new_session=True, pass_fds=tuple(hold_fds))
         try:
             failure = watch(process, log_dir, ranks, deadline=start + timeout,
                             msrun_log=nodes.msrun_log,
                             forward=None if forward is None else
-                            lambda: forward.signum if forward.requested() else None)
+                            lambda: forward.signum if forward.requested() else None,
+                            until_workers_end=nodes.count == 1)
         finally:
             kill_group(process)  # the other ranks, and workers left behind by msrun, if any
+    if failure == WORKERS_ENDED:  # every rank succeeded; msrun and its scheduler were ended
+        return None, 0, time.monotonic() - start
     return failure, process.returncode, time.monotonic() - start
 
 

@@ -59,10 +59,22 @@ def msrun_command(script: str | Path, nproc: int, *, log_dir: Path, port: int,
             str(script), *args]
 
 
-def child_env(env: dict[str, str] | None, *, echo: bool) -> dict[str, str]:
+ONE_HOST_HEARTBEAT = {"MS_RETRY_INTERVAL_LOWER": "1", "MS_RETRY_INTERVAL_UPPER": "1"}
+"""Seconds between a worker's heartbeats to its scheduler when the whole job is on one host
+(MindSpore's default: 3 to 5). A worker ending waits for its heartbeat thread's sleep, so each
+job ended 2-4 s after its last line; a beat a second costs a few ranks nothing. Jobs over
+several hosts keep MindSpore's default (a heartbeat from each of thousands of ranks every
+second would load the scheduler), and a value in the environment wins."""
+
+
+def child_env(env: dict[str, str] | None, *, echo: bool, one_host: bool = False
+              ) -> dict[str, str]:
     """The ranks' environment: msrun starts a bare `python`, so this interpreter's directory
-    comes first on PATH; when echoing, unbuffered output unless the caller says otherwise."""
+    comes first on PATH; when echoing, unbuffered output unless the caller says otherwise;
+    on `one_host`, `ONE_HOST_HEARTBEAT` unless the caller says otherwise."""
     base = {"PYTHONUNBUFFERED": "1"} if echo else {}
+    if one_host:
+        base.update(ONE_HOST_HEARTBEAT)
     return {**base, **os.environ, **(env or {}), "PATH": path_with_interpreter()}
 
 

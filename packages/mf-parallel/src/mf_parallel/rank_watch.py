@@ -3,7 +3,7 @@
 msrun alone, when a worker fails, kills the other workers but then waits about 30 s for its
 scheduler's heartbeat timeout. The watch looks at the workers (their logs, msrun's log and
 /proc) every `POLL_SECONDS`, so that the job can be ended as soon as one rank has failed, with
-that rank named.
+that rank named, or, on one host, as soon as every rank has succeeded.
 
 Pure Python (and Linux's /proc): it never imports MindSpore.
 """
@@ -25,6 +25,8 @@ from .msrun import children
 POLL_SECONDS = 0.2
 #: What `watch` returns when the deadline has passed.
 TIMED_OUT = "timed out"
+#: What `watch` returns, with `until_workers_end`, once every worker has exited with status 0.
+WORKERS_ENDED = "workers ended"
 # what msrun logs (with its own PID) when it finds a worker exited with a non-zero code
 _MSRUN_WORKER_EXIT = (r"^\[ERROR\] ME\({pid}:.*Worker process (\d+) exit with exception\. "
                       r"Error code: (-?\d+)")
@@ -33,19 +35,27 @@ _EXCEPTION_LINE = re.compile(r"^(\w+(?:\.\w+)*(?:Error|Exception|Interrupt)\b.*)
 
 def watch(process: subprocess.Popen[bytes], log_dir: Path, ranks: Sequence[int], *,
           deadline: float, msrun_log: str = "msrun.log",
-          forward: Callable[[], int | None] | None = None) -> str | None:
+          forward: Callable[[], int | None] | None = None,
+          until_workers_end: bool = False) -> str | None:
     """Wait for msrun; stop early with the first failed rank's message, or `TIMED_OUT`.
 
     `ranks` are the global ranks msrun runs on this host; `msrun_log` names msrun's own log in
     `log_dir`. `forward`, asked at every look, returns a signal to send every worker (None:
     none yet): each worker gets it once, as soon as it has a handler for it (`RankWatch.send`).
     None means msrun exited by itself (its status says whether the job succeeded).
+
+    With `until_workers_end` (a job whose workers are all on this host), `WORKERS_ENDED` once
+    every worker has exited with status 0: the scheduler has no one left to serve, and
+    MindSpore's scheduler only notices the last worker's departure after up to 5 s of sleep,
+    then msrun after up to 1 s more.
     """
     workers = RankWatch(process.pid, log_dir, ranks, msrun_log=msrun_log)
     while process.poll() is None:
         failure = workers.failure()
         if failure is not None:
             return failure
+        if until_workers_end and workers.all_reaped():
+            return workers.failure() or WORKERS_ENDED  # what msrun logged as it reaped them
         signum = forward() if forward is not None else None
         if signum is not None:
             workers.send(signum)
@@ -105,6 +115,8 @@ class RankWatch:
         self.reported: list[tuple[int, int]] = []
         self.sent: set[int] = set()
         """The workers `send` has signalled."""
+        self.tails: dict[int, str] = {}
+        """msrun's `tail -f` of each worker log, seen so far (see `all_reaped`)."""
 
     def send(self, signum: int) -> None:
         """Send `signum` once to each worker seen so far, as soon as it has a handler for it
@@ -133,6 +145,18 @@ class RankWatch:
             if log.uncaught_traceback():
                 return rank_failure_message(rank, None, log.path)
         return None
+
+    def all_reaped(self) -> bool:
+        """Whether msrun has reaped every worker: it has ended its `tail -f` of each worker's
+        log, which it does once every worker has exited with status 0, or after logging the
+        one that did not. So once they are ended, `failure` has seen every status msrun
+        found. (A job whose helpers end before a look sees them is not ended this way.)"""
+        for pid in children(self.msrun_pid):
+            state, command = _state_and_command(pid)
+            if command == "tail":
+                self.tails[pid] = state
+        return len(self.tails) >= len(self.logs) and all(
+            _state_and_command(pid)[0] in ("Z", "") for pid in self.tails)
 
     def _find_workers(self) -> None:
         """msrun's children whose output goes to a worker log are the ranks (msrun's other
@@ -231,6 +255,18 @@ def _catches(pid: int, signum: int) -> bool:
     except (OSError, ValueError):
         pass
     return False
+
+
+def _state_and_command(pid: int) -> tuple[str, str]:
+    """A process's state letter (`Z`: exited, not reaped) and command name, from /proc; two
+    empty strings once it is gone."""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as stat:
+            text = stat.read()
+    except OSError:
+        return "", ""
+    command, _, rest = text.partition(" (")[2].rpartition(")")
+    return rest.split()[0], command
 
 
 def _zombie_returncode(pid: int) -> int | None:
