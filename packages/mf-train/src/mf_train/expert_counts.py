@@ -17,12 +17,15 @@ fewer than 2**24 tokens in a step.
 from __future__ import annotations
 
 from collections.abc import Collection, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
-from mindspore import Tensor
 
-from mf_parallel.runtime import Collectives
+if TYPE_CHECKING:  # MindSpore is imported where tensors are made: mf-train's launcher,
+    # which imports the monitors' package, imports none
+    from mindspore import Tensor
+
+    from mf_parallel.runtime import Collectives
 
 ROUTING_GROUPS = ("loss", "tensor")
 """The group kinds whose ranks route different tokens, summed over in this order."""
@@ -128,6 +131,8 @@ def _rank(collectives: Collectives | None) -> int:
 
 def _summed(array: np.ndarray, collectives: Collectives | None) -> Tensor:
     """Sum over the routing groups, as float32, on the device."""
+    from mindspore import Tensor
+
     tensor = Tensor(array.astype(np.float32))
     for kind in ROUTING_GROUPS if collectives is not None else ():
         tensor = collectives.all_reduce(tensor, kind)

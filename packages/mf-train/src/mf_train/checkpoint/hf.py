@@ -31,7 +31,6 @@ from pathlib import Path
 from types import TracebackType
 
 import numpy as np
-from mindspore.common import np_dtype
 from safetensors import SafetensorError, safe_open
 
 from . import layout
@@ -43,6 +42,15 @@ from .safetensors_header import ITEMSIZE, TensorEntry, read_header
 LOG = logging.getLogger(__name__)
 INDEX = "model.safetensors.index.json"
 Region = tuple[slice, ...]
+
+
+def _numpy_reads_bfloat16() -> bool:
+    """Whether numpy knows bfloat16, which MindSpore registers when `np_dtype` is imported
+    (here, so that importing this module, as mf-train's launcher does, imports no
+    MindSpore)."""
+    from mindspore.common import np_dtype
+
+    return hasattr(np_dtype, "bfloat16")
 
 
 def is_hf_checkpoint(path: str | os.PathLike[str]) -> bool:
@@ -138,7 +146,7 @@ class HFCheckpoint:
             raise CheckpointError(f"{self.path} holds no tensor {name}") from None
 
     def _read_plain(self, entry: TensorEntry, region: Region | None) -> np.ndarray:
-        if entry.dtype == "BF16" and not hasattr(np_dtype, "bfloat16"):
+        if entry.dtype == "BF16" and not _numpy_reads_bfloat16():
             raise CheckpointError(f"{entry.where}: bfloat16 needs MindSpore's numpy bfloat16 "
                                   "dtype, which this MindSpore build does not register")
         handle = self._handle(entry.file)
