@@ -19,9 +19,17 @@ import pytest
 from mf_parallel.errors import PlanError
 from mf_parallel.launch import LaunchError, run_ranks
 from mf_parallel.log_echo import MINDSPORE_INFO, echoing
-from mf_parallel.msrun import ONE_HOST_HEARTBEAT, child_env, free_port, msrun_command
+from mf_parallel.msrun import ONE_NODE_HEARTBEAT, child_env, free_port, kill_group, msrun_command
 from mf_parallel.nodes import Nodes
-from mf_parallel.rank_watch import LogScan, RankWatch, rank_failure_message
+from mf_parallel.rank_watch import (
+    TIMED_OUT,
+    WORKERS_ENDED,
+    LogScan,
+    RankWatch,
+    logs_errors,
+    rank_failure_message,
+    watch,
+)
 
 WORKERS = Path(__file__).resolve().parent / "workers"
 
@@ -175,7 +183,7 @@ def test_a_job_ends_when_every_rank_has_succeeded(tmp_path) -> None:
     pytest.importorskip("mindspore")  # msrun comes with it
     try:
         result = run_ranks(WORKERS / "lingering_scheduler.py", 2, log_dir=tmp_path / "logs",
-                           timeout=120, args=[str(tmp_path)])
+                           timeout=60, args=[str(tmp_path)])
     finally:
         _assert_none_left(tmp_path)
     assert result.returncode == 0
@@ -198,19 +206,50 @@ def test_a_rank_that_fails_as_it_ends_still_fails_the_job(tmp_path) -> None:
                               f"{tmp_path / 'worker_1.log'})")
 
 
-def test_ranks_on_one_host_beat_every_second_unless_told_otherwise(monkeypatch) -> None:
+def test_ranks_of_one_node_beat_every_second_unless_told_otherwise(monkeypatch) -> None:
     """A worker's heartbeat thread sleeps between beats, and a worker ending waits for it:
-    on one host the ranks beat every second; over several hosts, or when the environment
-    sets the interval, MindSpore's own setting stands."""
+    in a job of one node the ranks beat every second; over several nodes, or when the
+    environment sets either bound, MindSpore's own setting stands."""
     monkeypatch.delenv("MS_RETRY_INTERVAL_LOWER", raising=False)
     monkeypatch.delenv("MS_RETRY_INTERVAL_UPPER", raising=False)
-    assert {name: child_env(None, echo=False, one_host=True)[name] for name in
-            ONE_HOST_HEARTBEAT} == {"MS_RETRY_INTERVAL_LOWER": "1", "MS_RETRY_INTERVAL_UPPER": "1"}
-    assert not ONE_HOST_HEARTBEAT.keys() & child_env(None, echo=False).keys()
+    assert {name: child_env(None, echo=False, one_node=True)[name] for name in
+            ONE_NODE_HEARTBEAT} == {"MS_RETRY_INTERVAL_LOWER": "1", "MS_RETRY_INTERVAL_UPPER": "1"}
+    assert not ONE_NODE_HEARTBEAT.keys() & child_env(None, echo=False).keys()
+    given = child_env({"MS_RETRY_INTERVAL_LOWER": "2"}, echo=False, one_node=True)
+    assert (given["MS_RETRY_INTERVAL_LOWER"], "MS_RETRY_INTERVAL_UPPER" in given) == ("2", False)
     monkeypatch.setenv("MS_RETRY_INTERVAL_UPPER", "7")
-    assert child_env(None, echo=False, one_host=True)["MS_RETRY_INTERVAL_UPPER"] == "7"
-    assert child_env({"MS_RETRY_INTERVAL_LOWER": "2"}, echo=False,
-                     one_host=True)["MS_RETRY_INTERVAL_LOWER"] == "2"
+    given = child_env(None, echo=False, one_node=True)
+    assert (given["MS_RETRY_INTERVAL_UPPER"], "MS_RETRY_INTERVAL_LOWER" in given) == ("7", False)
+
+
+@pytest.mark.parametrize(("mode", "errors_logged", "outcome"), [
+    ("zombies", False, WORKERS_ENDED),  # every status seen: no need of msrun's log
+    ("reaped", True, WORKERS_ENDED),
+    ("reaped", False, TIMED_OUT),  # statuses unseen, and msrun's errors would not be logged
+    ("reaped-failed", True, "rank 1 exited with status 3 and logged no Python error (log: "),
+])
+def test_a_one_node_job_ends_early_only_on_evidence_that_every_rank_succeeded(
+        tmp_path, mode, errors_logged, outcome) -> None:
+    """workers/fake_msrun.py decides what the watch can see: the workers' exit statuses
+    before they are reaped, or only msrun's log and the end of its `tail -f` helpers."""
+    with open(tmp_path / "msrun.log", "wb") as log:
+        msrun = subprocess.Popen([sys.executable, str(WORKERS / "fake_msrun.py"), str(tmp_path),
+                                  mode], stdout=log, stderr=subprocess.STDOUT)
+    try:
+        got = watch(msrun, tmp_path, range(2), deadline=time.monotonic() + 8,
+                    until_workers_end=True, msrun_logs_errors=errors_logged)
+    finally:
+        kill_group(msrun)
+    assert got.startswith(outcome)
+
+
+@pytest.mark.parametrize(("env", "logged"), [
+    ({}, True), ({"GLOG_v": "3"}, True), ({"GLOG_v": "4"}, False),
+    ({"GLOG_logtostderr": "0"}, True),
+    ({"GLOG_logtostderr": "0", "GLOG_stderrthreshold": "4"}, False),
+])
+def test_which_environments_let_msrun_log_its_errors(env, logged) -> None:
+    assert logs_errors(env) is logged
 
 
 class _Console(io.StringIO):

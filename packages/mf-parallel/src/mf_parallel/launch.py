@@ -8,7 +8,9 @@ msrun (installed with MindSpore) starts one scheduler and N workers and sets the
 a free port on 127.0.0.1 (`msrun`); a watch on the workers while msrun runs, which ends the
 whole job as soon as one rank has failed and names that rank with its error (`rank_watch`;
 msrun alone kills the other workers but then waits about 30 s for the scheduler's heartbeat
-timeout); a deadline after which every process of the job is killed (a worker blocked in a
+timeout); in a job of one node, an end as soon as every rank has exited with status 0
+(MindSpore's scheduler takes up to 5 s more to notice, and msrun waits for it); a deadline
+after which every process of the job is killed (a worker blocked in a
 collective can outlive msrun's own timeout); and, on request, one rank's log echoed to a
 stream as it grows (`log_echo`); on request, a signal forwarded to every worker (the
 launcher's way to ask the ranks to stop at their next step); and a job that never outlives its
@@ -36,7 +38,7 @@ from .log_echo import echoing
 from .msrun import child_env, free_port, kill_group, msrun_command
 from .nodes import Nodes
 from .parent_death import command as dying_with_this_process
-from .rank_watch import TIMED_OUT, WORKERS_ENDED, traceback_tail, watch
+from .rank_watch import TIMED_OUT, WORKERS_ENDED, logs_errors, traceback_tail, watch
 
 __all__ = ["Forward", "LaunchError", "LaunchResult", "Nodes", "failure_message", "run_ranks"]
 
@@ -129,27 +131,29 @@ def _run_msrun(script: str | Path, nproc: int, log_dir: Path, timeout: float,
                hold_fds: Sequence[int] = ()) -> tuple[str | None, int, float]:
     """Run msrun until it exits, a rank fails or the time is up, then end every process of
     the job. Returns the watch's failure (see `rank_watch.watch`), msrun's exit status and
-    the seconds since msrun started. On one host, the job ends as soon as every worker has
-    exited with status 0 (the status is then 0: msrun's own, once its scheduler is ended,
-    would not be)."""
+    the seconds since msrun started. In a job of one node, the job ends as soon as every
+    worker has exited with status 0 (the status is then 0: msrun's own, once its scheduler
+    is ended, would not be; the scheduler's own status is not looked at)."""
     ranks = nodes.local_ranks(nproc)
     msrun_log = _open_log_dir(log_dir, ranks, nodes.msrun_log)
     port = nodes.master_port if nodes.master_port is not None else free_port()
     with msrun_log, echoing(log_dir, *echo):
         command = msrun_command(script, nproc, log_dir=log_dir, port=port, args=args,
                                 cluster_timeout=max(30, int(timeout)), nodes=nodes)
+        one_node = nodes.count == 1
+        environment = child_env(env, echo=echo[0] is not None, one_node=one_node)
         start = time.monotonic()
         process = subprocess.Popen(dying_with_this_process(signal.SIGINT, command),
                                    stdout=msrun_log, stderr=subprocess.STDOUT,
-                                   env=child_env(env, echo=echo[0] is not None,
-                                                 one_host=nodes.count == 1),
-                                   start_new_session=True, pass_fds=tuple(hold_fds))
+                                   env=environment, start_new_session=True,
+                                   pass_fds=tuple(hold_fds))
         try:
             failure = watch(process, log_dir, ranks, deadline=start + timeout,
                             msrun_log=nodes.msrun_log,
                             forward=None if forward is None else
                             lambda: forward.signum if forward.requested() else None,
-                            until_workers_end=nodes.count == 1)
+                            until_workers_end=one_node,
+                            msrun_logs_errors=logs_errors(environment))
         finally:
             kill_group(process)  # the other ranks, and workers left behind by msrun, if any
     if failure == WORKERS_ENDED:  # every rank succeeded; msrun and its scheduler were ended

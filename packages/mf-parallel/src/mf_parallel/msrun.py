@@ -59,23 +59,25 @@ def msrun_command(script: str | Path, nproc: int, *, log_dir: Path, port: int,
             str(script), *args]
 
 
-ONE_HOST_HEARTBEAT = {"MS_RETRY_INTERVAL_LOWER": "1", "MS_RETRY_INTERVAL_UPPER": "1"}
-"""Seconds between a worker's heartbeats to its scheduler when the whole job is on one host
-(MindSpore's default: 3 to 5). A worker ending waits for its heartbeat thread's sleep, so each
-job ended 2-4 s after its last line; a beat a second costs a few ranks nothing. Jobs over
-several hosts keep MindSpore's default (a heartbeat from each of thousands of ranks every
-second would load the scheduler), and a value in the environment wins."""
+ONE_NODE_HEARTBEAT = {"MS_RETRY_INTERVAL_LOWER": "1", "MS_RETRY_INTERVAL_UPPER": "1"}
+"""Seconds between a worker's heartbeats to its scheduler (and between its retries to
+register or reconnect) in a job of one node (MindSpore's default: 3 to 5). A worker ending
+waits for its heartbeat thread's sleep, so each job ended 2-4 s after its last line; a beat a
+second costs a few ranks nothing. Jobs over several nodes keep MindSpore's default (a
+heartbeat from each of thousands of ranks every second would load the scheduler), and so does
+an environment that sets either variable (MindSpore lowers the lower bound to the upper)."""
 
 
-def child_env(env: dict[str, str] | None, *, echo: bool, one_host: bool = False
+def child_env(env: dict[str, str] | None, *, echo: bool, one_node: bool = False
               ) -> dict[str, str]:
     """The ranks' environment: msrun starts a bare `python`, so this interpreter's directory
     comes first on PATH; when echoing, unbuffered output unless the caller says otherwise;
-    on `one_host`, `ONE_HOST_HEARTBEAT` unless the caller says otherwise."""
+    in a job of `one_node`, `ONE_NODE_HEARTBEAT` unless the caller sets either variable."""
     base = {"PYTHONUNBUFFERED": "1"} if echo else {}
-    if one_host:
-        base.update(ONE_HOST_HEARTBEAT)
-    return {**base, **os.environ, **(env or {}), "PATH": path_with_interpreter()}
+    given = {**os.environ, **(env or {})}
+    if one_node and not ONE_NODE_HEARTBEAT.keys() & given.keys():
+        base.update(ONE_NODE_HEARTBEAT)
+    return {**base, **given, "PATH": path_with_interpreter()}
 
 
 def path_with_interpreter() -> str:

@@ -16,7 +16,7 @@ import re
 import signal
 import subprocess
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from .msrun import children
@@ -28,7 +28,7 @@ TIMED_OUT = "timed out"
 #: What `watch` returns, with `until_workers_end`, once every worker has exited with status 0.
 WORKERS_ENDED = "workers ended"
 # what msrun logs (with its own PID) when it finds a worker exited with a non-zero code
-_MSRUN_WORKER_EXIT = (r"^\[ERROR\] ME\({pid}:.*Worker process (\d+) exit with exception\. "
+_MSRUN_WORKER_EXIT = (r"\[ERROR\] ME\({pid}:.*Worker process (\d+) exit with exception\. "
                       r"Error code: (-?\d+)")
 _EXCEPTION_LINE = re.compile(r"^(\w+(?:\.\w+)*(?:Error|Exception|Interrupt)\b.*)$", re.M)
 
@@ -36,7 +36,7 @@ _EXCEPTION_LINE = re.compile(r"^(\w+(?:\.\w+)*(?:Error|Exception|Interrupt)\b.*)
 def watch(process: subprocess.Popen[bytes], log_dir: Path, ranks: Sequence[int], *,
           deadline: float, msrun_log: str = "msrun.log",
           forward: Callable[[], int | None] | None = None,
-          until_workers_end: bool = False) -> str | None:
+          until_workers_end: bool = False, msrun_logs_errors: bool = True) -> str | None:
     """Wait for msrun; stop early with the first failed rank's message, or `TIMED_OUT`.
 
     `ranks` are the global ranks msrun runs on this host; `msrun_log` names msrun's own log in
@@ -44,17 +44,19 @@ def watch(process: subprocess.Popen[bytes], log_dir: Path, ranks: Sequence[int],
     none yet): each worker gets it once, as soon as it has a handler for it (`RankWatch.send`).
     None means msrun exited by itself (its status says whether the job succeeded).
 
-    With `until_workers_end` (a job whose workers are all on this host), `WORKERS_ENDED` once
-    every worker has exited with status 0: the scheduler has no one left to serve, and
-    MindSpore's scheduler only notices the last worker's departure after up to 5 s of sleep,
-    then msrun after up to 1 s more.
+    With `until_workers_end` (a job of one node), `WORKERS_ENDED` once every worker has
+    exited with status 0 (`RankWatch.all_succeeded`): the scheduler has no one left to serve,
+    and MindSpore's scheduler only notices the last worker's departure after up to 5 s of
+    sleep, then msrun after up to 1 s more. `msrun_logs_errors`: whether msrun's environment
+    lets its error lines reach its log (`logs_errors`).
     """
-    workers = RankWatch(process.pid, log_dir, ranks, msrun_log=msrun_log)
+    workers = RankWatch(process.pid, log_dir, ranks, msrun_log=msrun_log,
+                        msrun_logs_errors=msrun_logs_errors)
     while process.poll() is None:
         failure = workers.failure()
         if failure is not None:
             return failure
-        if until_workers_end and workers.all_reaped():
+        if until_workers_end and workers.all_succeeded():
             return workers.failure() or WORKERS_ENDED  # what msrun logged as it reaped them
         signum = forward() if forward is not None else None
         if signum is not None:
@@ -63,6 +65,14 @@ def watch(process: subprocess.Popen[bytes], log_dir: Path, ranks: Sequence[int],
             return TIMED_OUT
         time.sleep(POLL_SECONDS)
     return None
+
+
+def logs_errors(env: Mapping[str, str]) -> bool:
+    """Whether a MindSpore process with environment `env` writes its Python logger's error
+    lines to stderr (msrun's to its log): glog's settings as MindSpore's logger reads them."""
+    if env.get("GLOG_logtostderr", "1") == "0":
+        return env.get("GLOG_stderrthreshold", "2") in ("0", "1", "2", "3")
+    return env.get("GLOG_v", "2") in ("0", "1", "2", "3")
 
 
 def rank_failure_message(rank: int, returncode: int | None, log: Path) -> str:
@@ -103,7 +113,7 @@ class RankWatch:
     """
 
     def __init__(self, msrun_pid: int, log_dir: Path, ranks: Sequence[int], *,
-                 msrun_log: str = "msrun.log") -> None:
+                 msrun_log: str = "msrun.log", msrun_logs_errors: bool = True) -> None:
         self.msrun_pid = msrun_pid
         self.log_dir = log_dir
         self.pid_rank: dict[int, int] = {}
@@ -115,8 +125,11 @@ class RankWatch:
         self.reported: list[tuple[int, int]] = []
         self.sent: set[int] = set()
         """The workers `send` has signalled."""
-        self.tails: dict[int, str] = {}
-        """msrun's `tail -f` of each worker log, seen so far (see `all_reaped`)."""
+        self.exited_ok: set[int] = set()
+        """Workers seen exited with status 0 before msrun reaped them."""
+        self.tails: set[int] = set()
+        """msrun's `tail -f` of each worker log, seen so far (see `all_succeeded`)."""
+        self.msrun_logs_errors = msrun_logs_errors
 
     def send(self, signum: int) -> None:
         """Send `signum` once to each worker seen so far, as soon as it has a handler for it
@@ -141,22 +154,32 @@ class RankWatch:
             returncode = _zombie_returncode(pid)
             if returncode:
                 return self._message(rank, returncode, pid)
+            if returncode == 0:
+                self.exited_ok.add(pid)
         for rank, log in self.logs.items():
             if log.uncaught_traceback():
                 return rank_failure_message(rank, None, log.path)
         return None
 
-    def all_reaped(self) -> bool:
-        """Whether msrun has reaped every worker: it has ended its `tail -f` of each worker's
-        log, which it does once every worker has exited with status 0, or after logging the
-        one that did not. So once they are ended, `failure` has seen every status msrun
-        found. (A job whose helpers end before a look sees them is not ended this way.)"""
+    def all_succeeded(self) -> bool:
+        """Whether every rank's worker has exited with status 0, on either evidence:
+        - each was seen exited with status 0 before msrun reaped it; or
+        - msrun has ended its `tail -f` of each worker's log, which it does once every worker
+          has exited with status 0, or right after logging the one that did not (then
+          `failure` finds that line): only where msrun's error lines reach its log
+          (`msrun_logs_errors`).
+        Call `failure` first: a failed worker is reported there."""
+        if len(self.pid_rank) < len(self.logs):
+            return False
+        if self.exited_ok >= self.pid_rank.keys():
+            return True
+        if not self.msrun_logs_errors:
+            return False
         for pid in children(self.msrun_pid):
-            state, command = _state_and_command(pid)
-            if command == "tail":
-                self.tails[pid] = state
+            if _stat(pid)[1:2] == ["tail"]:
+                self.tails.add(pid)
         return len(self.tails) >= len(self.logs) and all(
-            _state_and_command(pid)[0] in ("Z", "") for pid in self.tails)
+            _stat(pid)[2:3] in ([], ["Z"]) for pid in self.tails)
 
     def _find_workers(self) -> None:
         """msrun's children whose output goes to a worker log are the ranks (msrun's other
@@ -169,7 +192,7 @@ class RankWatch:
 
     def _msrun_reported_exits(self) -> list[tuple[int, int]]:
         for line in self.msrun_log.new_lines():
-            found = self.msrun_exit.match(line)
+            found = self.msrun_exit.search(line)  # after a worker's unended line too
             if found:
                 self.reported.append((int(found[1]), int(found[2])))
         return self.reported
@@ -257,29 +280,26 @@ def _catches(pid: int, signum: int) -> bool:
     return False
 
 
-def _state_and_command(pid: int) -> tuple[str, str]:
-    """A process's state letter (`Z`: exited, not reaped) and command name, from /proc; two
-    empty strings once it is gone."""
+def _stat(pid: int) -> list[str]:
+    """/proc/<pid>/stat as fields: the PID, the command name (without its parentheses), the
+    state letter (`Z`: exited, not yet reaped), ...; [] once the process is gone."""
     try:
         with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as stat:
             text = stat.read()
     except OSError:
-        return "", ""
-    command, _, rest = text.partition(" (")[2].rpartition(")")
-    return rest.split()[0], command
+        return []
+    head, _, rest = text.rpartition(")")
+    number, _, command = head.partition(" (")
+    return [number, command, *rest.split()]
 
 
 def _zombie_returncode(pid: int) -> int | None:
     """A process that has exited but is not yet reaped: its status as subprocess gives it
     (-N for signal N). None while it runs or once it is gone."""
-    try:
-        with open(f"/proc/{pid}/stat", encoding="ascii") as stat:
-            fields = stat.read().rsplit(")", 1)[1].split()
-    except OSError:
+    fields = _stat(pid)
+    if fields[2:3] != ["Z"] or len(fields) < 52:
         return None
-    if fields[0] != "Z" or len(fields) < 50:
-        return None
-    return os.waitstatus_to_exitcode(int(fields[49]))  # field 52 of stat: the exit code
+    return os.waitstatus_to_exitcode(int(fields[51]))  # field 52 of stat: the exit code
 
 
 def _signal_name(number: int) -> str:
