@@ -165,6 +165,8 @@ def across_stages(tables: Mapping[int, np.ndarray], ranks: list[int],
     """
     if collectives is None or collectives.comm.group_size("pipeline") == 1:
         return {layer: (ranks, table) for layer, table in tables.items()}
+    from mindspore import Tensor
+
     comm = collectives.comm
     stage_ranks = comm.group_ranks["pipeline"]
     stage = stage_ranks.index(comm.rank)

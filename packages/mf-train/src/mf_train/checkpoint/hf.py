@@ -46,8 +46,8 @@ Region = tuple[slice, ...]
 
 def _numpy_reads_bfloat16() -> bool:
     """Whether numpy knows bfloat16, which MindSpore registers when `np_dtype` is imported
-    (here, so that importing this module, as mf-train's launcher does, imports no
-    MindSpore)."""
+    (here, when a checkpoint holds bfloat16 tensors, so that importing this module, as
+    mf-train's launcher does, imports no MindSpore)."""
     from mindspore.common import np_dtype
 
     return hasattr(np_dtype, "bfloat16")
@@ -92,6 +92,10 @@ class HFCheckpoint:
                      *self.block, len(scales))
         self._scales = scales
         self._entries = {name: entry for name, entry in entries.items() if name not in scales}
+        bfloat16 = next((entry for entry in entries.values() if entry.dtype == "BF16"), None)
+        if bfloat16 is not None and not _numpy_reads_bfloat16():
+            raise CheckpointError(f"{bfloat16.where}: bfloat16 needs MindSpore's numpy "
+                                  "bfloat16 dtype, which this MindSpore build does not register")
         self._handles: dict[Path, safe_open] = {}
         self._lock = threading.Lock()
         self.bytes_read = 0
@@ -146,9 +150,6 @@ class HFCheckpoint:
             raise CheckpointError(f"{self.path} holds no tensor {name}") from None
 
     def _read_plain(self, entry: TensorEntry, region: Region | None) -> np.ndarray:
-        if entry.dtype == "BF16" and not _numpy_reads_bfloat16():
-            raise CheckpointError(f"{entry.where}: bfloat16 needs MindSpore's numpy bfloat16 "
-                                  "dtype, which this MindSpore build does not register")
         handle = self._handle(entry.file)
         if region is None or not entry.shape:
             return handle.get_tensor(entry.name)
