@@ -100,7 +100,7 @@ def tests(session: nox.Session) -> None:
 @nox.session
 def lint(session: nox.Session) -> None:
     """ruff, and the import-linter contract that keeps the package stack strict."""
-    install_packages(session, "ruff>=0.6", "import-linter>=2.1")
+    install_packages(session, "ruff>=0.8", "import-linter>=2.1")
     session.run("ruff", "check", ".")
     session.run("lint-imports")
 

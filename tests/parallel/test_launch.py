@@ -227,6 +227,7 @@ def test_ranks_of_one_node_beat_every_second_unless_told_otherwise(monkeypatch) 
     ("reaped", True, WORKERS_ENDED),
     ("reaped", False, TIMED_OUT),  # statuses unseen, and msrun's errors would not be logged
     ("reaped-failed", True, "rank 1 exited with status 3 and logged no Python error (log: "),
+    ("tails-died", True, TIMED_OUT),  # within the deadline the workers still run
 ])
 def test_a_one_node_job_ends_early_only_on_evidence_that_every_rank_succeeded(
         tmp_path, mode, errors_logged, outcome) -> None:
@@ -236,7 +237,9 @@ def test_a_one_node_job_ends_early_only_on_evidence_that_every_rank_succeeded(
         msrun = subprocess.Popen([sys.executable, str(WORKERS / "fake_msrun.py"), str(tmp_path),
                                   mode], stdout=log, stderr=subprocess.STDOUT)
     try:
-        got = watch(msrun, tmp_path, range(2), deadline=time.monotonic() + 8,
+        # tails-died: looked at while the workers still run (each lives 3 s)
+        wait = 2 if mode == "tails-died" else 12
+        got = watch(msrun, tmp_path, range(2), deadline=time.monotonic() + wait,
                     until_workers_end=True, msrun_logs_errors=errors_logged)
     finally:
         kill_group(msrun)
@@ -247,6 +250,8 @@ def test_a_one_node_job_ends_early_only_on_evidence_that_every_rank_succeeded(
     ({}, True), ({"GLOG_v": "3"}, True), ({"GLOG_v": "4"}, False),
     ({"GLOG_logtostderr": "0"}, True),
     ({"GLOG_logtostderr": "0", "GLOG_stderrthreshold": "4"}, False),
+    ({"GLOG_logtostderr": "0", "GLOG_v": "4"}, False),
+    ({"GLOG_logtostderr": " 0", "GLOG_stderrthreshold": "4"}, False), ({"GLOG_v": ""}, True),
 ])
 def test_which_environments_let_msrun_log_its_errors(env, logged) -> None:
     assert logs_errors(env) is logged

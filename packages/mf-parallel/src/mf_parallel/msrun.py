@@ -116,10 +116,10 @@ def children(pid: int) -> list[int]:
 def _signal(pid: int, sig: int) -> bool:
     """Send `sig`; False when the process no longer exists (or is a zombie)."""
     try:
-        with open(f"/proc/{pid}/stat", encoding="ascii") as stat:
+        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as stat:
             if stat.read().rsplit(")", 1)[1].split()[0] == "Z":
                 return False
-    except OSError:
+    except (OSError, IndexError):
         pass
     try:
         os.kill(pid, sig)
@@ -135,8 +135,9 @@ def _parents() -> dict[int, list[int]]:
         if not entry.name.isdigit():
             continue
         try:
-            fields = (entry / "stat").read_text(encoding="ascii").rsplit(")", 1)[1].split()
-        except OSError:
+            fields = (entry / "stat").read_text(encoding="ascii",
+                                                errors="replace").rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
             continue
         found.setdefault(int(fields[1]), []).append(int(entry.name))
     return found

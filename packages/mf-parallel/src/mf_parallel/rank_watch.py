@@ -3,7 +3,7 @@
 msrun alone, when a worker fails, kills the other workers but then waits about 30 s for its
 scheduler's heartbeat timeout. The watch looks at the workers (their logs, msrun's log and
 /proc) every `POLL_SECONDS`, so that the job can be ended as soon as one rank has failed, with
-that rank named, or, on one host, as soon as every rank has succeeded.
+that rank named, or, in a job of one node, as soon as every rank has succeeded.
 
 Pure Python (and Linux's /proc): it never imports MindSpore.
 """
@@ -69,10 +69,17 @@ def watch(process: subprocess.Popen[bytes], log_dir: Path, ranks: Sequence[int],
 
 def logs_errors(env: Mapping[str, str]) -> bool:
     """Whether a MindSpore process with environment `env` writes its Python logger's error
-    lines to stderr (msrun's to its log): glog's settings as MindSpore's logger reads them."""
-    if env.get("GLOG_logtostderr", "1") == "0":
-        return env.get("GLOG_stderrthreshold", "2") in ("0", "1", "2", "3")
-    return env.get("GLOG_v", "2") in ("0", "1", "2", "3")
+    lines to stderr (msrun's to its log), as mindspore/log.py reads glog's settings: the
+    logger's level (`GLOG_v`) first, then, when the console is not the log's place
+    (`GLOG_logtostderr=0`), the console's threshold. Empty values are unset; values are
+    stripped."""
+    def setting(name: str, default: str) -> str:
+        return (env.get(name) or "").strip() or default
+
+    if setting("GLOG_v", "2") not in ("0", "1", "2", "3"):
+        return False
+    return (setting("GLOG_logtostderr", "1") != "0"
+            or setting("GLOG_stderrthreshold", "2") in ("0", "1", "2", "3"))
 
 
 def rank_failure_message(rank: int, returncode: int | None, log: Path) -> str:
@@ -151,7 +158,7 @@ class RankWatch:
             pid, returncode = reported[0]
             return self._message(self.pid_rank.get(pid), returncode, pid)
         for pid, rank in sorted(self.pid_rank.items(), key=lambda item: item[1]):
-            returncode = _zombie_returncode(pid)
+            returncode = _zombie_returncode(pid, parent=self.msrun_pid)
             if returncode:
                 return self._message(rank, returncode, pid)
             if returncode == 0:
@@ -175,7 +182,10 @@ class RankWatch:
             return True
         if not self.msrun_logs_errors:
             return False
-        for pid in children(self.msrun_pid):
+        below = children(self.msrun_pid)
+        if any(_stat(pid)[2:3] not in ([], ["Z"]) for pid in self.pid_rank if pid in below):
+            return False  # a worker still runs (its helper may have died on its own)
+        for pid in below:
             if _stat(pid)[1:2] == ["tail"]:
                 self.tails.add(pid)
         return len(self.tails) >= len(self.logs) and all(
@@ -293,11 +303,14 @@ def _stat(pid: int) -> list[str]:
     return [number, command, *rest.split()]
 
 
-def _zombie_returncode(pid: int) -> int | None:
-    """A process that has exited but is not yet reaped: its status as subprocess gives it
-    (-N for signal N). None while it runs or once it is gone."""
+def _zombie_returncode(pid: int, parent: int | None = None) -> int | None:
+    """A process that has exited but is not yet reaped (a child of `parent`, when given: a
+    PID reused by another process does not count): its status as subprocess gives it (-N
+    for signal N). None while it runs or once it is gone."""
     fields = _stat(pid)
     if fields[2:3] != ["Z"] or len(fields) < 52:
+        return None
+    if parent is not None and fields[3] != str(parent):
         return None
     return os.waitstatus_to_exitcode(int(fields[51]))  # field 52 of stat: the exit code
 
