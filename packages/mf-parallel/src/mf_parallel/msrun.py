@@ -115,12 +115,8 @@ def children(pid: int) -> list[int]:
 
 def _signal(pid: int, sig: int) -> bool:
     """Send `sig`; False when the process no longer exists (or is a zombie)."""
-    try:
-        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as stat:
-            if stat.read().rsplit(")", 1)[1].split()[0] == "Z":
-                return False
-    except (OSError, IndexError):
-        pass
+    if proc_stat(pid)[2:3] == ["Z"]:
+        return False
     try:
         os.kill(pid, sig)
     except (ProcessLookupError, PermissionError):
@@ -128,18 +124,26 @@ def _signal(pid: int, sig: int) -> bool:
     return True
 
 
+def proc_stat(pid: int) -> list[str]:
+    """/proc/<pid>/stat as fields: the PID, the command name (without its parentheses), the
+    state letter (`Z`: exited, not yet reaped), the parent's PID, ...; [] once the process is
+    gone. (psutil does not give a zombie's exit status, field 52.)"""
+    try:
+        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as stat:
+            text = stat.read()
+    except OSError:
+        return []
+    head, _, rest = text.rpartition(")")
+    number, _, command = head.partition(" (")
+    return [number, command, *rest.split()]
+
+
 def _parents() -> dict[int, list[int]]:
     """Every process's children, by parent PID, read from /proc (Linux)."""
     found: dict[int, list[int]] = {}
     for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            fields = (entry / "stat").read_text(encoding="ascii",
-                                                errors="replace").rsplit(")", 1)[1].split()
-        except (OSError, IndexError):
-            continue
-        found.setdefault(int(fields[1]), []).append(int(entry.name))
+        if entry.name.isdigit() and len(fields := proc_stat(int(entry.name))) > 3:
+            found.setdefault(int(fields[3]), []).append(int(entry.name))
     return found
 
 

@@ -19,7 +19,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
-from .msrun import children
+from .msrun import children, proc_stat
 
 #: Seconds between two looks at the workers (their logs and /proc) while the job runs.
 POLL_SECONDS = 0.2
@@ -183,13 +183,13 @@ class RankWatch:
         if not self.msrun_logs_errors:
             return False
         below = children(self.msrun_pid)
-        if any(_stat(pid)[2:3] not in ([], ["Z"]) for pid in self.pid_rank if pid in below):
+        if any(proc_stat(pid)[2:3] not in ([], ["Z"]) for pid in self.pid_rank if pid in below):
             return False  # a worker still runs (its helper may have died on its own)
         for pid in below:
-            if _stat(pid)[1:2] == ["tail"]:
+            if proc_stat(pid)[1:2] == ["tail"]:
                 self.tails.add(pid)
         return len(self.tails) >= len(self.logs) and all(
-            _stat(pid)[2:3] in ([], ["Z"]) for pid in self.tails)
+            proc_stat(pid)[2:3] in ([], ["Z"]) for pid in self.tails)
 
     def _find_workers(self) -> None:
         """msrun's children whose output goes to a worker log are the ranks (msrun's other
@@ -290,24 +290,11 @@ def _catches(pid: int, signum: int) -> bool:
     return False
 
 
-def _stat(pid: int) -> list[str]:
-    """/proc/<pid>/stat as fields: the PID, the command name (without its parentheses), the
-    state letter (`Z`: exited, not yet reaped), ...; [] once the process is gone."""
-    try:
-        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as stat:
-            text = stat.read()
-    except OSError:
-        return []
-    head, _, rest = text.rpartition(")")
-    number, _, command = head.partition(" (")
-    return [number, command, *rest.split()]
-
-
 def _zombie_returncode(pid: int, parent: int | None = None) -> int | None:
     """A process that has exited but is not yet reaped (a child of `parent`, when given: a
     PID reused by another process does not count): its status as subprocess gives it (-N
     for signal N). None while it runs or once it is gone."""
-    fields = _stat(pid)
+    fields = proc_stat(pid)
     if fields[2:3] != ["Z"] or len(fields) < 52:
         return None
     if parent is not None and fields[3] != str(parent):
