@@ -239,3 +239,18 @@ def test_param_init_is_seeded_per_name_and_order_free() -> None:
         "model.layers.0.mlp.up_proj.weight", (64, 32)))
     assert a.dtype == np.float32
     assert abs(a.mean()) < 0.003 and 0.018 < a.std() < 0.022
+
+
+@pytest.mark.parametrize("shape", [(5, 7), (4, 6), (33,), ()])
+def test_param_init_drawn_in_blocks_equals_one_draw(monkeypatch, shape) -> None:
+    """Drawn a few values at a time (blocks that do not divide the tensor, or divide it
+    exactly), the values are numpy's one-shot float64 draw times std, cast to float32: the
+    weights every model and golden file were made with."""
+    import zlib
+
+    monkeypatch.setattr(blocks, "DRAW_BLOCK", 4)
+    got = blocks.ParamInit(seed=9, std=0.02).normal("model.embed_tokens.weight", shape)
+    rng = np.random.default_rng([9, zlib.crc32(b"model.embed_tokens.weight")])
+    want = (rng.standard_normal(shape) * 0.02).astype(np.float32)
+    assert got.dtype == np.float32 and got.shape == want.shape
+    np.testing.assert_array_equal(got, want)

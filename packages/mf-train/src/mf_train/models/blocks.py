@@ -71,6 +71,10 @@ def resolve_compute_dtype(name: str, device_target: str,
 
 # --- initialisation ------------------------------------------------------------------------
 
+DRAW_BLOCK = 1 << 20
+"""Values `ParamInit.normal` draws at a time (8 MiB of float64)."""
+
+
 class ParamInit:
     """Seeded initial values, one independent stream per parameter name.
 
@@ -90,8 +94,18 @@ class ParamInit:
         self.std = std
 
     def normal(self, name: str, shape: Sequence[int]) -> np.ndarray:
+        """`name`'s values: float32 draws of normal(0, std), made a block of rows at a time
+        (numpy's generator gives the same stream however the draws are split), so the only
+        whole-size array is the float32 result, not float64 draws and their product (five
+        times the tensor: 655 MB for a 131 MB embedding table)."""
         rng = np.random.default_rng([self.seed, zlib.crc32(name.encode())])
-        return (rng.standard_normal(tuple(shape)) * self.std).astype(np.float32)
+        out = np.empty(tuple(shape), np.float32)
+        flat = out.reshape(-1)
+        for start in range(0, flat.size, DRAW_BLOCK):
+            block = rng.standard_normal(min(DRAW_BLOCK, flat.size - start))
+            block *= self.std
+            flat[start:start + block.size] = block
+        return out
 
     @staticmethod
     def zeros(shape: Sequence[int]) -> np.ndarray:
