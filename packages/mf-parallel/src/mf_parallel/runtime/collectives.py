@@ -135,12 +135,16 @@ class Collectives:
                               ) -> ms.Tensor:
         """The emulated reduce-scatter over `kind`'s group, from a function giving the input's
         slice addressed to group rank i (so a caller need not build the whole input): each
-        slice all-reduced in turn, this rank's kept."""
+        slice all-reduced in turn, this rank's kept. `slice_of` must return a new tensor
+        (contiguous, not a view): it is summed in place, so a slice in transit takes its own
+        memory only, not a second buffer for the sum."""
         mine = None
         for index in range(self.comm.group_size(kind)):
-            summed = self.all_reduce(slice_of(index), kind)
+            piece = slice_of(index)
+            self.all_reduce_in_place(piece, kind)
             if index == self.comm.group_rank(kind):
-                mine = summed
+                mine = piece
+            del piece
         return mine
 
     def all_to_all(self, tensor: ms.Tensor, kind: str) -> ms.Tensor:
