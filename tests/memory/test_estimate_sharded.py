@@ -40,10 +40,11 @@ def test_zero_1_holds_whole_gradients_and_sliced_state() -> None:
     assert result.grads == 4 * P                    # whole gradients, reduced after backward
     assert result.optimizer == 12 * N               # moments 8 B, float32 master slice 4 B
     assert result.gathered_params == 0
-    # after backward: the gradient slices 4 N, then the all-gather of a layer's buffer (its
-    # flat output S n_L and the parameters' copies P_L); reducing the whole gradients at
-    # first holds 4 P = 47,040 B, less
-    assert result.step == 4 * N + 4 * (4 * N_L + P_L) == 49_104
+    # reducing the whole gradients at first holds 4 P = 47,040 B; after backward the
+    # gradient slices 4 N, then the all-gather of a layer's buffer (each tensor gathered
+    # straight into the parameter's new copy, P_L), less
+    assert 4 * N + 4 * P_L < 4 * P
+    assert result.step == 4 * P == 47_040
     assert result.held_params == P
     assert result.total == result.backward_peak
 
@@ -66,7 +67,8 @@ def test_zero_2_reduces_one_buffer_at_a_time_into_float32_slices() -> None:
     # (kept until the root, reduced last, is complete), or at the end the root's
     assert result.grads == 4 * N + max(4 * (LATE + P_L), 4 * P_R) == 35_328
     assert (result.params, result.optimizer) == (4 * P, 12 * N)
-    assert result.step == 49_104
+    # the gradient slices 4 N and the all-gather of a layer's buffer into new copies P_L
+    assert result.step == 4 * N + 4 * P_L == 30_432
     # with a reduce-scatter (not CPU) each buffer is flattened into a copy first
     device = on_ranks("optim_grads", context__device_target="auto")
     assert device.grads == 4 * N + max(4 * LATE + 2 * 4 * P_L, 2 * 4 * P_R) == 54_000
@@ -82,10 +84,10 @@ def test_fsdp_holds_slices_and_gathers_a_unit_at_a_time() -> None:
     assert result.grads == 35_328                   # as ZeRO-2
     assert result.optimizer == 8 * N                # the master is the slice itself
     # the root stays gathered; the `default` policy reshards layer 0 after forward and keeps
-    # layer 1, so one layer at a time, with its all-gather's flat output S n_L
-    assert result.gathered_params == 4 * (P_R + P_L + 4 * N_L)
+    # layer 1, so one layer at a time, each tensor gathered straight into its own memory
+    assert result.gathered_params == 4 * (P_R + P_L)
     never = on_ranks("optim_grads_params", parallelism__reshard_after_forward_policy="never")
-    assert never.gathered_params == 4 * (P_R + P_L + P_L + 4 * N_L)
+    assert never.gathered_params == 4 * (P_R + P_L + P_L)
     # no all-gather after the update: the gradient slices, one clipped slice, new masters
     assert result.step == 4 * N + 4 * N_L + 4 * N == 28_188
     assert result.held_params == N
@@ -103,8 +105,8 @@ def test_fsdp_keeps_the_vocabulary_tables_as_rows() -> None:
     # the head's rows and the root are reduced as backward starts, so only a layer's whole
     # gradients are in flight
     assert result.grads == 4 * n + 4 * P_L
-    # gathered: the root and one layer with its all-gather's flat output; no table
-    assert result.gathered_params == 4 * (root + P_L + 4 * N_L)
+    # gathered: the root and one layer; no table
+    assert result.gathered_params == 4 * (root + P_L)
     # tied: the table's rows hold the head's share of their gradient through the layers
     tied = on_ranks("optim_grads_params", model__vocab_size=48, model__tie_word_embeddings=True)
     n_tied = 2 * N_L + rows + root // 4

@@ -70,22 +70,56 @@ def test_forward_and_backward_gather_and_free_the_units(collectives) -> None:
 
 
 @pytest.mark.parametrize("dtype", [ms.float32, ms.bfloat16])  # bfloat16: no CPU pad kernel
-@pytest.mark.parametrize(("shape", "low", "count"), [
-    ((3, 2, 4), 5, 7), ((5,), 1, 3), ((4, 3), 0, 12), ((4, 3), 3, 3), ((4, 3), 2, 9),
-    ((), 0, 1)])
-def test_a_rank_s_part_is_placed_in_a_zero_tensor_of_the_whole_shape(
-        dtype, shape, low, count) -> None:
-    """What each rank contributes to the emulated all-gather of one tensor: its elements at
-    their row-major positions, zeros elsewhere, in memory of its own."""
-    from mf_parallel.runtime.flat_shard import _placed_in
+@pytest.mark.parametrize(("before", "shape", "after"), [(0, (3,), 6), (3, (3,), 3),
+                                                        (6, (3,), 0), (0, (4,), 0),
+                                                        (2, (2, 3), 4)])
+def test_a_rank_s_chunk_is_placed_between_zeros(dtype, before, shape, after) -> None:
+    """What each rank contributes to the emulated all-gather of one tensor: its chunk of
+    rows at their place, zeros elsewhere, in memory of its own."""
+    from mf_parallel.runtime.flat_shard import _padded
 
-    part = ms.Tensor(np.arange(1, count + 1, dtype=np.float32)).astype(dtype)
-    placed = _placed_in(shape, part, low)
-    want = np.zeros(int(np.prod(shape)), np.float32)
-    want[low:low + count] = np.arange(1, count + 1)
-    assert tuple(placed.shape) == shape and placed.dtype == dtype
-    np.testing.assert_array_equal(placed.astype(ms.float32).asnumpy().reshape(-1), want)
+    values = np.arange(1, int(np.prod(shape)) + 1, dtype=np.float32).reshape(shape)
+    part = ms.Tensor(values).astype(dtype)
+    placed = _padded(part, before, after)
+    want = np.zeros((before + shape[0] + after, *shape[1:]), np.float32)
+    want[before:before + shape[0]] = values
+    assert placed.dtype == dtype
+    np.testing.assert_array_equal(placed.astype(ms.float32).asnumpy(), want)
     assert placed.data_ptr() != part.data_ptr()
+
+
+@pytest.mark.parametrize(("shapes", "shards"), [([(2, 3), (6,), (1,)], 3), ([(4, 4)], 4),
+                                                ([(5, 2), (3,)], 4), ([(), (7,)], 2)])
+def test_each_rank_s_slice_is_each_tensor_s_chunk(shapes, shards) -> None:
+    """Every rank's slice, cut from the tensors, is chunk r of each tensor (numpy's cut),
+    the whole buffer is the slices in rank order, and the ranges and tables agree with it."""
+    from types import SimpleNamespace
+
+    from mf_parallel.runtime.flat_shard import FlatShard
+
+    rng = np.random.default_rng(3)
+    arrays = [rng.normal(size=shape).astype(np.float32) for shape in shapes]
+    tensors = [ms.Tensor(a) for a in arrays]
+    slices = []
+    for rank in range(shards):
+        comm = SimpleNamespace(group_size=lambda kind, n=shards: n if kind == "shard" else 1,
+                               group_rank=lambda kind, r=rank: r)
+        flat = FlatShard(shapes, SimpleNamespace(comm=comm))
+        want = []
+        for a in arrays:
+            chunk = -(-a.size // shards)
+            piece = a.reshape(-1)[rank * chunk:(rank + 1) * chunk]
+            want += [piece, np.zeros(chunk - piece.size, np.float32)]
+        want = np.concatenate(want)
+        mine = flat.own_tensors(tensors).asnumpy()
+        np.testing.assert_array_equal(mine, want)
+        for index, low, high, offset in flat.own_ranges():
+            np.testing.assert_array_equal(mine[offset:offset + high - low],
+                                          arrays[index].reshape(-1)[low:high])
+        held = flat.own_values([1.0] * len(shapes))
+        assert held.sum() == sum(high - low for _, low, high, _ in flat.own_ranges())
+        slices.append(mine)
+    np.testing.assert_array_equal(flat.flatten(tensors).asnumpy(), np.concatenate(slices))
 
 
 def test_units_cut_as_they_are_built_train_as_units_cut_after(collectives) -> None:

@@ -38,16 +38,16 @@ def test_each_strategy_on_two_ranks_equals_plain_data_parallel(two, strategy) ->
 
 
 def test_state_kept_between_steps_shrinks_with_the_strategy(two) -> None:
-    """Bytes kept per rank with 2 shards: 1955 parameters, slices of 978 floats."""
-    full, mine = 4 * PARAMS, 4 * -(-PARAMS // 2)
+    """Bytes kept per rank with 2 shards: 1955 parameters in 6 tensors, each cut in two
+    chunks (an odd one's second padded): slices of 980 floats."""
+    tensors = [16 * 33, 33, 33 * 33, 33, 33 * 8, 8]  # weight and bias of 3 linear layers
+    assert sum(tensors) == PARAMS
+    full, mine = 4 * PARAMS, 4 * sum(-(-n // 2) for n in tensors)
     held = {name: two[0][name]["held"] for name in ("optim", "optim_grads", "fsdp_always")}
     assert held["optim"] == {"params": full + mine, "grads": full, "optimizer": 2 * mine}
     assert held["optim_grads"] == {"params": full + mine, "grads": mine, "optimizer": 2 * mine}
-    # FSDP pads each of its 3 units (2 linear layers and the root) to an even length.
-    units = [16 * 33 + 33, 33 * 33 + 33, 33 * 8 + 8]
-    fsdp_mine = 4 * sum(-(-n // 2) for n in units)
-    assert held["fsdp_always"] == {"params": fsdp_mine, "grads": fsdp_mine,
-                                   "optimizer": 2 * fsdp_mine}
+    # FSDP's 3 units (2 linear layers and the root) hold the same chunks
+    assert held["fsdp_always"] == {"params": mine, "grads": mine, "optimizer": 2 * mine}
 
 
 def test_fsdp_parameters_are_empty_between_steps(two) -> None:

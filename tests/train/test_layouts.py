@@ -125,10 +125,10 @@ def test_layers_are_cut_as_built_wherever_fsdp_runs(world, parallelism, shards) 
     hook = layout_for(plan_dims, config).layer_built(plan_dims, config, Collectives(comm))
     assert (hook is not None) == (shards is not None)
     if hook is not None:
-        layer = ms.nn.Dense(3, 5)  # 20 elements
+        layer = ms.nn.Dense(3, 5)  # a weight of 15 elements, a bias of 5
         hook(layer)
         assert [tuple(p.shape) for p in layer.trainable_params()] == [(0,), (0,)]
-        assert tuple(getattr(layer, PRESLICED).shape) == (-(-20 // shards),)
+        assert tuple(getattr(layer, PRESLICED).shape) == (-(-15 // shards) + -(-5 // shards),)
 
 
 @pytest.mark.parametrize("world", [4, 2])
@@ -149,7 +149,7 @@ def test_fsdp_under_expert_parallelism_cuts_layers_and_experts_apart(world) -> N
     class Layer(ms.nn.Cell):
         def __init__(self):
             super().__init__()
-            self.proj = ms.nn.Dense(3, 5)  # 20 elements
+            self.proj = ms.nn.Dense(3, 5)  # a weight of 15 elements, a bias of 5
             self.mlp = Experts()
 
     plan_dims, config = dims(world, expert_parallel=2)
@@ -161,7 +161,8 @@ def test_fsdp_under_expert_parallelism_cuts_layers_and_experts_apart(world) -> N
     sliced = world == 4
     assert shapes == {"proj.weight": (0,), "proj.bias": (0,),
                       "mlp.experts.0.weight": (0,) if sliced else (2, 2)}
-    assert tuple(getattr(layer, PRESLICED).shape) == (20 // world,)  # over every rank
+    # over every rank: each tensor's chunk
+    assert tuple(getattr(layer, PRESLICED).shape) == (-(-15 // world) + -(-5 // world),)
     if sliced:  # 4 elements over the 2 ranks holding the same experts
         assert tuple(getattr(layer.mlp.experts, PRESLICED).shape) == (2,)
     else:

@@ -50,25 +50,32 @@ BETAS, EPS, LR, WD = (0.9, 0.95), 1e-8, 0.05, 0.1
 
 
 class StubShard:
-    """Stands in for mf-parallel: 3 ranks share a flat buffer of 13 elements (padded to 15);
-    this is rank 1, owning elements 5..9, which cut `a` (0..5) and `b` (6..11) apart."""
+    """Stands in for mf-parallel: 3 ranks share `a` (6 elements), `b.bias` (6) and `c` (1),
+    each tensor cut into 3 chunks (`c`'s padded to one element each); this is rank 1, whose
+    slice is elements 2..3 of `a`, 2..3 of `b.bias` and `c`'s padding."""
 
     def __init__(self, params):
         self.params = params
         self.flat = FlatShard([p.shape for p in params], stub_collectives())
-        assert (self.flat.start, self.flat.length, self.flat.total) == (5, 5, 13)
-        self.master = Parameter(Tensor(self._flat(params)[5:10]), name="stub_master")
+        assert (self.flat.length, self.flat.total) == (5, 13)
+        self.master = Parameter(Tensor(self._mine(params)), name="stub_master")
         self.buffers = [self]
         self.published = []
 
     @staticmethod
-    def _flat(arrays) -> np.ndarray:
-        flat = np.concatenate([np.asarray(a.asnumpy() if hasattr(a, "asnumpy") else a,
-                                          np.float32).reshape(-1) for a in arrays])
-        return np.concatenate([flat, np.zeros(15 - flat.size, np.float32)])
+    def _mine(arrays) -> np.ndarray:
+        """Rank 1's slice of `arrays`, cut here with numpy: chunk 1 of each of 3."""
+        pieces = []
+        for a in arrays:
+            flat = np.asarray(a.asnumpy() if hasattr(a, "asnumpy") else a,
+                              np.float32).reshape(-1)
+            chunk = -(-flat.size // 3)
+            piece = flat[chunk:2 * chunk]
+            pieces += [piece, np.zeros(chunk - piece.size, np.float32)]
+        return np.concatenate(pieces)
 
     def reduce_grads(self, grads):
-        return [Tensor(self._flat(grads)[5:10])]
+        return [Tensor(self._mine(grads))]
 
     def publish(self, slices):
         self.published.append(slices[0].asnumpy().copy())
@@ -112,19 +119,19 @@ def test_slice_update_equals_whole_tensor_adamw_with_per_parameter_decay() -> No
         for i, rate in enumerate((WD, 0.0, WD)):
             whole[i], m, v = numpy_adamw(whole[i], flat_grads[i], *moments[i], step, LR, rate)
             moments[i] = (m, v)
-        expected = StubShard._flat(whole)[5:10]
+        expected = StubShard._mine(whole)
         np.testing.assert_allclose(sharded.published[-1], expected, rtol=1e-6, atol=1e-7)
     assert optimizer.global_step == 3
-    # elements 5 (a, decayed) and 6..9 (b.bias, not decayed): ids into the rates [0.0, 0.1]
+    # elements 2..3 of a (decayed), 2..3 of b.bias (not), padding: ids into [0.0, 0.1]
     assert optimizer.rates == [0.0, WD]
-    assert optimizer.rate_ids.asnumpy().tolist() == [1, 0, 0, 0, 0]
+    assert optimizer.rate_ids.asnumpy().tolist() == [1, 1, 0, 0, 0]
 
 
 def test_norm_sums_the_squares_of_every_ranks_slice() -> None:
     sharded, _, grads = stub_problem()
     optimizer = ShardedAdamW([(p.name, p) for p in sharded.params], sharded,
                              stub_collectives(squares_elsewhere=4.0), betas=BETAS, eps=EPS)
-    mine = StubShard._flat(grads)[5:10]
+    mine = StubShard._mine(grads)
     grad, norm = reduce_to_slice(sharded, optimizer.collectives, grads)
     np.testing.assert_array_equal(grad.asnumpy(), mine)
     assert float(norm.asnumpy()) == pytest.approx(math.sqrt(float((mine ** 2).sum()) + 4.0),
@@ -132,18 +139,18 @@ def test_norm_sums_the_squares_of_every_ranks_slice() -> None:
 
 
 def test_norm_with_tensor_parallelism_sums_split_elements_over_the_tensor_group() -> None:
-    """`a` split by tensor parallelism, `b.bias` replicated: of this rank's slice, element 5
-    (of `a`) is summed over the tensor group (the stand-in group triples it), elements 6..9
-    (of `b.bias`) are counted once."""
+    """`a` split by tensor parallelism, `b.bias` replicated: of this rank's slice, the two
+    elements of `a` are summed over the tensor group (the stand-in group triples them), those
+    of `b.bias` are counted once."""
     sharded, _, grads = stub_problem()
     mark_tensor_sharded(sharded.params[0])
     group = SimpleNamespace(size=2, all_reduce=lambda tensor: tensor * 3.0)
     norm = SliceNorm(sharded.buffers, stub_collectives(), group)
-    assert norm.split.asnumpy().tolist() == [1.0, 0.0, 0.0, 0.0, 0.0]
+    assert norm.split.asnumpy().tolist() == [1.0, 1.0, 0.0, 0.0, 0.0]
     _, value = reduce_to_slice(sharded, stub_collectives(), grads, norm)
-    mine = StubShard._flat(grads)[5:10].astype(np.float64)
+    mine = StubShard._mine(grads).astype(np.float64)
     assert float(value.asnumpy()) == pytest.approx(
-        math.sqrt(3 * mine[0] ** 2 + (mine[1:] ** 2).sum()), rel=1e-6)
+        math.sqrt(3 * (mine[:2] ** 2).sum() + (mine[2:] ** 2).sum()), rel=1e-6)
 
 
 def test_clip_scales_the_slice_like_the_whole_gradient() -> None:
@@ -181,24 +188,32 @@ def test_state_dict_round_trip_and_layout_check() -> None:
     state = optimizer.state_dict()
     assert sorted(state) == ["adam_m.flat", "adam_v.flat", "global_step", "main_param.flat",
                              "shard_layout"]
-    assert state["shard_layout"].tolist() == [3, 1, 13, 5, 1]
+    assert state["shard_layout"].tolist() == [3, 1, 13, 5, 1, 2]
     _, fresh, _ = stub_problem()
     fresh.load_state_dict(state)
     assert fresh.global_step == 1
     np.testing.assert_array_equal(fresh.exp_avg_sq.asnumpy(), state["adam_v.flat"])
-    other = dict(state, shard_layout=np.array([2, 1, 13, 7, 1], np.int64))
+    other = dict(state, shard_layout=np.array([2, 1, 13, 7, 1, 2], np.int64))
     with pytest.raises(OptimizerStateError, match=r"saved with shard degree 2, shard rank 1, "
-                                                  r"elements 13, slice length 7, buffers 1; "
-                                                  r"this run has shard degree 3"):
+                                                  r"elements 13, slice length 7, buffers 1, "
+                                                  r"slice order 2; this run has shard degree 3"):
         fresh.load_state_dict(other)
+    # state saved when a slice was one range of the tensors end to end (no slice order),
+    # here of the same length: refused, not read in the wrong order
+    older = dict(state, shard_layout=np.array([3, 1, 13, 5, 1], np.int64))
+    with pytest.raises(OptimizerStateError, match=r"saved with \[3, 1, 13, 5, 1\]; this run "
+                                                  r"has .* slice order 2"):
+        fresh.load_state_dict(older)
     with pytest.raises(OptimizerStateError, match=r"missing key 'adam_m.flat'"):
         fresh.load_state_dict({k: v for k, v in state.items() if k != "adam_m.flat"})
 
 
-def test_own_ranges_cut_the_slice_at_tensor_boundaries() -> None:
-    """Rank 1's elements 5..9: element 5 of `a` (its last), elements 0..3 of `b.bias`."""
+def test_own_ranges_are_each_tensor_s_chunk() -> None:
+    """Rank 1 of 3: elements 2..3 of `a` at 0 of its slice, 2..3 of `b.bias` at 2; `c` (one
+    element, in rank 0's chunk) nothing, its padding at 4."""
     sharded, _, _ = stub_problem()
-    assert sharded.flat.own_ranges() == [(0, 5, 6, 0), (1, 0, 4, 1)]
+    assert sharded.flat.own_ranges() == [(0, 2, 4, 0), (1, 2, 4, 2)]
+    assert sharded.flat.own_values([7.0, 8.0, 9.0]).tolist() == [7.0, 7.0, 8.0, 8.0, 0.0]
 
 
 EVERYTHING_OWNED = SimpleNamespace(owns=lambda name, param, sliced=False: True,
@@ -220,7 +235,7 @@ def test_state_pieces_are_one_process_adamw_state_cut_where_the_slice_cuts(tmp_p
                                                 *moments[i], step, LR, rate)
     pieces = optimizer.state_pieces(EVERYTHING_OWNED)
     assert sorted(piece.key for piece in pieces) == [
-        "adam_m.a@5:6", "adam_m.b.bias@0:4", "adam_v.a@5:6", "adam_v.b.bias@0:4",
+        "adam_m.a@2:4", "adam_m.b.bias@2:4", "adam_v.a@2:4", "adam_v.b.bias@2:4",
         "global_step"]
     for piece, values in pieces.items():
         if piece.name == "global_step":
@@ -232,7 +247,7 @@ def test_state_pieces_are_one_process_adamw_state_cut_where_the_slice_cuts(tmp_p
         assert isinstance(values, Deferred)  # read when the writer reaches it
         np.testing.assert_allclose(values.read(), want, rtol=1e-5, atol=1e-8, err_msg=piece.key)
     mine = optimizer.master.asnumpy()  # the slice publish hands mf-parallel
-    weights = {Piece("a", (2, 3), 5, 6): mine[:1], Piece("b.bias", (6,), 0, 4): mine[1:]}
+    weights = {Piece("a", (2, 3), 2, 4): mine[:2], Piece("b.bias", (6,), 2, 4): mine[2:4]}
     CheckpointManager(CheckpointConfig(save_path=str(tmp_path))).save(
         2, weights, pieces, RunProgress(global_step=2, consumed_samples=8,
                                         global_batch_size=4))

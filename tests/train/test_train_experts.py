@@ -104,9 +104,10 @@ def test_sharded_over_four_ranks_with_expert_parallel_two(data_prefix, single, t
     assert_same_run(tmp_path, single)
     assert_same_weights(tmp_path, single)
     # ranks 0 and 2 hold experts 0-1, ranks 1 and 3 experts 2-3; each MoE layer's experts
-    # are one flat buffer cut in two: the first rank's half is its first expert
+    # are one buffer whose tensors are each cut in two: each rank writes half of each of its
+    # experts, and no other expert
     assert [experts_written(tmp_path, rank, 4) for rank in range(4)] == \
-        [{0}, {2}, {1}, {3}]
+        [{0, 1}, {2, 3}, {0, 1}, {2, 3}]
     assert ("expert parallel 2 (experts 0-1 of 4 here, all-to-all, sliced over 2 expert-data "
             f"ranks) x {layout} over 4 ranks") in worker_log(tmp_path)
     # AdamW's state: each rank writes (and holds) the moments of its half of its experts

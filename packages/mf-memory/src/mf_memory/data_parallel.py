@@ -347,26 +347,25 @@ class DataParallelRank:
         stays so until the step's gradients are reduced: P_root·p. Each layer unit i is
         gathered around its forward pass and again around its backward pass if it reshards
         after forward (mf_parallel.reshard_plan; `default` keeps the last unit, `never` every
-        unit); the all-gather holds its flat output S·n_i beside the parameters' copies P_i
-        until it returns, while the earlier units that do not reshard are still gathered:
+        unit); each tensor is all-gathered straight into its own memory (mf-parallel's
+        `FlatShard`: one all-gather per tensor, no buffer of the unit beside), while the
+        earlier units that do not reshard are still gathered:
 
-            gathered = (P_root + max_i (Σ_{j<i, kept} P_j + P_i + S·n_i))·p
+            gathered = (P_root + max_i (Σ_{j<i, kept} P_j + P_i))·p
 
-        (the root's own all-gather runs before any activation exists, so only its copies
-        count). FSDP's sliced experts (`sliced_experts`) are gathered with their layer: P_i
-        and S·n_i then add the layer's experts E_i and E_d·⌈E_i / E_d⌉; other routed experts
-        under expert parallelism are never gathered.
+        FSDP's sliced experts (`sliced_experts`) are gathered with their layer: P_i then adds
+        the layer's experts E_i; other routed experts under expert parallelism are never
+        gathered.
         """
         if not self.fsdp or not self.units:
             return 0
-        sizes, slices = self.buffers, self.slices
+        sizes = self.buffers
         root = self.count(self.rest)
         peak = kept = 0
         for i, reshards in enumerate(reshard_plan(policy, len(self.units), pipeline)):
             experts = self.experts(self.units[i]) if self.sliced_experts else 0
             gathered = sizes[i] + experts
-            peak = max(peak, kept + gathered + self.degree * slices[i]
-                       + self.expert_data * shard(experts, self.expert_data))
+            peak = max(peak, kept + gathered)
             if not reshards:
                 kept += gathered
         return (root + peak) * self.param_bytes
@@ -388,11 +387,12 @@ class DataParallelRank:
             clipped gradient slice 4·n_b, and its new float32 master slice beside the old one
             (p < 4), or with p = 4 all the new master slices 4·N (until they are published,
             the buffers keep the old ones, which the masters shared);
-          - ZeRO's all-gather of one buffer into the parameters: its flat output S·n_b and
-            the parameters' new copies P_b, (S·n_b + P_b)·p (FSDP gathers nothing here).
+          - ZeRO's all-gather of one buffer into the parameters: the parameters' new copies
+            P_b, each tensor gathered straight into its own memory, P_b·p (FSDP gathers
+            nothing here).
 
             step = max(reduction, 4·N + G_out + max(4·max n_b + (p = 4 ? 4·N : 4·max n_b),
-                                                    ZeRO: max_b (S·n_b + P_b)·p))
+                                                    ZeRO: max_b P_b·p))
         """
         if not self.sharded:
             return 0
@@ -409,9 +409,7 @@ class DataParallelRank:
                  + (c - 1) * sizes[order[k]] * p for k in range(len(order))), default=0)
         biggest = max(slices, default=0)
         update = 4 * biggest + (4 * sum(slices) if p == 4 else 4 * biggest)
-        gather = 0 if self.fsdp else max(
-            ((self.degree * n + size) * p for n, size in zip(slices, sizes, strict=True)),
-            default=0)
+        gather = 0 if self.fsdp else max(sizes, default=0) * p
         return max(reduction, 4 * sum(slices) + outside + max(update, gather))
 
     def notes(self, optimizer: str) -> list[str]:

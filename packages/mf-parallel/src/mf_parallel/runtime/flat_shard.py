@@ -1,11 +1,15 @@
-"""A list of tensors laid end to end in one flat buffer, sharded over the `shard` group.
+"""A list of tensors sharded over the `shard` group, each rank holding one flat slice.
 
-The buffer is padded with zeros to a multiple of the shard degree, so each rank owns one
-contiguous slice of equal length. ZeRO-1/2 keep one such buffer for all parameters; fully
-sharded data parallel keeps one per sharded unit. With HSDP (replicate > 1) the slices are
-taken over the `shard` group, and reduced slices are then summed over the `replicate` group.
-Routed experts under expert parallelism are sliced the same way over the `expert_data` group
-(the ranks holding the same experts; `EXPERT_DATA_GROUPS`).
+Each tensor is cut into `shards` equal chunks of its row-major elements, the last padded with
+zeros, and rank r's slice is chunk r of every tensor, end to end (PyTorch FSDP2's
+per-parameter sharding, by elements): the whole buffer (`flatten`) is rank 0's slice, then
+rank 1's, and so on. A tensor is then gathered by one all-gather of its chunks, whose output
+is the tensor itself, and never by copying it out of a gathered buffer of the whole unit.
+ZeRO-1/2 keep one such buffer per bucket of parameters; fully sharded data parallel keeps one
+per sharded unit. With HSDP (replicate > 1) the slices are taken over the `shard` group, and
+reduced slices are then summed over the `replicate` group. Routed experts under expert
+parallelism are sliced the same way over the `expert_data` group (the ranks holding the same
+experts; `EXPERT_DATA_GROUPS`).
 """
 
 from __future__ import annotations
@@ -16,7 +20,7 @@ from typing import Any, NamedTuple
 
 import mindspore as ms
 import numpy as np
-from mindspore import Parameter, mint, ops
+from mindspore import Parameter, ops
 
 from .collectives import PAD_DTYPES, Collectives
 from .copies import fresh_copy
@@ -42,15 +46,9 @@ same experts (torchtitan's `efsdp`); no replicas. An expert's gradient already h
 tokens every data-parallel rank dispatched to it: averaged over the whole `data` group."""
 
 
-IN_PLACE_GATHER_BYTES = 64 << 20
-"""On CPU, a unit at least this large is gathered tensor by tensor in place also where the
-all-gather runs natively (`FlatShard.all_gather`): a model's root unit (its embedding), whose
-gathered buffer and copies would be the step's largest transient."""
-
-
 class FlatShard:
-    """This rank's slice of the flat buffer of tensors with the given shapes, over the groups
-    `groups` names: `(shard kind, replicate kind or None)`."""
+    """This rank's slice of the tensors with the given shapes, over the groups `groups`
+    names: `(shard kind, replicate kind or None)`."""
 
     def __init__(self, shapes: Sequence[tuple[int, ...]], collectives: Collectives,
                  groups: ShardGroups = DATA_GROUPS):
@@ -62,13 +60,17 @@ class FlatShard:
         comm = collectives.comm
         self.shards = comm.group_size(self.shard_kind)
         self.replicas = comm.group_size(self.replicate_kind) if self.replicate_kind else 1
-        total = sum(self.numels)
-        self.length = -(-total // self.shards)
+        self.chunks = [-(-numel // self.shards) for numel in self.numels]
+        """Elements of each tensor in every rank's slice (its last rank's padded)."""
+        self.offsets = [sum(self.chunks[:index]) for index in range(len(self.chunks))]
+        """Where each tensor's chunk starts in a slice."""
+        self.length = sum(self.chunks)
         """Elements in each rank's slice."""
-        self.padding = self.length * self.shards - total
+        self.padding = self.length * self.shards - self.total
         self.rank = comm.group_rank(self.shard_kind)
         """This rank's place in the shard group."""
         self.start = self.rank * self.length
+        """Where this rank's slice starts in the whole buffer (`flatten`)."""
 
     @property
     def data_ranks(self) -> int:
@@ -84,18 +86,20 @@ class FlatShard:
         return sum(self.numels)
 
     def flatten(self, tensors: Sequence[ms.Tensor]) -> ms.Tensor:
-        """The tensors concatenated, padded to the full buffer length (one tensor that needs
-        no padding: itself, flattened, not a copy)."""
-        parts = [t.reshape(-1) for t in tensors]
-        if len(parts) == 1 and not self.padding:
-            return parts[0]
-        if self.padding:
-            parts.append(ops.zeros(self.padding, parts[0].dtype))
-        return ops.cat(parts)
+        """The whole buffer of `tensors`: every rank's slice in rank order (one tensor that
+        needs no padding: itself, flattened, not a copy)."""
+        flats = [t.reshape(-1) for t in tensors]
+        if len(flats) == 1 and not self.padding:
+            return flats[0]
+        return ops.cat([self._slice_of(flats, shard) for shard in range(self.shards)])
 
     def own(self, flat: ms.Tensor) -> ms.Tensor:
-        """This rank's slice of a full flat buffer (a copy)."""
+        """This rank's slice of a whole buffer (`flatten`'s; a copy)."""
         return fresh_copy(flat[self.start:self.start + self.length])
+
+    def own_tensors(self, tensors: Sequence[ms.Tensor]) -> ms.Tensor:
+        """This rank's slice of `tensors` (a new tensor), without their whole buffer."""
+        return self._slice_of([t.reshape(-1) for t in tensors], self.rank)
 
     def own_values(self, values: Sequence[float], dtype: np.dtype | type = np.float32,
                    ) -> np.ndarray:
@@ -113,12 +117,8 @@ class FlatShard:
         if len(values) != len(self.numels):
             raise ValueError(f"expected {len(self.numels)} values, got {len(values)}")
         table = np.zeros(self.length, dtype=dtype)
-        begin, end, offset = self.start, self.start + self.length, 0
-        for value, numel in zip(values, self.numels, strict=True):
-            low, high = max(offset, begin), min(offset + numel, end)
-            if low < high:
-                table[low - begin:high - begin] = value
-            offset += numel
+        for index, low, high, offset in self.own_ranges():
+            table[offset:offset + high - low] = values[index]
         return table
 
     def own_ranges(self) -> list[tuple[int, int, int, int]]:
@@ -130,28 +130,27 @@ class FlatShard:
             row-major flattening); the padding is in none.
         """
         ranges = []
-        begin, end, offset = self.start, self.start + self.length, 0
-        for index, numel in enumerate(self.numels):
-            low, high = max(offset, begin), min(offset + numel, end)
+        for index, (numel, chunk, offset) in enumerate(zip(self.numels, self.chunks,
+                                                           self.offsets, strict=True)):
+            low, high = self.rank * chunk, min((self.rank + 1) * chunk, numel)
             if low < high:
-                ranges.append((index, low - offset, high - offset, low - begin))
-            offset += numel
+                ranges.append((index, low, high, offset))
         return ranges
 
     def reduce_scatter(self, flat: ms.Tensor) -> ms.Tensor:
-        """Sum a full flat buffer over every data-parallel rank; return this rank's slice."""
+        """Sum a whole buffer (`flatten`'s) over every data-parallel rank; return this rank's
+        slice."""
         return self.over_replicas(self.collectives.reduce_scatter(flat, self.shard_kind))
 
     def reduce_scatter_tensors(self, tensors: Sequence[ms.Tensor]) -> ms.Tensor:
-        """`reduce_scatter(flatten(tensors))` without the whole flat buffer where the backend
-        has no reduce-scatter (CPU): the emulation takes each rank's slice cut from the
-        tensors. Backends with a reduce-scatter run it on the flat buffer."""
+        """`reduce_scatter(flatten(tensors))` without the whole buffer where the backend has
+        no reduce-scatter (CPU): the emulation takes each rank's slice cut from the tensors.
+        Backends with a reduce-scatter run it on the whole buffer."""
         if self.shards == 1 or not self.collectives.emulates("reduce_scatter"):
             return self.reduce_scatter(self.flatten(tensors))
         flats = [t.reshape(-1) for t in tensors]
         mine = self.collectives.reduce_scatter_slices(
-            lambda shard: self._range(flats, shard * self.length, (shard + 1) * self.length),
-            self.shard_kind)
+            lambda shard: self._slice_of(flats, shard), self.shard_kind)
         return self.over_replicas(mine)
 
     def over_replicas(self, mine: ms.Tensor) -> ms.Tensor:
@@ -160,83 +159,68 @@ class FlatShard:
             return mine
         return self.collectives.all_reduce(mine, self.replicate_kind)
 
-    def _range(self, flats: Sequence[ms.Tensor], begin: int, end: int) -> ms.Tensor:
-        """Elements `[begin, end)` of the padded concatenation of `flats` (a new tensor)."""
-        pieces, offset = [], 0
-        for flat, numel in zip(flats, self.numels, strict=True):
-            low, high = max(begin, offset), min(end, offset + numel)
+    def _slice_of(self, flats: Sequence[ms.Tensor], shard: int) -> ms.Tensor:
+        """Rank `shard`'s slice of the flattened tensors `flats`: each one's chunk `shard`,
+        zero-padded (a new tensor)."""
+        pieces = []
+        for flat, numel, chunk in zip(flats, self.numels, self.chunks, strict=True):
+            low, high = min(shard * chunk, numel), min((shard + 1) * chunk, numel)
             if low < high:
-                pieces.append(flat[low - offset:high - offset])
-            offset += numel
-        if end > offset:
-            pieces.append(ops.zeros(end - max(begin, offset), flats[0].dtype))
+                pieces.append(flat[low:high])
+            if high - low < chunk:
+                pieces.append(ops.zeros(chunk - (high - low), flats[0].dtype))
         return fresh_copy(pieces[0]) if len(pieces) == 1 else ops.cat(pieces)
 
     def all_gather(self, mine: ms.Tensor) -> list[ms.Tensor]:
-        """The full tensors, in their shapes, from every rank's slice.
+        """The full tensors, in their shapes, from every rank's slice: one all-gather of each
+        tensor's chunks, whose output is the tensor where the chunks are whole rows (copied
+        into the tensor's shape otherwise: padded, or rows that do not divide).
 
-        Each is a tensor of its own, not a view into a gathered buffer: MindSpore copies a
-        view each time an operation uses it (for the 131 MB embedding, at every lookup and
-        at the head's matmul), and an operation saves a copy of a view for backward, so fully
-        sharded data parallel could not recognise a saved parameter (see `fully_sharded`).
+        Each is a tensor of its own, not a view into a gathered buffer of the unit:
+        MindSpore copies such a view each time an operation uses it (for the 131 MB
+        embedding, at every lookup and at the head's matmul), and an operation saves a copy
+        of a view for backward, so fully sharded data parallel could not recognise a saved
+        parameter (see `fully_sharded`). The largest transient of a gather is the unit's
+        tensors themselves and one tensor's padding, against the gathered buffer of the whole
+        unit and the tensors copied out of it (twice the unit) when a unit was gathered in one
+        collective.
 
-        On CPU, where the all-gather itself is emulated (a group other than the world) and
-        for a unit of `IN_PLACE_GATHER_BYTES` or more, each tensor is gathered into its own
-        memory: a zero tensor of its shape holding this rank's elements, summed over the group
-        in place. The largest transient of a gather is then the unit's tensors themselves,
-        against the placed buffer, its all-reduced copy and the tensors cut from it (three
-        times the unit) through the emulated gather, at the same traffic. Otherwise the
-        backend's all-gather gathers the flat buffer (a slice's worth of traffic per rank,
-        against a whole unit's for an all-reduce: a quarter of the step time of FSDP on 4 CPU
-        ranks when every unit went in place) and each tensor is copied out of it: twice the
-        unit at most.
+        On CPU, where the all-gather itself is emulated (a group other than the world),
+        each tensor is a zero tensor holding this rank's chunk in place, summed over the
+        group in place: one tensor's size in transit, not the placed buffer and its
+        all-reduced copy.
         """
-        if self.shards > 1 and self.collectives.emulates("all_gather") and (
-                not self.collectives.gathers_natively(self.shard_kind)
-                or self.total * mine.itemsize >= IN_PLACE_GATHER_BYTES):
-            held = {index: (low, high, offset) for index, low, high, offset
-                    in self.own_ranges()}
-            fulls = []
-            for index, shape in enumerate(self.shapes):
-                if index in held:
-                    low, high, offset = held[index]
-                    full = _placed_in(shape, mine[offset:offset + high - low], low)
-                else:
-                    full = ops.zeros(shape, mine.dtype)
+        in_place = (self.shards > 1 and self.collectives.emulates("all_gather")
+                    and not self.collectives.gathers_natively(self.shard_kind))
+        fulls = []
+        for numel, chunk, offset, shape in zip(self.numels, self.chunks, self.offsets,
+                                               self.shapes, strict=True):
+            part = mine[offset:offset + chunk]
+            if self.shards == 1:
+                fulls.append(fresh_copy(part.reshape(shape)))
+                continue
+            # chunks of whole rows gather into the tensor's shape; others flat, then copied
+            # into it (a reshaped view would be saved as a copy by the operations using it)
+            rows = bool(shape) and chunk * self.shards == numel and shape[0] % self.shards == 0
+            if rows:
+                part = part.reshape((shape[0] // self.shards, *shape[1:]))
+            if in_place:
+                count = part.shape[0]
+                full = _padded(part, self.rank * count, (self.shards - 1 - self.rank) * count)
                 self.collectives.all_reduce_in_place(full, self.shard_kind)
-                fulls.append(full)
-            return fulls
-        full = self.collectives.all_gather(mine, self.shard_kind)
-        pieces = mint.split(full, [*self.numels, self.padding] if self.padding else self.numels)
-        return [fresh_copy(piece.reshape(shape))
-                for piece, shape in zip(pieces, self.shapes, strict=False)]
+            else:
+                full = self.collectives.all_gather(part, self.shard_kind)
+            fulls.append(full if rows else fresh_copy(full[:numel].reshape(shape)))
+        return fulls
 
 
-def _placed_in(shape: tuple[int, ...], part: ms.Tensor, low: int) -> ms.Tensor:
-    """A tensor of `shape` (memory of its own, not a view) holding `part` as its row-major
-    elements `[low, low + len(part))` and zeros elsewhere. Built by padding: the rows `part`
-    touches, then the rows before and after (MindSpore's slice assignment builds index
-    tensors of the part's size, several times the part in transient memory)."""
-    high = low + part.shape[0]
-    if not shape:
-        return part.reshape(()) * 1
-    inner = math.prod(shape[1:])
-    first, last = low // inner, -(-high // inner)
-    before, after = low - first * inner, last * inner - high
-    rows = _zero_rows_around(part, before, after) if before or after else part
-    block = rows.reshape((last - first, *shape[1:]))
-    if first == 0 and last == shape[0]:
-        return fresh_copy(block)
-    return _zero_rows_around(block, first, shape[0] - last)
-
-
-def _zero_rows_around(tensor: ms.Tensor, before: int, after: int) -> ms.Tensor:
-    """`tensor` between `before` and `after` zero rows (along dim 0): a new tensor, padded in
-    one operation where the kernel exists, else concatenated with zero blocks."""
-    if tensor.dtype in PAD_DTYPES:
-        return ops.pad(tensor, (0, 0) * (tensor.ndim - 1) + (before, after))
-    zeros = [ops.zeros((rows, *tensor.shape[1:]), tensor.dtype) for rows in (before, after)]
-    return ops.cat([part for part in (zeros[0], tensor, zeros[1]) if part.shape[0]])
+def _padded(part: ms.Tensor, before: int, after: int) -> ms.Tensor:
+    """`part` between `before` and `after` rows of zeros (along dim 0): a new tensor, padded
+    in one operation where the kernel exists, else concatenated with zero blocks."""
+    if part.dtype in PAD_DTYPES:
+        return ops.pad(part, (0, 0) * (part.ndim - 1) + (before, after))
+    zeros = [ops.zeros((count, *part.shape[1:]), part.dtype) for count in (before, after)]
+    return ops.cat([piece for piece in (zeros[0], part, zeros[1]) if piece.shape[0]])
 
 
 PRESLICED = "mf_presliced"
@@ -270,7 +254,7 @@ def preslice(cell: Any, collectives: Collectives,
     """
     params = list(cell.trainable_params() if params is None else params)
     flat = FlatShard([p.shape for p in params], collectives, groups)
-    mine = flat.own(flat.flatten(params))
+    mine = flat.own_tensors(params)
     for param in params:
         setattr(param, BUILT_SHAPE, tuple(param.shape))
         param.set_data(ops.zeros((0,), param.dtype), slice_shape=True)
@@ -290,7 +274,7 @@ class FlatBucket:
         self.params = list(params)
         self.flat = FlatShard([built_shape(p) for p in self.params], collectives, groups)
         if presliced is None:
-            mine = self.flat.own(self.flat.flatten(self.params))
+            mine = self.flat.own_tensors(self.params)
         elif tuple(presliced.shape) != (self.flat.length,):
             raise ValueError(f"{name}: a slice of {presliced.shape[0]} elements was cut when "
                              f"the unit was built; its parameters now need "

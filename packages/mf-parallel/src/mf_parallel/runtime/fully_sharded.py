@@ -58,6 +58,7 @@ from mindspore.experimental.optim import AdamW
 from mf_parallel.reshard_policy import reshard_plan
 
 from .collectives import Collectives
+from .copies import fresh_copy
 from .flat_shard import (
     DATA_GROUPS,
     EXPERT_DATA_GROUPS,
@@ -93,7 +94,10 @@ class ShardedUnit(FlatBucket):
             if self.keep_tensors and tuple(param.shape) == tuple(full.shape):
                 param.untyped_storage().resize_(full.nbytes)
                 ops.assign(param, full)
-            else:  # swapped in (kept tensors too, the first time: a built unit was emptied)
+            elif self.keep_tensors:  # the first time (a built unit was emptied): a tensor
+                # of its own, not a view of the gathered one, so the next gathers can fill it
+                param.set_data(fresh_copy(full), slice_shape=True)
+            else:
                 param.set_data(full, slice_shape=True)
         self.gathered = True
         self.gathers += 1

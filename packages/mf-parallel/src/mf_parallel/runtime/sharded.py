@@ -9,8 +9,9 @@ ZeRO's first two stages, over one flat buffer of all parameters (see `flat_shard
 - `optim_grads` (ZeRO-2): gradients are reduce-scattered as they are produced
   (`grad_shards.ShardedGradients`), so each rank also keeps only its slice of the gradients.
 
-The parameters are laid out in one flat buffer per unit (mf-train passes the decoder layers,
-as for FSDP), so the transient buffers of a reduction or a gather are one unit's size.
+The parameters are sharded by buffer, one per unit (mf-train passes the decoder layers, as
+for FSDP), so the transient buffers of a reduction or a gather are one unit's size (each
+tensor cut into one chunk per rank, `flat_shard.FlatShard`).
 The optimizer's math is the caller's: `reduce_grads(grads)` returns this rank's reduced slice
 of each buffer, the caller updates them (any element-wise optimizer: AdamW with per-element
 weight decay in mf-train), and `publish(slices)` gathers the new slices into the model's

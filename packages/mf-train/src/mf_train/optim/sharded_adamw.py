@@ -23,7 +23,7 @@ Checkpoints (`state_pieces`, `load_state_pieces`): the ranges of one process's
 hold, so they load onto any layout. State dict (per rank, as format-2 checkpoints held it):
 `global_step`, `main_param.flat`, `adam_m.flat`, `adam_v.flat` (this rank's float32 slices)
 and `shard_layout` (shard degree, shard rank, elements in all buffers, slice length, number
-of buffers): it loads only onto the same layout.
+of buffers, slice order): it loads only onto the same layout.
 """
 
 from __future__ import annotations
@@ -42,7 +42,11 @@ from .base import MASTER_PREFIX
 from .protocol import FLOAT32, STEP_KEY, OptimizerStateError, checked_lr, gated, update_gradient
 
 LAYOUT_KEY = "shard_layout"
-LAYOUT_FIELDS = ("shard degree", "shard rank", "elements", "slice length", "buffers")
+LAYOUT_FIELDS = ("shard degree", "shard rank", "elements", "slice length", "buffers",
+                 "slice order")
+SLICE_ORDER = 2
+"""How a slice orders its elements: 2, each tensor's chunk in turn (`FlatShard`); state
+saved before it (one contiguous range of the tensors end to end) had no such field."""
 SLICE_KEYS = ("main_param.flat", "adam_m.flat", "adam_v.flat")
 
 
@@ -140,8 +144,8 @@ class ShardedAdamW:
         buffers = self.sharded.buffers
         gathered = [getattr(buffer, "gathered", True) for buffer in buffers]
         if all(gathered):
-            self.masters = [ops.cast(buffer.flat.own(buffer.flat.flatten(buffer.params)),
-                                     FLOAT32) for buffer in buffers]
+            self.masters = [ops.cast(buffer.flat.own_tensors(buffer.params), FLOAT32)
+                            for buffer in buffers]
         elif not any(gathered):
             self.masters = [ops.cast(buffer.master.value(), FLOAT32) for buffer in buffers]
         else:
@@ -316,5 +320,5 @@ def _shard_layout(buffers: Sequence[Any], collectives: Any) -> np.ndarray:
                     else (comm.group_size("shard"), comm.group_rank("shard")))
     return np.array([shards, rank,
                      sum(buffer.flat.total for buffer in buffers),
-                     sum(buffer.flat.length for buffer in buffers), len(buffers)],
+                     sum(buffer.flat.length for buffer in buffers), len(buffers), SLICE_ORDER],
                     dtype=np.int64)
