@@ -133,6 +133,17 @@ def metrics_peaks(output: Path) -> tuple[float | None, float | None]:
     return start.get("build_peak_memory_gib"), steps[-1].get("peak_memory_gib") if steps else None
 
 
+def make_corpus(tmp: Path) -> Path:
+    """The Python-docs corpus (examples/data/make_corpus.py) preprocessed in `tmp`; its
+    prefix."""
+    corpus = tmp / "docs.jsonl"
+    subprocess.run([sys.executable, str(ROOT / "examples/data/make_corpus.py"), str(corpus)],
+                   check=True, capture_output=True)
+    subprocess.run(["mf-data", "preprocess", "--input", str(corpus), "--output-prefix",
+                    str(tmp / "docs")], check=True, capture_output=True)
+    return tmp / "docs"
+
+
 def revision_env(revision: str, tmp: Path) -> tuple[dict[str, str], Path]:
     """The environment that runs `revision`'s packages, and its worktree."""
     tree = tmp / f"tree-{revision}"
@@ -155,13 +166,8 @@ def prepare(tmp: Path, revisions: str | None,
     """The 127M configuration on a fresh corpus in `tmp`, and the code to run: each of the
     comma-separated `revisions` (its environment; worktrees to remove after), or the
     installed packages."""
-    corpus = tmp / "docs.jsonl"
-    subprocess.run([sys.executable, str(ROOT / "examples/data/make_corpus.py"), str(corpus)],
-                   check=True, capture_output=True)
-    subprocess.run(["mf-data", "preprocess", "--input", str(corpus), "--output-prefix",
-                    str(tmp / "docs")], check=True, capture_output=True)
     config = tmp / "qwen3_127m.yaml"
-    config.write_text(config_text(tmp / "docs"))
+    config.write_text(config_text(make_corpus(tmp)))
     codes, trees = [("installed", dict(os.environ))], []
     if revisions:
         codes = []
