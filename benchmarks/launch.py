@@ -1,8 +1,9 @@
 """What starting and ending a job costs: `mf-train` on one process against `--nproc 2` and
 `--nproc 4`, side by side with earlier commits.
 
-The tiny Qwen3 of examples/qwen3_tiny.yaml (global batch 4: local batch 4 / ranks), 2 steps
-and its final checkpoint, on the Python-docs corpus `nox -s train` builds. Each run is the
+The tiny Qwen3 of examples/qwen3_tiny.yaml (global batch 4: local batch 4 / ranks, so 1, 2
+or 4 ranks; the example's data-parallel strategy), 2 steps and its final checkpoint, on the
+Python-docs corpus `nox -s train` builds. Each run is the
 console script in a fresh process; from its wall clock and the timestamps of metrics.jsonl:
 
 - **to start**: from the command to the `start` event (launch, imports, configuration, the
@@ -83,6 +84,8 @@ def main() -> None:
             codes.append((revision, env))
             trees.append(tree)
     ranks = [int(r) for r in args.ranks.split(",")]
+    if any(n not in (1, 2, 4) for n in ranks) or args.rounds < 1:
+        parser.error("--ranks takes 1, 2 or 4 (global batch 4), --rounds at least 1")
     times: dict[tuple[str, int], list[dict[str, float]]] = {}
     try:
         for round_ in range(args.rounds + 1):  # round 0 warms the caches (dataset index)

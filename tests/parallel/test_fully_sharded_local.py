@@ -105,19 +105,19 @@ def test_each_rank_s_slice_is_each_tensor_s_chunk(shapes, shards) -> None:
         comm = SimpleNamespace(group_size=lambda kind, n=shards: n if kind == "shard" else 1,
                                group_rank=lambda kind, r=rank: r)
         flat = FlatShard(shapes, SimpleNamespace(comm=comm))
-        want = []
-        for a in arrays:
+        want, table = [], []
+        for number, a in enumerate(arrays, start=1):
             chunk = -(-a.size // shards)
             piece = a.reshape(-1)[rank * chunk:(rank + 1) * chunk]
             want += [piece, np.zeros(chunk - piece.size, np.float32)]
+            table += [number] * piece.size + [0] * (chunk - piece.size)
         want = np.concatenate(want)
         mine = flat.own_tensors(tensors).asnumpy()
         np.testing.assert_array_equal(mine, want)
         for index, low, high, offset in flat.own_ranges():
             np.testing.assert_array_equal(mine[offset:offset + high - low],
                                           arrays[index].reshape(-1)[low:high])
-        held = flat.own_values([1.0] * len(shapes))
-        assert held.sum() == sum(high - low for _, low, high, _ in flat.own_ranges())
+        assert flat.own_values(range(1, len(shapes) + 1)).tolist() == table
         slices.append(mine)
     np.testing.assert_array_equal(flat.flatten(tensors).asnumpy(), np.concatenate(slices))
 
@@ -205,3 +205,103 @@ def test_compiled_units_keep_their_tensors_and_train_as_pynative_ones(collective
         assert [p.untyped_storage().nbytes() for p in kept] == [0, 0]  # ... memory freed
     for a, b in zip(compiled.full_parameters(), pynative.full_parameters(), strict=True):
         np.testing.assert_allclose(a.asnumpy(), b.asnumpy(), rtol=1e-6, atol=1e-7)
+
+
+class _LockstepRanks:
+    """Collectives for `shards` ranks run one after the other in this process: every rank
+    `FlatShard.all_gather`s its slice, a native all-gather returning every rank's part (known
+    from their slices), an in-place one recording each rank's contribution, summed once all
+    ranks have run; a reduction sums `shards` equal contributions."""
+
+    def __init__(self, shards: int, native: bool, emulated: bool = True):
+        from types import SimpleNamespace
+
+        self.shards, self.native, self.emulated = shards, native, emulated
+        self.rank, self.parts, self.calls = 0, [], 0
+        self.contributions: dict[int, list[np.ndarray]] = {}
+        self.comm = SimpleNamespace(group_size=lambda kind: shards if kind == "shard" else 1,
+                                    group_rank=lambda kind: self.rank if kind == "shard" else 0)
+
+    def emulates(self, operation: str) -> bool:
+        return self.emulated
+
+    def gathers_natively(self, kind: str) -> bool:
+        return self.native
+
+    def all_gather(self, part, kind):
+        from mindspore import ops
+
+        pieces = self.parts[self.calls]  # every rank's part of this tensor
+        self.calls += 1
+        return ops.cat([p.reshape(part.shape) for p in pieces])
+
+    def all_reduce_in_place(self, full, kind) -> None:
+        self.contributions.setdefault(self.calls, []).append(
+            full.astype(ms.float32).asnumpy().copy())
+        self.calls += 1
+
+    def all_reduce(self, tensor, kind):  # the replicate group: one rank
+        return tensor
+
+    def reduce_scatter_slices(self, slice_of, kind):
+        return slice_of(self.rank) * self.shards
+
+    def reduce_scatter(self, flat, kind):
+        step = flat.shape[0] // self.shards
+        return flat[self.rank * step:(self.rank + 1) * step] * self.shards
+
+
+@pytest.mark.parametrize("dtype", [ms.float32, ms.bfloat16])
+@pytest.mark.parametrize("way", ["native", "in place", "large, not rows, in place"])
+@pytest.mark.parametrize(("shapes", "shards"), [
+    ([(8, 3), (4,), (3, 4)], 4),           # whole rows; a dim 0 the ranks do not divide
+    ([(2, 3), (6,), (1,)], 3),             # padded; fewer elements than ranks
+    ([(), (7,), (0, 2), (5, 5)], 2)])      # a scalar, an empty tensor, an odd square
+def test_all_gather_rebuilds_every_tensor_on_every_rank(monkeypatch, dtype, way, shapes,
+                                                        shards) -> None:
+    """Each rank's `all_gather` of its slice gives every tensor whole, in its shape and in
+    memory of its own, by the backend's all-gather or summed in place; the emulated and the
+    native reduce-scatter of equal gradients give each rank its slice of their sum."""
+    from mf_parallel.runtime import flat_shard
+    from mf_parallel.runtime.flat_shard import FlatShard
+
+    if way.startswith("large"):  # a tensor that is not whole rows goes in place on CPU
+        monkeypatch.setattr(flat_shard, "IN_PLACE_GATHER_BYTES", 0)
+    rng = np.random.default_rng(5)
+    arrays = [rng.normal(size=shape).astype(np.float32) for shape in shapes]
+    tensors = [ms.Tensor(a).astype(dtype) for a in arrays]
+    want = [t.astype(ms.float32).asnumpy() for t in tensors]
+    ranks = _LockstepRanks(shards, native=way != "in place")
+    slices = []
+    for rank in range(shards):
+        ranks.rank = rank
+        slices.append(FlatShard(shapes, ranks).own_tensors(tensors))
+    flat = FlatShard(shapes, ranks)
+    nonempty = [i for i, a in enumerate(arrays) if a.size]  # each makes one collective call
+    ranks.parts = [[s[flat.offsets[i]:flat.offsets[i] + flat.chunks[i]] for s in slices]
+                   for i in nonempty]
+    for rank in range(shards):
+        ranks.rank, ranks.calls = rank, 0
+        fulls = FlatShard(shapes, ranks).all_gather(slices[rank])
+        assert [tuple(f.shape) for f in fulls] == [tuple(a.shape) for a in arrays]
+        assert all(f.data_ptr() != slices[rank].data_ptr() for f in fulls if f.size)
+        for i, full in enumerate(fulls):
+            summed = i in nonempty and nonempty.index(i) in ranks.contributions
+            if not summed:  # gathered by the backend's all-gather, or empty
+                np.testing.assert_array_equal(full.astype(ms.float32).asnumpy(), want[i])
+    in_place = {nonempty[call] for call in ranks.contributions}
+    assert in_place == ({i for i in nonempty if len(shapes[i]) == 0
+                         or shapes[i][0] % shards or arrays[i].size % shards}
+                        if way.startswith("large") else
+                        set(nonempty) if way == "in place" else set())
+    for call, parts in ranks.contributions.items():  # each rank's part, summed as ranks do
+        assert len(parts) == shards
+        np.testing.assert_array_equal(sum(parts), want[nonempty[call]])
+    for rank in range(shards):
+        ranks.rank = rank
+        mine = FlatShard(shapes, ranks)
+        expected = (slices[rank] * shards).astype(ms.float32).asnumpy()
+        emulated = mine.reduce_scatter_tensors(tensors).astype(ms.float32).asnumpy()
+        native = mine.reduce_scatter(mine.flatten(tensors)).astype(ms.float32).asnumpy()
+        np.testing.assert_array_equal(emulated, expected)
+        np.testing.assert_array_equal(native, expected)

@@ -191,7 +191,8 @@ class DataParallelRank:
 
     @property
     def slices(self) -> list[int]:
-        """n_b = ⌈P_b / S⌉ of each buffer."""
+        """n_b = ⌈P_b / S⌉ of each buffer (a rank's chunk of each of its tensors, whose padding,
+        at most S - 1 elements a tensor, is left out)."""
         return [shard(size, self.degree) for size in self.buffers]
 
     def reduction_order(self) -> list[int]:

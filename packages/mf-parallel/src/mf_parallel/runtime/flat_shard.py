@@ -46,6 +46,12 @@ same experts (torchtitan's `efsdp`); no replicas. An expert's gradient already h
 tokens every data-parallel rank dispatched to it: averaged over the whole `data` group."""
 
 
+IN_PLACE_GATHER_BYTES = 64 << 20
+"""On CPU, a tensor at least this large whose chunks are not whole rows is gathered in place
+(a zero tensor holding this rank's elements, all-reduced) also where the all-gather runs
+natively: the native gather's output and the copy out of it would be twice the tensor."""
+
+
 class FlatShard:
     """This rank's slice of the tensors with the given shapes, over the groups `groups`
     names: `(shard kind, replicate kind or None)`."""
@@ -91,7 +97,8 @@ class FlatShard:
         flats = [t.reshape(-1) for t in tensors]
         if len(flats) == 1 and not self.padding:
             return flats[0]
-        return ops.cat([self._slice_of(flats, shard) for shard in range(self.shards)])
+        return _joined([piece for shard in range(self.shards)
+                        for piece in self._pieces(flats, shard)], flats[0].dtype)
 
     def own(self, flat: ms.Tensor) -> ms.Tensor:
         """This rank's slice of a whole buffer (`flatten`'s; a copy)."""
@@ -160,8 +167,11 @@ class FlatShard:
         return self.collectives.all_reduce(mine, self.replicate_kind)
 
     def _slice_of(self, flats: Sequence[ms.Tensor], shard: int) -> ms.Tensor:
-        """Rank `shard`'s slice of the flattened tensors `flats`: each one's chunk `shard`,
-        zero-padded (a new tensor)."""
+        """Rank `shard`'s slice of the flattened tensors `flats` (a new tensor)."""
+        return _joined(self._pieces(flats, shard), flats[0].dtype)
+
+    def _pieces(self, flats: Sequence[ms.Tensor], shard: int) -> list[ms.Tensor]:
+        """Rank `shard`'s chunk of each of `flats` (views) and the zeros padding them."""
         pieces = []
         for flat, numel, chunk in zip(flats, self.numels, self.chunks, strict=True):
             low, high = min(shard * chunk, numel), min((shard + 1) * chunk, numel)
@@ -169,29 +179,29 @@ class FlatShard:
                 pieces.append(flat[low:high])
             if high - low < chunk:
                 pieces.append(ops.zeros(chunk - (high - low), flats[0].dtype))
-        return fresh_copy(pieces[0]) if len(pieces) == 1 else ops.cat(pieces)
+        return pieces
 
     def all_gather(self, mine: ms.Tensor) -> list[ms.Tensor]:
         """The full tensors, in their shapes, from every rank's slice: one all-gather of each
-        tensor's chunks, whose output is the tensor where the chunks are whole rows (copied
-        into the tensor's shape otherwise: padded, or rows that do not divide).
+        tensor's chunks. Where the chunks are whole rows, its output is the tensor; otherwise
+        (a dim 0 the ranks do not divide, padding) it is copied into the tensor's shape.
 
         Each is a tensor of its own, not a view into a gathered buffer of the unit:
         MindSpore copies such a view each time an operation uses it (for the 131 MB
         embedding, at every lookup and at the head's matmul), and an operation saves a copy
         of a view for backward, so fully sharded data parallel could not recognise a saved
         parameter (see `fully_sharded`). The largest transient of a gather is the unit's
-        tensors themselves and one tensor's padding, against the gathered buffer of the whole
-        unit and the tensors copied out of it (twice the unit) when a unit was gathered in one
-        collective.
+        tensors themselves and the output of one tensor that is not whole rows, against the
+        gathered buffer of the whole unit and the tensors copied out of it (twice the unit)
+        when a unit was gathered in one collective.
 
-        On CPU, where the all-gather itself is emulated (a group other than the world),
-        each tensor is a zero tensor holding this rank's chunk in place, summed over the
-        group in place: one tensor's size in transit, not the placed buffer and its
-        all-reduced copy.
+        On CPU, where the all-gather itself is emulated (a group other than the world), and
+        for a tensor of `IN_PLACE_GATHER_BYTES` or more that is not whole rows (a 131 MB
+        embedding on 3 ranks), each tensor is a zero tensor of its shape holding this rank's
+        elements, summed over the group in place: the tensor itself in transit, no copy.
         """
-        in_place = (self.shards > 1 and self.collectives.emulates("all_gather")
-                    and not self.collectives.gathers_natively(self.shard_kind))
+        emulated = self.shards > 1 and self.collectives.emulates("all_gather")
+        in_place_group = emulated and not self.collectives.gathers_natively(self.shard_kind)
         fulls = []
         for numel, chunk, offset, shape in zip(self.numels, self.chunks, self.offsets,
                                                self.shapes, strict=True):
@@ -199,19 +209,57 @@ class FlatShard:
             if self.shards == 1:
                 fulls.append(fresh_copy(part.reshape(shape)))
                 continue
-            # chunks of whole rows gather into the tensor's shape; others flat, then copied
-            # into it (a reshaped view would be saved as a copy by the operations using it)
+            if not numel:
+                fulls.append(ops.zeros(shape, mine.dtype))
+                continue
+            # chunks of whole rows gather into the tensor's shape; others need a copy into
+            # it (a reshaped view would be saved as a copy by the operations using it)
             rows = bool(shape) and chunk * self.shards == numel and shape[0] % self.shards == 0
             if rows:
                 part = part.reshape((shape[0] // self.shards, *shape[1:]))
-            if in_place:
-                count = part.shape[0]
-                full = _padded(part, self.rank * count, (self.shards - 1 - self.rank) * count)
+            if in_place_group or (emulated and not rows
+                                  and numel * mine.itemsize >= IN_PLACE_GATHER_BYTES):
+                if rows:
+                    count = part.shape[0]
+                    full = _padded(part, self.rank * count,
+                                   (self.shards - 1 - self.rank) * count)
+                else:
+                    low, high = min(self.rank * chunk, numel), min((self.rank + 1) * chunk,
+                                                                   numel)
+                    full = (_placed_in(shape, part[:high - low], low) if low < high
+                            else ops.zeros(shape, mine.dtype))
                 self.collectives.all_reduce_in_place(full, self.shard_kind)
             else:
                 full = self.collectives.all_gather(part, self.shard_kind)
-            fulls.append(full if rows else fresh_copy(full[:numel].reshape(shape)))
+                if not rows:
+                    full = fresh_copy(full[:numel].reshape(shape))
+            fulls.append(full)
         return fulls
+
+
+def _joined(pieces: Sequence[ms.Tensor], dtype: ms.Type) -> ms.Tensor:
+    """`pieces` end to end in a new tensor (an empty one for no pieces)."""
+    if not pieces:
+        return ops.zeros((0,), dtype)
+    return fresh_copy(pieces[0]) if len(pieces) == 1 else ops.cat(pieces)
+
+
+def _placed_in(shape: tuple[int, ...], part: ms.Tensor, low: int) -> ms.Tensor:
+    """A tensor of `shape` (memory of its own, not a view) holding `part` as its row-major
+    elements `[low, low + len(part))` and zeros elsewhere. Built by padding: the rows `part`
+    touches, then the rows before and after (MindSpore's slice assignment builds index
+    tensors of the part's size, several times the part in transient memory)."""
+    high = low + part.shape[0]
+    if not shape:
+        return part.reshape(()) * 1
+    inner = math.prod(shape[1:])
+    first, last = low // inner, -(-high // inner)
+    before, after = low - first * inner, last * inner - high
+    rows = _padded(part, before, after) if before or after else part
+    block = rows.reshape((last - first, *shape[1:]))
+    if first == 0 and last == shape[0]:
+        return fresh_copy(block)
+    return _padded(block, first, shape[0] - last)
 
 
 def _padded(part: ms.Tensor, before: int, after: int) -> ms.Tensor:

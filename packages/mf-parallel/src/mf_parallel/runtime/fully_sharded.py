@@ -58,7 +58,6 @@ from mindspore.experimental.optim import AdamW
 from mf_parallel.reshard_policy import reshard_plan
 
 from .collectives import Collectives
-from .copies import fresh_copy
 from .flat_shard import (
     DATA_GROUPS,
     EXPERT_DATA_GROUPS,
@@ -94,10 +93,7 @@ class ShardedUnit(FlatBucket):
             if self.keep_tensors and tuple(param.shape) == tuple(full.shape):
                 param.untyped_storage().resize_(full.nbytes)
                 ops.assign(param, full)
-            elif self.keep_tensors:  # the first time (a built unit was emptied): a tensor
-                # of its own, not a view of the gathered one, so the next gathers can fill it
-                param.set_data(fresh_copy(full), slice_shape=True)
-            else:
+            else:  # swapped in (kept tensors too, the first time: a built unit was emptied)
                 param.set_data(full, slice_shape=True)
         self.gathered = True
         self.gathers += 1

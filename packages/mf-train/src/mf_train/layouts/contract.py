@@ -266,7 +266,7 @@ class StepLayout(ABC):
 
     def flat_buckets(self) -> Sequence[FlatBucket]:
         """The ZeRO or FSDP buffers whose slices this rank holds (mf-parallel's `FlatBucket`,
-        a unit's parameters laid end to end); none where parameters are kept whole."""
+        each rank's chunk of every parameter of a unit); none where parameters are kept whole."""
         return ()
 
     def publish_slices(self, slices: Sequence[Tensor]) -> None:

@@ -1,9 +1,9 @@
 """AdamW over this rank's slice of sharded data parallelism (ZeRO-1, ZeRO-2, FSDP).
 
 mf-parallel's `ShardedDataParallel` (`optim`, `optim_grads`) and `FullyShardedDataParallel`
-(`optim_grads_params`) lay the parameters end to end in flat buffers (one for ZeRO, one per
-unit for FSDP) and give each rank one equal slice of each. `ShardedAdamW` keeps the optimizer
-state of this rank's slices only, concatenated into one float32 vector per state, and
+(`optim_grads_params`) shard the parameters by buffer (one per unit) and give each rank one
+equal slice of each: its chunk of every tensor of the buffer, end to end. `ShardedAdamW` keeps
+the optimizer state of this rank's slices only, concatenated into one float32 vector per state, and
 implements `protocol.Optimizer` on them: the sharded step layouts (`mf_train.layouts.sharded`)
 reduce the local gradients to this rank's slices (one per buffer) and take their global norm;
 `step(slices, lr, clip)` clips the slices, runs AdamW on them buffer by buffer (so the update's
@@ -293,7 +293,16 @@ class ShardedAdamW:
         self.sharded.publish(list(self.masters))
 
     def _layout_problems(self, saved: np.ndarray) -> list[str]:
-        if saved.shape != self.shard_layout.shape or not np.array_equal(saved, self.shard_layout):
+        ours = self.shard_layout
+        if saved.shape == (len(LAYOUT_FIELDS) - 1,):  # saved before the slice order existed
+            if ours[0] == 1 and np.array_equal(saved, ours[:-1]):
+                return []  # one shard: the slice is every tensor end to end either way
+            return [f"{LAYOUT_KEY}: the checkpoint's optimizer slices were saved by an earlier "
+                    "mf, in which a slice was one range of the tensors laid end to end; this "
+                    "mf cuts each tensor into one chunk per rank, so they cannot be read in "
+                    "order: resume its weights only (checkpoint.no_load_optim: true), or "
+                    "convert the checkpoint to format 3 with the mf that wrote it"]
+        if saved.shape != ours.shape or not np.array_equal(saved, ours):
             mine = ", ".join(f"{name} {value}" for name, value in
                              zip(LAYOUT_FIELDS, self.shard_layout.tolist(), strict=True))
             theirs = (", ".join(f"{name} {value}" for name, value in
