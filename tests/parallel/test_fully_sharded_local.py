@@ -219,6 +219,7 @@ class _LockstepRanks:
         self.shards, self.native, self.emulated = shards, native, emulated
         self.rank, self.parts, self.calls = 0, [], 0
         self.contributions: dict[int, list[np.ndarray]] = {}
+        self.summed: dict[int, object] = {}
         self.comm = SimpleNamespace(group_size=lambda kind: shards if kind == "shard" else 1,
                                     group_rank=lambda kind: self.rank if kind == "shard" else 0)
 
@@ -232,12 +233,16 @@ class _LockstepRanks:
         from mindspore import ops
 
         pieces = self.parts[self.calls]  # every rank's part of this tensor
+        np.testing.assert_array_equal(  # this rank sends its own chunk of it
+            part.astype(ms.float32).asnumpy().reshape(-1),
+            pieces[self.rank].astype(ms.float32).asnumpy())
         self.calls += 1
         return ops.cat([p.reshape(part.shape) for p in pieces])
 
     def all_reduce_in_place(self, full, kind) -> None:
         self.contributions.setdefault(self.calls, []).append(
             full.astype(ms.float32).asnumpy().copy())
+        self.summed[self.calls] = full  # the tensor all_gather must return
         self.calls += 1
 
     def all_reduce(self, tensor, kind):  # the replicate group: one rank
@@ -286,8 +291,10 @@ def test_all_gather_rebuilds_every_tensor_on_every_rank(monkeypatch, dtype, way,
         assert [tuple(f.shape) for f in fulls] == [tuple(a.shape) for a in arrays]
         assert all(f.data_ptr() != slices[rank].data_ptr() for f in fulls if f.size)
         for i, full in enumerate(fulls):
-            summed = i in nonempty and nonempty.index(i) in ranks.contributions
-            if not summed:  # gathered by the backend's all-gather, or empty
+            call = nonempty.index(i) if i in nonempty else None
+            if call in ranks.contributions:  # summed in place: the tensor it gave to be summed
+                assert full is ranks.summed[call]
+            else:  # gathered by the backend's all-gather, or empty
                 np.testing.assert_array_equal(full.astype(ms.float32).asnumpy(), want[i])
     in_place = {nonempty[call] for call in ranks.contributions}
     assert in_place == ({i for i in nonempty if len(shapes[i]) == 0

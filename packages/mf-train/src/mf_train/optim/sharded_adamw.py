@@ -301,7 +301,8 @@ class ShardedAdamW:
                     "mf, in which a slice was one range of the tensors laid end to end; this "
                     "mf cuts each tensor into one chunk per rank, so they cannot be read in "
                     "order: resume its weights only (checkpoint.no_load_optim: true), or "
-                    "convert the checkpoint to format 3 with the mf that wrote it"]
+                    "convert the checkpoint to format 3 with an earlier mf that writes format 3 "
+                    "but still lays slices end to end (commits 14016ab to 6dbc58f)"]
         if saved.shape != ours.shape or not np.array_equal(saved, ours):
             mine = ", ".join(f"{name} {value}" for name, value in
                              zip(LAYOUT_FIELDS, self.shard_layout.tolist(), strict=True))
