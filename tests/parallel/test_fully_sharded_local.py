@@ -312,3 +312,41 @@ def test_all_gather_rebuilds_every_tensor_on_every_rank(monkeypatch, dtype, way,
         native = mine.reduce_scatter(mine.flatten(tensors)).astype(ms.float32).asnumpy()
         np.testing.assert_array_equal(emulated, expected)
         np.testing.assert_array_equal(native, expected)
+
+
+class _TiedTable(nn.Cell):
+    """An embedding lookup and an output head sharing one `[6, 4]` table, then a dense layer."""
+
+    def __init__(self):
+        super().__init__()
+        rng = np.random.default_rng(3)
+        self.table = ms.Parameter(ms.Tensor(rng.normal(size=(6, 4)).astype(np.float32)),
+                                  name="table")
+        self.dense = nn.Dense(4, 4, weight_init=ms.Tensor(rng.normal(size=(4, 4)).astype(
+            np.float32)), bias_init="zeros")
+        self.ids = ms.Tensor(np.array([0, 5, 2, 2], np.int32))
+
+    def construct(self, x):
+        hidden = self.dense(ops.gather(self.table, self.ids, 0) + x)
+        return ops.MatMul(transpose_b=True)(hidden, self.table)
+
+
+def test_vocabulary_rows_are_the_master_tensor_and_train_as_a_plain_unit(collectives) -> None:
+    """A vocabulary table's rows are its unit's 2-D master itself inside the passes (not a
+    reshaped view of a 1-D slice, which MindSpore would copy at each use), and two steps
+    train it as the same table kept in an ordinary unit does."""
+    net, reference = _TiedTable(), _TiedTable()
+    fsdp = FullyShardedDataParallel(net, [net.dense], collectives, lr=1e-2,
+                                    vocabulary_tables=[net.table])
+    plain = FullyShardedDataParallel(reference, [reference.dense], collectives, lr=1e-2)
+    (rows,) = fsdp.vocabulary_units
+    assert tuple(rows.master.shape) == rows.slice_shape == (6, 4)
+    x = ops.ones((4, 4), ms.float32)
+    for _ in range(2):
+        _, got = ms.value_and_grad(lambda a: net(a).sum(), None, fsdp.params)(x)
+        assert net.table.data_ptr() == rows.master.data_ptr()
+        _, want = ms.value_and_grad(lambda a: reference(a).sum(), None, plain.params)(x)
+        fsdp.step(got)
+        plain.step(want)
+    for a, b in zip(fsdp.full_parameters(), plain.full_parameters(), strict=True):
+        np.testing.assert_allclose(a.asnumpy(), b.asnumpy(), rtol=1e-6, atol=1e-7)

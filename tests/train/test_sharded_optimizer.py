@@ -59,6 +59,7 @@ class StubShard:
         self.flat = FlatShard([p.shape for p in params], stub_collectives())
         assert (self.flat.length, self.flat.total) == (5, 13)
         self.master = Parameter(Tensor(self._mine(params)), name="stub_master")
+        self.slice_shape = (self.flat.length,)
         self.buffers = [self]
         self.published = []
 

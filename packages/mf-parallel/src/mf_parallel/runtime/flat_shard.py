@@ -312,8 +312,9 @@ def preslice(cell: Any, collectives: Collectives,
 
 class FlatBucket:
     """Parameters laid out in one `FlatShard`, with this rank's slice of their values as
-    `master` (a Parameter in their dtype): one buffer of the sharded strategies. With
-    `presliced` (`preslice`'s slice), the parameters are already empty and the slice given."""
+    `master` (a Parameter in their dtype, of shape `slice_shape`): one buffer of the sharded
+    strategies. With `presliced` (`preslice`'s slice), the parameters are already empty and
+    the slice given."""
 
     def __init__(self, name: str, params: Sequence[Parameter], collectives: Collectives,
                  presliced: ms.Tensor | None = None,
@@ -330,8 +331,28 @@ class FlatBucket:
         else:
             dtype = self.params[0].dtype  # a model may cast its parameters once built
             mine = presliced if presliced.dtype == dtype else ops.cast(presliced, dtype)
+        mine = self.as_slice(mine)
         self.master = Parameter(ops.zeros((0,), mine.dtype), name=f"mf_sharded_{name}")
         # set, not given to Parameter(): a Parameter made from a tensor copies it into host
         # memory outside MindSpore's pool (the rank's whole share of the parameters, 127 MB
         # on a 4-rank 127M model, kept until the first update), while set_data keeps it
         self.master.set_data(mine, slice_shape=True)
+
+    @property
+    def slice_shape(self) -> tuple[int, ...]:
+        """The shape `master` has: the slice's `length` elements, 1-D (a bucket whose slice is
+        whole rows of one table may keep it 2-D, `VocabularyRows`)."""
+        return (self.flat.length,)
+
+    def as_slice(self, values: ms.Tensor) -> ms.Tensor:
+        """`values` (this rank's slice, 1-D or of `slice_shape`) as a tensor of `slice_shape`
+        that owns its memory: a reshaped slice would be a view, which MindSpore's in-place
+        updates refuse and its kernels copy at every use."""
+        if tuple(values.shape) == self.slice_shape:
+            return values
+        return fresh_copy(values.reshape(self.slice_shape))
+
+    def flat_master(self) -> ms.Tensor:
+        """`master` as the 1-D slice the `FlatShard` collectives take (a view when 2-D).
+        The Parameter itself, not `master.value()`: that is a copy in MindSpore 2.10."""
+        return self.master if self.master.ndim == 1 else self.master.reshape(-1)

@@ -157,7 +157,7 @@ class ShardedDataParallel:
 
     def _gather(self) -> None:
         for bucket in self._buffers:
-            for param, full in zip(bucket.params, bucket.flat.all_gather(bucket.master.value()),
+            for param, full in zip(bucket.params, bucket.flat.all_gather(bucket.master),
                                    strict=True):
                 param.set_data(full)
 

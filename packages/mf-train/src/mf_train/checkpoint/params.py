@@ -58,9 +58,18 @@ def deferred_host_array(tensor: Any) -> Deferred:
 
 
 def deferred_host_range(flat: Any, start: int, stop: int) -> Deferred:
-    """`host_array(flat[start:stop])` of a 1-D tensor (a slice buffer), made when the writer
-    reaches it: a save holds one range's host copy at a time, not the whole buffer's."""
-    return Deferred(_stored_dtype(flat), lambda: host_array(flat[start:stop]))
+    """`host_array(flat[start:stop])` of a slice buffer (elements in row-major order: a
+    2-D buffer is read flattened), made when the writer reaches it: a save holds one range's
+    host copy at a time, not the whole buffer's."""
+    return Deferred(_stored_dtype(flat), functools.partial(_host_range, flat, start, stop))
+
+
+def _host_range(flat: Any, start: int, stop: int) -> np.ndarray:
+    if flat.ndim == 1:
+        return host_array(flat[start:stop])
+    if (start, stop) == (0, flat.size):  # whole: a flattened view would be copied first
+        return host_array(flat).reshape(-1)
+    return host_array(flat.reshape(-1)[start:stop])
 
 
 def _stored_dtype(tensor: Any) -> type:

@@ -77,11 +77,13 @@ class ShardedAdamW:
         self.shard_layout = _shard_layout(buffers, collectives)
         self._position = {id(param): index for index, param in enumerate(self.params)}
         self.rates, self.runs = self._decay_runs(buffers)
-        self.masters = [ops.cast(buffer.master.value(), FLOAT32) for buffer in buffers]
-        """Shared with the buffers' masters when the parameters are float32; updated in place
-        (`_decay`, then the fused kernel)."""
-        self.avgs = [ops.zeros((n,), FLOAT32) for n in self.lengths]
-        self.avg_sqs = [ops.zeros((n,), FLOAT32) for n in self.lengths]
+        self.masters = [ops.cast(buffer.master, FLOAT32) for buffer in buffers]
+        """Shared with the buffers' masters when the parameters are float32 (a cast to the
+        same dtype returns its input; `Parameter.value()` would be a copy); updated in place
+        (`_decay`, then the fused kernel). Each has its buffer's `slice_shape`, and so have
+        the moments (the kernel updates tensors of one shape)."""
+        self.avgs = [ops.zeros(buffer.slice_shape, FLOAT32) for buffer in buffers]
+        self.avg_sqs = [ops.zeros(buffer.slice_shape, FLOAT32) for buffer in buffers]
 
     # ----- the whole slice, for reading -----
 
@@ -125,7 +127,7 @@ class ShardedAdamW:
         grads = self._per_buffer(grads)
         self.global_step += 1
         for b, grad in enumerate(grads):
-            grad = update_gradient(grad, clip, keep)
+            grad = update_gradient(grad, clip, keep).reshape(self.masters[b].shape)
             self._decay(b, self.masters[b], lr, keep)
             adamw_update_in_place(self.masters[b], grad, self.avgs[b], self.avg_sqs[b],
                                   self.global_step, lr, 0.0, self.betas, self.eps, keep)
@@ -144,10 +146,10 @@ class ShardedAdamW:
         buffers = self.sharded.buffers
         gathered = [getattr(buffer, "gathered", True) for buffer in buffers]
         if all(gathered):
-            self.masters = [ops.cast(buffer.flat.own_tensors(buffer.params), FLOAT32)
-                            for buffer in buffers]
+            self.masters = [buffer.as_slice(ops.cast(buffer.flat.own_tensors(buffer.params),
+                                                     FLOAT32)) for buffer in buffers]
         elif not any(gathered):
-            self.masters = [ops.cast(buffer.master.value(), FLOAT32) for buffer in buffers]
+            self.masters = [ops.cast(buffer.master, FLOAT32) for buffer in buffers]
         else:
             raise RuntimeError("reload_main_params_from_model: some units are gathered and "
                                "some are not; load inside the step layout's whole_model(), "
@@ -185,7 +187,9 @@ class ShardedAdamW:
         self.global_step = int(np.asarray(state[STEP_KEY]).reshape(-1)[0])
         ends = np.cumsum(self.lengths)[:-1]
         self.masters, self.avgs, self.avg_sqs = (
-            [Tensor(np.array(part, dtype=np.float32)) for part in np.split(state[key], ends)]
+            [Tensor(np.array(part, dtype=np.float32).reshape(buffer.slice_shape))
+             for part, buffer in zip(np.split(state[key], ends), self.sharded.buffers,
+                                     strict=True)]
             for key in SLICE_KEYS)
         self._publish()
 
@@ -227,7 +231,7 @@ class ShardedAdamW:
         try:
             step = index.read_whole(STEP_KEY)
             loaded = [[Tensor(bucket_slice(buffer, index, placement, names, f"{prefix}.",
-                                           fallback))
+                                           fallback).reshape(buffer.slice_shape))
                        for buffer in self.sharded.buffers]
                       for prefix, fallback in (("adam_m", None), ("adam_v", None),
                                                (MASTER_PREFIX, model))]
@@ -286,7 +290,8 @@ class ShardedAdamW:
         factors = [gated(float(np.float32(1.0 - lr * self.rates[r])), keep, 1.0)
                    for _, _, r in runs]
         decayed = value * factors[0] if len(runs) == 1 else ops.cat(
-            [value[a:e] * f for (a, e, _), f in zip(runs, factors, strict=True)])
+            [value.reshape(-1)[a:e] * f for (a, e, _), f in zip(runs, factors, strict=True)]
+        ).reshape(value.shape)
         ops.assign(value, decayed)
 
     def _publish(self) -> None:
@@ -316,12 +321,12 @@ class ShardedAdamW:
 
 
 def _joined(parts: Sequence[Tensor]) -> Tensor:
-    return fresh_copy(parts[0]) if len(parts) == 1 else ops.cat(list(parts))
+    flat = [part.reshape(-1) for part in parts]
+    return fresh_copy(flat[0]) if len(flat) == 1 else ops.cat(flat)
 
 
 def _numpy(parts: Sequence[Tensor]) -> np.ndarray:
-    return np.concatenate([part.asnumpy() for part in parts]) if len(parts) > 1 \
-        else parts[0].asnumpy().copy()
+    return np.concatenate([part.asnumpy().reshape(-1) for part in parts])
 
 
 def _shard_layout(buffers: Sequence[Any], collectives: Any) -> np.ndarray:
