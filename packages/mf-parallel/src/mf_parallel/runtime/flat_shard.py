@@ -23,7 +23,7 @@ import numpy as np
 from mindspore import Parameter, ops
 
 from .collectives import PAD_DTYPES, Collectives
-from .copies import fresh_copy
+from .copies import fresh_copy, joined
 
 
 class ShardGroups(NamedTuple):
@@ -97,8 +97,8 @@ class FlatShard:
         flats = [t.reshape(-1) for t in tensors]
         if len(flats) == 1 and not self.padding:
             return flats[0]
-        return _joined([piece for shard in range(self.shards)
-                        for piece in self._pieces(flats, shard)], flats[0].dtype)
+        return joined([piece for shard in range(self.shards)
+                       for piece in self._pieces(flats, shard)], flats[0].dtype)
 
     def own(self, flat: ms.Tensor) -> ms.Tensor:
         """This rank's slice of a whole buffer (`flatten`'s; a copy)."""
@@ -168,7 +168,7 @@ class FlatShard:
 
     def _slice_of(self, flats: Sequence[ms.Tensor], shard: int) -> ms.Tensor:
         """Rank `shard`'s slice of the flattened tensors `flats` (a new tensor)."""
-        return _joined(self._pieces(flats, shard), flats[0].dtype)
+        return joined(self._pieces(flats, shard), flats[0].dtype)
 
     def _pieces(self, flats: Sequence[ms.Tensor], shard: int) -> list[ms.Tensor]:
         """Rank `shard`'s chunk of each of `flats` (views) and the zeros padding them."""
@@ -235,13 +235,6 @@ class FlatShard:
                     full = fresh_copy(full[:numel].reshape(shape))
             fulls.append(full)
         return fulls
-
-
-def _joined(pieces: Sequence[ms.Tensor], dtype: ms.Type) -> ms.Tensor:
-    """`pieces` end to end in a new tensor (an empty one for no pieces)."""
-    if not pieces:
-        return ops.zeros((0,), dtype)
-    return fresh_copy(pieces[0]) if len(pieces) == 1 else ops.cat(pieces)
 
 
 def _placed_in(shape: tuple[int, ...], part: ms.Tensor, low: int) -> ms.Tensor:

@@ -35,7 +35,7 @@ from typing import Any
 import numpy as np
 from mindspore import Parameter, Tensor, mint, ops
 
-from mf_parallel.runtime.copies import fresh_copy
+from mf_parallel.runtime.copies import joined
 
 from .adamw import adamw_update_in_place
 from .base import MASTER_PREFIX
@@ -90,15 +90,15 @@ class ShardedAdamW:
     @property
     def master(self) -> Tensor:
         """This rank's float32 parameter slices, all buffers end to end (a copy)."""
-        return _joined(self.masters)
+        return joined(self.masters)
 
     @property
     def exp_avg(self) -> Tensor:
-        return _joined(self.avgs)
+        return joined(self.avgs)
 
     @property
     def exp_avg_sq(self) -> Tensor:
-        return _joined(self.avg_sqs)
+        return joined(self.avg_sqs)
 
     @property
     def rate_ids(self) -> Tensor | None:
@@ -318,11 +318,6 @@ class ShardedAdamW:
                     f"run has {mine} (loading sharded optimizer state onto another layout is "
                     "not supported: use the same parallelism, strategy and model)"]
         return []
-
-
-def _joined(parts: Sequence[Tensor]) -> Tensor:
-    flat = [part.reshape(-1) for part in parts]
-    return fresh_copy(flat[0]) if len(flat) == 1 else ops.cat(flat)
 
 
 def _numpy(parts: Sequence[Tensor]) -> np.ndarray:
