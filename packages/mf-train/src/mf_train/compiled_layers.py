@@ -1,11 +1,18 @@
-"""`context.compile`: each decoder layer's `construct` as a compiled graph (`mindspore.jit`).
+"""`context.compile`: the model's decoder layers as compiled graphs (`mindspore.jit`).
 
-What is compiled: the decoder layers, one graph per layer and input shape, built on the first
-call and reused by every later step (forward and backward); the embedding, the final norm,
-the head and the loss stay in PyNative, and so do the optimizer (one fused kernel per
-parameter, faster than any compiled form measured) and the gradient reduction. Recompute
-(`Cell.recompute()` on a layer or its parts) works inside the graphs (gradients equal
-PyNative's within 1e-6, tests/train/test_compiled_layers.py).
+What is compiled, built on the first call and reused by every later step (forward and
+backward):
+- where the layout works on the model whole (one process, replicated data parallelism:
+  `StepLayout.compiles_body`) and the model can (`body_blocker()`: the whole model here, no
+  tensor or context group, no per-document kernel lengths), the decoder layers, the final
+  norm, the head and the loss as one graph per input shape (`compile_body`): the embedding
+  lookup and the rotary tables stay in PyNative;
+- else each decoder layer as a graph of its own (one per layer and input shape), the
+  embedding, final norm, head and loss in PyNative.
+The optimizer (one fused kernel per parameter, faster than any compiled form measured) and
+the gradient reduction stay in PyNative. Recompute (`Cell.recompute()` on a layer or its
+parts) works inside the graphs (gradients equal PyNative's within 1e-6,
+tests/train/test_compiled_layers.py).
 
 What falls back to PyNative, decided before the first step and said in one log line:
 - a model whose layers cannot be traced whole (`model.compile_blocker`: DeepSeek-V3 reads
@@ -99,14 +106,19 @@ class CompileTimer:
 
 
 def compile_layers(model: nn.Cell, enabled: bool,
-                   blockers: Sequence[tuple[str, str | None]] = ()) -> CompileReport:
-    """Compile `model.decoder_layers` when `enabled` and nothing blocks it.
+                   blockers: Sequence[tuple[str, str | None]] = (),
+                   body: bool = False) -> CompileReport:
+    """Compile `model.decoder_layers` when `enabled` and nothing blocks it: with `body`
+    (the layout's `compiles_body`) and a model that can (`model.body_blocker()` None), the
+    layers, final norm, head and loss as one graph; else each layer as a graph of its own.
 
     Args:
         model: a model with the layer contract (`decoder_layers`).
         enabled: `context.compile`.
         blockers: `(what, reason or None)` pairs from the layout and the memory features;
             the first with a reason keeps every layer in PyNative.
+        body: whether the layout lets the model run from its first layer to the loss as one
+            graph.
 
     Returns:
         The report, which keeps counting compilations as the layers run.
@@ -125,21 +137,37 @@ def compile_layers(model: nn.Cell, enabled: bool,
         report.fallbacks.append(("the rest of the decoder layers" if report.compiled
                                  else "the decoder layers", f"the model: {model_reason}"))
         return report
+    reason = (getattr(model, "body_blocker", lambda: "the model has no compiled body")()
+              if body else "the layout works on each layer")
+    if reason is None:
+        _prepare(model)
+        model.compile_body()
+        timer.attach(model)
+        report.compiled.append(_layers_text("decoder layer", layer_ids(model))
+                               + ", final norm, head and loss as one graph")
+        report.fallbacks.append(("the embedding lookup and rotary tables", "gathered by "
+                                 "index, outside the graph"))
+        return report
     for layer in model.decoder_layers:
         _compile(layer, timer)
     report.compiled.append(_layers_text("decoder layer", layer_ids(model)))
-    report.fallbacks.append(("embedding, final norm, head and loss", "small; compiled "
-                             "separately they add a graph boundary each"))
+    report.fallbacks.append(("embedding, final norm, head and loss", f"not in one graph with "
+                             f"the layers: {reason}"))
     return report
 
 
 def _compile(cell: nn.Cell, timer: CompileTimer, dynamic: bool = False) -> None:
-    for _, inner in cell.cells_and_names():
-        prepare = getattr(inner, "prepare_for_graph", None)
-        if prepare is not None:  # PyNative-only fast paths step aside (gathered_heads)
-            prepare()
+    _prepare(cell)
     cell.construct = ms.jit(cell.construct, dynamic=int(dynamic))
     timer.attach(cell)
+
+
+def _prepare(cell: nn.Cell) -> None:
+    """PyNative-only fast paths inside `cell` step aside (`gathered_heads`)."""
+    for _, inner in cell.cells_and_names():
+        prepare = getattr(inner, "prepare_for_graph", None)
+        if prepare is not None:
+            prepare()
 
 
 def _layers_text(what: str, ids: Sequence[int]) -> str:

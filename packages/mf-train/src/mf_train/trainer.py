@@ -317,7 +317,8 @@ class Trainer:
         self.placement = Placement(self.comm, self.plan.dims, self.layout.copies())
         self.compiled = compile_layers(self.model, config.context.compile, [
             (f"the layout ({self.layout.describe()})", self.layout.compile_blocker),
-            ("swap", "its hooks see each saved tensor of a layer" if self.swap.paths else None)])
+            ("swap", "its hooks see each saved tensor of a layer" if self.swap.paths else None)],
+            body=self.layout.compiles_body)
         LOG.info("%s", self.compiled.describe())
         self.schedule = build_lr_schedule(config.lr_scheduler, config.training.steps, source)
         LOG.info("%s; optimizer %s; %s", self.layout.describe(), config.optimizer.type,

@@ -169,6 +169,10 @@ class StepLayout(ABC):
     compile_blocker: ClassVar[str | None] = None
     """Why the decoder layers cannot be compiled under this layout (`context.compile`), or
     None when they can."""
+    compiles_body: ClassVar[bool] = False
+    """Whether `context.compile` may run the model from its first layer to the loss as one
+    graph under this layout (it neither gathers, splits nor hooks anything per layer); when
+    not, each decoder layer is a graph of its own."""
     shards_experts: ClassVar[bool] = False
     """Whether `build` takes routed experts left out of the model's parameters (expert
     parallelism) to shard as units of their own over the expert-data group (FSDP)."""

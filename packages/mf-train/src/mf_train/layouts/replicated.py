@@ -76,6 +76,7 @@ class SingleRank(StepLayout):
     """One process: no reduction, the norm of the local gradients."""
 
     name = "no data parallelism"
+    compiles_body = True
 
     @classmethod
     def selects(cls, dims: ParallelDims, parallelism: ParallelismConfig) -> bool:
@@ -91,6 +92,8 @@ class SingleRank(StepLayout):
 
 class DataParallel(StepLayout):
     """Replicas: the gradients all-reduced in buckets over the data-parallel group."""
+
+    compiles_body = True
 
     def __init__(self, model, optimizer: Optimizer, collectives: Collectives,
                  parallelism: ParallelismConfig):
@@ -119,6 +122,8 @@ class DataParallel(StepLayout):
 
 class TensorParallel(DataParallel):
     """Tensor (and sequence) parallelism, with replicated data parallelism or without."""
+
+    compiles_body = False  # the regions' collectives run per layer
 
     def __init__(self, model, optimizer: Optimizer, collectives: Collectives,
                  parallelism: ParallelismConfig, group: TensorGroup):

@@ -43,6 +43,7 @@ from .blocks import (
     RotaryEmbedding,
     SwiGLU,
     apply_rotary,
+    causal_lm_loss,
     column_linear,
     embedding,
     fuse_rows,
@@ -326,8 +327,48 @@ class Qwen3ForCausalLM(CausalLMPieces, nn.Cell):
                   position_ids: Tensor | None = None, actual_seq_len: Tensor | None = None,
                   attention_mask: Tensor | None = None) -> Tensor:
         attending = self.attending(input_ids, position_ids, actual_seq_len, attention_mask)
+        if self._compiled_body is not None:
+            cos, sin = self.rotary.at(attending.positions)
+            return self._compiled_body(
+                self.embed(input_ids), cos, sin, attending.mask, labels.swapaxes(0, 1),
+                None if loss_mask is None else loss_mask.swapaxes(0, 1))
         hidden, _ = self.decoder(self.embed(input_ids), self.part.layers, attending)
         return self.head_loss(hidden, labels, loss_mask)
+
+    # --- one graph from the first layer to the loss (`compiled_layers`) -----------------
+
+    _compiled_body: Callable[..., Tensor] | None = None
+
+    def body_blocker(self) -> str | None:
+        """Why the layers, final norm, head and loss cannot be one compiled graph here, or
+        None: they can where this rank holds the whole model, unsplit, with the whole
+        vocabulary, and attention takes no per-document lengths (which a graph would
+        hold as constants)."""
+        if self.part != ModelPart.whole(self.model_layers):
+            return "this rank holds part of the model (a pipeline stage)"
+        if self.tensor_group is not None or self.context_group is not None:
+            return "the layers communicate over a tensor or context group"
+        if self.places.varlen:
+            return "the attention kernel takes each micro-batch's document lengths"
+        if self.vocabulary is not None:
+            return "the vocabulary is split over the ranks"
+        return None
+
+    def compile_body(self) -> None:
+        """Run the decoder layers, the final norm, the head and the loss as one graph
+        (`mindspore.jit`) in every later forward pass; the embedding lookup and the rotary
+        tables stay in PyNative. `body_blocker()` must be None."""
+        # a plain tuple, set past Cell.__setattr__: the layers keep their one place (and
+        # their parameters' names) in the model
+        object.__setattr__(self, "_body_layers", tuple(
+            self.decoder_layers.by_id(index) for index in self.part.layers))
+        self._compiled_body = ms.jit(self._body)
+
+    def _body(self, hidden: Tensor, cos: Tensor, sin: Tensor, mask: Tensor | None,
+              labels: Tensor, loss_mask: Tensor | None) -> Tensor:
+        for layer in self._body_layers:
+            hidden = layer(hidden, cos, sin, mask)
+        return causal_lm_loss(self._head_logits(hidden), labels, loss_mask)
 
     # --- pipeline pieces (`parts.PipelineModel`) ----------------------------------------
 
