@@ -217,6 +217,51 @@ def test_own_ranges_are_each_tensor_s_chunk() -> None:
     assert sharded.flat.own_values([7.0, 8.0, 9.0]).tolist() == [7.0, 7.0, 8.0, 8.0, 0.0]
 
 
+class RowsStub(StubShard):
+    """Stands in for FSDP's vocabulary unit: one `[6, 2]` table on 3 ranks, this rank (1)
+    holding rows 2..3 as a 2-D master (`slice_shape`), its gradient reduced to 1-D."""
+
+    def __init__(self, params):
+        self.params = params
+        self.flat = FlatShard([p.shape for p in params], stub_collectives())
+        self.slice_shape = (2, 2)
+        self.master = Parameter(Tensor(self._mine(params).reshape(2, 2)), name="rows")
+        self.buffers = [self]
+        self.published = []
+
+    def as_slice(self, values):
+        return values if tuple(values.shape) == self.slice_shape else values.reshape(2, 2) * 1
+
+
+def test_a_2d_slice_updates_in_place_and_round_trips() -> None:
+    """A buffer whose master is 2-D (vocabulary rows): the optimizer's master is that tensor
+    itself, updated in place as whole-tensor AdamW updates the rows; the state dict is flat
+    and loads back into 2-D state."""
+    rng = np.random.default_rng(1)
+    table = Parameter(Tensor(rng.normal(size=(6, 2)).astype(np.float32)), name="table")
+    sharded = RowsStub([table])
+    optimizer = ShardedAdamW([("table", table)], sharded, stub_collectives(), betas=BETAS,
+                             eps=EPS, weight_decays=[WD])
+    assert optimizer.masters[0].data_ptr() == sharded.master.data_ptr()
+    assert tuple(optimizer.exp_avg_sq.shape) == (4,)
+    whole, m, v = table.asnumpy(), np.zeros((6, 2), np.float32), np.zeros((6, 2), np.float32)
+    for step in (1, 2):
+        grad = rng.normal(size=(6, 2)).astype(np.float32)
+        optimizer.step([Tensor(grad[2:4].reshape(-1))], LR)
+        whole, m, v = numpy_adamw(whole, grad, m, v, step, LR, WD)
+        np.testing.assert_allclose(sharded.master.asnumpy(), whole[2:4], rtol=1e-6, atol=1e-7)
+    state = optimizer.state_dict()
+    assert state["main_param.flat"].shape == (4,)
+    np.testing.assert_allclose(state["adam_m.flat"], m[2:4].reshape(-1), rtol=1e-6)
+    fresh = RowsStub([table])
+    again = ShardedAdamW([("table", table)], fresh, stub_collectives(), betas=BETAS, eps=EPS,
+                         weight_decays=[WD])
+    again.load_state_dict(state)
+    assert [tuple(t.shape) for t in (*again.masters, *again.avgs, *again.avg_sqs)] == [(2, 2)] * 3
+    for key, value in again.state_dict().items():
+        np.testing.assert_array_equal(value, state[key], err_msg=key)
+
+
 EVERYTHING_OWNED = SimpleNamespace(owns=lambda name, param, sliced=False: True,
                                    tensor=lambda param: None, writes_scalars=True)
 """A placement under which this rank writes all it holds (no replicas, no tensor split)."""

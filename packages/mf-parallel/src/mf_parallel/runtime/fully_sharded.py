@@ -299,8 +299,9 @@ class FullyShardedDataParallel:
     def buffers(self) -> list[ShardedUnit]:
         """The units in the order of `reduce_grads`' and `publish`'s slices: the cells' units
         in forward order, the experts' units, the vocabulary's tables, then the root unit (if
-        any). Each has `.params`, `.flat` (its `FlatShard`) and `.master` (this rank's slice,
-        in the parameters' dtype)."""
+        any). Each has `.params`, `.flat` (its `FlatShard`), `.master` (this rank's slice,
+        in the parameters' dtype, of shape `.slice_shape`: 2-D for a vocabulary table's
+        rows) and `.as_slice` (`FlatBucket`)."""
         return self._all_units()
 
     def step(self, grads: Sequence[ms.Tensor]) -> None:

@@ -43,9 +43,10 @@ class ShardedDataParallel:
     The parameters are laid out in flat buffers (`FlatBucket`), one per unit given (a decoder
     layer, say) and one for the parameters no unit holds, so that every transient buffer of a
     reduction or gather is one unit's size, never the model's; without units, one buffer of
-    all. `buffers` lists them, each with `.params`, `.flat` (its `FlatShard`) and `.master`
-    (this rank's slice, in the parameters' dtype), the shape `FullyShardedDataParallel` gives
-    per unit, so an injected optimizer treats both alike.
+    all. `buffers` lists them, each with `.params`, `.flat` (its `FlatShard`), `.master`
+    (this rank's slice, in the parameters' dtype, of shape `.slice_shape`) and `.as_slice`
+    (`FlatBucket`), the shape `FullyShardedDataParallel` gives per unit, so an injected
+    optimizer treats both alike.
 
     Args:
         params: the model's trainable parameters (gradients come in this order).

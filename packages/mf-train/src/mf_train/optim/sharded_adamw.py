@@ -3,9 +3,10 @@
 mf-parallel's `ShardedDataParallel` (`optim`, `optim_grads`) and `FullyShardedDataParallel`
 (`optim_grads_params`) shard the parameters by buffer (one per unit) and give each rank one
 equal slice of each: its chunk of every tensor of the buffer, end to end. `ShardedAdamW` keeps
-the optimizer state of this rank's slices only, concatenated into one float32 vector per state, and
-implements `protocol.Optimizer` on them: the sharded step layouts (`mf_train.layouts.sharded`)
-reduce the local gradients to this rank's slices (one per buffer) and take their global norm;
+the optimizer state of this rank's slices only, one float32 tensor per buffer and state, of the
+buffer's `slice_shape` (1-D, or a vocabulary unit's rows, 2-D), and implements
+`protocol.Optimizer` on them: the sharded step layouts (`mf_train.layouts.sharded`) reduce the
+local gradients to this rank's slices (one per buffer) and take their global norm;
 `step(slices, lr, clip)` clips the slices, runs AdamW on them buffer by buffer (so the update's
 temporaries are one buffer's slice) and publishes them.
 
@@ -127,7 +128,9 @@ class ShardedAdamW:
         grads = self._per_buffer(grads)
         self.global_step += 1
         for b, grad in enumerate(grads):
-            grad = update_gradient(grad, clip, keep).reshape(self.masters[b].shape)
+            grad = update_gradient(grad, clip, keep)
+            if grad.shape != self.masters[b].shape:  # a 2-D slice (vocabulary rows)
+                grad = grad.reshape(self.masters[b].shape)
             self._decay(b, self.masters[b], lr, keep)
             adamw_update_in_place(self.masters[b], grad, self.avgs[b], self.avg_sqs[b],
                                   self.global_step, lr, 0.0, self.betas, self.eps, keep)
@@ -289,9 +292,12 @@ class ShardedAdamW:
             return
         factors = [gated(float(np.float32(1.0 - lr * self.rates[r])), keep, 1.0)
                    for _, _, r in runs]
-        decayed = value * factors[0] if len(runs) == 1 else ops.cat(
-            [value.reshape(-1)[a:e] * f for (a, e, _), f in zip(runs, factors, strict=True)]
-        ).reshape(value.shape)
+        if len(runs) == 1:
+            decayed = value * factors[0]
+        else:
+            flat = value if value.ndim == 1 else value.reshape(-1)
+            decayed = ops.cat([flat[a:e] * f for (a, e, _), f in zip(runs, factors, strict=True)])
+            decayed = decayed if value.ndim == 1 else decayed.reshape(value.shape)
         ops.assign(value, decayed)
 
     def _publish(self) -> None:
