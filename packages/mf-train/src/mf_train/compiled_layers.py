@@ -27,11 +27,11 @@ What falls back to PyNative, decided before the first step and said in one log l
   swapping tensors;
 - activation swap, whose hooks see each saved tensor of a layer.
 
-Why it is off by default (benchmarks/README.md, "speed.py"): on the CPU backend a compiled
-step is 1.2x faster on the tiny example and no faster at 28M parameters on one process
-(PyNative's attention makes no strided copies, `models.gathered_heads`; the graphs keep the
-views), 2.3x with the demo's recompute before that; compiling costs 7-15 s at the first step
-and the peak memory grows 1.3-2.6x.
+Why it is off by default (benchmarks/README.md, "speed.py"): on the CPU backend, with one
+graph from the first layer to the loss, a compiled step is 1.65x faster on the tiny example
+and 1.07x at 28M parameters on one process (PyNative's attention makes no strided copies,
+`models.gathered_heads`; the graphs keep the views); compiling costs 4-15 s at the first
+step and the peak memory grows 1.4-2.2x.
 """
 
 from __future__ import annotations
