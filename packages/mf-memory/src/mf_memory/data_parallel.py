@@ -384,16 +384,14 @@ class DataParallelRank:
           outside the buffers G_out.
         - Then the float32 gradient slices 4·N and G_out are held through the update, with
           the larger of
-          - the update's temporaries (`ShardedAdamW.step`, buffer by buffer): one buffer's
-            clipped gradient slice 4·n_b, and its new float32 master slice beside the old one
-            (p < 4), or with p = 4 all the new master slices 4·N (until they are published,
-            the buffers keep the old ones, which the masters shared);
+          - the update's temporaries (`ShardedAdamW.step`, buffer by buffer, the float32
+            masters and moments updated in place): one buffer's clipped gradient slice
+            4·n_b and its decayed master 4·n_b before it is assigned back;
           - ZeRO's all-gather of one buffer into the parameters: the parameters' new copies
             P_b, each tensor gathered straight into its own memory, P_b·p (FSDP gathers
             nothing here).
 
-            step = max(reduction, 4·N + G_out + max(4·max n_b + (p = 4 ? 4·N : 4·max n_b),
-                                                    ZeRO: max_b P_b·p))
+            step = max(reduction, 4·N + G_out + max(8·max n_b, ZeRO: max_b P_b·p))
         """
         if not self.sharded:
             return 0
@@ -409,7 +407,7 @@ class DataParallelRank:
                 (sum(sizes[b] for b in order[k:]) * p + 4 * sum(slices[b] for b in order[:k])
                  + (c - 1) * sizes[order[k]] * p for k in range(len(order))), default=0)
         biggest = max(slices, default=0)
-        update = 4 * biggest + (4 * sum(slices) if p == 4 else 4 * biggest)
+        update = 8 * biggest
         gather = 0 if self.fsdp else max(sizes, default=0) * p
         return max(reduction, 4 * sum(slices) + outside + max(update, gather))
 
