@@ -123,8 +123,6 @@ class DataParallel(StepLayout):
 class TensorParallel(DataParallel):
     """Tensor (and sequence) parallelism, with replicated data parallelism or without."""
 
-    compiles_body = False  # the regions' collectives run per layer
-
     def __init__(self, model, optimizer: Optimizer, collectives: Collectives,
                  parallelism: ParallelismConfig, group: TensorGroup):
         super().__init__(model, optimizer, collectives, parallelism)

@@ -43,7 +43,6 @@ from .blocks import (
     RotaryEmbedding,
     SwiGLU,
     apply_rotary,
-    causal_lm_loss,
     column_linear,
     embedding,
     fuse_rows,
@@ -329,9 +328,8 @@ class Qwen3ForCausalLM(CausalLMPieces, nn.Cell):
         attending = self.attending(input_ids, position_ids, actual_seq_len, attention_mask)
         if self._compiled_body is not None:
             cos, sin = self.rotary.at(attending.positions)
-            return self._compiled_body(
-                self.embed(input_ids), cos, sin, attending.mask, labels.swapaxes(0, 1),
-                None if loss_mask is None else loss_mask.swapaxes(0, 1))
+            return self._compiled_body(self.embed(input_ids), cos, sin, attending.mask, labels,
+                                       loss_mask)
         hidden, _ = self.decoder(self.embed(input_ids), self.part.layers, attending)
         return self.head_loss(hidden, labels, loss_mask)
 
@@ -368,7 +366,7 @@ class Qwen3ForCausalLM(CausalLMPieces, nn.Cell):
               labels: Tensor, loss_mask: Tensor | None) -> Tensor:
         for layer in self._body_layers:
             hidden = layer(hidden, cos, sin, mask)
-        return causal_lm_loss(self._head_logits(hidden), labels, loss_mask)
+        return self.head_loss(hidden, labels, loss_mask)
 
     # --- pipeline pieces (`parts.PipelineModel`) ----------------------------------------
 
