@@ -13,13 +13,19 @@ import pytest
 pytest.importorskip("mindspore")
 
 import mindspore as ms
-from mindspore import Tensor
+from mindspore import Parameter, Tensor
 from runs import steps
 
-from mf_config import load_config
-from mf_train.compiled_layers import compile_layers, graphs_compiled
+from mf_config import OptimizerConfig, load_config
+from mf_train.compiled_layers import (
+    CompileReport,
+    compile_layers,
+    compile_optimizer,
+    graphs_compiled,
+)
 from mf_train.layouts.context_parallel import ContextParallel
 from mf_train.models import build_model
+from mf_train.optim import build_optimizer
 from mf_train.trainer import Trainer
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -46,13 +52,14 @@ def test_losses_equal_the_path_before_the_speed_work(data_prefix, tmp_path, comp
     if not compiled:
         assert compiled_at == [] and trainer.compiled.graphs == 0
         return
-    # one graph from the first layer to the loss (and its gradient) at step 1; nothing
-    # compiled in steps 2-20
+    # the forward and backward graph and the update's graph at step 1; nothing compiled in
+    # steps 2-20
     assert compiled_at == [1]
-    assert logged[0]["compiled_graphs"] == trainer.compiled.graphs >= 1
+    assert logged[0]["compiled_graphs"] == trainer.compiled.graphs >= 2
     assert 0 < logged[0]["compile_time"] <= logged[0]["step_time"]
-    assert trainer.compiled.compiled == ["decoder layers 0-3, final norm, head and loss as "
-                                         "one graph"]
+    assert trainer.compiled.compiled == [
+        "the embedding lookup, decoder layers 0-3, final norm, head and loss as one graph, "
+        "forward and backward", "the optimizer's update as one graph"]
 
 
 def _tiny_qwen3():
@@ -127,38 +134,106 @@ def test_a_compiled_layer_compiles_once_per_input_shape() -> None:
 
 @pytest.mark.parametrize("packed", [False, True], ids=["causal", "packed-documents"])
 def test_the_body_as_one_graph_equals_pynative(packed) -> None:
-    """Where the layout allows (`compiles_body`), the layers, final norm, head and loss run as
-    one graph: loss and every gradient equal the PyNative model's (same weights), with a
-    loss mask, and with packed documents (the attention mask an input of the graph); the
-    graph is reused by the next call."""
+    """Where the layout allows (`compiles_body`), the embedding lookup, layers, final norm,
+    head and loss run as one graph, and their gradients as one graph forward and backward
+    (`report.gradients`): both give the loss and every gradient of the PyNative model (same
+    weights), with a loss mask, and with packed documents (the attention mask an input of
+    the graph); the graphs are reused by the next call."""
     model, reference = _tiny_qwen3(), _tiny_qwen3()
     layers = [layer.construct for layer in model.decoder_layers]
-    report = compile_layers(model, True, body=True)
-    assert report.compiled == ["decoder layers 0-3, final norm, head and loss as one graph"]
+    params = model.trainable_params()
+    report = compile_layers(model, True, body_params=params)
+    assert report.compiled == ["the embedding lookup, decoder layers 0-3, final norm, head "
+                               "and loss as one graph, forward and backward"]
     assert [layer.construct for layer in model.decoder_layers] == layers  # not one by one
     rng = np.random.default_rng(0)
+    scale = 0.25
     for call in range(2):
         ids = Tensor(rng.integers(0, 512, (2, 32)).astype(np.int32))
         labels = Tensor(rng.integers(0, 512, (2, 32)).astype(np.int32))
         mask = Tensor((rng.random((2, 32)) > 0.2).astype(np.float32))
         ends = Tensor(np.array([[10, 32], [20, 32]], np.int32)) if packed else None
-        got, got_grads = ms.value_and_grad(model, None, model.trainable_params())(
-            ids, labels, mask, None, ends)
         want, want_grads = ms.value_and_grad(reference, None, reference.trainable_params())(
             ids, labels, mask, None, ends)
-        np.testing.assert_allclose(got.asnumpy(), want.asnumpy(), rtol=1e-6)
-        for param, g, w in zip(model.trainable_params(), got_grads, want_grads, strict=True):
+        around, around_grads = ms.value_and_grad(model, None, params)(
+            ids, labels, mask, None, ends)
+        whole, whole_grads = report.gradients(Tensor(scale, ms.float32), ids, labels, mask,
+                                              None, ends)
+        np.testing.assert_allclose(around.asnumpy(), want.asnumpy(), rtol=1e-6)
+        np.testing.assert_allclose(whole.asnumpy(), want.asnumpy() * scale, rtol=1e-6)
+        for param, g, h, w in zip(params, around_grads, whole_grads, want_grads, strict=True):
             np.testing.assert_allclose(g.asnumpy(), w.asnumpy(), rtol=1e-4, atol=1e-6,
                                        err_msg=param.name)
+            np.testing.assert_allclose(h.asnumpy(), w.asnumpy() * scale, rtol=1e-4,
+                                       atol=1e-6, err_msg=param.name)
         if call == 0:
             compiled = report.graphs
-    assert report.graphs == compiled >= 1
+    assert report.graphs == compiled >= 2
 
 
 def test_a_layout_that_works_per_layer_compiles_each_layer_and_says_why() -> None:
     model = _tiny_qwen3()
-    report = compile_layers(model, True, body=False)
+    report = compile_layers(model, True)
     assert report.compiled == ["decoder layers 0-3"]
+    assert report.gradients is None
     assert model._compiled_body is None
     assert ("embedding, final norm, head and loss run in PyNative (not in one graph with the "
             "layers: the layout works on each layer)") in report.describe()
+
+
+def _named_params(seed: int, dtype=ms.float32) -> list[tuple[str, Parameter]]:
+    rng = np.random.default_rng(seed)
+    shapes = {"embed.weight": (12, 4), "layers.0.mlp.weight": (6, 4), "layers.0.norm.weight": (4,)}
+    return [(name, Parameter(Tensor(rng.standard_normal(shape).astype(np.float32)).astype(dtype),
+                             name=name)) for name, shape in shapes.items()]
+
+
+def test_the_optimizer_update_as_one_graph_equals_pynative() -> None:
+    """`context.compile` runs AdamW's update of every parameter as one graph: parameters and
+    moments equal the PyNative update's over steps with a changing rate, a clip coefficient
+    on the device, a skipped step (non-finite gradients, `keep` false) and state loaded from
+    a copy mid-run (the graph takes the moments as inputs, so loaded ones are used)."""
+    config = OptimizerConfig(type="AdamW", weight_decay=0.1)
+    named, plain_named = _named_params(0), _named_params(0)
+    compiled, plain = build_optimizer(config, named), build_optimizer(config, plain_named)
+    report = CompileReport(True)
+    compile_optimizer(compiled, report)
+    assert report.compiled == ["the optimizer's update as one graph"]
+    rng = np.random.default_rng(1)
+    for step in range(6):
+        grads = [rng.standard_normal(p.shape).astype(np.float32) for _, p in named]
+        lr, clip = 1e-2 / (step + 1), Tensor(np.float32(0.5 + 0.1 * step))
+        keep = Tensor(step != 2)
+        if step == 2:
+            grads = [np.full_like(g, np.nan) for g in grads]
+        for optimizer in (compiled, plain):
+            optimizer.step([Tensor(g) for g in grads], lr, clip=clip, keep=keep)
+            if step == 2:
+                optimizer.uncount()
+        if step == 3:
+            compiled.load_state_dict(compiled.state_dict())
+        for (name, got), (_, want) in zip(named, plain_named, strict=True):
+            np.testing.assert_allclose(got.asnumpy(), want.asnumpy(), rtol=1e-6, atol=1e-7,
+                                       err_msg=f"{name}, step {step}")
+    assert compiled.global_step == plain.global_step == 5
+    for key, value in plain.state_dict().items():
+        np.testing.assert_allclose(compiled.state_dict()[key], value, rtol=1e-6, atol=1e-8,
+                                   err_msg=key)
+    assert report.graphs == 1  # one graph for every step given `keep`, kept or not; ...
+    compiled.step([Tensor(np.zeros(p.shape, np.float32)) for _, p in named], 1e-3)
+    assert report.graphs == 2  # ... one more for steps without it
+
+
+def test_an_optimizer_without_a_compiled_update_stays_in_pynative_and_says_why() -> None:
+    low = build_optimizer(OptimizerConfig(type="AdamW"), _named_params(0, ms.float16))
+    muon = build_optimizer(OptimizerConfig(type="Muon"), _named_params(0))
+    for optimizer, reason in ((low, "low-precision parameters keep float32 masters, cast "
+                                    "back after the update"),
+                              (muon, "Muon has no compiled form")):
+        report = CompileReport(True)
+        compile_optimizer(optimizer, report)
+        assert report.compiled == []
+        assert report.describe().endswith(f"the optimizer's update run in PyNative ({reason})")
+    off = CompileReport(False)
+    compile_optimizer(build_optimizer(OptimizerConfig(type="AdamW"), _named_params(0)), off)
+    assert off.fallbacks == [] and off.compiled == []

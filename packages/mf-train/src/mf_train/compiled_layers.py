@@ -1,17 +1,21 @@
-"""`context.compile`: the model's decoder layers as compiled graphs (`mindspore.jit`).
+"""`context.compile`: the model's decoder layers, and the optimizer's update, as compiled
+graphs (`mindspore.jit`).
 
-What is compiled, built on the first call and reused by every later step (forward and
-backward):
+What is compiled, built on the first call and reused by every later step:
 - where the layout works on the model whole (one process, replicated data parallelism:
   `StepLayout.compiles_body`) and the model can (`body_blocker()`: the whole model here, no
-  tensor or context group, no per-document kernel lengths), the decoder layers, the final
-  norm, the head and the loss as one graph per input shape (`compile_body`): the embedding
-  lookup and the rotary tables stay in PyNative;
-- else each decoder layer as a graph of its own (one per layer and input shape), the
-  embedding, final norm, head and loss in PyNative.
-The optimizer (one fused kernel per parameter, faster than any compiled form measured) and
-the gradient reduction stay in PyNative. Recompute (`Cell.recompute()` on a layer or its
-parts) works inside the graphs (gradients equal PyNative's within 1e-6,
+  tensor or context group, no per-document kernel lengths), the embedding lookup, decoder
+  layers, final norm, head and loss as one graph per input shape (`compile_body`), and the
+  loss with its gradients as ONE graph, forward and backward (`gradient_graph`, which the
+  layout calls instead of PyNative's autograd: `StepLayout.use_gradient_graph`); the input
+  checks, attention mask and rotary tables are made on the host;
+- else each decoder layer as a graph of its own (one per layer and input shape, forward and
+  backward), the embedding, final norm, head and loss in PyNative;
+- and in either case the optimizer's update of every parameter as one graph where the
+  optimizer has one (`compile_optimizer`: AdamW over float32 parameters, the same fused
+  kernel per parameter as in PyNative).
+The gradient reduction and norm stay in PyNative. Recompute (`Cell.recompute()` on a layer
+or its parts) works inside the graphs (gradients equal PyNative's within 1e-6,
 tests/train/test_compiled_layers.py).
 
 What falls back to PyNative, decided before the first step and said in one log line:
@@ -25,24 +29,24 @@ What falls back to PyNative, decided before the first step and said in one log l
   before the graphs), and so does FSDP: a graph holds the parameter tensors of its first
   call, and FSDP (told by `LayoutParts.compiled`) frees and refills their storage instead of
   swapping tensors;
-- activation swap, whose hooks see each saved tensor of a layer.
+- activation swap, whose hooks see each saved tensor of a layer;
+- an optimizer without a compiled update (Muon, the sharded AdamW of ZeRO and FSDP, AdamW
+  with float32 masters of low-precision parameters).
 
-Why it is off by default (benchmarks/README.md, "speed.py"): on the CPU backend, with one
-graph from the first layer to the loss, a compiled step is 1.65x faster on the tiny example
-and 1.07x at 28M parameters on one process (PyNative's attention makes no strided copies,
-`models.gathered_heads`; the graphs keep the views); compiling costs 4-15 s at the first
-step and the peak memory grows 1.4-2.2x.
+Why it is off by default (benchmarks/README.md, "speed.py"): compiling costs 4-10 s at the
+first step and the peak memory grows 1.3-1.8x; on the CPU backend a compiled step is about
+2.6x faster than PyNative on the tiny example and 1.5x at 28M parameters on one process.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import mindspore as ms
-from mindspore import nn
+from mindspore import Parameter, nn
 
 from mf_memory.layers import ids_text, layer_ids
 
@@ -63,6 +67,10 @@ class CompileReport:
     fallbacks: list[tuple[str, str]] = dataclasses.field(default_factory=list)
     graphs: int = 0
     seconds: float = 0.0
+    gradients: Callable[..., tuple] | None = None
+    """The model's loss and gradients as one graph (`model.gradient_graph`), for the layout
+    to call instead of PyNative's autograd (`StepLayout.use_gradient_graph`); None unless the
+    whole body compiled."""
     _reported: tuple[int, float] = dataclasses.field(default=(0, 0.0), init=False, repr=False)
 
     def take_new(self) -> tuple[int, float]:
@@ -104,24 +112,35 @@ class CompileTimer:
             self.report.graphs += new
             self.report.seconds += time.perf_counter() - start
 
+    def timed(self, function: Callable[..., Any]) -> Callable[..., Any]:
+        """`function`, its calls that compiled a graph counted as the hooks count a cell's."""
+        def call(*args: Any) -> Any:
+            self._before(None, args)
+            result = function(*args)
+            self._after(None, args, result)
+            return result
+        return call
+
 
 def compile_layers(model: nn.Cell, enabled: bool,
                    blockers: Sequence[tuple[str, str | None]] = (),
-                   body: bool = False) -> CompileReport:
-    """Compile `model.decoder_layers` when `enabled` and nothing blocks it: with `body`
-    (the layout's `compiles_body`) and a model that can (`model.body_blocker()` None), the
-    layers, final norm, head and loss as one graph; else each layer as a graph of its own.
+                   body_params: Sequence[Parameter] | None = None) -> CompileReport:
+    """Compile `model.decoder_layers` when `enabled` and nothing blocks it: with
+    `body_params` (the layout's `compiles_body`) and a model that can (`model.body_blocker()`
+    None), the embedding lookup, layers, final norm, head and loss as one graph, and their
+    gradients with respect to `body_params` as one graph forward and backward
+    (`report.gradients`); else each layer as a graph of its own.
 
     Args:
         model: a model with the layer contract (`decoder_layers`).
         enabled: `context.compile`.
         blockers: `(what, reason or None)` pairs from the layout and the memory features;
             the first with a reason keeps every layer in PyNative.
-        body: whether the layout lets the model run from its first layer to the loss as one
-            graph.
+        body_params: the parameters the layout updates, where it lets the model run from its
+            embedding to the loss as one graph; None where it works on each layer.
 
     Returns:
-        The report, which keeps counting compilations as the layers run.
+        The report, which keeps counting compilations as the graphs run.
     """
     report = CompileReport(enabled)
     if not enabled:
@@ -138,15 +157,16 @@ def compile_layers(model: nn.Cell, enabled: bool,
                                  else "the decoder layers", f"the model: {model_reason}"))
         return report
     reason = (getattr(model, "body_blocker", lambda: "the model has no compiled body")()
-              if body else "the layout works on each layer")
+              if body_params is not None else "the layout works on each layer")
     if reason is None:
         _prepare(model)
         model.compile_body()
         timer.attach(model)
-        report.compiled.append(_layers_text("decoder layer", layer_ids(model))
-                               + ", final norm, head and loss as one graph")
-        report.fallbacks.append(("the embedding lookup and rotary tables", "gathered by "
-                                 "index, outside the graph"))
+        report.gradients = timer.timed(model.gradient_graph(body_params))
+        report.compiled.append("the embedding lookup, "
+                               + _layers_text("decoder layer", layer_ids(model))
+                               + ", final norm, head and loss as one graph, forward and "
+                               "backward")
         return report
     for layer in model.decoder_layers:
         _compile(layer, timer)
@@ -154,6 +174,21 @@ def compile_layers(model: nn.Cell, enabled: bool,
     report.fallbacks.append(("embedding, final norm, head and loss", f"not in one graph with "
                              f"the layers: {reason}"))
     return report
+
+
+def compile_optimizer(optimizer: Any, report: CompileReport) -> None:
+    """Run the optimizer's update as one graph where `context.compile` is on and it can
+    (`compile_update`: AdamW over float32 parameters); else say why it stays in PyNative."""
+    if not report.enabled:
+        return
+    blocker = getattr(optimizer, "compile_blocker", None)
+    reason = (f"{type(optimizer).__name__} has no compiled form" if blocker is None
+              else blocker())
+    if reason:
+        report.fallbacks.append(("the optimizer's update", reason))
+        return
+    optimizer.compile_update(CompileTimer(report).timed)
+    report.compiled.append("the optimizer's update as one graph")
 
 
 def _compile(cell: nn.Cell, timer: CompileTimer, dynamic: bool = False) -> None:

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 import random
 import time
 from collections.abc import Callable, Sequence
@@ -68,7 +69,7 @@ from .checkpoint import (
 )
 from .checkpoint.layout import read_common
 from .checkpoint.reader import conversion
-from .compiled_layers import CompileReport, compile_layers
+from .compiled_layers import CompileReport, compile_layers, compile_optimizer
 from .expert_bias import ExpertBiasUpdate, NoExpertBiasUpdate
 from .gradient_norm import clip_coefficient, update_kept
 from .host_reads import counted_reads, counting_asked
@@ -220,10 +221,16 @@ def launch_synchronously_on_cpu(device: str) -> bool:
     competes with the kernels' own worker threads: a 256x64x64 matmul took 2-6 ms instead of
     0.1 ms, and the tiny Qwen3's forward + backward 1.9 s instead of 0.2 s (the 28M one 7.2 s
     instead of 3.1 s), with bit-identical results (benchmarks/cpu_launch.py). Devices keep
-    asynchronous launch."""
+    asynchronous launch.
+
+    Compiled graphs run on the calling thread too (`MS_DEV_HOST_BLOCKING_RUN`): else the
+    next PyNative operation waits for a graph by spinning (`AsyncRQueue::Wait`, 30 % of the
+    CPU samples of a 28M step), taking one of the cores the graph's kernels run on; a step
+    with its forward and backward as one graph took 2.1 s instead of 1.1 s."""
     if device != "CPU":
         return False
     ms.runtime.launch_blocking()
+    os.environ["MS_DEV_HOST_BLOCKING_RUN"] = "1"
     return True
 
 
@@ -318,7 +325,10 @@ class Trainer:
         self.compiled = compile_layers(self.model, config.context.compile, [
             (f"the layout ({self.layout.describe()})", self.layout.compile_blocker),
             ("swap", "its hooks see each saved tensor of a layer" if self.swap.paths else None)],
-            body=self.layout.compiles_body)
+            body_params=self.layout.params if self.layout.compiles_body else None)
+        if self.compiled.gradients is not None:
+            self.layout.use_gradient_graph(self.compiled.gradients)
+        compile_optimizer(self.layout.optimizer, self.compiled)
         LOG.info("%s", self.compiled.describe())
         self.schedule = build_lr_schedule(config.lr_scheduler, config.training.steps, source)
         LOG.info("%s; optimizer %s; %s", self.layout.describe(), config.optimizer.type,

@@ -287,6 +287,16 @@ class StepLayout(ABC):
     def _forward(self, *inputs: Tensor | None) -> Tensor:
         return self.model(*inputs) * self._scale
 
+    def use_gradient_graph(self, graph: Callable[..., tuple]) -> None:
+        """Take each micro-batch's loss and gradients from `graph` (the model's forward and
+        backward as one compiled graph, `compiled_layers`: called as `(scale, *model
+        inputs)`, it returns the scaled loss and the gradients of `params`) instead of
+        PyNative's autograd around the model. Only a layout that `compiles_body` is given
+        one."""
+        def grads(*inputs: Tensor | None) -> tuple:
+            return graph(Tensor(self._scale, ms.float32), *inputs)
+        self._grad_fn = grads
+
 
 class Unobserved:
     """The observer of a step nobody monitors."""

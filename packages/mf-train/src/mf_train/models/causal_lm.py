@@ -62,9 +62,17 @@ class CausalLMPieces:
     def embed(self, input_ids: Tensor) -> Tensor:
         """`[batch, seq]` ids -> `[seq, batch, hidden]` (this rank's sequence slice under
         sequence parallelism)."""
+        self.check_ids(input_ids)
+        return self.lookup(input_ids)
+
+    def check_ids(self, input_ids: Tensor) -> None:
+        """Refuse ids whose shape this model cannot take (on the host, before any kernel)."""
         check_input_ids(input_ids, self.settings.seq_length,
                         self.settings.max_position_embeddings, self.tensor_group,
                         self.places.context_size)
+
+    def lookup(self, input_ids: Tensor) -> Tensor:
+        """`embed` without the checks: nothing on the host, so a compiled graph can hold it."""
         ids = input_ids.swapaxes(0, 1)
         if self._rows_only():
             return self.vocabulary.embed(self.embedding.weight, ids).astype(self.compute_dtype)

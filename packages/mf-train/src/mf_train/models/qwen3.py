@@ -23,7 +23,7 @@ from typing import Any
 
 import mindspore as ms
 import numpy as np
-from mindspore import Tensor, nn
+from mindspore import Parameter, Tensor, nn
 
 from mf_config import ModelConfig
 from mf_config.component_settings import settings_error, structure_settings
@@ -325,23 +325,23 @@ class Qwen3ForCausalLM(CausalLMPieces, nn.Cell):
     def construct(self, input_ids: Tensor, labels: Tensor, loss_mask: Tensor | None = None,
                   position_ids: Tensor | None = None, actual_seq_len: Tensor | None = None,
                   attention_mask: Tensor | None = None) -> Tensor:
-        attending = self.attending(input_ids, position_ids, actual_seq_len, attention_mask)
         if self._compiled_body is not None:
-            cos, sin = self.rotary.at(attending.positions)
-            return self._compiled_body(self.embed(input_ids), cos, sin, attending.mask, labels,
-                                       loss_mask)
+            return self._compiled_body(*self.body_inputs(input_ids, labels, loss_mask,
+                                                         position_ids, actual_seq_len,
+                                                         attention_mask))
+        attending = self.attending(input_ids, position_ids, actual_seq_len, attention_mask)
         hidden, _ = self.decoder(self.embed(input_ids), self.part.layers, attending)
         return self.head_loss(hidden, labels, loss_mask)
 
-    # --- one graph from the first layer to the loss (`compiled_layers`) -----------------
+    # --- one graph from the embedding to the loss (`compiled_layers`) -----------------
 
     _compiled_body: Callable[..., Tensor] | None = None
 
     def body_blocker(self) -> str | None:
-        """Why the layers, final norm, head and loss cannot be one compiled graph here, or
-        None: they can where this rank holds the whole model, unsplit, with the whole
-        vocabulary, and attention takes no per-document lengths (which a graph would
-        hold as constants)."""
+        """Why the embedding lookup, layers, final norm, head and loss cannot be one compiled
+        graph here, or None: they can where this rank holds the whole model, unsplit, with
+        the whole vocabulary, and attention takes no per-document lengths (which a graph
+        would hold as constants)."""
         if self.part != ModelPart.whole(self.model_layers):
             return "this rank holds part of the model (a pipeline stage)"
         if self.tensor_group is not None or self.context_group is not None:
@@ -353,17 +353,50 @@ class Qwen3ForCausalLM(CausalLMPieces, nn.Cell):
         return None
 
     def compile_body(self) -> None:
-        """Run the decoder layers, the final norm, the head and the loss as one graph
-        (`mindspore.jit`) in every later forward pass; the embedding lookup and the rotary
-        tables stay in PyNative. `body_blocker()` must be None."""
+        """Run the embedding lookup, the decoder layers, the final norm, the head and the
+        loss as one graph (`mindspore.jit`) in every later forward pass; the input checks,
+        attention mask and rotary tables are made on the host first (`body_inputs`).
+        `body_blocker()` must be None."""
         # a plain tuple, set past Cell.__setattr__: the layers keep their one place (and
         # their parameters' names) in the model
         object.__setattr__(self, "_body_layers", tuple(
             self.decoder_layers.by_id(index) for index in self.part.layers))
         self._compiled_body = ms.jit(self._body)
 
-    def _body(self, hidden: Tensor, cos: Tensor, sin: Tensor, mask: Tensor | None,
+    def gradient_graph(self, params: Sequence[Parameter]) -> Callable[..., tuple]:
+        """The loss and its gradients with respect to `params` as ONE compiled graph, forward
+        and backward (`compile_body` first): called as `(scale, *construct's arguments)`, it
+        returns `(loss * scale, gradients)`, the scale a 0-d float32 tensor (an input, so a
+        new value compiles nothing).
+
+        Why one graph rather than PyNative's autograd around the compiled forward: the
+        backward pass then needs no tape on the host, and on the CPU backend the step is
+        1.2-1.3x faster (benchmarks/README.md, "speed.py")."""
+        if self._compiled_body is None:
+            raise RuntimeError("gradient_graph() needs compile_body() first")
+
+        def scaled(scale: Tensor, *inputs: Tensor | None) -> Tensor:
+            return self._body(*inputs) * scale
+
+        graph = ms.jit(ms.value_and_grad(scaled, None, list(params)))
+
+        def run(scale: Tensor, *model_inputs: Tensor | None) -> tuple:
+            return graph(scale, *self.body_inputs(*model_inputs))
+        return run
+
+    def body_inputs(self, input_ids: Tensor, labels: Tensor, loss_mask: Tensor | None = None,
+                    position_ids: Tensor | None = None, actual_seq_len: Tensor | None = None,
+                    attention_mask: Tensor | None = None) -> tuple[Tensor | None, ...]:
+        """`construct`'s arguments -> the compiled body's: the ids checked, the attention
+        mask and the rotary tables made on the host."""
+        self.check_ids(input_ids)
+        attending = self.attending(input_ids, position_ids, actual_seq_len, attention_mask)
+        cos, sin = self.rotary.at(attending.positions)
+        return input_ids, cos, sin, attending.mask, labels, loss_mask
+
+    def _body(self, input_ids: Tensor, cos: Tensor, sin: Tensor, mask: Tensor | None,
               labels: Tensor, loss_mask: Tensor | None) -> Tensor:
+        hidden = self.lookup(input_ids)
         for layer in self._body_layers:
             hidden = layer(hidden, cos, sin, mask)
         return self.head_loss(hidden, labels, loss_mask)

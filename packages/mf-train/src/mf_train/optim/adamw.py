@@ -21,8 +21,9 @@ MindFormers' `enable_fused_opt` / `use_fused` (an Ascend kernel) and `amsgrad` /
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
+import mindspore as ms
 from mindspore import Parameter, Tensor, ops
 
 from mf_config import OptimizerConfig
@@ -33,7 +34,7 @@ from mf_config.yaml_source import Source
 from ..registry import OPTIMIZERS
 from ..settings.adamw import AdamWSettings
 from .base import ParameterOptimizer, adam_hyperparameters, decay_flags
-from .protocol import gated
+from .protocol import checked_lr, gated
 
 
 def adamw_update(param: Tensor, grad: Tensor, exp_avg: Tensor, exp_avg_sq: Tensor, step: int,
@@ -135,6 +136,72 @@ class AdamW(ParameterOptimizer):
     def _update(self, index: int, value: Tensor, grad: Tensor, lr: float,
                 weight_decay: float, keep: Tensor | None) -> Tensor:
         return self.moments.update(index, value, grad, lr, weight_decay, keep)
+
+    # --- every parameter's update as one graph (`context.compile`) -----------------------
+
+    _graph: Callable[..., Tensor] | None = None
+
+    def compile_blocker(self) -> str | None:
+        """Why `compile_update` cannot run this optimizer's steps as one graph, or None."""
+        if self._masters:
+            return "low-precision parameters keep float32 masters, cast back after the update"
+        return None
+
+    def compile_update(self, wrap: Callable[[Callable[..., Tensor]], Callable[..., Tensor]]
+                       = lambda graph: graph) -> None:
+        """Run every later `step` as one compiled graph (`mindspore.jit`): the clipping,
+        the skip gate and one fused AdamW kernel per parameter, the parameters and moments
+        updated in place as the PyNative `step` does (the same kernel, the same arguments).
+        Why: a PyNative operation costs about 40 us to launch here, and the update is two per
+        parameter; one graph launches none from Python (benchmarks/README.md, "speed.py").
+        `compile_blocker()` must be None; `wrap` is given the graph to wrap (a compile
+        timer)."""
+        params, count, (beta1, beta2) = list(self.params), len(self.params), self.betas
+        decays = sorted(set(self.weight_decays))  # two at most: weight_decay and 0
+        decay_of = [decays.index(decay) for decay in self.weight_decays]
+
+        def update(clip: Tensor, keep: Tensor | None, lr: Tensor, eps: Tensor,
+                   decay_scale: Tensor, *tensors: Tensor) -> Tensor:
+            grads, exp_avgs, exp_avg_sqs = (tensors[:count], tensors[count:2 * count],
+                                            tensors[2 * count:])
+            first, second = ops.scalar_to_tensor(beta1), ops.scalar_to_tensor(beta2)
+            scaled = []
+            for decay in decays:
+                scaled.append(decay_scale * decay)
+            if keep is not None:  # where the update does not apply: rate 0, both betas 1
+                lr = ops.select(keep, lr, ops.zeros_like(lr))
+                first = ops.select(keep, first, ops.ones_like(first))
+                second = ops.select(keep, second, ops.ones_like(second))
+            for index, param in enumerate(params):
+                grad = grads[index] * clip
+                if keep is not None:
+                    grad = ops.masked_fill(grad, ops.logical_not(keep), 0.0)
+                _ADAMW_KERNEL(param, exp_avgs[index], exp_avg_sqs[index], lr, first, second,
+                              eps, scaled[decay_of[index]], grad)
+            return lr
+
+        self._graph = wrap(ms.jit(update))
+
+    def step(self, grads: Sequence[Tensor], lr: float, clip: float | Tensor = 1.0,
+             keep: Tensor | None = None) -> None:
+        """`ParameterOptimizer.step`, as one graph once `compile_update` ran."""
+        if self._graph is None:
+            super().step(grads, lr, clip, keep)
+            return
+        lr = checked_lr(lr)
+        self._check_grads(grads)
+        self.global_step += 1
+        beta1, beta2 = self.betas
+        correction1 = 1.0 - beta1**self.global_step
+        root_correction2 = math.sqrt(1.0 - beta2**self.global_step)
+        m_keys, v_keys = zip(*(self.moments.keys[i] for i in range(len(self.params))),
+                             strict=True)
+        self._graph(clip if isinstance(clip, Tensor) else Tensor(clip, ms.float32), keep,
+                    Tensor(lr * root_correction2 / correction1, ms.float32),
+                    Tensor(self.eps * root_correction2, ms.float32),
+                    Tensor(correction1 / root_correction2, ms.float32),
+                    *grads, *(self.state[key] for key in m_keys),
+                    *(self.state[key] for key in v_keys))
 
 
 def adamw_settings(config: OptimizerConfig, source: Source | None = None) -> AdamWSettings:
