@@ -56,6 +56,21 @@ def test_clipping_formula() -> None:
     assert kept == [True, True, False, False, False]
 
 
+def test_the_norm_of_large_and_small_gradients_equals_numpy() -> None:
+    """Large gradients are summed as the trace of a 32-row Gram matrix, others as one
+    `[1, n] @ [n, 1]` product (sizes below 2**16 or not a multiple of 32)."""
+    rng = np.random.default_rng(4)
+    shapes = [(1024, 96), (2**16 + 1,), (333, 7), (64,), (2, 4096, 8)]
+    grads = [rng.standard_normal(shape).astype(np.float32) * scale
+             for shape, scale in zip(shapes, (1.0, 3.0, 0.5, 10.0, 1e-3), strict=True)]
+    want = math.sqrt(sum(float((g.astype(np.float64) ** 2).sum()) for g in grads))
+    got = float(global_norm([Tensor(g) for g in grads]).asnumpy())
+    assert got == pytest.approx(want, rel=1e-6)
+    for g in grads:  # each alone, so no path hides behind a larger one
+        alone = float(global_norm([Tensor(g)]).asnumpy())
+        assert alone == pytest.approx(float(np.linalg.norm(g.astype(np.float64))), rel=1e-6)
+
+
 def test_clipped_step_moves_less() -> None:
     free, clip = make(), make(max_norm=1e-3)
     before = free.layout.model.w.asnumpy().copy()

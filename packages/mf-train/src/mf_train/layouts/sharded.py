@@ -60,7 +60,7 @@ from mf_parallel.runtime.tensor_parallel import (
 )
 from mf_parallel.vocabulary_rows import keeps_vocabulary_rows
 
-from ..gradient_norm import root
+from ..gradient_norm import root, square_sum
 from ..optim import AdamW, Muon, ShardedAdamW
 from ..optim.adamw import adamw_settings
 from ..optim.base import adam_hyperparameters, decay_flags
@@ -133,7 +133,7 @@ class SliceNorm:
                 self.collectives.all_reduce(experts, EXPERT_DATA_GROUPS.shard), "expert")
             slices = [s for s, expert in zip(slices, self.experts, strict=True) if not expert]
         if self.split is None:
-            local = _sum_all([ops.sum(ops.square(s)) for s in slices])
+            local = square_sum(slices)
             total = self.collectives.all_reduce(local.reshape(1), "shard")
         else:
             split = self._split_parts if len(slices) == len(self._split_parts) \
