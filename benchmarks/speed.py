@@ -72,9 +72,9 @@ MF_VARIANTS: tuple[tuple[str, tuple[str, ...], int], ...] = (
     ("mf (default: PyNative)", (), 1),
     ("mf, context.compile=true", (COMPILE,), 1),
 )
-"""mf rows: (label, `--set` overrides of mf-train, ranks). `--previous DIR` adds a row running
-the packages of another checkout (`DIR/packages/*/src` first on PYTHONPATH), e.g. a `git
-worktree` of an earlier commit, with no overrides."""
+"""mf rows: (label, `--set` overrides of mf-train, ranks). `--previous DIR` adds a row for each
+one-process row, running the packages of another checkout (`DIR/packages/*/src` first on
+PYTHONPATH), e.g. a `git worktree` of an earlier commit, with the same overrides."""
 
 FSDP = "parallelism.data_parallel_shard_strategy=optim_grads_params"
 TENSOR = "parallelism.tensor_parallel=2"
@@ -359,8 +359,9 @@ def measure(name: str, model: Model, steps: int, rounds: int, tmp: Path, prefix:
     config = tmp / f"{name}.yaml"
     config.write_text(yaml.safe_dump(mf_config(model, steps, prefix), sort_keys=False))
     older = [] if previous is None else [
-        (f"mf at {previous.name} (previous)",
-         lambda out: run_mf((), config, out, timeout, previous_env(previous)))]
+        (f"mf at {previous.name}{label[2:]} (previous)",
+         lambda out, o=overrides: run_mf(o, config, out, timeout, previous_env(previous)))
+        for label, overrides, nproc in model.variants if nproc == 1]
     runs: list[tuple[str, Any]] = [
         *((label, lambda out, o=overrides, n=nproc: run_mf(o, config, out, timeout, nproc=n))
           for label, overrides, nproc in model.variants), *older,

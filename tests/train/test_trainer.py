@@ -93,21 +93,26 @@ def test_launcher_unknown_lr_key(tmp_path, capsys, data_prefix) -> None:
     assert "lr_scheduler.min_lr" in capsys.readouterr().err
 
 
-def test_stopped_and_resumed_equals_uninterrupted(data_prefix, tmp_path) -> None:
+@pytest.mark.parametrize("compiled", [False, True], ids=["pynative", "compiled"])
+def test_stopped_and_resumed_equals_uninterrupted(data_prefix, tmp_path, compiled) -> None:
     """6 steps straight against 3 steps, a checkpoint, and 3 more in a new trainer: the same
-    losses, bit for bit, and the same final weights."""
-    straight = load_config(EXAMPLE, overrides(data_prefix, 6,
+    losses, bit for bit, and the same final weights; compiled too (the resumed run's graphs
+    hold its loaded parameters and take its loaded moments)."""
+    compile_ = f"context.compile={str(compiled).lower()}"
+    straight = load_config(EXAMPLE, overrides(data_prefix, 6, compile_,
                                                f"checkpoint.save_path={tmp_path / 'a'}"))
     whole = Trainer(straight, output_dir=tmp_path / "a_out")
     losses = [o.loss for o in whole.train()]
-    first = load_config(EXAMPLE, overrides(data_prefix, 6, f"checkpoint.save_path={tmp_path / 'b'}",
+    first = load_config(EXAMPLE, overrides(data_prefix, 6, compile_,
+                                           f"checkpoint.save_path={tmp_path / 'b'}",
                                            "checkpoint.save_interleaved_steps=3"))
     part = Trainer(first, output_dir=tmp_path / "b_out")
     stream = part.stream()
     head = [part.run_step(stream).loss for _ in range(3)]
     part.save_checkpoint()
     part.checkpoints.wait()
-    again = load_config(EXAMPLE, overrides(data_prefix, 6, f"checkpoint.save_path={tmp_path / 'c'}",
+    again = load_config(EXAMPLE, overrides(data_prefix, 6, compile_,
+                                           f"checkpoint.save_path={tmp_path / 'c'}",
                                            f"checkpoint.load_path={tmp_path / 'b'}"))
     resumed = Trainer(again, output_dir=tmp_path / "c_out")
     assert (resumed.step_count, resumed.consumed_samples) == (3, 12)
