@@ -42,8 +42,9 @@ class ContextConfig(Section):
     max_device_memory: str | None = setting(
         None, "Device memory cap such as \"59GB\", passed to the backend where it applies.")
     compile: bool = setting(
-        False, "Run each decoder layer as a compiled graph (mindspore.jit) where the layout "
-        "allows; false: pure PyNative. One log line says what was compiled and why not.")
+        False, "Run the model (its forward and backward) and the optimizer's update as "
+        "compiled graphs (mindspore.jit) where the layout allows; false: pure PyNative. One "
+        "log line says what was compiled and why not.")
 
 
 @section
