@@ -196,9 +196,9 @@ def test_the_optimizer_update_as_one_graph_equals_pynative() -> None:
     config = OptimizerConfig(type="AdamW", weight_decay=0.1)
     named, plain_named = _named_params(0), _named_params(0)
     compiled, plain = build_optimizer(config, named), build_optimizer(config, plain_named)
-    report = CompileReport(True)
+    report = CompileReport(True, compiled=["decoder layers 0-3"])
     compile_optimizer(compiled, report)
-    assert report.compiled == ["the optimizer's update as one graph"]
+    assert report.compiled == ["decoder layers 0-3", "the optimizer's update as one graph"]
     rng = np.random.default_rng(1)
     for step in range(6):
         grads = [rng.standard_normal(p.shape).astype(np.float32) for _, p in named]
@@ -230,10 +230,13 @@ def test_an_optimizer_without_a_compiled_update_stays_in_pynative_and_says_why()
     for optimizer, reason in ((low, "low-precision parameters keep float32 masters, cast "
                                     "back after the update"),
                               (muon, "Muon has no compiled form")):
-        report = CompileReport(True)
+        report = CompileReport(True, compiled=["decoder layers 0-3"])
         compile_optimizer(optimizer, report)
-        assert report.compiled == []
+        assert report.compiled == ["decoder layers 0-3"]
         assert report.describe().endswith(f"the optimizer's update run in PyNative ({reason})")
-    off = CompileReport(False)
-    compile_optimizer(build_optimizer(OptimizerConfig(type="AdamW"), _named_params(0)), off)
-    assert off.fallbacks == [] and off.compiled == []
+    adamw = build_optimizer(OptimizerConfig(type="AdamW"), _named_params(0))
+    off, layers_blocked = CompileReport(False), CompileReport(True)  # compile nothing else
+    for report in (off, layers_blocked):
+        compile_optimizer(adamw, report)
+        assert report.fallbacks == [] and report.compiled == []
+    assert adamw._graph is None

@@ -11,7 +11,7 @@ What is compiled, built on the first call and reused by every later step:
   checks, attention mask and rotary tables are made on the host;
 - else each decoder layer as a graph of its own (one per layer and input shape, forward and
   backward), the embedding, final norm, head and loss in PyNative;
-- and in either case the optimizer's update of every parameter as one graph where the
+- and with either, the optimizer's update of every parameter as one graph where the
   optimizer has one (`compile_optimizer`: AdamW over float32 parameters, the same fused
   kernel per parameter as in PyNative).
 The gradient reduction and norm stay in PyNative. Recompute (`Cell.recompute()` on a layer
@@ -29,7 +29,8 @@ What falls back to PyNative, decided before the first step and said in one log l
   before the graphs), and so does FSDP: a graph holds the parameter tensors of its first
   call, and FSDP (told by `LayoutParts.compiled`) frees and refills their storage instead of
   swapping tensors;
-- activation swap, whose hooks see each saved tensor of a layer;
+- activation swap, whose hooks see each saved tensor of a layer (the update then stays in
+  PyNative too);
 - an optimizer without a compiled update (Muon, the sharded AdamW of ZeRO and FSDP, AdamW
   with float32 masters of low-precision parameters).
 
@@ -178,8 +179,10 @@ def compile_layers(model: nn.Cell, enabled: bool,
 
 def compile_optimizer(optimizer: Any, report: CompileReport) -> None:
     """Run the optimizer's update as one graph where `context.compile` is on and it can
-    (`compile_update`: AdamW over float32 parameters); else say why it stays in PyNative."""
-    if not report.enabled:
+    (`compile_update`: AdamW over float32 parameters); else say why it stays in PyNative.
+    Where the layers stay in PyNative (context parallelism, activation swap), so does the
+    update: the field has no effect there, as mf-train warns before the run (`support`)."""
+    if not report.enabled or not report.compiled:
         return
     blocker = getattr(optimizer, "compile_blocker", None)
     reason = (f"{type(optimizer).__name__} has no compiled form" if blocker is None

@@ -371,7 +371,7 @@ class Qwen3ForCausalLM(CausalLMPieces, nn.Cell):
 
         Why one graph rather than PyNative's autograd around the compiled forward: the
         backward pass then needs no tape on the host, and on the CPU backend the step is
-        1.2-1.3x faster (benchmarks/README.md, "speed.py")."""
+        1.1-1.4x faster (benchmarks/README.md, "speed.py")."""
         if self._compiled_body is None:
             raise RuntimeError("gradient_graph() needs compile_body() first")
 
