@@ -195,17 +195,18 @@ def compile_optimizer(optimizer: Any, report: CompileReport) -> None:
 
 
 def _compile(cell: nn.Cell, timer: CompileTimer, dynamic: bool = False) -> None:
-    _prepare(cell)
+    _prepare(cell, dynamic)
     cell.construct = ms.jit(cell.construct, dynamic=int(dynamic))
     timer.attach(cell)
 
 
-def _prepare(cell: nn.Cell) -> None:
-    """PyNative-only fast paths inside `cell` step aside (`gathered_heads`)."""
+def _prepare(cell: nn.Cell, dynamic: bool = False) -> None:
+    """PyNative-only fast paths inside `cell` step aside (`gathered_heads`) where a graph
+    (of inputs of any shape, with `dynamic`) cannot hold them."""
     for _, inner in cell.cells_and_names():
         prepare = getattr(inner, "prepare_for_graph", None)
         if prepare is not None:
-            prepare()
+            prepare(dynamic)
 
 
 def _layers_text(what: str, ids: Sequence[int]) -> str:

@@ -56,9 +56,9 @@ class SequenceExchange(nn.Cell):
         self.join = JoinGathered(context) if ring else None
         self.overlap = ring and context.overlap and not core.flash
 
-    def prepare_for_graph(self) -> None:
+    def prepare_for_graph(self, dynamic: bool = False) -> None:
         """Before a layer attending through this is compiled (`AttentionCore`'s)."""
-        self.core.prepare_for_graph()
+        self.core.prepare_for_graph(dynamic)
 
     def attend(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None,
                lengths: tuple[int, ...] | None, attention: Attention | None = None) -> Tensor:

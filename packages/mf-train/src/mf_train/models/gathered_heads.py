@@ -18,7 +18,9 @@ gather by the inverse permutation (a custom bprop), so no strided view is ever m
   its backward written out from the input alone.
 
 `GatheredHeads` builds them per input shape on first use. Graphs (`mindspore.jit`) transpose
-without the generic kernel, so compiled layers keep the views (`prepare_for_graph`).
+without the generic kernel, so compiled layers keep the views (`prepare_for_graph`), except
+SwiGLU's activation cell, which a graph of fixed shapes holds (a compiled 28M step 10 %
+faster); a graph of any shape (`dynamic`) takes the slices.
 """
 
 from __future__ import annotations

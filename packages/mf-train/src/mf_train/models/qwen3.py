@@ -172,8 +172,9 @@ class Qwen3Attention(nn.Cell):
         self.gathered = (GatheredHeads(self.heads, self.kv_heads, self.head_dim)
                          if self.tile and context is None and not core.flash else None)
 
-    def prepare_for_graph(self) -> None:
-        """Before this layer is compiled: the strided views (see `gathered_heads`)."""
+    def prepare_for_graph(self, dynamic: bool = False) -> None:
+        """Before this layer is compiled: the strided views (see `gathered_heads`; the
+        gathers' per-shape cells do not trace)."""
         self.gathered = None
 
     def construct(self, x: Tensor, cos: Tensor, sin: Tensor, mask: Tensor | None = None,
