@@ -35,8 +35,8 @@ What falls back to PyNative, decided before the first step and said in one log l
   with float32 masters of low-precision parameters).
 
 Why it is off by default (benchmarks/README.md, "speed.py"): compiling costs 5-21 s at the
-first step and the peak memory grows 1.3-1.8x; on the CPU backend a compiled step is 2.8x
-faster than PyNative on the tiny example and 1.65x at 28M parameters on one process.
+first step and the peak memory grows 1.3-1.8x; on the CPU backend a compiled step is 2.6x
+faster than PyNative on the tiny example and 1.6x at 28M parameters on one process.
 """
 
 from __future__ import annotations
