@@ -363,7 +363,7 @@ def measure(name: str, model: Model, steps: int, rounds: int, tmp: Path, prefix:
     config = tmp / f"{name}.yaml"
     config.write_text(yaml.safe_dump(mf_config(model, steps, prefix), sort_keys=False))
     older = [] if previous is None else [
-        (f"mf at {previous.name}{label[2:]} (previous)",
+        (label.replace("mf", f"mf at {previous.name}", 1) + " (previous)",
          lambda out, o=overrides: run_mf(o, config, out, timeout, previous_env(previous)))
         for label, overrides, nproc in model.variants if nproc == 1]
     runs: list[tuple[str, Any]] = [

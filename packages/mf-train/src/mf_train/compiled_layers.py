@@ -107,7 +107,9 @@ class CompileTimer:
         self._start = (graphs_compiled(), time.perf_counter())
 
     def _after(self, cell: nn.Cell, inputs: Any, output: Any) -> None:
-        graphs, start = self._start
+        self._count(*self._start)
+
+    def _count(self, graphs: int, start: float) -> None:
         new = graphs_compiled() - graphs
         if new:
             self.report.graphs += new
@@ -116,9 +118,9 @@ class CompileTimer:
     def timed(self, function: Callable[..., Any]) -> Callable[..., Any]:
         """`function`, its calls that compiled a graph counted as the hooks count a cell's."""
         def call(*args: Any) -> Any:
-            self._before(None, args)
+            graphs, start = graphs_compiled(), time.perf_counter()
             result = function(*args)
-            self._after(None, args, result)
+            self._count(graphs, start)
             return result
         return call
 

@@ -34,7 +34,7 @@ from mf_config.yaml_source import Source
 from ..registry import OPTIMIZERS
 from ..settings.adamw import AdamWSettings
 from .base import ParameterOptimizer, adam_hyperparameters, decay_flags
-from .protocol import checked_lr, gated
+from .protocol import checked_lr, gated, update_gradient
 
 
 def adamw_update(param: Tensor, grad: Tensor, exp_avg: Tensor, exp_avg_sq: Tensor, step: int,
@@ -80,12 +80,18 @@ def adamw_update_in_place(param: Tensor, grad: Tensor, exp_avg: Tensor, exp_avg_
     not apply, which leaves `param` and the moments exactly as they were.
     """
     beta1, beta2 = betas
-    correction1 = 1.0 - beta1**step
-    root_correction2 = math.sqrt(1.0 - beta2**step)
-    _ADAMW_KERNEL(param, exp_avg, exp_avg_sq,
-                  gated(lr * root_correction2 / correction1, keep, 0.0),
+    rate, epsilon, decay = _folded_corrections(step, betas)
+    _ADAMW_KERNEL(param, exp_avg, exp_avg_sq, gated(lr * rate, keep, 0.0),
                   gated(beta1, keep, 1.0), gated(beta2, keep, 1.0),
-                  eps * root_correction2, weight_decay * correction1 / root_correction2, grad)
+                  eps * epsilon, weight_decay * decay, grad)
+
+
+def _folded_corrections(step: int, betas: tuple[float, float]) -> tuple[float, float, float]:
+    """The factors of update `step`'s bias corrections folded into the fused kernel's lr, eps
+    and weight decay: `sqrt(bc2) / bc1`, `sqrt(bc2)`, `bc1 / sqrt(bc2)`."""
+    correction1 = 1.0 - betas[0]**step
+    root_correction2 = math.sqrt(1.0 - betas[1]**step)
+    return root_correction2 / correction1, root_correction2, correction1 / root_correction2
 
 
 class AdamMoments:
@@ -173,9 +179,7 @@ class AdamW(ParameterOptimizer):
                 first = ops.select(keep, first, ops.ones_like(first))
                 second = ops.select(keep, second, ops.ones_like(second))
             for index, param in enumerate(params):
-                grad = grads[index] * clip
-                if keep is not None:
-                    grad = ops.masked_fill(grad, ops.logical_not(keep), 0.0)
+                grad = update_gradient(grads[index], clip, keep)
                 _ADAMW_KERNEL(param, exp_avgs[index], exp_avg_sqs[index], lr, first, second,
                               eps, scaled[decay_of[index]], grad)
             return lr
@@ -191,15 +195,12 @@ class AdamW(ParameterOptimizer):
         lr = checked_lr(lr)
         self._check_grads(grads)
         self.global_step += 1
-        beta1, beta2 = self.betas
-        correction1 = 1.0 - beta1**self.global_step
-        root_correction2 = math.sqrt(1.0 - beta2**self.global_step)
+        rate, epsilon, decay = _folded_corrections(self.global_step, self.betas)
         m_keys, v_keys = zip(*(self.moments.keys[i] for i in range(len(self.params))),
                              strict=True)
         self._graph(clip if isinstance(clip, Tensor) else Tensor(clip, ms.float32), keep,
-                    Tensor(lr * root_correction2 / correction1, ms.float32),
-                    Tensor(self.eps * root_correction2, ms.float32),
-                    Tensor(correction1 / root_correction2, ms.float32),
+                    Tensor(lr * rate, ms.float32), Tensor(self.eps * epsilon, ms.float32),
+                    Tensor(decay, ms.float32),
                     *grads, *(self.state[key] for key in m_keys),
                     *(self.state[key] for key in v_keys))
 
