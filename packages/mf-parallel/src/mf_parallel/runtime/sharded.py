@@ -157,10 +157,14 @@ class ShardedDataParallel:
         self._gather()
 
     def _gather(self) -> None:
+        """Every rank's slices gathered into the model's parameters, written into each
+        parameter's own tensor (never swapped for the gathered one): whatever holds a
+        parameter's tensor, a compiled graph of `context.compile` that captured it at its
+        first call, reads the published values."""
         for bucket in self._buffers:
             for param, full in zip(bucket.params, bucket.flat.all_gather(bucket.master),
                                    strict=True):
-                param.set_data(full)
+                ops.assign(param, full)
 
     def held_bytes(self) -> dict[str, int]:
         """Bytes this rank keeps between steps for parameters, gradients and optimizer state."""
