@@ -52,6 +52,7 @@ from mf_memory.recompute import apply_recompute, apply_recompute_comm
 from mf_memory.swap import ActivationSwap
 from mf_parallel import Plan
 from mf_parallel.runtime import Collectives, Communication, init_communication
+from mf_parallel.runtime.comm import use_device
 from mf_parallel.runtime.context_parallel import ContextGroup
 from mf_parallel.runtime.expert_dispatch import ExpertGroup
 from mf_parallel.runtime.tensor_parallel import TensorGroup
@@ -286,7 +287,7 @@ class Trainer:
         self.config, self.source, self.output_dir = config, source, Path(output_dir)
         self.device = resolve_device(config.context.device_target)
         ms.set_context(mode=ms.PYNATIVE_MODE)
-        ms.set_device(self.device)
+        use_device(self.device)
         if launch_synchronously_on_cpu(self.device):
             LOG.info("CPU backend: kernels launched synchronously (faster here than a launch "
                      "thread competing with the kernels' threads)")

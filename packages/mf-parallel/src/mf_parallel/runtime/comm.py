@@ -68,7 +68,9 @@ class Communication:
 def init_communication(plan: Plan, device_target: str = "CPU") -> Communication:
     """Initialise MindSpore communication (if the job has several ranks) and the plan's groups.
 
-    Sets PyNative mode and the device first; call it once per process, before any collective.
+    Sets PyNative mode and the device first; call it before any collective. A second plan in
+    the same process (a test running several trainer runs in one job) reuses MindSpore's
+    communication and creates only the groups no earlier plan created.
 
     Args:
         plan: the job's plan (its world size must be the number of ranks msrun started).
@@ -81,7 +83,7 @@ def init_communication(plan: Plan, device_target: str = "CPU") -> Communication:
         RuntimeError: several ranks planned but not started by msrun, or a different count.
     """
     ms.set_context(mode=ms.PYNATIVE_MODE)
-    ms.set_device(device_target)
+    use_device(device_target)
     world = plan.dims.world_size
     if world == 1:
         groups = RankMesh(plan.dims).groups_of(0)
@@ -90,13 +92,25 @@ def init_communication(plan: Plan, device_target: str = "CPU") -> Communication:
     if "MS_WORKER_NUM" not in os.environ and "RANK_SIZE" not in os.environ:
         raise RuntimeError(f"the plan has {world} ranks but this process was not started by "
                            "msrun (MS_WORKER_NUM is not set); launch it with mf_parallel.launch")
-    communication.init()
+    if not communication.GlobalComm.INITED:  # a later plan in the same process reuses it
+        communication.init()
     rank, size = communication.get_rank(), communication.get_group_size()
     if size != world:
         raise RuntimeError(f"the plan is for {world} ranks but msrun started {size}")
     names = _create_groups(plan.mesh, rank, world)
     return Communication(rank=rank, world_size=world, device_target=device_target,
                          group_ranks=plan.mesh.groups_of(rank), group_names=names)
+
+
+def use_device(device_target: str) -> None:
+    """`mindspore.set_device(device_target)`, unless this process already runs on that
+    backend: MindSpore refuses to set the device again once communication has started (msrun
+    gave each rank its device id), which a second plan in the same process would do."""
+    try:
+        ms.set_device(device_target)
+    except RuntimeError:
+        if ms.get_context("device_target") != device_target:
+            raise
 
 
 def group_name(ranks: list[int], world_size: int) -> str:
@@ -106,16 +120,19 @@ def group_name(ranks: list[int], world_size: int) -> str:
     return "mf_" + "_".join(str(r) for r in ranks)
 
 
+_CREATED: set[str] = set()
+"""The groups this process has created: a group is created once, whichever plan needs it."""
+
+
 def _create_groups(mesh: RankMesh, rank: int, world: int) -> dict[str, str]:
-    created: set[str] = set()
     names = {}
     for kind in GROUP_KINDS:
         for ranks in mesh.groups(kind):
             if len(ranks) == 1 or rank not in ranks:
                 continue
             name = group_name(ranks, world)
-            if name not in created and len(ranks) < world:
+            if name not in _CREATED and len(ranks) < world:
                 communication.create_group(name, ranks)
-            created.add(name)
+            _CREATED.add(name)
             names[kind] = name
     return names
