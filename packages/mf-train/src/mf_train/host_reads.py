@@ -15,6 +15,7 @@ model, at the cost of a Python wrapper around those methods while the step runs.
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -42,7 +43,7 @@ class HostReads:
 
     def wrap(self, read: Callable[..., Any]) -> Callable[..., Any]:
         def counted(tensor: Tensor, *args: Any, **kwargs: Any) -> Any:
-            if self._depth == 0:
+            if self._depth == 0 and not _compiling():
                 self.count += 1
             self._depth += 1
             try:
@@ -50,6 +51,22 @@ class HostReads:
             finally:
                 self._depth -= 1
         return counted
+
+
+def _compiling() -> bool:
+    """Whether MindSpore's graph compiler is on the stack: it reads constants while it
+    compiles a graph (`context.compile`; constant folding, once per graph and input shape),
+    which is no read of the step's."""
+    frame = sys._getframe(2)
+    while frame is not None:
+        code = frame.f_code
+        if code.co_name == "compile" and code.co_filename.endswith(_COMPILER):
+            return True
+        frame = frame.f_back
+    return False
+
+
+_COMPILER = os.path.join("mindspore", "graph", "api.py")
 
 
 @contextmanager
