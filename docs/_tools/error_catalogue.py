@@ -39,8 +39,9 @@ for a setting that is valid but has no effect here). `mf-train` prefixes its own
 `mf-train:`. Parts shown as `<expression>` are filled in from your file: the value you wrote,
 the allowed range, the nearest valid name.
 
-What to do: the message says what is allowed. A refused setting is refused before any rank
-starts (exit status 2): change the value at the YAML path named, or remove it. A warning means
+What to do: the message says what is allowed. `mf-config validate` exits with status 1 for an
+invalid file; `mf-train` refuses it with status 2 before any rank starts. Change the value at
+the YAML path named, or remove it. A warning means
 the run trains but the setting does nothing on this backend; remove it to silence the warning.
 See [Writing train.yaml](../train-yaml.md) for what each section means and
 [Troubleshooting](../troubleshooting.md) for errors met while training.
