@@ -32,21 +32,39 @@ def pages() -> list[Path]:
 
 
 def _cell(value: object) -> str:
+    """A number as measured: integers with thousands separators, floats as written in
+    results.json, those below 10 with at least two decimals (3.2 GiB is shown 3.20)."""
     if value is None:
         return ""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return f"{value:,}"
     if isinstance(value, float):
-        return f"{value:,.2f}" if value < 100 else f"{value:,.0f}"
+        whole, _, decimals = repr(value).partition(".")
+        return f"{int(whole):,}.{decimals.ljust(2 if abs(value) < 10 else 1, '0')}"
     return str(value)
 
 
 def table(name: str, data: dict | None = None) -> str:
     """Result `name` as a Markdown table, the command that measures it below."""
     entry = (data or results())[name]
-    lines = ["| " + " | ".join(entry["columns"]) + " |",
+    if "layouts" in entry:
+        entry = {**entry, **_loss_rows(entry)}
+    lines = [entry["what"], "", "| " + " | ".join(entry["columns"]) + " |",
              "|" + "---|" * len(entry["columns"])]
     lines += ["| " + " | ".join(_cell(value) for value in row) + " |" for row in entry["rows"]]
     lines.append(f"\nReproduce: `{entry['command']}`")
     return "\n".join(lines)
+
+
+def _loss_rows(entry: dict) -> dict:
+    """The loss curves' table: first and last loss of each layout, and its largest relative
+    difference from the first layout's (the one process) over all steps."""
+    reference = next(iter(entry["layouts"].values()))
+    rows = [[layout, f"{losses[0]:.6f}", f"{losses[-1]:.6f}",
+             f"{max(abs(a - b) / b for a, b in zip(losses, reference, strict=True)):.1e}"]
+            for layout, losses in entry["layouts"].items()]
+    return {"columns": ["layout", "loss, step 1", f"loss, step {len(reference)}",
+                        "largest relative difference from one process"], "rows": rows}
 
 
 def block(name: str, data: dict | None = None) -> str:

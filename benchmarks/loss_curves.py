@@ -53,6 +53,9 @@ def main() -> None:
         print(name, curves[name][:3], "...", curves[name][-1])
     results = json.loads(RESULTS.read_text()) if RESULTS.exists() else {}
     results["loss_curves"] = {
+        "title": "The loss of every layout, step by step",
+        "what": f"examples/qwen3_tiny.yaml on the demo corpus, {args.steps} steps, each layout "
+                "a real mf-train run (ranks on CPU).",
         "command": f"python benchmarks/loss_curves.py --steps {args.steps}",
         "config": "examples/qwen3_tiny.yaml", "layouts": curves}
     RESULTS.write_text(json.dumps(results, indent=1) + "\n")
