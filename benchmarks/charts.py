@@ -49,8 +49,8 @@ def table(name: str, data: dict | None = None) -> str:
     entry = (data or results())[name]
     if "layouts" in entry:
         entry = {**entry, **_loss_rows(entry)}
-    lines = [entry["what"], "", "| " + " | ".join(entry["columns"]) + " |",
-             "|" + "---|" * len(entry["columns"])]
+    lines = [f"**{entry['title']}.** {entry['what']}", "",
+             "| " + " | ".join(entry["columns"]) + " |", "|" + "---|" * len(entry["columns"])]
     lines += ["| " + " | ".join(_cell(value) for value in row) + " |" for row in entry["rows"]]
     lines.append(f"\nReproduce: `{entry['command']}`")
     return "\n".join(lines)
