@@ -204,3 +204,18 @@ def test_the_nox_sessions_the_guide_names_exist() -> None:
     named = {name for page in [*GUIDE, ROOT / "benchmarks" / "README.md"]
              for name in re.findall(r"nox (?:-r )?-s (\w+)", page.read_text())}
     assert named and named <= sessions, named - sessions
+
+
+def test_the_pipeline_bubbles_are_the_simulators() -> None:
+    """results.json's simulated bubbles (2 stages, interleaved with 2 chunks) are what
+    mf-parallel's simulator gives today."""
+    from mf_parallel.pipeline_schedules import build_schedule
+    from mf_parallel.pipeline_simulator import simulate, unit_times
+
+    rows = charts.results()["pipeline_bubbles"]["rows"]
+    for name, count, bubble, _ in rows:
+        schedule, split = name.split()[0].removesuffix("_split"), name.startswith("1f1b_split")
+        chunks = 2 if schedule == "interleaved_1f1b" else 1
+        actions = build_schedule(schedule, 2, count, chunks, split)
+        simulated = simulate(actions, num_chunks=chunks, **unit_times(split)).bubble_fraction
+        assert round(simulated, 3) == bubble, (name, count, simulated)
