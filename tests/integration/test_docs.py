@@ -7,6 +7,8 @@ benchmarks/results.json."""
 from __future__ import annotations
 
 import importlib.util
+import json
+import math
 import re
 import shlex
 import subprocess
@@ -219,3 +221,19 @@ def test_the_pipeline_bubbles_are_the_simulators() -> None:
         actions = build_schedule(schedule, 2, count, chunks, split)
         simulated = simulate(actions, num_chunks=chunks, **unit_times(split)).bubble_fraction
         assert round(simulated, 3) == bubble, (name, count, simulated)
+
+
+def test_the_readme_train_yaml_trains(workdir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The README's train.yaml, as its sentence says to run it (2 steps), on the corpus at the
+    path it names: a real one-process run whose loss is finite."""
+    from mf_train.cli import run as mf_train
+
+    block = re.search(r"```yaml\n(.*?)```", (ROOT / "README.md").read_text(), re.DOTALL)
+    (workdir / "train.yaml").write_text(block.group(1))
+    monkeypatch.chdir(workdir)
+    assert mf_train(["--config", "train.yaml", "--output-dir", "output/mine",
+                     "--set", "training.steps=2"]) == 0
+    steps = [json.loads(line) for line in (workdir / "output/mine/metrics.jsonl").open()
+             if '"event"' not in line]
+    assert [step["step"] for step in steps] == [1, 2]
+    assert all(math.isfinite(step["loss"]) for step in steps)
