@@ -237,3 +237,38 @@ def test_the_readme_train_yaml_trains(workdir: Path, monkeypatch: pytest.MonkeyP
              if '"event"' not in line]
     assert [step["step"] for step in steps] == [1, 2]
     assert all(math.isfinite(step["loss"]) for step in steps)
+
+
+def _yaml_blocks() -> list[tuple[str, str]]:
+    return [(page.relative_to(ROOT).as_posix(), block) for page in GUIDE
+            for block in re.findall(r"```yaml\n(.*?)```", page.read_text(), re.DOTALL)]
+
+
+def _merged(into: dict, part: dict) -> dict:
+    for key, value in part.items():
+        if isinstance(value, dict) and isinstance(into.get(key), dict):
+            _merged(into[key], value)
+        else:
+            into[key] = value
+    return into
+
+
+@pytest.mark.parametrize(("page", "block"), _yaml_blocks())
+def test_every_yaml_snippet_validates_in_the_example(page: str, block: str, tmp_path: Path,
+                                                     capsys) -> None:
+    """Each train.yaml snippet of the guide, written into examples/qwen3_tiny.yaml (a
+    `config:` fragment under the data loader), passes `mf-config validate`."""
+    import yaml
+
+    part = yaml.safe_load(block)
+    if "config" in part:
+        part = {"train_dataset": {"dataloader": part}}
+    if "callbacks" in part:
+        pytest.importorskip("wandb")
+    if "model" in part:  # a whole file, such as the README's
+        config = part
+    else:
+        config = _merged(yaml.safe_load((ROOT / "examples" / "qwen3_tiny.yaml").read_text()),
+                         part)
+    (tmp_path / "train.yaml").write_text(yaml.safe_dump(config))
+    assert mf_config(["validate", str(tmp_path / "train.yaml")]) == 0, capsys.readouterr().err
