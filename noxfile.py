@@ -1,5 +1,6 @@
 """Sessions: `tests` (the whole suite), `lint` (ruff + the layering contract), `train` (the main
-job: the demo, a short training run of the tiny example), `bench` (side-by-side measurements).
+job: the demo, a short training run of the tiny example), `docs` (the user guide, strict),
+`charts` (results tables and charts), `bench` (side-by-side measurements).
 `megatron_parity`, `bench_data`, `bench_speed` and `export_parity` (mf against PyTorch +
 transformers) also install torch (CPU) and run only when named; so do `bench_pipeline`
 (pipeline schedules on 2 msrun ranks, about 6-10 minutes) and `bench_experts` (the expert
@@ -19,6 +20,7 @@ wheel), which uv does not read.
 from __future__ import annotations
 
 import hashlib
+import re
 from pathlib import Path
 
 import nox
@@ -122,8 +124,33 @@ def train(session: nox.Session) -> None:
                 "--output-prefix", CORPUS)
     session.run("mf-data", "inspect", CORPUS)
     config = session.posargs[0] if session.posargs else "examples/qwen3_tiny.yaml"
-    output = f"output/demo/{Path(config).stem}"  # each example owns its run directory
+    output = f"output/demo/{run_name(config, session.posargs[1:])}"
     session.run("mf-train", "--config", config, "--output-dir", output, *session.posargs[1:])
+
+
+def run_name(config: str, arguments: list[str]) -> str:
+    """The demo run's directory name: the example's, with the settings given after it, so that
+    each example and each variant (`--set context.compile=true`) owns its run directory."""
+    settings = [re.sub(r"[^\w.=,-]", "_", arg) for arg in arguments if arg != "--set"]
+    return "-".join([Path(config).stem, *settings])
+
+
+DOCS_REQUIREMENTS = ["mkdocs==1.6.1", "mkdocs-material==9.8.2"]
+
+
+@nox.session
+def docs(session: nox.Session) -> None:
+    """The user guide (docs/, mkdocs.yml) built into site/ in strict mode: a broken link, a
+    page missing from the navigation or a link to a repository file that is not there fails."""
+    install(session, *DOCS_REQUIREMENTS)
+    session.run("mkdocs", "build", "--strict", "--clean", env={"NO_MKDOCS_2_WARNING": "1"})
+
+
+@nox.session
+def charts(session: nox.Session) -> None:
+    """The results tables and docs/images/*.png from benchmarks/results.json."""
+    install(session, "matplotlib==3.11.2")
+    session.run("python", "benchmarks/charts.py")
 
 
 @nox.session

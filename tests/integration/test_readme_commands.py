@@ -1,25 +1,14 @@
-"""The READMEs' commands, as a user copies them: every `mf-train --config` command names its
-`--output-dir` (without one, runs land together in `./output`, beside the data, and the second
-resumes or refuses the first; a command that resumes a run names that run's), and every
-repository file a README links to is there."""
+"""The READMEs' and the user guide's commands, as a user copies them: every `mf-train --config`
+command names its `--output-dir` (without one, runs land together in `./output`, beside the
+data, and the second resumes or refuses the first; a command that resumes a run names that
+run's), and every repository file a README links to is there."""
 
 from __future__ import annotations
 
 import re
-from pathlib import Path
 
 import pytest
-
-ROOT = Path(__file__).resolve().parents[2]
-READMES = sorted([ROOT / "README.md", *ROOT.glob("packages/*/README.md"),
-                  ROOT / "benchmarks" / "README.md"])
-
-
-def commands(readme: Path) -> list[str]:
-    """The shell commands of `readme`'s code blocks, continuation lines joined."""
-    blocks = re.findall(r"```(?:bash|sh|console)?\n(.*?)```", readme.read_text(), re.DOTALL)
-    joined = "\n".join(block.replace("\\\n", " ") for block in blocks)
-    return [line.strip() for line in joined.splitlines() if line.strip()]
+from markdown_files import READMES, ROOT, commands
 
 
 def training_commands() -> list[tuple[str, str]]:
@@ -46,4 +35,6 @@ def test_repository_links_resolve() -> None:
                 continue
             if not (readme.parent / target).exists():
                 missing.append(f"{readme.relative_to(ROOT)}: {target}")
+        for cut in re.findall(r"\]\(([^)\s]*\s)", readme.read_text()):  # a link over two lines
+            missing.append(f"{readme.relative_to(ROOT)}: {cut!r} is cut")
     assert missing == []

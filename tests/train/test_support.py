@@ -230,8 +230,8 @@ def test_the_launcher_says_what_has_no_effect_once(data_prefix, tmp_path: Path, 
     assert captured.err.count("parallelism.cpu_offload: warning: has no effect") == 1
 
 
-def test_the_readme_lists_what_has_no_effect_and_what_is_refused() -> None:
-    readme = (ROOT / "packages" / "mf-train" / "README.md").read_text(encoding="utf-8")
+def test_the_guide_lists_what_has_no_effect_and_what_is_refused() -> None:
+    readme = (ROOT / "docs" / "train-yaml.md").read_text(encoding="utf-8")
     assert support_table() in readme, "regenerate the table: print(support_table())"
 
 
