@@ -78,7 +78,7 @@ class WarmupSettings(Section):
             problems.append(((*path, "total_steps"), shorter_than_run(
                 self.total_steps, config.training.steps), "warning"))
         warmup = self.steps(*WARMUP, total)
-        if warmup is not None and warmup >= config.training.steps:
+        if warmup and warmup >= config.training.steps:
             key = "warmup_ratio" if self.warmup_ratio is not None else "warmup_steps"
             problems.append(((*path, key), self.longer_than_run(
                 warmup, config.training.steps, config.lr_scheduler.learning_rate), "warning"))
