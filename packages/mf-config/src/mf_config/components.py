@@ -54,6 +54,9 @@ KINDS = {"models": "model type", "optimizers": "optimizer type",
 RESOLVERS = "component_classes"
 """Entry-point group suffix of the resolvers: kind -> `(type_name, type_path, source)` ->
 the settings class of the component that type names (see the module's docstring)."""
+PRE_LAUNCH = "pre_launch"
+"""Entry-point group suffix of a trainer's pre-launch checks: `(config, source, world_size)`
+-> the issues it would report before starting a rank (`validate.pre_launch_issues`)."""
 
 
 class Selection(NamedTuple):
@@ -258,15 +261,15 @@ def installed_entry_points(kind: str) -> tuple[EntryPoint, ...]:
     The groups of all kinds are read once per process, on first use.
 
     Args:
-        kind: a key of `KINDS`, such as "models", or `RESOLVERS`.
+        kind: a key of `KINDS`, such as "models", `RESOLVERS` or `PRE_LAUNCH`.
 
     Returns:
         The group's entry points; each names a type and the settings class declared for it
         (for `RESOLVERS`, a kind and its resolver).
     """
     if not _ENTRY_POINTS:
-        found = entry_points(GROUP_PREFIX + name for name in (*KINDS, RESOLVERS))
-        for name in (*KINDS, RESOLVERS):
+        found = entry_points(GROUP_PREFIX + name for name in (*KINDS, RESOLVERS, PRE_LAUNCH))
+        for name in (*KINDS, RESOLVERS, PRE_LAUNCH):
             _ENTRY_POINTS[name] = tuple(found[GROUP_PREFIX + name])
     return _ENTRY_POINTS.get(kind, ())
 

@@ -21,11 +21,14 @@ from typing import Any
 
 import attrs
 
-from mf_config import ConfigIssue
+from mf_config import ConfigIssue, TrainConfig
+from mf_config.component_settings import located_issue
 from mf_config.components import KINDS, installed_entry_points, selections, settings_class
+from mf_config.yaml_source import Source
 from mf_data.loader_config import megatron_settings
+from mf_parallel import Plan
 
-from .micro_batches import attention_fields
+from .batch_fields import attention_fields
 from .support_rules import (
     Field,
     Rule,
@@ -498,6 +501,35 @@ FIELDS: dict[str, Field] = {
     "callbacks": reads(TRAINER),
     "callbacks[].type": reads("mf_train.callbacks"),
 }
+
+
+def launch_issues(config: TrainConfig, plan: Plan, device: str,
+                  source: Source | None = None) -> list[ConfigIssue]:
+    """What the launcher says of a configuration before any rank starts, beyond validation:
+    the rules of `FIELDS` on this plan and backend (errors for what is refused, warnings for
+    what has no effect), and the global batch each step really uses.
+
+    Args:
+        config: the validated configuration.
+        plan: its parallel plan on the job's ranks.
+        device: the backend it runs on (`context.device_target` resolved).
+        source: locates each issue.
+
+    Returns:
+        Every such issue, errors and warnings.
+    """
+    return support_issues(Target(config, plan.dims.world_size, device, source,
+                                 plan.dims.data_shard)) + _batch_warnings(plan, source)
+
+
+def _batch_warnings(plan: Plan, source: Source | None) -> list[ConfigIssue]:
+    """The batch actually used, when `global_batch_size` is not a multiple of data_parallel x
+    local_batch_size. On one data-parallel rank validation has said it already (mf-config
+    warns whenever the global batch is not a multiple of local_batch_size)."""
+    if plan.batch.data_parallel == 1:
+        return []
+    return [located_issue(("training", "global_batch_size"), warning, "warning", source)
+            for warning in plan.batch.warnings()]
 
 
 def support_issues(target: Target) -> list[ConfigIssue]:
