@@ -72,10 +72,12 @@ class Selection(NamedTuple):
 
 
 class ComponentCheck(NamedTuple):
-    """What checking the open sections found, and the model's shape when it is known."""
+    """What checking the open sections found, and the model's shape and settings when they
+    are known."""
 
     issues: list[ConfigIssue]
     model_shape: ModelShape | None = None
+    model_settings: ModelSettings | None = None
 
 
 def selections(config: TrainConfig, failed: set[str] = frozenset()) -> Iterator[Selection]:
@@ -116,17 +118,18 @@ def check_components(config: TrainConfig, source: Source,
 
     Returns:
         Every problem in those keys (errors), a note per section whose type no installed
-        package declares settings for, and the model's shape when its settings are declared.
+        package declares settings for, and the model's shape and settings when its settings
+        are declared.
     """
     issues: list[ConfigIssue] = []
-    shape = None
+    shape = model = None
     for selection in selections(config, failed):
         settings, found = _check(selection, config, source)
         issues += found
         give_shape = getattr(settings, "shape", None)  # a model's ModelSettings
         if selection.kind == "models" and give_shape is not None and not found:
-            shape = give_shape()
-    return ComponentCheck(issues, shape)
+            shape, model = give_shape(), settings
+    return ComponentCheck(issues, shape, model)
 
 
 def _check(selection: Selection, config: TrainConfig,

@@ -49,7 +49,8 @@ def check_source(source: Source) -> tuple[TrainConfig, list[ConfigIssue]]:
     config = TrainConfig(**sections)
     components = check_components(config, source, failed)
     issues += components.issues
-    issues += run_rules(config, source, failed, components.model_shape)
+    issues += run_rules(config, source, failed, components.model_shape,
+                        components.model_settings)
     issues.sort(key=lambda issue: issue.line if issue.line is not None else float("inf"))
     return config, issues
 
