@@ -12,6 +12,7 @@ from conftest import spec_yaml_blocks
 
 from mf_config import load_config
 from mf_config.cli import main
+from mf_config.validate import NOT_CHECKED
 
 SCRIPT = Path(sys.executable).parent / "mf-config"
 SPEC_SKELETON = spec_yaml_blocks()[0]
@@ -230,3 +231,18 @@ def test_the_spec_skeleton_monitors_dense_layers(tmp_path) -> None:
         "no tokens per expert; the MoE layers are 3 to 11\n")
     assert run("validate", str(path), "--set", "monitor.moe_monitor.target_layers=2").stderr \
         .count("layers 0, 1 are dense") == 1
+
+
+def test_without_a_trainer_validate_says_in_one_line_what_it_could_not_check(
+        good, capsys, monkeypatch: pytest.MonkeyPatch) -> None:
+    """mf-config imports no trainer: its pre-launch checks come through the entry-point group
+    `mf_config.pre_launch`; with none installed (mf-config alone), one note says so."""
+    from mf_config import components
+
+    installed = {kind: components.installed_entry_points(kind)
+                 for kind in (*components.KINDS, components.RESOLVERS)}
+    monkeypatch.setattr(components, "_ENTRY_POINTS", {**installed, components.PRE_LAUNCH: ()})
+    assert main(["validate", str(good)]) == 0
+    notes = [line for line in capsys.readouterr().err.splitlines() if "pre-launch" in line
+             or "before it starts" in line]
+    assert notes == [f"{good}: note: {NOT_CHECKED}"]

@@ -91,3 +91,15 @@ def test_the_check_sees_a_package_that_is_imported(tmp_path: Path, name: str) ->
 def test_the_check_sees_numpy_when_it_is_imported(tmp_path: Path) -> None:
     modules = modules_after("import mf_config\nimport numpy\nassert numpy.TRIPWIRE", tmp_path)
     assert starting_with(modules, HEAVY) == ["numpy"]
+
+
+def test_validate_with_the_trainers_pre_launch_checks_imports_no_numpy_or_mindspore(
+        tmp_path: Path) -> None:
+    """`mf-config validate` runs mf-train's pre-launch checks (entry point) when it is
+    installed; they stay as light as the rest of validation."""
+    pytest.importorskip("mf_train")
+    code = (f"from mf_config.cli import main\n"
+            f"assert main(['validate', {str(SKELETON)!r}, '--nproc', '2']) == 0\n")
+    modules = modules_after(code, tmp_path)
+    assert "mf_train.validation" in modules
+    assert starting_with(modules, HEAVY) == []

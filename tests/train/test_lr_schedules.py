@@ -20,7 +20,7 @@ from hypothesis import strategies as st
 
 from mf_config import ConfigError, LrSchedulerConfig, load_config
 from mf_config.errors import ConfigWarning
-from mf_config.validate import config_from_source, load_source
+from mf_config.validate import check_source, config_from_source, load_source
 from mf_train.lr_scheduler import build_lr_schedule
 from mf_train.lr_schedules import LrSchedule
 from mf_train.registry import LR_SCHEDULERS
@@ -313,6 +313,47 @@ def test_yaml_total_steps_overrides_the_trainer_and_validation_warns_when_shorte
     assert str(warning.message) == (
         f"{path}:11: lr_scheduler.total_steps: warning: the schedule (50 steps) is shorter "
         "than training.steps (100): the rate holds its final value from step 50 on")
+
+
+WARMUP_YAML = ("model: {{model_type: qwen3, vocab_size: 8, hidden_size: 8, intermediate_size: 8, "
+               "num_hidden_layers: 1, num_attention_heads: 2}}\n"
+               "train_dataset:\n  dataloader:\n    type: Mock\n"
+               "training:\n  global_batch_size: 1\n  steps: {steps}\nlr_scheduler:\n"
+               "  type: {type_}\n  learning_rate: 0.001\n  {key}: {value}\n")
+
+
+@pytest.mark.parametrize(("type_", "key", "value", "schedule_steps"), [
+    ("CosineWithWarmUpLR", "warmup_steps", 5, 2),       # longer than the run
+    ("ConstantWarmUpLR", "warmup_steps", 4, 4),         # exactly as long
+    ("LinearWithWarmUpLR", "warmup_ratio", 0.5, 8),     # of a schedule longer than the run
+])
+def test_a_warmup_that_outlasts_the_run_warns_at_validation(
+        tmp_path, type_: str, key: str, value: float, schedule_steps: int) -> None:
+    """The run never leaves warm-up (the schedule itself shows it: no step reaches the
+    learning rate), so validation says where, with the line."""
+    steps = 4 if key == "warmup_ratio" else schedule_steps
+    extras = {key: value, **({"total_steps": schedule_steps} if key == "warmup_ratio" else {})}
+    schedule = build(type_, schedule_steps if key == "warmup_ratio" else steps, **extras)
+    assert all(schedule(step) < 1e-3 for step in range(steps))
+    path = tmp_path / "train.yaml"
+    text = WARMUP_YAML.format(steps=steps, type_=type_, key=key, value=value)
+    if key == "warmup_ratio":
+        text += f"  total_steps: {schedule_steps}\n"
+    path.write_text(text)
+    issues = [issue for issue in check_source(load_source(path))[1]
+              if issue.path.startswith("lr_scheduler")]
+    assert [(issue.path, issue.line, issue.severity) for issue in issues] == [
+        (f"lr_scheduler.{key}", 11, "warning")]
+
+
+def test_a_warmup_that_ends_within_the_run_is_silent(tmp_path) -> None:
+    schedule = build("CosineWithWarmUpLR", 6, warmup_steps=5)
+    assert schedule(5) == 1e-3  # the last step reaches the learning rate
+    path = tmp_path / "train.yaml"
+    path.write_text(WARMUP_YAML.format(steps=6, type_="CosineWithWarmUpLR", key="warmup_steps",
+                                       value=5))
+    assert [issue for issue in check_source(load_source(path))[1]
+            if issue.path.startswith("lr_scheduler")] == []
 
 
 def test_longer_yaml_total_steps_is_silent() -> None:

@@ -26,7 +26,9 @@ from mf_config import (
     TensorboardConfig,
     TrainStateConfig,
 )
+from mf_config.validate import check_source, load_source
 from mf_train.callbacks import Callback, StepRecord, TrainContext
+from mf_train.models import build_model
 from mf_train.monitor import (
     MetricsWriter,
     MoeMonitor,
@@ -37,6 +39,8 @@ from mf_train.monitor import (
 )
 from mf_train.monitor.metrics import read_steps
 from mf_train.monitor.train_state import NameFilter, grad_norms
+
+QWEN3_EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "qwen3_tiny.yaml"
 
 
 def record(step: int, total: int = 5, **changes) -> StepRecord:
@@ -433,6 +437,20 @@ def test_moe_off_by_default_and_without_moe_layers(tmp_path: Path, caplog) -> No
     monitor.on_train_begin(context(tmp_path, model=object()))
     assert not monitor.active
     assert "has no MoE layers (no tokens_per_expert()); MoE monitoring is off" in caplog.text
+
+
+def test_a_dense_model_with_the_moe_monitor_is_said_once(tmp_path: Path, caplog) -> None:
+    """Qwen3 has no MoE layers: validation says so (its line); the monitor, built for the
+    model from those settings, turns off without saying it again in other words."""
+    sets = ["monitor.moe_monitor.save_tokens_per_expert_interval=1"]
+    config, issues = check_source(load_source(QWEN3_EXAMPLE, sets))
+    assert [issue.path for issue in issues if issue.severity == "warning"] == [
+        "monitor.moe_monitor.save_tokens_per_expert_interval"]
+    monitor = MoeMonitor(config.monitor.moe_monitor)
+    with caplog.at_level(logging.WARNING):
+        monitor.on_train_begin(context(tmp_path, model=build_model(config.model)))
+    assert not monitor.active
+    assert caplog.records == []
 
 
 def test_moe_target_layer_errors() -> None:

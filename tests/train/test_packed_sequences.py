@@ -17,7 +17,7 @@ import mindspore as ms
 from mindspore import Tensor
 
 from mf_config import ModelConfig
-from mf_train.micro_batches import attention_fields
+from mf_train.batch_fields import attention_fields
 from mf_train.models import build_model
 from mf_train.models.attention_inputs import AttentionPlaces, cumulative_lengths
 from mf_train.models.blocks import AttentionCore

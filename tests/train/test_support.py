@@ -15,11 +15,12 @@ import pytest
 
 pytest.importorskip("mindspore")
 
-from mf_config import TrainConfig
+from mf_config import ConfigError, TrainConfig
+from mf_config.cli import main as validate
 from mf_config.components import KINDS, settings_class
 from mf_config.components import installed_entry_points as entry_points
 from mf_config.sections import Section, declared_fields
-from mf_config.validate import config_from_source, load_source
+from mf_config.validate import check_source, config_from_source, load_source
 from mf_train.cli import run
 from mf_train.job import (
     BACKENDS,
@@ -28,8 +29,9 @@ from mf_train.job import (
     installed_backends,
     make_job_plan,
 )
-from mf_train.support import FIELDS, support_issues, support_table
+from mf_train.support import FIELDS, launch_issues, support_issues, support_table
 from mf_train.support_rules import Rule, Target
+from mf_train.validation import pre_launch_issues
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "qwen3_tiny.yaml"
@@ -228,6 +230,53 @@ def test_the_launcher_says_what_has_no_effect_once(data_prefix, tmp_path: Path, 
     captured = capsys.readouterr()
     assert status == 0 and "msrun would start here" in captured.out
     assert captured.err.count("parallelism.cpu_offload: warning: has no effect") == 1
+
+
+def launcher_lines(config: TrainConfig, source: Any, world_size: int,
+                   device: str) -> list[str]:
+    """What mf-train's launcher says of a valid configuration before it starts a rank: the
+    warnings `check_support` returns, or the errors it raises (on a backend this MindSpore
+    lacks, `support.launch_issues`, which `check_support` adds to the device's own check)."""
+    plan = make_job_plan(config, world_size, source)
+    if device not in installed_backends():
+        return [str(issue) for issue in launch_issues(config, plan, device, source)]
+    try:
+        return [str(issue) for issue in check_support(config, plan, device, source)]
+    except ConfigError as exc:
+        return [str(issue) for issue in exc.errors]
+
+
+@pytest.mark.parametrize(("path", "rule"), rules())
+def test_validate_says_what_the_launcher_says(path: str, rule: Rule, capsys) -> None:
+    """`mf-config validate --nproc N` on each rule's example prints the configuration's own
+    issues, then the launcher's lines for that example on N ranks, word for word."""
+    example = EXAMPLE.parent / rule.config
+    sets = [f"{key}={json.dumps(value)}" for key, value in rule.example.items()]
+    if rule.device != "CPU":
+        sets.append(f"context.device_target={rule.device}")
+    status = validate(["validate", str(example), "--nproc", str(rule.world_size),
+                       *(arg for item in sets for arg in ("--set", item))])
+    printed = capsys.readouterr().err.splitlines()
+    source = load_source(example, sets)
+    config, own = check_source(source)
+    said = launcher_lines(config, source, rule.world_size, rule.device)
+    assert any(f" {path}: " in line for line in said)
+    assert printed == [str(issue) for issue in own] + said
+    assert status == (1 if rule.refuse else 0)
+
+
+def test_validate_of_auto_checks_for_cpu_and_says_so_where_it_matters() -> None:
+    """`auto` is resolved by MindSpore when mf-train starts; validation checks the CPU and
+    adds a note only when another backend would hear something else."""
+    def issues(*sets: str) -> list[tuple[str, str]]:
+        source = load_source(EXAMPLE, ["context.device_target=auto", *sets])
+        return [(issue.path, issue.severity) for issue in
+                pre_launch_issues(check_source(source)[0], source, 1)]
+
+    assert issues() == []
+    assert issues("parallelism.cpu_offload=true") == [("parallelism.cpu_offload", "warning")]
+    assert issues("context.max_device_memory=1GB") == [
+        ("context.max_device_memory", "warning"), ("context.device_target", "note")]
 
 
 def test_the_guide_lists_what_has_no_effect_and_what_is_refused() -> None:

@@ -129,7 +129,7 @@ KILLED_DURING_SAVE = """
 import os, signal, sys
 import mf_train.checkpoint.writer as writer
 from mf_config import load_config
-from mf_train.trainer import Trainer
+from mf_train.trainer import Trainer, seed_everything
 
 saving = {"step": 0}
 original = writer.CheckpointManager.save
@@ -304,3 +304,18 @@ def test_the_spec_skeleton_adapted_to_cpu_trains(data_prefix, tmp_path, caplog) 
         outcomes = Trainer(config, output_dir=tmp_path).train()
     assert len(outcomes) == 1 and math.isfinite(outcomes[0].loss)
     assert "model.compute_dtype: bfloat16 is not computed on the CPU backend" in caplog.text
+
+
+
+def test_deterministic_kernels_come_without_mindspores_deprecation_warning() -> None:
+    """`training.deterministic` asks MindSpore through its current API, in a process of its
+    own (the setting lasts as long as the process): deterministic is on, a second trainer in
+    the process finds it on, and nothing reaches the console (set_context's spelling prints
+    a deprecation warning)."""
+    code = ("import mindspore as ms\n"
+            "from mf_train.trainer import seed_everything\n"
+            "seed_everything(7, True)\nseed_everything(7, True)\n"
+            "print(ms.get_context('deterministic'))\n")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                            timeout=120, check=False)
+    assert (result.returncode, result.stdout, result.stderr) == (0, "ON\n", "")

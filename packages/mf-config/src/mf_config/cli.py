@@ -16,7 +16,7 @@ import sys
 from collections.abc import Sequence
 
 from .errors import ConfigError, ConfigIssue
-from .validate import check_source, load_source
+from .validate import check_source, load_source, pre_launch_issues
 from .yaml_source import UnreadableFile, dump_text
 
 EXIT_OK, EXIT_INVALID, EXIT_USAGE = 0, 1, 2
@@ -62,6 +62,10 @@ def _parser() -> argparse.ArgumentParser:
                                    formatter_class=_HelpFormatter)
     validate.add_argument("files", nargs="+", metavar="FILE")
     validate.add_argument("--set", dest="overrides", **override)
+    validate.add_argument("--nproc", type=int, default=None, metavar="N",
+                          help="the ranks mf-train would run on, as its --nproc over its "
+                               "nodes, for the trainer's pre-launch checks (default: the "
+                               "fewest the parallelism section runs on)")
     validate.set_defaults(command="validate", run=_validate)
 
     show = commands.add_parser("show", help="print the effective configuration as YAML",
@@ -76,8 +80,11 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _check(file: str, overrides: Sequence[str]) -> tuple[object, list[ConfigIssue], int]:
-    """(config or None, issues, exit status) for one file."""
+def _check(file: str, overrides: Sequence[str], nproc: int | None = None,
+           pre_launch: bool = False) -> tuple[object, list[ConfigIssue], int]:
+    """(config or None, issues, exit status) for one file; with `pre_launch`, a valid file is
+    also put through the installed trainer's pre-launch checks on `nproc` ranks (None: the
+    fewest its layout runs on)."""
     try:
         source = load_source(file, overrides)
     except UnreadableFile as exc:
@@ -85,14 +92,19 @@ def _check(file: str, overrides: Sequence[str]) -> tuple[object, list[ConfigIssu
     except ConfigError as exc:
         return None, exc.errors, EXIT_INVALID
     config, issues = check_source(source)
+    if pre_launch and not any(issue.severity == "error" for issue in issues):
+        issues += pre_launch_issues(config, source, nproc)
     invalid = any(issue.severity == "error" for issue in issues)
     return config, issues, EXIT_INVALID if invalid else EXIT_OK
 
 
 def _validate(args: argparse.Namespace) -> int:
+    if args.nproc is not None and args.nproc < 1:
+        print(f"mf-config: --nproc must be >= 1, got {args.nproc}", file=sys.stderr)
+        return EXIT_USAGE
     status = EXIT_OK
     for file in args.files:
-        _, issues, file_status = _check(file, args.overrides)
+        _, issues, file_status = _check(file, args.overrides, args.nproc, pre_launch=True)
         for issue in issues:
             print(issue, file=sys.stderr)
         if file_status == EXIT_OK:

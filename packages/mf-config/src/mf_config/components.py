@@ -54,6 +54,9 @@ KINDS = {"models": "model type", "optimizers": "optimizer type",
 RESOLVERS = "component_classes"
 """Entry-point group suffix of the resolvers: kind -> `(type_name, type_path, source)` ->
 the settings class of the component that type names (see the module's docstring)."""
+PRE_LAUNCH = "pre_launch"
+"""Entry-point group suffix of a trainer's pre-launch checks: `(config, source, world_size)`
+-> the issues it would report before starting a rank (`validate.pre_launch_issues`)."""
 
 
 class Selection(NamedTuple):
@@ -69,10 +72,12 @@ class Selection(NamedTuple):
 
 
 class ComponentCheck(NamedTuple):
-    """What checking the open sections found, and the model's shape when it is known."""
+    """What checking the open sections found, and the model's shape and settings when they
+    are known."""
 
     issues: list[ConfigIssue]
     model_shape: ModelShape | None = None
+    model_settings: ModelSettings | None = None
 
 
 def selections(config: TrainConfig, failed: set[str] = frozenset()) -> Iterator[Selection]:
@@ -113,17 +118,18 @@ def check_components(config: TrainConfig, source: Source,
 
     Returns:
         Every problem in those keys (errors), a note per section whose type no installed
-        package declares settings for, and the model's shape when its settings are declared.
+        package declares settings for, and the model's shape and settings when its settings
+        are declared.
     """
     issues: list[ConfigIssue] = []
-    shape = None
+    shape = model = None
     for selection in selections(config, failed):
         settings, found = _check(selection, config, source)
         issues += found
         give_shape = getattr(settings, "shape", None)  # a model's ModelSettings
         if selection.kind == "models" and give_shape is not None and not found:
-            shape = give_shape()
-    return ComponentCheck(issues, shape)
+            shape, model = give_shape(), settings
+    return ComponentCheck(issues, shape, model)
 
 
 def _check(selection: Selection, config: TrainConfig,
@@ -258,15 +264,15 @@ def installed_entry_points(kind: str) -> tuple[EntryPoint, ...]:
     The groups of all kinds are read once per process, on first use.
 
     Args:
-        kind: a key of `KINDS`, such as "models", or `RESOLVERS`.
+        kind: a key of `KINDS`, such as "models", `RESOLVERS` or `PRE_LAUNCH`.
 
     Returns:
         The group's entry points; each names a type and the settings class declared for it
         (for `RESOLVERS`, a kind and its resolver).
     """
     if not _ENTRY_POINTS:
-        found = entry_points(GROUP_PREFIX + name for name in (*KINDS, RESOLVERS))
-        for name in (*KINDS, RESOLVERS):
+        found = entry_points(GROUP_PREFIX + name for name in (*KINDS, RESOLVERS, PRE_LAUNCH))
+        for name in (*KINDS, RESOLVERS, PRE_LAUNCH):
             _ENTRY_POINTS[name] = tuple(found[GROUP_PREFIX + name])
     return _ENTRY_POINTS.get(kind, ())
 

@@ -65,6 +65,14 @@ def layer_ids(specs: Sequence[LayerSpec]) -> list[int]:
     return [layer for spec in specs for layer in spec.layers()]
 
 
+def ids_text(ids: Sequence[int]) -> str:
+    """Layer ids for a message: `0-3` for a run, `0, 2` otherwise."""
+    ids = list(ids)
+    if len(ids) > 1 and ids == list(range(ids[0], ids[-1] + 1)):
+        return f"{ids[0]}-{ids[-1]}"
+    return ", ".join(map(str, ids))
+
+
 def order_problems(specs: Sequence[LayerSpec], num_layers: int | None) -> Iterator[tuple[int, str]]:
     """What is wrong with the order of a list of specs, for the rules that read one.
 

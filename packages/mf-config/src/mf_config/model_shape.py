@@ -110,6 +110,15 @@ class ModelSettings(Section):
         """The model's structure numbers, with the model's own defaults applied."""
         raise NotImplementedError(f"{type(self).__name__} does not give its shape")
 
+    def layer_modules(self, layer: int) -> frozenset[str] | None:
+        """The sub-modules of decoder layer `layer` (global index), as the dotted paths the
+        module lists name (`recompute.select_module`, `recompute_comm.select_module`,
+        `swap.op_swap[].op_name`): `attention`, `attention.qkv`, ... as the model builds them
+        on one rank. Tensor and context parallelism may add communication cells inside a
+        module that has no sub-module here; paths below such a module are not checked.
+        None (the default) when the model does not declare them: nothing is checked."""
+        return None
+
     def problems(self, path: Path) -> list[tuple[Path, str]]:
         """Problems within the model's settings (none by default)."""
         return []

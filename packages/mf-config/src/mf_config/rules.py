@@ -9,6 +9,7 @@ out below.
 
 from __future__ import annotations
 
+import difflib
 import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -18,12 +19,12 @@ import attrs
 
 from .bounds import bound_problems, raw_bound_problems
 from .errors import ConfigIssue, MappingKey, Path
-from .layer_spec import LayerSpec, order_problems
+from .layer_spec import LayerSpec, ids_text, order_problems
 from .sections import REQUIRED_SECTIONS, TrainConfig
 from .yaml_source import Source
 
 if TYPE_CHECKING:
-    from .model_shape import ModelShape
+    from .model_shape import ModelSettings, ModelShape
 
 
 @dataclass
@@ -36,6 +37,8 @@ class Check:
     issues: list[ConfigIssue] = field(default_factory=list)
     shape: ModelShape | None = None
     """The model's shape from its declared settings, when an installed package declares them."""
+    model: ModelSettings | None = None
+    """The model's declared settings (with `layer_modules`), when a package declares them."""
 
     def error(self, path: Path, message: str) -> None:
         self.issues.append(self.source.issue(path, message))
@@ -77,10 +80,11 @@ def rule(*sections: str) -> Callable[[Rule], Rule]:
 
 
 def run_rules(config: TrainConfig, source: Source, failed: set[str],
-              shape: ModelShape | None = None) -> list[ConfigIssue]:
-    """Every value-rule problem and warning of a structured config (`shape`: the model's, from
-    its declared settings, when known)."""
-    check = Check(config, source, failed, shape=shape)
+              shape: ModelShape | None = None,
+              model: ModelSettings | None = None) -> list[ConfigIssue]:
+    """Every value-rule problem and warning of a structured config (`shape` and `model`: the
+    model's, from its declared settings, when known)."""
+    check = Check(config, source, failed, shape=shape, model=model)
     for name, a in attrs.fields_dict(TrainConfig).items():
         if name in failed:
             found = raw_bound_problems(a.type, source.data.get(name), (name,))
@@ -368,6 +372,70 @@ def recompute_comm_rules(check: Check) -> None:
                     "communication module path to layer specs, such as {attention.qkv: ['0-3']}")
     if comm.select_module:
         _check_module_specs(check, comm.select_module, ("recompute_comm", "select_module"))
+
+
+@rule("recompute", "recompute_comm", "swap", "model")
+def module_path_rules(check: Check) -> None:
+    """Module paths of the lists that are applied (recompute select mode, communication
+    recompute, swap), against the modules the model declares for the layers each entry names
+    (`ModelSettings.layer_modules`): a misspelt path fails here, not after the model is
+    built."""
+    config = check.config
+    if config.recompute.mode == "select":
+        for module, specs in (config.recompute.select_module or {}).items():
+            _check_module_path(check, module, specs, ("recompute", "select_module",
+                                                      MappingKey(module)))
+    if config.recompute_comm.enable:
+        for module, specs in (config.recompute_comm.select_module or {}).items():
+            _check_module_path(check, module, specs, ("recompute_comm", "select_module",
+                                                      MappingKey(module)))
+    if config.swap.enable:
+        for index, op in enumerate(config.swap.op_swap or []):
+            _check_module_path(check, op.op_name, op.layers, ("swap", "op_swap", index,
+                                                              "op_name"))
+
+
+def _check_module_path(check: Check, module: str, specs: list[LayerSpec], path: Path) -> None:
+    """One error for `module` when a layer `specs` name lacks it: which layers, the first
+    part of the path that is missing, what is there instead."""
+    layers = check.num_layers()
+    if check.model is None or layers is None or not all(module.split(".")):
+        return
+    missing: dict[tuple[str, str, tuple[str, ...]], list[int]] = {}
+    for index in sorted({i for spec in specs for i in spec.layers() if 0 <= i < layers}):
+        declared = check.model.layer_modules(index)
+        absent = None if declared is None else _missing_part(module, declared)
+        if absent is not None:
+            missing.setdefault(absent, []).append(index)
+    for (inside, part, children), indices in missing.items():
+        close = difflib.get_close_matches(part, children, n=1, cutoff=0.6)
+        suggestion = f"{inside}.{close[0]}" if inside and close else close[0] if close else ""
+        hint = f"; did you mean {suggestion!r}?" if close else ""
+        shown = ", ".join(children[:12]) + (", ..." if len(children) > 12 else "")
+        there = f"a layer's modules: {shown}" if not inside else f"{inside!r} has {shown}"
+        check.error(path, f"layer{'s' if len(indices) > 1 else ''} {ids_text(indices)} of the "
+                    f"model {'have' if len(indices) > 1 else 'has'} no module {module!r} "
+                    f"({there}){hint}")
+
+
+def _missing_part(module: str, declared: frozenset[str]) -> tuple[str, str, tuple[str, ...]] \
+        | None:
+    """(the part of `module` that exists, the first part that does not, the names under the
+    existing part), or None when `module` is declared or lies below a declared module that
+    declares no sub-module (where parallelism may add communication cells)."""
+    parts = module.split(".")
+    for end in range(1, len(parts) + 1):
+        prefix = ".".join(parts[:end])
+        if prefix in declared:
+            continue
+        inside = ".".join(parts[:end - 1])
+        children = tuple(sorted(name[len(inside) + 1:] if inside else name for name in declared
+                                if name.count(".") == end - 1
+                                and (not inside or name.startswith(inside + "."))))
+        if inside and not children:
+            return None  # below a module without declared sub-modules
+        return inside, parts[end - 1], children
+    return None
 
 
 @rule("swap")

@@ -7,7 +7,7 @@ from pathlib import Path as FilePath
 
 import attrs
 
-from .components import check_components
+from .components import PRE_LAUNCH, check_components, installed_entry_points
 from .converter import converter, problems, unknown_keys_message
 from .errors import ConfigError, ConfigIssue, emit_warnings
 from .overrides import apply_overrides
@@ -49,9 +49,37 @@ def check_source(source: Source) -> tuple[TrainConfig, list[ConfigIssue]]:
     config = TrainConfig(**sections)
     components = check_components(config, source, failed)
     issues += components.issues
-    issues += run_rules(config, source, failed, components.model_shape)
+    issues += run_rules(config, source, failed, components.model_shape,
+                        components.model_settings)
     issues.sort(key=lambda issue: issue.line if issue.line is not None else float("inf"))
     return config, issues
+
+
+def pre_launch_issues(config: TrainConfig, source: Source,
+                      world_size: int | None = None) -> list[ConfigIssue]:
+    """What the installed trainer would refuse or say has no effect before it starts a rank,
+    through the entry points of the group `mf_config.pre_launch` (mf-train declares one), so
+    that `mf-config validate` shows the same lines as the launcher; mf-config imports no
+    trainer.
+
+    Args:
+        config: a configuration that validated without errors.
+        source: where its values came from.
+        world_size: the ranks the job would run on; None: the fewest its parallelism
+            section runs on (the trainer decides, and says so when it is more than one).
+
+    Returns:
+        The trainer's errors and warnings, or, when no trainer is installed, one note saying
+        what could not be checked.
+    """
+    checks = installed_entry_points(PRE_LAUNCH)
+    if not checks:
+        return [ConfigIssue("", NOT_CHECKED, file=source.file, severity="note")]
+    return [issue for entry in checks for issue in entry.load()(config, source, world_size)]
+
+
+NOT_CHECKED = ("not checked: what the trainer refuses or says has no effect before it starts "
+               "(no installed package declares pre-launch checks; mf-train does)")
 
 
 def _unknown_sections(source: Source) -> list[ConfigIssue]:

@@ -19,6 +19,7 @@ from itertools import pairwise
 from typing import Any
 
 from mf_config import LayerSpec
+from mf_config.layer_spec import ids_text
 
 
 class ContractError(ValueError):
@@ -144,14 +145,6 @@ def select(model: Any, specs: Sequence[LayerSpec], where: str) -> list[tuple[int
 def layer_path(index: int, module_path: str | None = None) -> str:
     """How reports name a layer or a module of it: `layers[3]`, `layers[3].attention`."""
     return f"layers[{index}]" if not module_path else f"layers[{index}].{module_path}"
-
-
-def ids_text(ids: Sequence[int]) -> str:
-    """Layer ids for a message: `0-3` for a run, `0, 2` otherwise."""
-    ids = list(ids)
-    if len(ids) > 1 and ids == list(range(ids[0], ids[-1] + 1)):
-        return f"{ids[0]}-{ids[-1]}"
-    return ", ".join(map(str, ids))
 
 
 def _ids_text(ids: list[int]) -> str:

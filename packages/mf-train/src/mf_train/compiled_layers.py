@@ -49,7 +49,8 @@ from typing import Any
 import mindspore as ms
 from mindspore import Parameter, nn
 
-from mf_memory.layers import ids_text, layer_ids
+from mf_config.layer_spec import ids_text
+from mf_memory.layers import layer_ids
 
 
 def graphs_compiled() -> int:

@@ -54,19 +54,21 @@ class HostReads:
 
 
 def _compiling() -> bool:
-    """Whether MindSpore's graph compiler is on the stack: it reads constants while it
-    compiles a graph (`context.compile`; constant folding, once per graph and input shape),
-    which is no read of the step's."""
+    """Whether MindSpore's value inference made the read: it folds constants while it builds
+    a graph (`context.compile`: `infer_value_for_Cast` and the like, once per graph, its
+    forward or its backward, and input shape), which is no read of the step's."""
     frame = sys._getframe(2)
-    while frame is not None:
-        code = frame.f_code
-        if code.co_name == "compile" and code.co_filename.endswith(_COMPILER):
+    for _ in range(4):  # the inference calls the reader directly, or through Tensor's own
+        if frame is None:
+            return False
+        if frame.f_code.co_name.startswith("infer_value") and _MINDSPORE_OPS in \
+                frame.f_code.co_filename:
             return True
         frame = frame.f_back
     return False
 
 
-_COMPILER = os.path.join("mindspore", "graph", "api.py")
+_MINDSPORE_OPS = os.path.join("mindspore", "ops", "")
 
 
 @contextmanager

@@ -14,16 +14,12 @@ import mindspore as ms
 
 from mf_config import ConfigError, ConfigIssue, TrainConfig
 from mf_config.component_settings import located_issue
-from mf_config.components import decoder_layers, sequence_length
 from mf_config.yaml_source import Source
-from mf_parallel import Plan, make_plan
+from mf_parallel import Plan
 
 from .layouts import LayoutSections, check_layout
-from .support import support_issues
-from .support_rules import Target
-
-BACKENDS = ("Ascend", "GPU", "CPU")
-"""The backends `context.device_target` names, in the order `auto` prefers them."""
+from .support import launch_issues
+from .validation import BACKENDS, job_plan
 
 
 def installed_backends() -> tuple[str, ...] | None:
@@ -64,8 +60,7 @@ def make_job_plan(config: TrainConfig, world_size: int, source: Source | None = 
         ConfigError: the step layout the plan selects cannot run with the rest of the
             configuration (`mf_train.layouts`).
     """
-    plan = make_plan(config.parallelism, config.training, world_size,
-                     num_layers=decoder_layers(config), seq_length=sequence_length(config))
+    plan = job_plan(config, world_size)
     check_layout(plan.dims, LayoutSections(config.parallelism, config.optimizer, config.swap,
                                            config.recompute_comm, source))
     return plan
@@ -73,9 +68,9 @@ def make_job_plan(config: TrainConfig, world_size: int, source: Source | None = 
 
 def check_support(config: TrainConfig, plan: Plan, device: str,
                   source: Source | None = None) -> list[ConfigIssue]:
-    """What the trainer does with every field here (`support.FIELDS`), whether this MindSpore
-    runs `device` (`device_issues`), and the global batch each step really uses when the
-    data-parallel ranks round it down.
+    """Whether this MindSpore runs `device` (`device_issues`), and what the trainer does with
+    every field here and the global batch each step really uses (`support.launch_issues`,
+    which `mf-config validate` shows too).
 
     Returns:
         The warnings for values that have no effect here and for a rounded-down global batch
@@ -84,10 +79,7 @@ def check_support(config: TrainConfig, plan: Plan, device: str,
     Raises:
         ConfigError: every value the trainer refuses.
     """
-    issues = device_issues(config, device, source)
-    issues += support_issues(Target(config, plan.dims.world_size, device, source,
-                                    plan.dims.data_shard))
-    issues += _batch_warnings(plan, source)
+    issues = device_issues(config, device, source) + launch_issues(config, plan, device, source)
     errors = [issue for issue in issues if issue.severity == "error"]
     if errors:
         raise ConfigError(errors)
@@ -110,13 +102,3 @@ def device_issues(config: TrainConfig, device: str, source: Source | None,
                f"device_target to {' or '.join((*backends, 'auto'))}, or install MindSpore "
                f"for {device}")
     return [located_issue(("context", "device_target"), message, "error", source)]
-
-
-def _batch_warnings(plan: Plan, source: Source | None) -> list[ConfigIssue]:
-    """The batch actually used, when `global_batch_size` is not a multiple of data_parallel x
-    local_batch_size. On one data-parallel rank validation has said it already (mf-config
-    warns whenever the global batch is not a multiple of local_batch_size)."""
-    if plan.batch.data_parallel == 1:
-        return []
-    return [located_issue(("training", "global_batch_size"), warning, "warning", source)
-            for warning in plan.batch.warnings()]

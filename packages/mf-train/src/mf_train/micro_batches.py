@@ -36,25 +36,13 @@ from mf_data.loader import BatchLoader
 from mf_data.loader_config import megatron_settings
 from mf_parallel import Plan
 
+from .batch_fields import attention_fields
 from .layouts.contract import MicroBatch
 from .registry import DATALOADERS
 
 LOG = logging.getLogger(__name__)
 TRAINER_COLUMNS = ("tokens", "labels", "loss_mask", "position_ids")
 """The sample fields every micro-batch is read with (mf-data's order)."""
-
-
-def attention_fields(reset_position_ids: bool, reset_attention_mask: bool,
-                     create_attention_mask: bool, create_compressed_eod_mask: bool,
-                     ) -> tuple[str, ...]:
-    """The sample fields beyond tokens, labels and loss mask that change what the model
-    computes, from the data settings of the same names (see the module docstring)."""
-    fields: tuple[str, ...] = ("position_ids",) if reset_position_ids else ()
-    if create_compressed_eod_mask:
-        return (*fields, "actual_seq_len")
-    if reset_attention_mask and create_attention_mask:
-        return (*fields, "attention_mask")
-    return fields
 
 
 class MicroBatchStream:

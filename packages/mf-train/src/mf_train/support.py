@@ -21,16 +21,20 @@ from typing import Any
 
 import attrs
 
-from mf_config import ConfigIssue
+from mf_config import ConfigIssue, TrainConfig
+from mf_config.component_settings import located_issue
 from mf_config.components import KINDS, installed_entry_points, selections, settings_class
+from mf_config.yaml_source import Source
 from mf_data.loader_config import megatron_settings
+from mf_parallel import Plan
 
-from .micro_batches import attention_fields
+from .batch_fields import attention_fields
 from .support_rules import (
     Field,
     Rule,
     Target,
     differs,
+    needs,
     no_effect,
     on_cpu,
     reads,
@@ -46,14 +50,11 @@ def _fsdp_off(_value: Any, target: Target) -> bool:
     return target.written(("parallelism", "reshard_after_forward_policy")) and not running
 
 
-def _profiling_off(name: str) -> Callable[[Any, Target], bool]:
-    return lambda _value, target: (not target.config.profiler.enable_profiling
-                                   and target.written(("profiler", name)))
-
-
-def _swap_off(name: str) -> Callable[[Any, Target], bool]:
-    return lambda _value, target: (not target.config.swap.enable
-                                   and target.written(("swap", name)))
+def _skip_limit_set(_value: Any, target: Target) -> bool:
+    """`global_norm_skip_time` written where `max_consecutive_skipped_steps` is the limit."""
+    training = target.config.training
+    return (target.written(("monitor", "health_checkpoint", "global_norm_skip_time"))
+            and training.use_skip_step_on_nan and training.max_consecutive_skipped_steps > 0)
 
 
 def _model_name(target: Target) -> str:
@@ -80,6 +81,10 @@ def _device_size_unused(value: Any, target: Target) -> bool:
 def _pipeline_setting_unused(value: Any, target: Target, name: str) -> bool:
     return target.written(("parallelism", name)) and \
         target.config.parallelism.pipeline_parallel == 1
+
+
+def _overlap_b_f_staged(value: Any, target: Target) -> bool:
+    return bool(value) and target.config.parallelism.pipeline_parallel > 1
 
 
 def _compile_blocked(value: Any, target: Target) -> bool:
@@ -186,6 +191,10 @@ WRITER = "mf_train.checkpoint.writer"
 READER = "mf_train.checkpoint.reader"
 LOADER = "mf_data.loader"
 PROFILING = "mf_train.profiling"
+PROFILER_SWITCH = "profiler.enable_profiling"
+SKIP_SWITCH = "training.use_skip_step_on_nan"
+SKIPS = " (no step is skipped, whatever the gradient norm)"
+SAVE_SWITCH = "checkpoint.enable_save"
 
 FIELDS: dict[str, Field] = {
     # context
@@ -205,11 +214,16 @@ FIELDS: dict[str, Field] = {
     # checkpoint
     "checkpoint.enable_save": reads(TRAINER, WRITER),
     "checkpoint.save_path": reads(TRAINER, WRITER),
-    "checkpoint.save_max": reads(WRITER),
-    "checkpoint.save_interleaved_steps": reads(WRITER),
-    "checkpoint.no_save_optim": reads(TRAINER, WRITER),
-    "checkpoint.async_save": reads(WRITER),
-    "checkpoint.prefix": reads(WRITER),
+    "checkpoint.save_max": reads(WRITER, rules=(
+        needs(SAVE_SWITCH, "checkpoint.save_max", 3, why=" (nothing is saved)"),)),
+    "checkpoint.save_interleaved_steps": reads(WRITER, rules=(
+        needs(SAVE_SWITCH, "checkpoint.save_interleaved_steps", 10, why=" (nothing is saved)"),)),
+    "checkpoint.no_save_optim": reads(TRAINER, WRITER, rules=(
+        needs(SAVE_SWITCH, "checkpoint.no_save_optim", True, why=" (nothing is saved)"),)),
+    "checkpoint.async_save": reads(WRITER, rules=(
+        needs(SAVE_SWITCH, "checkpoint.async_save", True, why=" (nothing is saved)"),)),
+    "checkpoint.prefix": reads(WRITER, rules=(
+        needs(SAVE_SWITCH, "checkpoint.prefix", "run", why=" (nothing is saved)"),)),
     "checkpoint.remove_redundancy": Field(rules=(
         no_effect(lambda value, target: value is False
                   and target.written(("checkpoint", "remove_redundancy")),
@@ -238,7 +252,8 @@ FIELDS: dict[str, Field] = {
     "training.deterministic": reads(TRAINER),
     "training.rampup_batch_size": reads("mf_parallel.batch"),
     "training.use_skip_step_on_nan": reads(TRAINER),
-    "training.max_consecutive_skipped_steps": reads(TRAINER),
+    "training.max_consecutive_skipped_steps": reads(TRAINER, rules=(
+        needs(SKIP_SWITCH, "training.max_consecutive_skipped_steps", 1, why=SKIPS),)),
     # parallelism
     "parallelism.data_parallel_shard": reads("mf_parallel.dims"),
     "parallelism.data_parallel_shard_strategy": reads("mf_train.layouts.sharded"),
@@ -310,12 +325,21 @@ FIELDS: dict[str, Field] = {
                          {"parallelism.pipeline_parallel_overlap_p2p": True,
                           "parallelism.pipeline_parallel": 2}, world_size=2),)))},
     "parallelism.pipeline_parallel_overlap_b_f": Field(rules=(
-        no_effect(differs(False), "has no effect: each stage runs one computation at a time; "
-                                  "running one micro-batch's forward beside another's backward "
-                                  "needs a second compute stream, which MindSpore's CPU "
-                                  "backend lacks (there `mindspore.runtime.Stream()` is stream "
-                                  "0 and `StreamCtx` fails), so it is not built",
-                  {"parallelism.pipeline_parallel_overlap_b_f": True}),)),
+        no_effect(lambda v, t: _pipeline_setting_unused(v, t, "pipeline_parallel_overlap_b_f"),
+                  WITHOUT_PIPELINE, {"parallelism.pipeline_parallel_overlap_b_f": True}),
+        no_effect(lambda v, t: _overlap_b_f_staged(v, t) and t.device == "CPU",
+                  "has no effect on the CPU backend: running one micro-batch's forward beside "
+                  "another's backward needs a second compute stream, which MindSpore's CPU "
+                  "backend lacks (there `mindspore.runtime.Stream()` is stream 0 and "
+                  "`StreamCtx` fails); each stage runs one computation at a time",
+                  {"parallelism.pipeline_parallel_overlap_b_f": True,
+                   "parallelism.pipeline_parallel": 2}, world_size=2),
+        no_effect(lambda v, t: _overlap_b_f_staged(v, t) and t.device != "CPU",
+                  "has no effect: mf-train's pipeline schedules run one computation at a time "
+                  "on each stage; the overlap of one micro-batch's forward with another's "
+                  "backward on a second compute stream is not built",
+                  {"parallelism.pipeline_parallel_overlap_b_f": True,
+                   "parallelism.pipeline_parallel": 2}, world_size=2, device="Ascend"),)),
     "parallelism.sequence_parallel": Field(rules=(
         no_effect(_without_tensor_parallel, "has no effect without tensor parallelism "
                                             "(tensor_parallel is 1); with it, sequence "
@@ -348,8 +372,10 @@ FIELDS: dict[str, Field] = {
     "optimizer.betas": reads("mf_train.optim.base"),
     "optimizer.eps": reads("mf_train.optim.base"),
     "optimizer.weight_decay": reads("mf_train.optim.adamw"),
-    "optimizer.weight_decay_include": reads("mf_train.optim.base"),
-    "optimizer.weight_decay_exclude": reads("mf_train.optim.base"),
+    **{f"optimizer.{name}": reads("mf_train.optim.base", rules=(
+        needs("optimizer.weight_decay", f"optimizer.{name}", ["norm"], off=0,
+              why=" (no parameter decays)"),))
+       for name in ("weight_decay_include", "weight_decay_exclude")},
     "lr_scheduler.type": reads("mf_train.lr_scheduler"),
     "lr_scheduler.learning_rate": reads("mf_train.lr_scheduler"),
     # data
@@ -412,24 +438,32 @@ FIELDS: dict[str, Field] = {
     "monitor.train_state.device_norm": reads("mf_train.monitor.train_state"),
     "monitor.train_state.device_loss": reads("mf_train.monitor.train_state"),
     "monitor.moe_monitor.save_tokens_per_expert_interval": reads("mf_train.monitor.moe"),
-    "monitor.moe_monitor.target_layers": reads("mf_train.monitor.moe"),
+    "monitor.moe_monitor.target_layers": reads("mf_train.monitor.moe", rules=(
+        needs("monitor.moe_monitor.save_tokens_per_expert_interval",
+              "monitor.moe_monitor.target_layers", [1], off=None,
+              why=" (the MoE monitor records nothing)"),)),
     "monitor.health_checkpoint.embedding_local_norm_threshold": reads("mf_train.monitor.health"),
-    "monitor.health_checkpoint.global_norm_skip_threshold": reads(TRAINER),
-    "monitor.health_checkpoint.global_norm_skip_time": reads(TRAINER),
+    "monitor.health_checkpoint.global_norm_skip_threshold": reads(TRAINER, rules=(
+        needs(SKIP_SWITCH, "monitor.health_checkpoint.global_norm_skip_threshold", 0.5,
+              why=SKIPS),)),
+    "monitor.health_checkpoint.global_norm_skip_time": reads(TRAINER, rules=(
+        needs(SKIP_SWITCH, "monitor.health_checkpoint.global_norm_skip_time", 3, why=SKIPS),
+        no_effect(_skip_limit_set, "has no effect: training.max_consecutive_skipped_steps is "
+                                   "above 0 and is the limit of skipped steps in a row",
+                  {"monitor.health_checkpoint.global_norm_skip_time": 3, SKIP_SWITCH: True,
+                   "training.max_consecutive_skipped_steps": 2}),)),
     "monitor.tensorboard.output_dir": reads("mf_train.monitor.tensorboard"),
     "monitor.tensorboard.log_interval": reads("mf_train.monitor.tensorboard"),
     "monitor.tensorboard.queue_size": reads("mf_train.monitor.tensorboard"),
     # profiler
     "profiler.enable_profiling": reads(PROFILING),
     **{f"profiler.{name}": reads(PROFILING, rules=(
-        no_effect(_profiling_off(name), "has no effect: profiler.enable_profiling is false",
-                  {f"profiler.{name}": value}),))
+        needs(PROFILER_SWITCH, f"profiler.{name}", value),))
        for name, value in (("start_step", 1), ("end_step", 1), ("output_path", "prof"),
                            ("profiler_rank", [0]), ("profile_memory", True),
                            ("profile_cpu", True))},
     "profiler.profiler_level": reads(PROFILING, rules=(
-        no_effect(_profiling_off("profiler_level"), "has no effect: profiler.enable_profiling "
-                                                    "is false", {"profiler.profiler_level": 1}),
+        needs(PROFILER_SWITCH, "profiler.profiler_level", 1),
         no_effect(lambda value, t: t.config.profiler.enable_profiling and t.device == "CPU"
                   and value != 0, "has no effect on the CPU backend: its profiler records "
                                   "every host operator at any level",
@@ -458,8 +492,7 @@ FIELDS: dict[str, Field] = {
                   {"recompute_comm.select_module": {"attention.qkv": ["0"]}}),)),
     "swap.enable": reads("mf_memory.swap"),
     **{f"swap.{name}": reads("mf_memory.swap", rules=(
-        no_effect(_swap_off(name), "has no effect: swap.enable is false",
-                  {f"swap.{name}": value}),))
+        needs("swap.enable", f"swap.{name}", value),))
        for name, value in (("default_prefetch", 1), ("layer_swap", [{"layers": ["0"]}]),
                            ("op_swap", [{"op_name": "attention", "layers": ["0"]}]))},
     "swap.layer_swap[].layers": reads("mf_memory.swap"),
@@ -468,6 +501,35 @@ FIELDS: dict[str, Field] = {
     "callbacks": reads(TRAINER),
     "callbacks[].type": reads("mf_train.callbacks"),
 }
+
+
+def launch_issues(config: TrainConfig, plan: Plan, device: str,
+                  source: Source | None = None) -> list[ConfigIssue]:
+    """What the launcher says of a configuration before any rank starts, beyond validation:
+    the rules of `FIELDS` on this plan and backend (errors for what is refused, warnings for
+    what has no effect), and the global batch each step really uses.
+
+    Args:
+        config: the validated configuration.
+        plan: its parallel plan on the job's ranks.
+        device: the backend it runs on (`context.device_target` resolved).
+        source: locates each issue.
+
+    Returns:
+        Every such issue, errors and warnings.
+    """
+    return support_issues(Target(config, plan.dims.world_size, device, source,
+                                 plan.dims.data_shard)) + _batch_warnings(plan, source)
+
+
+def _batch_warnings(plan: Plan, source: Source | None) -> list[ConfigIssue]:
+    """The batch actually used, when `global_batch_size` is not a multiple of data_parallel x
+    local_batch_size. On one data-parallel rank validation has said it already (mf-config
+    warns whenever the global batch is not a multiple of local_batch_size)."""
+    if plan.batch.data_parallel == 1:
+        return []
+    return [located_issue(("training", "global_batch_size"), warning, "warning", source)
+            for warning in plan.batch.warnings()]
 
 
 def support_issues(target: Target) -> list[ConfigIssue]:
@@ -516,8 +578,9 @@ def _inert_keys(target: Target) -> list[ConfigIssue]:
 
 
 def support_table() -> str:
-    """The refused and no-effect settings as a Markdown table (mf-train's README shows it;
-    a test keeps the two equal). Each message is shown with its example's value."""
+    """The refused and no-effect settings as a Markdown table (the guide's
+    docs/train-yaml.md shows it; a test keeps the two equal). Each message is shown with its
+    example's value."""
     rows = ["| setting | for example | here | what mf-train says |", "|---|---|---|---|"]
     for path, field in FIELDS.items():
         for rule in field.rules:

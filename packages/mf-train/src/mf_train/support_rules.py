@@ -3,6 +3,7 @@ and when a value is refused or has no effect (`Field`, `Rule`), and the common c
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from typing import Any
 
@@ -88,6 +89,30 @@ def written(path: str) -> Callable[[Any, Target], bool]:
     """The rule applies when the user wrote `path`."""
     keys = tuple(path.split("."))
     return lambda _value, target: target.written(keys)
+
+
+def written_while_off(path: str, switch: str) -> Callable[[Any, Target], bool]:
+    """The rule applies when the user wrote `path` while the field `switch`, which `path`
+    depends on, is off (false, 0 or empty)."""
+    keys, switch_keys = tuple(path.split(".")), tuple(switch.split("."))
+    return lambda _value, target: (target.written(keys)
+                                   and not value_at(target.config, switch_keys))
+
+
+def needs(switch: str, path: str, example: Any, off: Any = False, why: str = "") -> Rule:
+    """`path` has no effect while the field `switch` it depends on is off: said when the user
+    wrote it.
+
+    Args:
+        switch: the field `path` depends on, such as `swap.enable`.
+        path: the dependent field.
+        example: a value of `path` for the rule's example (which also sets `switch` to `off`).
+        off: the switch's off value, as the message names it (false, 0, null).
+        why: what the message adds after the switch, such as `(nothing is saved)`.
+    """
+    return no_effect(written_while_off(path, switch),
+                     f"has no effect: {switch} is {json.dumps(off)}{why}",
+                     {switch: off, path: example})
 
 
 def differs(default: Any) -> Callable[[Any, Target], bool]:

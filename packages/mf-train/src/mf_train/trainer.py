@@ -210,8 +210,10 @@ def seed_everything(seed: int, deterministic: bool) -> None:
     random.seed(seed)
     np.random.seed(seed)
     ms.set_seed(seed)
-    if deterministic:
-        ms.set_context(deterministic="ON")
+    if deterministic and ms.get_context("deterministic") != "ON":
+        # MindSpore's current API (set_context's `deterministic` prints a deprecation
+        # warning); it may be set once per process, and a later trainer finds it on
+        ms.set_deterministic(True)
 
 
 def launch_synchronously_on_cpu(device: str) -> bool:

@@ -24,7 +24,7 @@ import attrs
 from mindspore import Parameter, Tensor, nn, ops
 
 from mf_config import ParallelismConfig
-from mf_memory.layers import ids_text
+from mf_config.layer_spec import ids_text
 from mf_parallel import Plan
 from mf_parallel.dims import ParallelDims
 from mf_parallel.runtime import Collectives

@@ -48,6 +48,7 @@ import numpy as np
 
 from mf_config import MoeMonitorConfig
 from mf_config.component_settings import settings_error
+from mf_config.model_shape import ModelSettings
 from mf_config.yaml_source import Source
 
 from ..callbacks import Callback, StepRecord, TrainContext
@@ -79,10 +80,15 @@ class MoeMonitor(Callback):
         return self.interval is not None
 
     def on_train_begin(self, ctx: TrainContext) -> None:
+        """A model without MoE layers turns the monitor off. Validation has said so already
+        (with the line) for a model built from declared settings (`model.settings`, a
+        `ModelSettings`: `rules.moe_monitor_layer_warnings`); only another model is said
+        here, once."""
         if self.active and not callable(getattr(ctx.model, "tokens_per_expert", None)):
-            logger.warning("monitor.moe_monitor.save_tokens_per_expert_interval is set, but "
-                           "the model (%s) has no MoE layers (no tokens_per_expert()); MoE "
-                           "monitoring is off", type(ctx.model).__name__)
+            if not isinstance(getattr(ctx.model, "settings", None), ModelSettings):
+                logger.warning("monitor.moe_monitor.save_tokens_per_expert_interval is set, "
+                               "but the model (%s) has no MoE layers (no tokens_per_expert()); "
+                               "MoE monitoring is off", type(ctx.model).__name__)
             self.interval = None
 
     def on_step_begin(self, ctx: TrainContext, step: int) -> None:

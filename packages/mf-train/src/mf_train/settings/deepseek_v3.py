@@ -146,6 +146,25 @@ class DeepseekV3Settings(ModelSettings):
             params_dtype=self.params_dtype, compute_dtype=self.compute_dtype,
             use_flash_attention=self.use_flash_attention)
 
+    def layer_modules(self, layer: int) -> frozenset[str]:
+        """The modules of decoder layer `layer` (`models.deepseek_v3.DeepseekV3DecoderLayer`):
+        the query projection by `q_lora_rank`, a dense MLP in the first
+        `first_k_dense_replace` layers, then the router, every expert and the shared ones."""
+        query = ("q_a_proj", "q_a_layernorm", "q_b_proj") if self.q_lora_rank else ("q_proj",)
+        attention = (*query, "kv_a_proj_with_mqa", "kv_a_layernorm", "kv_b_proj", "o_proj",
+                     "exchange")
+        if layer < self.first_k_dense_replace:
+            mlp: tuple[str, ...] = ("gate_up", "down")
+        else:
+            experts = [f"experts.{e}{part}" for e in range(self.n_routed_experts)
+                       for part in ("", ".gate_up", ".down")]
+            shared = ("shared_experts", "shared_experts.gate_up", "shared_experts.down") \
+                if self.n_shared_experts else ()
+            mlp = ("router", "experts", *experts, *shared)
+        return frozenset(("input_norm", "attention", "post_norm", "mlp",
+                          *(f"attention.{name}" for name in attention),
+                          *(f"mlp.{name}" for name in mlp)))
+
     def problems(self, path: Path) -> list[tuple[Path, str]]:
         found: list[tuple[Path, str]] = []
 

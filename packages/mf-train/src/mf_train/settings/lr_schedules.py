@@ -77,7 +77,21 @@ class WarmupSettings(Section):
         if self.total_steps is not None and self.total_steps < config.training.steps:
             problems.append(((*path, "total_steps"), shorter_than_run(
                 self.total_steps, config.training.steps), "warning"))
+        warmup = self.steps(*WARMUP, total)
+        if warmup and warmup >= config.training.steps:
+            key = "warmup_ratio" if self.warmup_ratio is not None else "warmup_steps"
+            problems.append(((*path, key), self.longer_than_run(
+                warmup, config.training.steps, config.lr_scheduler.learning_rate), "warning"))
         return problems
+
+    def longer_than_run(self, warmup: int, training_steps: int, learning_rate: float) -> str:
+        """The warning for a warm-up that does not end before the run does."""
+        last = self.warmup_lr_init + (learning_rate - self.warmup_lr_init) * (
+            (training_steps - 1) / warmup)
+        return (f"the warm-up ({warmup} steps) does not end before training.steps "
+                f"({training_steps}): every step runs in warm-up, the rate rising from "
+                f"{number(self.warmup_lr_init)} to {number(last)} and never reaching "
+                f"learning_rate ({number(learning_rate)}); shorten the warm-up")
 
 
 def shorter_than_run(schedule_steps: int, training_steps: int) -> str:

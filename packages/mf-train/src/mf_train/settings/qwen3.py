@@ -15,6 +15,11 @@ from mf_config.model_shape import ModelSettings, ModelShape, ulysses_heads_probl
 from mf_config.sections import MAX_DIMENSION, Dtype, TrainConfig, section, setting
 
 TOKENIZER = "token ids belong to the tokenizer and the data"
+LAYER_MODULES = frozenset({
+    "input_norm", "attention", "attention.qkv", "attention.q_norm", "attention.k_norm",
+    "attention.out", "attention.exchange", "post_norm", "mlp", "mlp.gate_up", "mlp.down"})
+"""The sub-modules of a decoder layer, as module lists name them (tests/train/test_qwen3.py
+checks them against a built model)."""
 DTYPES = "compute_dtype and params_dtype decide"
 
 
@@ -88,6 +93,10 @@ class Qwen3Settings(ModelSettings):
                           seq_length=self.seq_length, params_dtype=self.params_dtype,
                           compute_dtype=self.compute_dtype,
                           use_flash_attention=self.use_flash_attention)
+
+    def layer_modules(self, layer: int) -> frozenset[str]:
+        """Every layer's modules (`models.qwen3.Qwen3DecoderLayer`)."""
+        return LAYER_MODULES
 
     def problems(self, path: Path) -> list[tuple[Path, str]]:
         missing = [((*path, name), "required: a positive integer") for name in REQUIRED
