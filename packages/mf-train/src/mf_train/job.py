@@ -18,6 +18,7 @@ from mf_config.components import decoder_layers, sequence_length
 from mf_config.yaml_source import Source
 from mf_parallel import Plan, make_plan
 
+from .evaluation import evaluation_issues
 from .layouts import LayoutSections, check_layout
 from .support import support_issues
 from .support_rules import Target
@@ -88,6 +89,7 @@ def check_support(config: TrainConfig, plan: Plan, device: str,
     issues += support_issues(Target(config, plan.dims.world_size, device, source,
                                     plan.dims.data_shard))
     issues += _batch_warnings(plan, source)
+    issues += evaluation_issues(config, plan, source)
     errors = [issue for issue in issues if issue.severity == "error"]
     if errors:
         raise ConfigError(errors)
