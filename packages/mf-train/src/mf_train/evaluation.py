@@ -148,8 +148,8 @@ def evaluation_issues(config: TrainConfig, plan: Plan,
                               "\"9, 1, 0\", or valid_data_path)", "error", source)]
     layout = layout_for(plan.dims, config.parallelism)
     if layout is not None and not layout.evaluates:
-        return [located_issue(where, "Evaluate runs on one process and under replicated data "
-                              "parallelism, not yet under this layout "
-                              f"({plan.dims.describe()}): remove it from callbacks for this "
-                              "run", "error", source)]
+        return [located_issue(where, f"the step layout {layout.__name__} that runs "
+                              f"{plan.dims.describe()} has no forward-only evaluation "
+                              "(StepLayout.evaluates): remove Evaluate from callbacks for "
+                              "this run", "error", source)]
     return []

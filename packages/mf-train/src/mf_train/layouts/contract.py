@@ -270,6 +270,9 @@ class StepLayout(ABC):
         assert total is not None
         return self.evaluated_loss(total / len(micro_batches))
 
+    def free_gathered(self) -> None:  # noqa: B027 (a no-op unless the layout gathers)
+        """Free the parameters a forward pass gathered (FSDP's units); nothing by default."""
+
     def evaluated_loss(self, loss: Tensor) -> Tensor:
         """This rank's mean evaluation loss made the job's (one rank: itself); a layout that
         `evaluates` over several data-parallel ranks averages it over them."""
