@@ -74,6 +74,27 @@ def test_a_checkpoint_and_its_export_continue_alike(runs, tmp_path, capsys) -> N
     assert generate(load_model(tmp_path / "hf"), [1, 2, 3], 20, eod=256) == printed
 
 
+def test_a_hugging_face_tokenizer_encodes_and_travels_with_the_export(runs, tmp_path,
+                                                                       capsys) -> None:
+    tokenizers = pytest.importorskip("tokenizers")
+    words = {"[UNK]": 0, "hello": 1, "world": 2, "<|endoftext|>": 3}
+    tokenizer = tokenizers.Tokenizer(tokenizers.models.WordLevel(words, unk_token="[UNK]"))
+    tokenizer.pre_tokenizer = tokenizers.pre_tokenizers.Whitespace()
+    (tmp_path / "tok").mkdir()
+    tokenizer.save(str(tmp_path / "tok" / "tokenizer.json"))
+    checkpoint = runs(QWEN3, *QWEN3_2_LAYERS) / "ckpt"
+    assert run(["generate", "--checkpoint", str(checkpoint), "--tokenizer",
+                str(tmp_path / "tok"), "--prompt", "hello world", "--max-new-tokens", "4"]) == 0
+    assert capsys.readouterr().out.startswith("hello world")
+    assert run(["export-hf", "--checkpoint", str(checkpoint), "--output", str(tmp_path / "hf"),
+                "--tokenizer", str(tmp_path / "tok")]) == 0
+    assert (tmp_path / "hf" / "tokenizer.json").read_bytes() == \
+        (tmp_path / "tok" / "tokenizer.json").read_bytes()
+    assert run(["export-hf", "--checkpoint", str(checkpoint), "--output", str(tmp_path / "x"),
+                "--tokenizer", str(tmp_path)]) == 2
+    assert "no tokenizer.json or tokenizer_config.json there" in capsys.readouterr().err
+
+
 def test_deepseek_v3_generates_without_a_cache(runs) -> None:
     model = load_model(runs(DEEPSEEK, *DEEPSEEK_3_LAYERS) / "ckpt")
     tokens = generate(model, PROMPT, 8)
