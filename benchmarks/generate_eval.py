@@ -26,11 +26,11 @@ import numpy as np
 from mindspore import Tensor
 
 sys.path.insert(0, str(Path(__file__).parent))
-from speed import MODELS  # noqa: E402
+from speed import MODELS
 
-from mf_config import ModelConfig  # noqa: E402
-from mf_train.generation import generate  # noqa: E402
-from mf_train.models import build_model  # noqa: E402
+from mf_config import ModelConfig
+from mf_train.generation import generate
+from mf_train.models import build_model
 
 PROMPT, NEW = 16, 64
 

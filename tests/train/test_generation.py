@@ -1,6 +1,7 @@
 """`mf-train generate`: greedy tokens equal the argmax of a numpy Qwen3's full forward, the
-key/value cache changes no token, sampling keeps to its top-k / top-p set, an mf checkpoint
-and its Hugging Face export continue a prompt alike, and bad input is one line."""
+key/value cache (and DeepSeek-V3's compressed one) changes no token, sampling keeps to its
+top-k / top-p set, an mf checkpoint and its Hugging Face export continue a prompt alike, and
+bad input is one line."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from test_qwen3 import loaded_model, np_logits
 
 from mf_train.cli import run
 from mf_train.generation import GenerateError, Sampling, choose, generate, load_model
+from mf_train.models.kv_cache import KVCache
 
 PROMPT = [3, 1, 4, 1, 5, 9, 2, 6]
 
@@ -95,11 +97,17 @@ def test_a_hugging_face_tokenizer_encodes_and_travels_with_the_export(runs, tmp_
     assert "no tokenizer.json or tokenizer_config.json there" in capsys.readouterr().err
 
 
-def test_deepseek_v3_generates_without_a_cache(runs) -> None:
+def test_deepseek_v3_decodes_with_the_compressed_cache(runs) -> None:
+    """MLA's cache (latent and rope key per position) gives the whole sequence's logits, fed
+    in three pieces; greedy tokens are the same with and without it."""
     model = load_model(runs(DEEPSEEK, *DEEPSEEK_3_LAYERS) / "ckpt")
-    tokens = generate(model, PROMPT, 8)
-    logits = model.logits(Tensor(np.asarray([PROMPT], np.int32)))
-    assert len(tokens) == 8 and tokens[0] == int(np.argmax(logits[0, -1].asnumpy()))
+    ids = np.random.default_rng(2).integers(0, 512, (2, 12)).astype(np.int32)
+    whole = model.logits(Tensor(ids)).asnumpy()
+    cache = KVCache()
+    pieces = [model.decode(Tensor(ids[:, a:b]), cache).asnumpy()
+              for a, b in ((0, 7), (7, 8), (8, 12))]
+    np.testing.assert_allclose(np.concatenate(pieces, 1), whole, rtol=0, atol=1e-5)
+    assert generate(model, PROMPT, 8) == generate(model, PROMPT, 8, use_cache=False)
 
 
 @pytest.mark.parametrize(("args", "says"), [

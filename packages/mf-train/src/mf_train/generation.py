@@ -8,9 +8,10 @@ a prompt, and one token after another until `max_new_tokens` or the end of docum
 - Each token: the logits of the last position, then greedy (`temperature` 0, the default) or
   sampled at `temperature` from the `top_k` most likely tokens and the smallest set of them
   whose probability reaches `top_p`, from a generator seeded with `seed` (`choose`). A model
-  with a `decode(input_ids, cache)` (Qwen3) keeps each layer's keys and values
-  (`models.kv_cache`), so a new token costs one position's forward; the others (DeepSeek-V3,
-  whose MLA cache is not written yet) run the whole sequence again for each token.
+  with a `decode(input_ids, cache)` keeps per layer what its attention needs of each position
+  (`models.kv_cache`: Qwen3's keys and values, DeepSeek-V3's MLA compressed latent and rope
+  key), so a new token costs one position's forward; a model without one (or `use_cache`
+  false) runs the whole sequence again for each token.
 - Generation stops at the tokenizer's end-of-document id (not included in the output).
 
 Bad input (no checkpoint there, a prompt id outside the vocabulary, a prompt and

@@ -1,8 +1,11 @@
-"""The keys and values a decoding model keeps per layer, so that a new token costs one
-position's forward (`mf-train generate`, `mf_train.generation`).
+"""What a decoding model keeps per attention layer, so that a new token costs one position's
+forward (`mf-train generate`, `mf_train.generation`).
 
-Each layer's entry holds `[positions, batch, kv_heads, head_dim]` keys (rotated) and values of
-every position run so far; `append` adds the new positions and returns everything up to them.
+Each layer's entry holds, for every position run so far, what its attention needs of that
+position again: Qwen3's rotated keys and its values (`[positions, batch, kv_heads, head_dim]`),
+DeepSeek-V3's MLA compressed cache (the normed latent, `kv_lora_rank` numbers, and the rotated
+one-head rope key, `qk_rope_head_dim`); `append` adds the new positions and returns
+everything up to them.
 `causal_mask` is the attention mask of `count` new positions after `start` cached ones.
 """
 
@@ -13,21 +16,21 @@ from mindspore import Tensor, ops
 
 
 class LayerCache:
-    """One attention layer's cached keys and values."""
+    """One attention layer's cached tensors, each `[positions, batch, ...]`: Qwen3's rotated
+    keys and its values; MLA's normed compressed latent and its rotated rope key."""
 
     def __init__(self) -> None:
-        self.keys: Tensor | None = None
-        self.values: Tensor | None = None
+        self.parts: tuple[Tensor, ...] | None = None
 
-    def append(self, keys: Tensor, values: Tensor) -> tuple[Tensor, Tensor]:
-        """Add the new positions' keys and values (`[new, batch, heads, dim]`); all of them,
+    def append(self, *new: Tensor) -> tuple[Tensor, ...]:
+        """Add the new positions' tensors (in the same order each time); all of them,
         cached and new, in position order."""
-        if self.keys is None or self.values is None:
-            self.keys, self.values = keys, values
+        if self.parts is None:
+            self.parts = new
         else:
-            self.keys = ops.cat((self.keys, keys), 0)
-            self.values = ops.cat((self.values, values), 0)
-        return self.keys, self.values
+            self.parts = tuple(ops.cat((old, part), 0)
+                               for old, part in zip(self.parts, new, strict=True))
+        return self.parts
 
 
 class KVCache:

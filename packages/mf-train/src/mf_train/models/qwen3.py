@@ -60,7 +60,7 @@ from .causal_lm import CausalLMPieces
 from .context_attention import SequenceExchange
 from .gathered_heads import GatheredHeads
 from .hf_weights import WeightMap
-from .kv_cache import KVCache, LayerCache, causal_mask
+from .kv_cache import LayerCache
 from .parts import LayerStack, ModelPart, each_built
 
 PATH: Path = ("model",)
@@ -425,23 +425,6 @@ class Qwen3ForCausalLM(CausalLMPieces, nn.Cell):
         for layer in self._body_layers:
             hidden = layer(hidden, cos, sin, mask)
         return self.head_loss(hidden, labels, loss_mask)
-
-    # --- decoding (`mf_train.generation`) -----------------------------------------------
-
-    def decode(self, input_ids: Tensor, cache: KVCache) -> Tensor:
-        """The logits `[batch, new, vocabulary]` (as `logits`) of `input_ids`
-        (`[batch, new]`) at the positions after the `cache.length` cached ones, whose keys
-        and values each layer appends to `cache`: a new token costs one position's forward.
-        One process, the whole model."""
-        start, count = cache.length, input_ids.shape[1]
-        cos, sin = self.rotary.at(np.arange(start, start + count))
-        mask = causal_mask(start, count)
-        hidden = self.lookup(input_ids)
-        for index in self.part.layers:
-            hidden = self.decoder_layers.by_id(index).decode(hidden, cos, sin,
-                                                             cache.layer(index), mask)
-        cache.length += count
-        return self._head_logits(hidden).swapaxes(0, 1)
 
     # --- pipeline pieces (`parts.PipelineModel`) ----------------------------------------
 
