@@ -118,6 +118,7 @@ SETTINGS_READERS = {
     "MegatronLoaderSettings": ("mf_data.builder", "mf_data.loader_config"),
     "MegatronDatasetSettings": ("mf_data.builder", "mf_data.loader_config"),
     "WandbSettings": ("mf_train.monitor.wandb",),
+    "EvaluateSettings": ("mf_train.evaluation",),
 }
 """Where each component's settings are read (the settings module counts: its checks refuse
 values, its `shape()` feeds the plan); the schedules are read in mf_train.lr_schedules."""

@@ -1,7 +1,10 @@
 """`mf-train export-hf` against Hugging Face transformers (`nox -s export_parity`; needs torch
 and transformers): the tiny Qwen3 and DeepSeek-V3 examples are trained for 2 steps, exported,
 loaded with `AutoModelForCausalLM.from_pretrained`, and their logits compared with mf's own
-model loaded from the mf checkpoint (at most 1e-5 apart, float32, eager attention)."""
+model loaded from the mf checkpoint (at most 1e-5 apart, float32, eager attention); then
+`mf-train generate`'s greedy tokens on the checkpoint (`mf_train.generation`) are compared with
+transformers' `generate` on the export, 32 new tokens after an 8-token prompt (DeepSeek-V3,
+trained at 32 positions, is given 64 on both sides for it)."""
 
 from __future__ import annotations
 
@@ -19,6 +22,7 @@ from mf_config.validate import config_from_source, load_source
 from mf_train.checkpoint import load_checkpoint
 from mf_train.checkpoint.params import apply_model_params
 from mf_train.cli import run
+from mf_train.generation import generate, load_model
 from mf_train.models import build_model
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -27,6 +31,10 @@ EXAMPLES = {"qwen3": (ROOT / "examples" / "qwen3_tiny.yaml", []),
                             ["model.seq_length=32", "model.max_position_embeddings=32"])}
 INPUT_IDS = np.random.default_rng(5).integers(0, 256, (2, 16))
 TOLERANCE = 1e-5
+PROMPT = [int(i) for i in INPUT_IDS[0, :8]]
+NEW_TOKENS = 32
+LONGER = {"qwen3": {}, "deepseek_v3": {"seq_length": 64, "max_position_embeddings": 64}}
+"""Model settings both sides generate with (the prompt and the new tokens need the positions)."""
 
 
 def sets(values: list[str]) -> list[str]:
@@ -54,6 +62,23 @@ def compare(name: str, example: Path, shape: list[str], prefix: str, work: Path)
     return float(np.abs(ours - theirs).max())
 
 
+def same_generation(name: str, example: Path, shape: list[str], work: Path) -> bool:
+    """Whether mf's greedy tokens on the checkpoint (with its key/value cache where the model
+    has one) are transformers' greedy `generate` on the export."""
+    longer = [f"model.{key}={value}" for key, value in LONGER[name].items()]
+    model = load_model(work / name / "ckpt", str(example), [*shape, *longer])
+    ours = generate(model, PROMPT, NEW_TOKENS)
+    hf = AutoModelForCausalLM.from_pretrained(
+        work / f"{name}-hf", dtype=torch.float32, attn_implementation="eager",
+        **{key: value for key, value in LONGER[name].items() if key != "seq_length"}).eval()
+    with torch.no_grad():
+        out = hf.generate(torch.tensor([PROMPT]), do_sample=False, max_new_tokens=NEW_TOKENS,
+                          min_new_tokens=NEW_TOKENS, pad_token_id=0)
+    theirs = out[0, len(PROMPT):].tolist()
+    print(f"{name}: mf generate {ours}\n{name}: transformers   {theirs}")
+    return ours == theirs
+
+
 def main() -> int:
     failed = []
     with tempfile.TemporaryDirectory() as tmp:
@@ -69,6 +94,11 @@ def main() -> int:
                   f"(limit {TOLERANCE:.0e}) {verdict}")
             if difference > TOLERANCE:
                 failed.append(name)
+            generated = same_generation(name, example, shape, work)
+            print(f"{name}: greedy generation of {NEW_TOKENS} tokens "
+                  f"{'ok' if generated else 'FAILED'}")
+            if not generated:
+                failed.append(f"{name} generate")
     return 1 if failed else 0
 
 

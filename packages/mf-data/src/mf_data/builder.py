@@ -112,6 +112,25 @@ def gpt_config(settings: MegatronDatasetSettings,
                                for name, field in SAMPLE_SETTINGS.items()})
 
 
+def split_requested(dataloader: DataloaderConfig, index: int) -> bool:
+    """Whether the Megatron loader's settings ask for samples of split `index` (0 train,
+    1 valid, 2 test), from the settings alone (no file is read): its own blend
+    (`train_data_path` / `valid_data_path` / `test_data_path`), or a share of `split`, and a
+    size other than 0 (null: one epoch of it).
+
+    Raises:
+        DataError: the settings are not the Megatron loader's, or are wrong.
+    """
+    settings = megatron_settings(dataloader)
+    config = settings.config
+    if config is None or len(settings.sizes) != 3 or settings.sizes[index] == 0:
+        return False
+    per_split = (config.train_data_path, config.valid_data_path, config.test_data_path)
+    if any(per_split):
+        return bool(per_split[index])
+    return parse_split(config.split)[index] > 0
+
+
 class SplitBuilder:
     """Builds the datasets of the three splits from indexed files, as Megatron does."""
 

@@ -151,6 +151,10 @@ class TrainContext:
     """The peak TFLOP/s of a rank that MFU divides by, None when unknown."""
     peak_source: str | None = None
     """Where `peak_tflops` comes from (`measured at start: float32 1024x1024 matmul ...`)."""
+    evaluate: Callable[[int], float] | None = dataclasses.field(default=None, repr=False)
+    """The valid split's mean loss over its next `iters` global batches (a collective; the
+    `Evaluate` callback calls it, `mf_train.evaluation`); None when the run evaluates
+    nothing."""
 
     def __post_init__(self) -> None:
         self.output_dir = Path(self.output_dir)
@@ -297,11 +301,15 @@ def format_step_line(record: StepRecord) -> str:
     tokens/s/rank 6172 tflops/rank 0.0457 mfu 2.77% step_time 123 ms elapsed 1.2s eta 12.0s
     peak_mem 4.61 GiB (rank 2)`, with ` skipped` appended when the update was skipped (each
     of tokens/s/rank, tflops/rank, mfu, elapsed, eta and peak_mem only when known, the rank
-    only with several ranks)."""
+    only with several ranks), and `val_loss 4.2 val_ppl 66.7` after the loss on a step
+    the `Evaluate` callback evaluated."""
     width = len(str(record.total_steps))
-    parts = [f"step [{record.step:>{width}}/{record.total_steps}] loss {record.loss:.6f}",
-             f"lr {record.lr:.1e} grad_norm {record.grad_norm:.4g}",
-             f"tokens/s(global) {_whole(record.tokens_per_s)}"]
+    parts = [f"step [{record.step:>{width}}/{record.total_steps}] loss {record.loss:.6f}"]
+    if "val_loss" in record.extra:
+        parts.append(f"val_loss {record.extra['val_loss']:.6f} "
+                     f"val_ppl {record.extra['val_ppl']:.4g}")
+    parts += [f"lr {record.lr:.1e} grad_norm {record.grad_norm:.4g}",
+              f"tokens/s(global) {_whole(record.tokens_per_s)}"]
     parts += _known(("tokens/s/rank", record.tokens_per_s_per_rank, _whole),
                     ("tflops/rank", record.tflops, "{:.3g}".format),
                     ("mfu", record.mfu, lambda mfu: f"{mfu * 100:.3g}%"))

@@ -1,6 +1,7 @@
 """`mf-train --config FILE [--set key.path=value ...] [--output-dir DIR] [--nproc N]
 [--nnodes N --node-rank R --master-addr HOST [--master-port P]]`, and
-`mf-train export-hf ...` (a checkpoint as a Hugging Face directory: `export_command`).
+`mf-train export-hf ...` (a checkpoint as a Hugging Face directory: `export_command`), and
+`mf-train generate ...` (text from a checkpoint: `generate_command`).
 
 The whole configuration is validated first (mf-config, then mf-parallel's plan for the world
 size, then the input files it names: `input_checks`), and only then are devices, data and the
@@ -46,7 +47,7 @@ from mf_parallel.launch import Forward, LaunchError, Nodes, run_ranks
 from mf_parallel.log_echo import MINDSPORE_INFO
 from mf_parallel.msrun import path_with_interpreter
 
-from . import export_command
+from . import export_command, generate_command
 from .input_checks import check_inputs
 from .monitor.tensorboard import event_dir
 from .node_flags import NODE_OPTIONS, FlagError, add_node_flags, nodes_from
@@ -64,7 +65,8 @@ def _parser() -> argparse.ArgumentParser:
         prog="mf-train", description="Train the model a train.yaml describes, on MindSpore in "
         "PyNative mode.", epilog=f"`mf-train {export_command.COMMAND} --checkpoint DIR --output "
         "DIR` writes a checkpoint's model as a Hugging Face directory (`mf-train "
-        f"{export_command.COMMAND} --help`).")
+        f"{export_command.COMMAND} --help`); `mf-train {generate_command.COMMAND} --checkpoint "
+        "DIR --prompt TEXT` continues a prompt with it.")
     parser.add_argument("--config", required=True, metavar="FILE", help="train.yaml")
     parser.add_argument("--set", dest="overrides", action="append", default=[],
                         metavar="KEY=VALUE", help="override a value, e.g. training.steps=10")
@@ -80,10 +82,13 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def run(argv: Sequence[str] | None = None) -> int:
-    """Entry point of the `mf-train` script (`mf-train export-hf ...`: `export_command`)."""
+    """Entry point of the `mf-train` script (`mf-train export-hf ...`: `export_command`;
+    `mf-train generate ...`: `generate_command`)."""
     given = list(argv if argv is not None else sys.argv[1:])
     if given[:1] == [export_command.COMMAND]:
         return export_command.main(given[1:])
+    if given[:1] == [generate_command.COMMAND]:
+        return generate_command.main(given[1:])
     args = _parser().parse_args(argv)
     if args.nproc < 1:
         print(f"mf-train: --nproc must be >= 1, got {args.nproc}", file=sys.stderr)

@@ -1,7 +1,7 @@
 """`mf-train export-hf --checkpoint DIR --output DIR [--config FILE] [--dtype D]
-[--max-shard-size SIZE] [--set KEY=VALUE ...] [--force]`: an mf checkpoint as a Hugging Face
-model directory (`hf_export`). Bad input exits with status 2 and one line saying what is
-wrong."""
+[--max-shard-size SIZE] [--set KEY=VALUE ...] [--tokenizer DIR] [--force]`: an mf checkpoint
+as a Hugging Face model directory (`hf_export`), with the tokenizer's files when given. Bad
+input exits with status 2 and one line saying what is wrong."""
 
 from __future__ import annotations
 
@@ -33,6 +33,9 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--max-shard-size", default="5GB", metavar="SIZE",
                         help="split the weights into files of at most this size, with "
                              "model.safetensors.index.json (default 5GB)")
+    parser.add_argument("--tokenizer", default=None, metavar="DIR",
+                        help="a Hugging Face tokenizer directory (the one the data was "
+                             "preprocessed with): its files are copied beside the weights")
     parser.add_argument("--force", action="store_true",
                         help="replace --output when it is not empty")
     return parser
@@ -46,7 +49,7 @@ def main(argv: Sequence[str]) -> int:
     try:
         written = export_hf(args.checkpoint, args.config, args.output, dtype=args.dtype,
                             max_shard_size=args.max_shard_size, force=args.force,
-                            overrides=args.overrides)
+                            overrides=args.overrides, tokenizer=args.tokenizer)
     except (ExportError, CheckpointError) as exc:
         print(f"mf-train {COMMAND}: {exc}", file=sys.stderr)
         return 2

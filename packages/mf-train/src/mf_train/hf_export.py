@@ -47,7 +47,8 @@ class ExportError(ValueError):
 def export_hf(checkpoint: str | os.PathLike[str], config_file: str | os.PathLike[str] | None,
               output: str | os.PathLike[str], *, dtype: str | None = None,
               max_shard_size: str | int = "5GB", force: bool = False,
-              overrides: Sequence[str] = ()) -> Path:
+              overrides: Sequence[str] = (),
+              tokenizer: str | os.PathLike[str] | None = None) -> Path:
     """Write the model of an mf checkpoint as a Hugging Face directory.
 
     Args:
@@ -58,6 +59,9 @@ def export_hf(checkpoint: str | os.PathLike[str], config_file: str | os.PathLike
         dtype: float32, bfloat16 or float16 (default: the model's `params_dtype`).
         max_shard_size: above this the weights are split into several files.
         overrides: `--set` overrides applied to the configuration.
+        tokenizer: a Hugging Face tokenizer directory whose files (`TOKENIZER_FILES`) are
+            copied beside the weights, so that transformers loads the tokenizer from the
+            export too; None: none.
 
     Returns:
         The directory written.
@@ -70,6 +74,7 @@ def export_hf(checkpoint: str | os.PathLike[str], config_file: str | os.PathLike
 
     check_output(output, force)
     parse_size(max_shard_size)
+    copies = tokenizer_files(tokenizer) if tokenizer is not None else []
     directory = layout.find_checkpoint(checkpoint)
     if directory is None:
         raise ExportError(f"{checkpoint} holds no complete checkpoint")
@@ -86,7 +91,26 @@ def export_hf(checkpoint: str | os.PathLike[str], config_file: str | os.PathLike
                gathered_weights(directory, config, plan, model, str(config_file)))
     dtype = dtype or str(model.settings.params_dtype)
     return write_hf_directory(output, weights, hf_config(config.model, model.settings, dtype),
-                              dtype=dtype, max_shard_size=max_shard_size, force=force)
+                              dtype=dtype, max_shard_size=max_shard_size, force=force,
+                              copies=copies)
+
+
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
+                   "vocab.json", "merges.txt", "tokenizer.model", "added_tokens.json")
+"""The files of a Hugging Face tokenizer directory (fast and slow tokenizers)."""
+
+
+def tokenizer_files(directory: str | os.PathLike[str]) -> list[Path]:
+    """The tokenizer files in `directory`; ExportError when it holds none."""
+    directory = Path(directory)
+    if not directory.is_dir():
+        raise ExportError(f"--tokenizer {directory}: not a directory (give a Hugging Face "
+                          "tokenizer directory, with tokenizer.json or tokenizer_config.json)")
+    found = [directory / name for name in TOKENIZER_FILES if (directory / name).is_file()]
+    if not any(path.name in ("tokenizer.json", "tokenizer_config.json") for path in found):
+        raise ExportError(f"--tokenizer {directory}: no tokenizer.json or "
+                          "tokenizer_config.json there")
+    return found
 
 
 def _saved_config(directory: Path, common: dict[str, Any]) -> Path:

@@ -17,6 +17,7 @@ from mf_config.component_settings import located_issue
 from mf_config.yaml_source import Source
 from mf_parallel import Plan
 
+from .evaluation import evaluation_issues
 from .layouts import LayoutSections, check_layout
 from .support import launch_issues
 from .validation import BACKENDS, job_plan
@@ -80,6 +81,7 @@ def check_support(config: TrainConfig, plan: Plan, device: str,
         ConfigError: every value the trainer refuses.
     """
     issues = device_issues(config, device, source) + launch_issues(config, plan, device, source)
+    issues += evaluation_issues(config, plan, source)
     errors = [issue for issue in issues if issue.severity == "error"]
     if errors:
         raise ConfigError(errors)

@@ -27,6 +27,7 @@ import logging
 from collections.abc import Iterator
 from typing import Any
 
+import attrs
 import numpy as np
 
 from mf_config import TrainDatasetConfig
@@ -41,6 +42,7 @@ from .layouts.contract import MicroBatch
 from .registry import DATALOADERS
 
 LOG = logging.getLogger(__name__)
+SPLITS = ("training", "valid", "test")
 TRAINER_COLUMNS = ("tokens", "labels", "loss_mask", "position_ids")
 """The sample fields every micro-batch is read with (mf-data's order)."""
 
@@ -49,10 +51,12 @@ class MicroBatchStream:
     """Micro-batches of one rank from `consumed_samples` on, pass after pass."""
 
     def __init__(self, dataset: Any, train_dataset: TrainDatasetConfig, plan: Plan, rank: int,
-                 *, consumed_samples: int, seed: int, fields: tuple[str, ...] = ()):
+                 *, consumed_samples: int, seed: int, fields: tuple[str, ...] = (),
+                 split: int = 0):
         extra = [name for name in fields if name not in TRAINER_COLUMNS]
         columns = (*TRAINER_COLUMNS, *extra[:1])
         self.fields = fields
+        self.split = SPLITS[split]
         self._make = lambda consumed, epoch: BatchLoader.for_rank(
             dataset, train_dataset, plan, rank, consumed_samples=consumed, seed=seed,
             epoch=epoch, column_names=columns)
@@ -61,9 +65,10 @@ class MicroBatchStream:
         self.samples_per_pass = (len(dataset) // step) * step if train_dataset.drop_remainder \
             else -(-len(dataset) // step) * step
         if self.samples_per_pass == 0:
-            raise ValueError(f"the training split has {len(dataset)} samples, fewer than one "
-                             f"global micro-batch ({step}): raise train_dataset.dataloader."
-                             "sizes[0] or lower training.local_batch_size")
+            raise ValueError(f"the {self.split} split has {len(dataset)} samples, fewer "
+                             f"than one global micro-batch ({step}): raise "
+                             f"train_dataset.dataloader.sizes[{split}] (or its share of "
+                             "split) or lower training.local_batch_size")
         self.consumed_samples = consumed_samples
         self._iterator: Iterator[dict[str, np.ndarray]] = iter(())
         self._open()
@@ -79,8 +84,8 @@ class MicroBatchStream:
         try:
             batch = next(self._iterator)
         except StopIteration:
-            LOG.info("end of a pass over the training data after %d samples; starting the "
-                     "next pass", self.consumed_samples)
+            LOG.info("end of a pass over the %s data after %d samples; starting the "
+                     "next pass", self.split, self.consumed_samples)
             self._open()
             batch = next(self._iterator)
         self.consumed_samples += self.step_samples
@@ -102,6 +107,30 @@ def megatron_stream(train_dataset: TrainDatasetConfig, plan: Plan, rank: int, *,
                               data.create_attention_mask, data.create_compressed_eod_mask)
     return MicroBatchStream(train, train_dataset, plan, rank,
                             consumed_samples=consumed_samples, seed=seed, fields=fields)
+
+
+def valid_stream(train_dataset: TrainDatasetConfig, plan: Plan, rank: int, *,
+                 consumed_samples: int, vocab_size: int | None = None) -> MicroBatchStream:
+    """This rank's micro-batches of the Megatron loader's valid split, from
+    `consumed_samples` (over all ranks) on, in the split's order whatever `shuffle` says
+    (as Megatron's validation sampler), pass after pass.
+
+    Raises:
+        ValueError: the settings give the valid split no samples, or fewer than one global
+            micro-batch.
+    """
+    _train, valid, _test = build_datasets(train_dataset.dataloader, vocab_size=vocab_size)
+    if valid is None or len(valid) == 0:
+        raise ValueError("train_dataset.dataloader: the valid split is empty, and the "
+                         "Evaluate callback reads it: give it samples (sizes[1] and a share "
+                         "of split, or valid_data_path)")
+    data = megatron_settings(train_dataset.dataloader).config
+    fields = attention_fields(data.reset_position_ids, data.reset_attention_mask,
+                              data.create_attention_mask, data.create_compressed_eod_mask)
+    in_order = attrs.evolve(train_dataset, dataloader=attrs.evolve(train_dataset.dataloader,
+                                                                   shuffle=False))
+    return MicroBatchStream(valid, in_order, plan, rank, consumed_samples=consumed_samples,
+                            seed=0, fields=fields, split=1)
 
 
 def build_stream(train_dataset: TrainDatasetConfig, plan: Plan, rank: int, *,

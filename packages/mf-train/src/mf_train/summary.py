@@ -20,17 +20,19 @@ def summary_lines(output_dir: Path, checkpoints: Path, tensorboard: Path,
     """`finished: ...` (or `nothing to do: ...`), then `checkpoints: ...`, then where the
     metrics, TensorBoard events and logs are.
 
-    `finished steps 1-50 of 50 (50 in this run) in 19.1s; final loss 4.008488; mean 1468
-    tokens/s (global), MFU 2.1% (steps 2-50); peak memory 0.46 GiB`: the means are over the
-    steps' time (total tokens / total step time; each step's MFU weighted by its time, which
-    is the MFU of that mean), the first step left out when there are several."""
+    `finished steps 1-50 of 50 (50 in this run) in 19.1s; final loss 4.008488; val_loss
+    4.120003 (val_ppl 61.56, step 50); mean 1468 tokens/s (global), MFU 2.1% (steps 2-50);
+    peak memory 0.46 GiB` (the validation loss of the last evaluated step, when the run
+    evaluated), where the means are over the steps' time (total tokens / total step time;
+    each step's MFU weighted by its time, which is the MFU of that mean), the first step
+    left out when there are several."""
     lines, total = _this_run(output_dir / METRICS)
     steps = [line["step"] for line in lines]
     if steps:
         last = lines[-1]
         head = (f"finished steps {steps[0]}-{steps[-1]} of {total} ({len(steps)} in this run) "
                 f"in {duration(seconds)}; final loss {_loss(last.get('loss'))}"
-                f"{_throughput(lines)}{_peak_memory(last)}")
+                f"{_validation(lines)}{_throughput(lines)}{_peak_memory(last)}")
     else:
         head = (f"nothing to do: the run in {output_dir} had already finished its {total} steps"
                 if total else f"no step was run ({duration(seconds)})")
@@ -99,6 +101,18 @@ def _throughput(lines: list[dict]) -> str:
         text += f", MFU {mfu * 100:.3g}%"
     first, last = timed[0]["step"], timed[-1]["step"]
     return f"{text} ({f'step {first}' if first == last else f'steps {first}-{last}'})"
+
+
+def _validation(lines: list[dict]) -> str:
+    """`; val_loss 4.120003 (val_ppl 61.56, step 50)`: the run's last evaluation, if any."""
+    evaluated = [line for line in lines if "val_loss" in line]
+    if not evaluated:
+        return ""
+    last = evaluated[-1]
+    loss, ppl = last["val_loss"], last.get("val_ppl")
+    shown = "n/a" if loss is None else f"{loss:.6f}"
+    return (f"; val_loss {shown} (val_ppl {'inf' if ppl is None else f'{ppl:.4g}'}, "
+            f"step {last['step']})")
 
 
 def _peak_memory(line: dict) -> str:

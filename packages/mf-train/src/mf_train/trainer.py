@@ -71,6 +71,7 @@ from .checkpoint import (
 from .checkpoint.layout import read_common
 from .checkpoint.reader import conversion
 from .compiled_layers import CompileReport, compile_layers, compile_optimizer
+from .evaluation import CONSUMED_VALID, Evaluate, Evaluation
 from .expert_bias import ExpertBiasUpdate, NoExpertBiasUpdate
 from .gradient_norm import clip_coefficient, update_kept
 from .host_reads import counted_reads, counting_asked
@@ -90,7 +91,7 @@ from .layouts import (
 from .layouts.saved_model import load_model_pieces, model_pieces
 from .lr_scheduler import build_lr_schedule
 from .lr_schedules import LrSchedule
-from .micro_batches import MicroBatchStream, build_stream
+from .micro_batches import MicroBatchStream, build_stream, valid_stream
 from .model_flops import flops_per_token, matmul_weights_per_token
 from .models import build_model
 from .models.hf_weights import HFPieces, checked_entries
@@ -336,7 +337,8 @@ class Trainer:
         self.schedule = build_lr_schedule(config.lr_scheduler, config.training.steps, source)
         LOG.info("%s; optimizer %s; %s", self.layout.describe(), config.optimizer.type,
                  self.schedule.describe())
-        self.step_count, self.consumed_samples = 0, 0
+        self.step_count, self.consumed_samples, self.consumed_valid_samples = 0, 0, 0
+        self.evaluation: Evaluation | None = None
         self.checkpoints = self._build_checkpoints()
         self.resumed_from = self._resume()
         self.callbacks = standard_callbacks(config.monitor,
@@ -481,8 +483,7 @@ class Trainer:
             else:
                 with RecutIndex(resumed.optimizer_state, entries) as optimizer:
                     self.optimizer.load_state_pieces(optimizer, model, self.placement)
-                self.step_count = resumed.state.global_step
-                self.consumed_samples = resumed.state.consumed_samples
+                self._resume_progress(resumed)
             read = model.bytes_read + (resumed.optimizer_state.bytes_read
                                        if resumed.optimizer_state is not None else 0)
         if resumed.state.rng:
@@ -520,12 +521,18 @@ class Trainer:
             self.optimizer.reload_main_params_from_model()
         else:
             self.optimizer.load_state_dict(resumed.optimizer_state)
-            self.step_count = resumed.state.global_step
-            self.consumed_samples = resumed.state.consumed_samples
+            self._resume_progress(resumed)
         if resumed.state.rng:
             restore_rng_state(resumed.state.rng)
         LOG.info("resumed from %s at step %d (%d samples consumed)", resumed.path,
                  self.step_count, self.consumed_samples)
+
+    def _resume_progress(self, resumed: Resumed) -> None:
+        """Where the resumed run was: its steps, the samples it read of the training split
+        and of the valid split (0 for a checkpoint without that key)."""
+        self.step_count = resumed.state.global_step
+        self.consumed_samples = resumed.state.consumed_samples
+        self.consumed_valid_samples = int(resumed.state.extra.get(CONSUMED_VALID, 0))
 
     def save_checkpoint(self, *, stopping: bool = False) -> None:
         """Save after this step when the schedule says so, or when the run stops here
@@ -536,9 +543,12 @@ class Trainer:
             return
         optimizer_state = None if self.config.checkpoint.no_save_optim \
             else self.optimizer.state_pieces(self.placement)
+        if self.evaluation is not None:
+            self.consumed_valid_samples = self.evaluation.consumed_samples
         progress = RunProgress(global_step=step, consumed_samples=self.consumed_samples,
                                global_batch_size=self.config.training.global_batch_size,
-                               step_num=total)
+                               step_num=total,
+                               extra={CONSUMED_VALID: self.consumed_valid_samples})
         pieces = model_pieces(self.layout, self.placement)
         self.checkpoints.save(step, pieces, optimizer_state, progress, owned=True)
 
@@ -556,6 +566,17 @@ class Trainer:
                             consumed_samples=self.consumed_samples,
                             seed=self.config.training.seed, source=self.source,
                             vocab_size=self.model_vocab_size)
+
+    def valid_evaluation(self) -> Evaluation | None:
+        """The valid split's evaluation from the resumed position, when a callback is an
+        `Evaluate` (None otherwise: the valid split is not read)."""
+        if self.callbacks.find(Evaluate) is None:
+            return None
+        stream = valid_stream(self.config.train_dataset, self.plan, self.comm.rank,
+                              consumed_samples=self.consumed_valid_samples,
+                              vocab_size=self.model_vocab_size)
+        return Evaluation(self.layout, stream,
+                          lambda: self.plan.batch.accumulation_steps(self.consumed_samples))
 
     def run_step(self, stream: MicroBatchStream) -> StepOutcome:
         """One optimizer step on the next micro-batches of `stream`, at the schedule's rate."""
@@ -576,7 +597,8 @@ class Trainer:
                             model_flops_per_token=self.throughput.flops_per_token,
                             peak_tflops=self.throughput.peak_tflops,
                             peak_source=(self.throughput.peak.source
-                                         if self.throughput.peak is not None else None))
+                                         if self.throughput.peak is not None else None),
+                            evaluate=self.evaluation)
 
     def train(self, stop: Callable[[], bool] | None = None) -> list[StepOutcome]:
         """Run the remaining steps up to `training.steps`, calling the callbacks' hooks.
@@ -585,6 +607,7 @@ class Trainer:
         boundary, before each step: once it is true on any rank, every rank stops at that
         boundary (`_stop_agreed`), saves the steps this run made (unless saving is off) and
         returns, with `stopped` set."""
+        self.evaluation = self.valid_evaluation()
         stream, ctx, total = self.stream(), self.context(), self.config.training.steps
         outcomes: list[StepOutcome] = []
         last, skipped_in_a_row = None, 0

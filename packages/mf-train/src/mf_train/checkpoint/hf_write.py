@@ -19,7 +19,7 @@ from __future__ import annotations
 import os
 import re
 import shutil
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -97,9 +97,10 @@ def check_output(output: str | os.PathLike[str], force: bool) -> Path:
 
 def write_hf_directory(output: str | os.PathLike[str], weights: Mapping[str, np.ndarray],
                        config: Mapping[str, Any], *, dtype: str, max_shard_size: str | int,
-                       force: bool = False) -> Path:
+                       force: bool = False, copies: Sequence[Path] = ()) -> Path:
     """Write `config.json` and `weights` (HF names, float32 values) cast to `dtype` into the
-    directory `output`, atomically; a non-empty `output` is replaced only with `force`.
+    directory `output`, atomically, with a copy of each file of `copies` (the tokenizer's);
+    a non-empty `output` is replaced only with `force`.
 
     Returns:
         The directory written.
@@ -117,6 +118,8 @@ def write_hf_directory(output: str | os.PathLike[str], weights: Mapping[str, np.
         _write_weights(staging, {name: encoded(value, dtype) for name, value in weights.items()},
                        dtype, limit)
         write_json(staging / "config.json", dict(config))
+        for copied in copies:
+            shutil.copyfile(copied, staging / copied.name)
         fsync_dir(staging)
         if output.exists():
             remove_tree(output, ".del-")

@@ -57,6 +57,7 @@ class ContextParallel(StepLayout):
     """The sequence split over the context group, the inner layout over data x context."""
 
     name = "context parallel"
+    evaluates = True
 
     compile_blocker = ("context-parallel attention exchanges key/value blocks through "
                        "collectives launched and waited for from Python (overlapped with "
@@ -103,6 +104,11 @@ class ContextParallel(StepLayout):
 
     def forward_backward(self, micro_batches, observer) -> LocalGradients:
         return self.inner.forward_backward(micro_batches, observer)
+
+    def evaluate(self, micro_batches):
+        """The inner layout's, over data x context: each rank's loss is its tokens' share
+        times the context size, so their mean is the whole sequences' loss."""
+        return self.inner.evaluate(micro_batches)
 
     def reduce(self, local: LocalGradients) -> ReducedGradients:
         return self.inner.reduce(local)

@@ -173,6 +173,9 @@ class StepLayout(ABC):
     """Whether `context.compile` may run the model from its first layer to the loss as one
     graph under this layout (it neither gathers, splits nor hooks anything per layer); when
     not, each decoder layer is a graph of its own."""
+    evaluates: ClassVar[bool] = False
+    """Whether `evaluate` runs under this layout (the Evaluate callback is refused before
+    launch where it does not: `mf_train.evaluation`)."""
     shards_experts: ClassVar[bool] = False
     """Whether `build` takes routed experts left out of the model's parameters (expert
     parallelism) to shard as units of their own over the expert-data group (FSDP)."""
@@ -244,6 +247,36 @@ class StepLayout(ABC):
         if loss is None:
             raise ValueError("a training step needs at least one micro-batch")
         return LocalGradients(loss, grads, tokens)
+
+    def evaluate(self, micro_batches: Sequence[MicroBatch]) -> Tensor:
+        """The loss of `micro_batches` without gradients: the model's forward only, each
+        micro-batch's loss averaged as a training step averages them, then over the ranks
+        as the step's loss is (`evaluated_loss`). Nothing a training step reads is changed:
+        no gradient, no optimizer state, no monitor is told.
+
+        Args:
+            micro_batches: this rank's micro-batches of the valid split.
+
+        Returns:
+            A 0-d float32 tensor, the same on every rank.
+        """
+        if not micro_batches:
+            raise ValueError("an evaluation needs at least one micro-batch")
+        total: Tensor | None = None
+        with ms._no_grad():  # PyNative records no autograd graph
+            for batch in micro_batches:
+                loss = self.model(*batch.model_inputs())
+                total = loss if total is None else total + loss
+        assert total is not None
+        return self.evaluated_loss(total / len(micro_batches))
+
+    def free_gathered(self) -> None:  # noqa: B027 (a no-op unless the layout gathers)
+        """Free the parameters a forward pass gathered (FSDP's units); nothing by default."""
+
+    def evaluated_loss(self, loss: Tensor) -> Tensor:
+        """This rank's mean evaluation loss made the job's (one rank: itself); a layout that
+        `evaluates` over several data-parallel ranks averages it over them."""
+        return loss
 
     @abstractmethod
     def reduce(self, local: LocalGradients) -> ReducedGradients:

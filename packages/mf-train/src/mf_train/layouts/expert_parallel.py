@@ -149,6 +149,7 @@ class ExpertParallel(StepLayout):
     """Routed experts split over the expert group, the inner layout for the rest."""
 
     name = "expert parallel"
+    evaluates = True
 
     def __init__(self, inner: StepLayout, experts: list[Parameter],
                  optimizer: JoinedOptimizer | ShardedAdamW, collectives: Collectives,
@@ -249,6 +250,11 @@ class ExpertParallel(StepLayout):
         squares = self.collectives.all_reduce(square_sum(experts).reshape(1), "expert")
         norm = root(ops.square(reduced.norm) + squares)
         return ReducedGradients(reduced.loss, [*reduced.grads, *experts], norm)
+
+    def evaluate(self, micro_batches: Sequence[MicroBatch]) -> Tensor:
+        """The inner layout's: the model's forward dispatches the tokens to the experts'
+        ranks as in training."""
+        return self.inner.evaluate(micro_batches)
 
     def whole_model(self):
         return self.inner.whole_model()

@@ -141,6 +141,50 @@ class StageRunner:
         tokens = sum(int(batch.tokens.size) for batch in micro_batches)
         return LocalGradients(loss, grads, tokens)
 
+    def evaluate(self, micro_batches: Sequence[MicroBatch]) -> Tensor:
+        """The micro-batches' forward only, without gradients: each through the virtual
+        stages in order, the hidden states passed from stage to stage as the schedule's F
+        messages are (the schedules differ only in where the backward goes, and evaluation
+        has none).
+
+        Returns:
+            This stage's share of the sum of the micro-batches' losses: the loss on the last
+            virtual stage plus the auxiliary losses of this stage's layers (zero on a stage
+            with neither), a 0-d float32 tensor.
+        """
+        total = Tensor(0.0, ms.float32)
+        virtual_stages = self.num_stages * self.num_chunks
+        with ms._no_grad():  # PyNative records no autograd graph
+            for batch in micro_batches:
+                tokens, labels, mask = batch.model_inputs()[:3]
+                hidden: Tensor | None = None
+                for virtual in range(virtual_stages):
+                    source, stage = (virtual - 1) % self.num_stages, virtual % self.num_stages
+                    if virtual > 0 and self.stage in (source, stage):
+                        hidden = self._pass_forward(hidden, source, stage, batch)
+                    if stage != self.stage:
+                        continue
+                    chunk = self.chunks[virtual // self.num_stages]
+                    with self.forward_context():
+                        hidden, auxiliary = self._chunk_forward(chunk, hidden, tokens,
+                                                                *batch.attention_inputs())
+                        if chunk.last:
+                            total = total + self.model.head_loss(hidden, labels, mask)
+                    if auxiliary is not None:
+                        total = total + auxiliary
+        return total
+
+    def _pass_forward(self, hidden: Tensor | None, source: int, target: int,
+                      batch: MicroBatch) -> Tensor:
+        """The hidden states of one micro-batch from stage `source` to stage `target` (both
+        call this): what `target` receives, what `source` sent."""
+        if self.stage != source:
+            shape, dtype = self.model.hidden_spec(*batch.tokens.shape)
+            hidden = ops.zeros(shape, dtype)
+        assert hidden is not None
+        return self.collectives.start_send_recv(hidden, self.stage_ranks[source],
+                                                self.stage_ranks[target]).wait()
+
     # ------------------------------------------------------------------ computations
 
     def _forward(self, chunk: Chunk, mb: int, step: _StepState) -> None:

@@ -18,7 +18,7 @@ under their model-wide names.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import attrs
 from mindspore import Parameter, Tensor, nn, ops
@@ -64,6 +64,7 @@ class Pipelined(StepLayout):
     """The plan's pipeline schedule on each stage, the inner layout's reduction after it."""
 
     name = "pipeline"
+    evaluates = True
 
     def __init__(self, inner: StepLayout, runner: StageRunner, collectives: Collectives,
                  plan: Plan):
@@ -125,6 +126,18 @@ class Pipelined(StepLayout):
             raise ValueError("a training step needs at least one micro-batch")
         scale = 1.0 / (len(micro_batches) * self.loss_divisor)
         return self.runner.run(micro_batches, scale, observer)
+
+    def evaluate(self, micro_batches: Sequence[MicroBatch]) -> Tensor:
+        """Forward only through the stages (`StageRunner.evaluate`); the stages' shares
+        summed over the pipeline group, then made the data-parallel ranks' mean by the
+        inner layout."""
+        if not micro_batches:
+            raise ValueError("an evaluation needs at least one micro-batch")
+        try:
+            share = self.runner.evaluate(micro_batches) / len(micro_batches)
+        finally:
+            self.inner.free_gathered()
+        return self.inner.evaluated_loss(self.collectives.all_reduce(share, "pipeline"))
 
     def reduce(self, local: LocalGradients) -> ReducedGradients:
         grads = list(local.grads)

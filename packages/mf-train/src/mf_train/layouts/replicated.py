@@ -58,6 +58,12 @@ class DataParallelLoss:
         self.size = collectives.comm.group_size("data")
         self.divisor = 1 if self.average or self.size == 1 else self.size
 
+    def mean(self, loss: Tensor) -> Tensor:
+        """The mean of the ranks' `loss` (an evaluation's: never divided before)."""
+        if self.size == 1:
+            return loss
+        return self.collectives.all_reduce(loss, "data") / self.size
+
     def __call__(self, loss: Tensor) -> Tensor:
         if self.size == 1:
             return loss
@@ -77,6 +83,7 @@ class SingleRank(StepLayout):
 
     name = "no data parallelism"
     compiles_body = True
+    evaluates = True
 
     @classmethod
     def selects(cls, dims: ParallelDims, parallelism: ParallelismConfig) -> bool:
@@ -94,6 +101,7 @@ class DataParallel(StepLayout):
     """Replicas: the gradients all-reduced in buckets over the data-parallel group."""
 
     compiles_body = True
+    evaluates = True
 
     def __init__(self, model, optimizer: Optimizer, collectives: Collectives,
                  parallelism: ParallelismConfig):
@@ -118,6 +126,9 @@ class DataParallel(StepLayout):
     def reduce(self, local: LocalGradients) -> ReducedGradients:
         grads = list(self.sync(local.grads))
         return ReducedGradients(self.loss(local.loss), grads, global_norm(grads))
+
+    def evaluated_loss(self, loss: Tensor) -> Tensor:
+        return self.loss.mean(loss)
 
 
 class TensorParallel(DataParallel):

@@ -179,6 +179,8 @@ def reduce_to_slice(sharded: Any, collectives: Collectives, grads: Sequence[Tens
 class ZeRO(StepLayout):
     """ZeRO-1 / ZeRO-2: optimizer state (and, ZeRO-2, reduced gradients) sharded."""
 
+    evaluates = True
+
     def __init__(self, model: nn.Cell, optimizer: ShardedAdamW, collectives: Collectives,
                  parallelism: ParallelismConfig, dims: ParallelDims,
                  group: TensorGroup | None = None):
@@ -315,6 +317,9 @@ class ZeRO(StepLayout):
             slices = self.grads.take()
         return ReducedGradients(self.loss(local.loss), slices, self.norm(slices))
 
+    def evaluated_loss(self, loss: Tensor) -> Tensor:
+        return self.loss.mean(loss)
+
     def free_gathered(self) -> None:
         """Free what the forward and backward passes gathered (FSDP's units); ZeRO keeps
         whole parameters: nothing."""
@@ -389,6 +394,14 @@ class FSDP(ZeRO):
         """Every unit's gathered parameters freed (the root unit stays gathered through the
         backward pass)."""
         self.sharded.reshard()
+
+    def evaluate(self, micro_batches: Sequence[MicroBatch]) -> Tensor:
+        """`StepLayout.evaluate` with each unit gathered around its forward by the units'
+        hooks, and everything still gathered (the root unit) freed after."""
+        try:
+            return super().evaluate(micro_batches)
+        finally:
+            self.free_gathered()
 
     def held_parameters(self) -> int:
         """The model's parameters (placeholders where sharded) and this rank's slices."""

@@ -17,6 +17,7 @@ from __future__ import annotations
 from typing import Any
 
 import mindspore as ms
+import numpy as np
 from mindspore import Parameter, Tensor
 
 from .attention_inputs import Attending
@@ -28,11 +29,12 @@ from .blocks import (
     same_dtype,
     tensor_size,
 )
+from .kv_cache import KVCache, causal_mask
 
 
 class CausalLMPieces:
-    """`attending`, `embed`, `head_loss`, `hidden_spec` and `logits` of a decoder-only causal
-    LM."""
+    """`attending`, `embed`, `head_loss`, `hidden_spec`, `logits` and `decode` of a
+    decoder-only causal LM."""
 
     settings: Any
     places: Any
@@ -97,6 +99,21 @@ class CausalLMPieces:
         if is_sequence_parallel(self.tensor_group):
             seq //= tensor_size(self.tensor_group)
         return (seq, batch, self.settings.hidden_size), self.compute_dtype
+
+    def decode(self, input_ids: Tensor, cache: KVCache) -> Tensor:
+        """The logits `[batch, new, vocabulary]` (as `logits`) of `input_ids`
+        (`[batch, new]`) at the positions after the `cache.length` cached ones; each decoder
+        layer's `decode` appends what its attention keeps of them to `cache`, so a new token
+        costs one position's forward (`kv_cache`). One process, the whole model."""
+        start, count = cache.length, input_ids.shape[1]
+        cos, sin = self.rotary.at(np.arange(start, start + count))
+        mask = causal_mask(start, count)
+        hidden = self.lookup(input_ids)
+        for index in self.part.layers:
+            hidden = self.decoder_layers.by_id(index).decode(hidden, cos, sin,
+                                                             cache.layer(index), mask)
+        cache.length += count
+        return self._head_logits(hidden).swapaxes(0, 1)
 
     def logits(self, input_ids: Tensor, position_ids: Tensor | None = None,
                actual_seq_len: Tensor | None = None,

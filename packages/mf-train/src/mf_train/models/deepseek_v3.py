@@ -105,6 +105,7 @@ from .hf_weights import WeightMap, WeightSource
 from .hf_weights import hf_names as _hf_names
 from .hf_weights import hf_state as _hf_state
 from .hf_weights import load_hf_state as _load_hf_state
+from .kv_cache import LayerCache
 from .mla import MultiLatentAttention
 from .moe import MoE
 from .parts import LayerStack, ModelPart, each_built
@@ -180,6 +181,15 @@ class DeepseekV3DecoderLayer(nn.Cell):
             return h + self.mlp(self.post_norm(h)), ops.zeros((), ms.float32)
         out, balance = self.mlp(self.post_norm(h))
         return h + out, balance
+
+    def decode(self, x: Tensor, cos: Tensor, sin: Tensor, cache: LayerCache,
+               mask: Tensor) -> Tensor:
+        """`construct` for new positions, the attention with MLA's compressed cache (the
+        routing is per token, so a token alone is routed as in the whole sequence)."""
+        h = x + self.attention.decode(self.input_norm(x), cos, sin, cache, mask)
+        if not self.is_moe:
+            return h + self.mlp(self.post_norm(h))
+        return h + self.mlp(self.post_norm(h))[0]
 
 
 @MODELS.register("DeepseekV3ForCausalLM", "deepseek_v3")

@@ -1,5 +1,6 @@
 """DeepSeek-V3 multi-head latent attention (MLA; DeepSeek-V2 report section 2.1, Hugging Face
-`DeepseekV3Attention`), for training (no KV cache, no weight absorption).
+`DeepseekV3Attention`), for training, and for decoding with the compressed cache (`decode`;
+no weight absorption).
 
 Queries: `q = q_b_proj(q_a_layernorm(q_a_proj(x)))`, or `q_proj(x)` when `q_lora_rank` is
 None; per head `[q_nope (qk_nope_head_dim); q_rope (qk_rope_head_dim)]`.
@@ -61,6 +62,7 @@ from .blocks import (
     tiles_broadcasts,
 )
 from .context_attention import SequenceExchange
+from .kv_cache import LayerCache
 
 Normal = Callable[[str, tuple[int, ...]], np.ndarray]
 """Draws the initial `[out, in]` weight of the sub-cell named by its Hugging Face suffix."""
@@ -138,6 +140,33 @@ class MultiLatentAttention(ms.nn.Cell):
         k_rope = ops.broadcast_to(k_rope, (seq, batch, self.num_heads, self.rope_dim))
         out = self.exchange.attend(ops.cat((q_nope, q_rope), -1), ops.cat((k_nope, k_rope), -1),
                                    v, mask, lengths, self._attend)   # [s, b, h, v_dim]
+        return self.o_proj(out.reshape(seq, batch, self.num_heads * self.v_dim))
+
+    def decode(self, x: Tensor, cos: Tensor, sin: Tensor, cache: LayerCache,
+               mask: Tensor) -> Tensor:
+        """`construct` for new positions (one process) with the compressed cache of DeepSeek-V2
+        (section 2.1.2): each position keeps its normed latent (`kv_lora_rank` numbers) and
+        its rotated one-head rope key (`qk_rope_head_dim`), not the heads' keys and values;
+        the keys' nope part and the values of every cached position are expanded from the
+        latents by `kv_b_proj` at each step (no weight absorption). `mask`:
+        `kv_cache.causal_mask`."""
+        seq, batch = x.shape[0], x.shape[1]
+        rows = x.reshape(-1, x.shape[-1])
+        q = (self.q_b_proj(self.q_a_layernorm(self.q_a_proj(rows))) if self.q_lora
+             else self.q_proj(rows))
+        q = self._heads(q.reshape(seq, batch, -1), self.num_heads)
+        q_nope, q_rope = q[..., :self.nope], q[..., self.nope:]
+        compressed = self.kv_a_proj_with_mqa(rows).reshape(seq, batch, -1)
+        latent, k_rope = compressed[..., :self.kv_lora_rank], compressed[..., self.kv_lora_rank:]
+        k_rope = apply_rotary(self._rope_layout(self._heads(k_rope, 1)), cos, sin, self.tile)
+        latent, k_rope = cache.append(self.kv_a_layernorm(latent), k_rope)
+        total = latent.shape[0]
+        kv = self._heads(self.kv_b_proj(latent), self.num_heads)
+        k_nope, v = kv[..., :self.nope], kv[..., self.nope:]
+        k_rope = ops.broadcast_to(k_rope, (total, batch, self.num_heads, self.rope_dim))
+        q_rope = apply_rotary(self._rope_layout(q_rope), cos, sin, self.tile)
+        out = self.exchange.attend(ops.cat((q_nope, q_rope), -1), ops.cat((k_nope, k_rope), -1),
+                                   v, mask, None, self._attend)
         return self.o_proj(out.reshape(seq, batch, self.num_heads * self.v_dim))
 
     @staticmethod

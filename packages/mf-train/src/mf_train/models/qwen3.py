@@ -60,6 +60,7 @@ from .causal_lm import CausalLMPieces
 from .context_attention import SequenceExchange
 from .gathered_heads import GatheredHeads
 from .hf_weights import WeightMap
+from .kv_cache import LayerCache
 from .parts import LayerStack, ModelPart, each_built
 
 PATH: Path = ("model",)
@@ -192,6 +193,23 @@ class Qwen3Attention(nn.Cell):
         context = self.exchange.attend(q, k, v, mask, lengths)
         return self.out(context.reshape(seq, batch, q_size))
 
+    def decode(self, x: Tensor, cos: Tensor, sin: Tensor, cache: LayerCache,
+               mask: Tensor) -> Tensor:
+        """`construct` for new positions only (one process): their keys and values appended
+        to `cache`, their queries attending to every cached position (`mask`:
+        `kv_cache.causal_mask`)."""
+        qkv = self.qkv(x)
+        seq, batch = qkv.shape[0], qkv.shape[1]
+        q_size, kv_size = self.heads * self.head_dim, self.kv_heads * self.head_dim
+        q = apply_rotary(self._heads(qkv[..., :q_size], self.heads, self.q_norm), cos, sin,
+                         self.tile)
+        k = apply_rotary(self._heads(qkv[..., q_size:q_size + kv_size], self.kv_heads,
+                                     self.k_norm), cos, sin, self.tile)
+        v = self._heads(qkv[..., q_size + kv_size:], self.kv_heads)
+        k, v = cache.append(k, v)
+        context = self.exchange.attend(q, k, v, mask, None)
+        return self.out(context.reshape(seq, batch, q_size))
+
     def _gathered(self, qkv: Tensor, cos: Tensor, sin: Tensor, mask: Tensor | None) -> Tensor:
         """The attention of `construct` without strided views (CPU, PyNative): q, k, v
         gathered into `[b, heads, s, d]`, normed and rotated there, and the output gathered
@@ -232,6 +250,12 @@ class Qwen3DecoderLayer(nn.Cell):
     def construct(self, x: Tensor, cos: Tensor, sin: Tensor, mask: Tensor | None = None,
                   lengths: tuple[int, ...] | None = None) -> Tensor:
         h = x + self.attention(self.input_norm(x), cos, sin, mask, lengths)
+        return h + self.mlp(self.post_norm(h))
+
+    def decode(self, x: Tensor, cos: Tensor, sin: Tensor, cache: LayerCache,
+               mask: Tensor) -> Tensor:
+        """`construct` for new positions, with the attention's keys and values cached."""
+        h = x + self.attention.decode(self.input_norm(x), cos, sin, cache, mask)
         return h + self.mlp(self.post_norm(h))
 
 

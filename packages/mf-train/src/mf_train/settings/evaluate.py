@@ -1,0 +1,20 @@
+"""The keys of a `callbacks:` item of type `Evaluate` (the validation loss during training;
+the callback is `mf_train.evaluation.Evaluate`).
+
+No `from __future__ import annotations` here: cattrs reads the field types at run time.
+"""
+
+from mf_config.sections import Section, section, setting
+
+
+@section
+class EvaluateSettings(Section):
+    """How often the valid split is evaluated, and over how many batches."""
+
+    interval: int = setting(
+        50, "Evaluate after the steps with step % interval == 0, and after the last step.",
+        gt=0)
+    iters: int = setting(
+        10, "Batches each evaluation reads: each a global batch of the valid split "
+        "(training.global_batch_size samples, cut into micro-batches as a training step's "
+        "are), as Megatron's eval_iters.", gt=0)
