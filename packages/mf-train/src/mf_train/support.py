@@ -94,6 +94,15 @@ def _compile_blocked(value: Any, target: Target) -> bool:
     return bool(value) and (config.parallelism.context_parallel > 1 or config.swap.enable)
 
 
+def _no_gradient_reduction(_value: Any, target: Target) -> bool:
+    """`reduce_dtype` written where every rank is its own data-parallel group (data x context
+    is 1; with expert parallelism the expert-data group is then one rank too)."""
+    parallelism = target.config.parallelism
+    model_ranks = parallelism.tensor_parallel * parallelism.pipeline_parallel
+    return (target.written(("parallelism", "reduce_dtype"))
+            and target.world_size <= model_ranks)
+
+
 def _without_tensor_parallel(value: Any, target: Target) -> bool:
     return bool(value) and target.config.parallelism.tensor_parallel == 1
 
@@ -364,9 +373,11 @@ FIELDS: dict[str, Field] = {
         no_effect(differs("float32"), "has no effect: parameters are kept in "
                                       "model.params_dtype and computed in model.compute_dtype; "
                                       "set those", {"parallelism.param_dtype": "bfloat16"}),)),
-    "parallelism.reduce_dtype": Field(rules=(
-        no_effect(differs("float32"), "has no effect: gradients are reduced in float32",
-                  {"parallelism.reduce_dtype": "bfloat16"}),)),
+    "parallelism.reduce_dtype": reads("mf_train.layouts.replicated", rules=(
+        no_effect(_no_gradient_reduction, "has no effect: no gradient is reduced over "
+                                          "data-parallel ranks (data x context parallel "
+                                          "size 1)",
+                  {"parallelism.reduce_dtype": "float16"}),)),
     # optimizer and learning rate
     "optimizer.type": reads("mf_train.optim"),
     "optimizer.betas": reads("mf_train.optim.base"),
