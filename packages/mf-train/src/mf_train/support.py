@@ -402,10 +402,7 @@ FIELDS: dict[str, Field] = {
                                      "and attention is causal",
                   {"train_dataset.dataloader.column_names":
                    ["input_ids", "labels", "loss_mask", "position_ids", "attention_mask"]}),)),
-    "train_dataset.dataloader.python_multiprocessing": Field(rules=(
-        no_effect(differs(False), "has no effect: mf-data builds batches in threads "
-                                  "(num_parallel_workers), not worker processes",
-                  {"train_dataset.dataloader.python_multiprocessing": True}),)),
+    "train_dataset.dataloader.python_multiprocessing": reads(LOADER),
     "train_dataset.drop_remainder": reads(LOADER),
     "train_dataset.num_parallel_workers": reads(LOADER),
     "train_dataset.prefetch_size": reads(LOADER),
