@@ -101,20 +101,21 @@ def _qk_clip_on(target: Target) -> bool:
     return optimizer.type in ("Muon", "muon") and optimizer.extras.get("qk_clip_enabled") is True
 
 
-def _qk_clip_without_mla(value: Any, target: Target) -> bool:
-    return value is True and _model_name(target) not in ("DeepseekV3ForCausalLM", "deepseek_v3")
+def _qk_clip_without_mla(_value: Any, target: Target) -> bool:
+    return _qk_clip_on(target) and _model_name(target) not in ("DeepseekV3ForCausalLM",
+                                                                "deepseek_v3")
 
 
-def _qk_clip_with_context(value: Any, target: Target) -> bool:
-    return value is True and target.config.parallelism.context_parallel > 1
+def _qk_clip_with_context(_value: Any, target: Target) -> bool:
+    return _qk_clip_on(target) and target.config.parallelism.context_parallel > 1
 
 
-def _qk_clip_with_flash(value: Any, target: Target) -> bool:
+def _qk_clip_with_flash(_value: Any, target: Target) -> bool:
     try:
         flash = value_at(target.config, ("model", "use_flash_attention"))
     except KeyError:
         flash = False
-    return value is True and target.device != "CPU" and bool(flash)
+    return _qk_clip_on(target) and target.device != "CPU" and bool(flash)
 
 
 def _no_gradient_reduction(_value: Any, target: Target) -> bool:
