@@ -77,6 +77,9 @@ class QKClip:
             return None
         attentions = [cell for _, cell in model.cells_and_names()
                       if hasattr(cell, "qk_clip_scales")]
+        if not attentions:  # `mf_train.support` refuses such models before launch
+            raise ValueError(f"optimizer.qk_clip_enabled: {type(model).__name__} has no "
+                             "attention with per-head query and key weights to clip")
         return cls(attentions, settings.qk_clip_threshold, collectives, optimizer)
 
     def largest_logits(self) -> Tensor | None:
