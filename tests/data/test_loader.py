@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import threading
 
 import numpy as np
@@ -157,6 +158,30 @@ def test_samples_are_built_by_worker_threads() -> None:
     assert 1 <= len(data.threads) <= 3
 
 
+class ProcessIds:
+    """Sample i: tokens [i, pid, pid] where pid is the process that built it."""
+
+    def __len__(self) -> int:
+        return 16
+
+    def __getitem__(self, i):
+        tokens = np.array([i, os.getpid(), os.getpid()])
+        return {"tokens": tokens, "labels": tokens, "loss_mask": np.ones(3),
+                "position_ids": np.arange(3)}
+
+
+def test_python_multiprocessing_builds_samples_in_worker_processes() -> None:
+    """Each sample is built in one of `num_parallel_workers` forked processes, none of them
+    this one; the batches are in order (the same batches as threads build:
+    test_loader_context.py)."""
+    batches = list(BatchLoader(ProcessIds(), micro_batch_size=4, num_parallel_workers=2,
+                               python_multiprocessing=True))
+    tokens = np.concatenate([batch["input_ids"] for batch in batches])
+    assert tokens[:, 0].tolist() == list(range(16))
+    assert os.getpid() not in set(tokens[:, 1].tolist())
+    assert 1 <= len(set(tokens[:, 1].tolist())) <= 2
+
+
 def test_invalid_rank_and_batch() -> None:
     with pytest.raises(DataError, match="rank 2 is outside the data-parallel size 2"):
         BatchLoader(CountingSamples(4), micro_batch_size=1, data_parallel=2, rank=2)
@@ -173,7 +198,8 @@ def test_for_rank_takes_the_data_parallel_position_from_the_plan() -> None:
 
     plan = make_plan(ParallelismConfig(tensor_parallel=2),
                      TrainingConfig(global_batch_size=8, local_batch_size=2), 4)
-    section = converter.structure({"dataloader": {"column_names": ["input_ids"]},
+    section = converter.structure({"dataloader": {"column_names": ["input_ids"],
+                                                  "python_multiprocessing": True},
                                    "num_parallel_workers": 2, "prefetch_size": 3},
                                   TrainDatasetConfig)
     firsts = []
@@ -181,5 +207,6 @@ def test_for_rank_takes_the_data_parallel_position_from_the_plan() -> None:
         loader = BatchLoader.for_rank(CountingSamples(16), section, plan, rank)
         assert (loader.micro_batch_size, loader.data_parallel) == (2, 2)
         assert (loader.num_parallel_workers, loader.prefetch_size) == (2, 3)
+        assert loader.python_multiprocessing
         firsts.append(next(iter(loader))["input_ids"][:, 0].tolist())
     assert firsts == [[0, 1], [0, 1], [2, 3], [2, 3]]

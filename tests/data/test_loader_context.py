@@ -139,3 +139,18 @@ def test_for_rank_splits_over_the_plans_context_group(prefix, mask_type) -> None
         full = whole[rank // 2]
         np.testing.assert_array_equal(first["input_ids"], full["input_ids"][:, mine])
         np.testing.assert_array_equal(first["mask"], full["mask"][:, :, mine, :])
+
+
+def test_worker_processes_give_the_batches_threads_give(prefix) -> None:
+    """`python_multiprocessing`: the samples of the real GPT dataset (memory-mapped) built in
+    forked worker processes make the same batches, dense masks included, as threads."""
+    data = dataset(prefix, **DENSE)
+    threads = batches(data)
+    processes = list(BatchLoader(data, micro_batch_size=3, column_names=ALL_COLUMNS,
+                                 num_parallel_workers=2, python_multiprocessing=True))
+    assert len(processes) == len(threads) > 1
+    for got, want in zip(processes, threads, strict=True):
+        assert list(got) == list(want)
+        for name in want:
+            assert got[name].dtype == want[name].dtype
+            np.testing.assert_array_equal(got[name], want[name])

@@ -130,8 +130,10 @@ def rope(x: np.ndarray, theta: float, interleave: bool) -> np.ndarray:
     return np.concatenate([rotated.real, rotated.imag], axis=-1)
 
 
-def attention(state: State, cfg: dict[str, Any], prefix: str, x: np.ndarray) -> np.ndarray:
-    """Multi-head latent attention of one sequence `x` `[seq, hidden]`."""
+def attention(state: State, cfg: dict[str, Any], prefix: str, x: np.ndarray,
+              max_logits: np.ndarray | None = None) -> np.ndarray:
+    """Multi-head latent attention of one sequence `x` `[seq, hidden]`; each head's largest
+    pre-softmax logit (over the keys its queries see) raises `max_logits[head]` to it."""
     eps, heads = cfg["rms_norm_eps"], cfg["num_attention_heads"]
     nope, rot, vd = cfg["qk_nope_head_dim"], cfg["qk_rope_head_dim"], cfg["v_head_dim"]
     interleave = cfg.get("rope_interleave", True)
@@ -155,6 +157,8 @@ def attention(state: State, cfg: dict[str, Any], prefix: str, x: np.ndarray) -> 
         q_rot = rope(q[:, head, nope:], cfg["rope_theta"], interleave)
         scores = q[:, head, :nope] @ kv[:, head, :nope].T + q_rot @ k_rot.T
         scores = np.where(future, -np.inf, scores * scale)
+        if max_logits is not None:
+            max_logits[head] = max(max_logits[head], scores.max())
         probs = np.exp(scores - scores.max(-1, keepdims=True))
         probs /= probs.sum(-1, keepdims=True)
         outputs.append(probs @ kv[:, head, nope:])
@@ -209,9 +213,11 @@ def balance_loss(state: State, cfg: dict[str, Any], prefix: str, x: np.ndarray) 
 
 
 def forward(state: State, cfg: dict[str, Any], input_ids: np.ndarray,
+            max_logits: np.ndarray | None = None,
             ) -> tuple[np.ndarray, float, dict[int, np.ndarray]]:
     """Logits `[b, s, V]`, the alpha-weighted balance loss summed over MoE layers and averaged
-    over sequences, and tokens per expert of each MoE layer."""
+    over sequences, and tokens per expert of each MoE layer; `max_logits` `[layers, heads]`
+    (-inf to start) gets each head's largest attention logit over the batch."""
     st = {name: value.astype(np.float64) for name, value in state.items()}
     eps = cfg["rms_norm_eps"]
     head = st.get("lm_head.weight", st["model.embed_tokens.weight"])
@@ -222,7 +228,8 @@ def forward(state: State, cfg: dict[str, Any], input_ids: np.ndarray,
         for i in range(cfg["num_hidden_layers"]):
             p = f"model.layers.{i}"
             h = h + attention(st, cfg, f"{p}.self_attn",
-                              rms_norm(h, st[f"{p}.input_layernorm.weight"], eps))
+                              rms_norm(h, st[f"{p}.input_layernorm.weight"], eps),
+                              None if max_logits is None else max_logits[i])
             x = rms_norm(h, st[f"{p}.post_attention_layernorm.weight"], eps)
             if i < cfg["first_k_dense_replace"]:
                 h = h + swiglu(st, f"{p}.mlp", x)

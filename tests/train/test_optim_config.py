@@ -182,8 +182,6 @@ def test_betas_must_be_two_numbers_in_0_1(betas) -> None:
                                   "or segments [[[a, b, c], count], ...] with counts >= 1"),
     ({"ns_coefficients": [[[1, 2, 3], 2]], "ns_steps": 5},
      "optimizer.ns_steps: is 5 but the ns_coefficients segments add up to 2 steps"),
-    ({"qk_clip_enabled": True}, "optimizer.qk_clip_enabled: QK-clip is not implemented in mf (it "
-                                "needs the model's attention logits); set false"),
     ({"adamw_include": ["lm_head", ""]}, "optimizer.adamw_include[1]: an empty rule matches every "
                                          "parameter name; give a name, a part of one, or a "
                                          "pattern such as '*.norm.weight'"),
@@ -203,7 +201,7 @@ def test_muon_rejects_unknown_keys_with_the_allowed_list() -> None:
     assert "momentum, nesterov, ns_steps" in message
 
 
-def test_qk_clip_threshold_is_accepted_and_said_to_have_no_effect() -> None:
+def test_qk_clip_threshold_without_qk_clip_is_said_to_have_no_effect() -> None:
     config = OptimizerConfig(type="Muon", extras={"qk_clip_threshold": 100})
     with warnings.catch_warnings():
         warnings.simplefilter("error")
@@ -212,8 +210,8 @@ def test_qk_clip_threshold_is_accepted_and_said_to_have_no_effect() -> None:
                                    "train_dataset": {"dataloader": {"type": "x"}},
                                    "optimizer": {"type": "Muon", "qk_clip_threshold": 100}})
     assert [str(issue) for issue in support_issues(Target(train))] == [
-        "<config>: optimizer.qk_clip_threshold: warning: has no effect: QK-clip is not "
-        "implemented"]
+        "<config>: optimizer.qk_clip_threshold: warning: has no effect: "
+        "optimizer.qk_clip_enabled is false"]
 
 
 def test_errors_carry_the_yaml_line() -> None:

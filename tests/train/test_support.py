@@ -81,6 +81,9 @@ def test_every_entry_is_a_field_or_a_component_key() -> None:
         if section == ["model"]:  # a key of DeepSeek-V3's settings that depends on another
             assert key in attrs.fields_dict(settings_class("models", "deepseek_v3")), path
             continue
+        if section == ["optimizer"]:  # a key of Muon's settings that depends on the run
+            assert key in attrs.fields_dict(settings_class("optimizers", "Muon")), path
+            continue
         assert ".".join(section) == "train_dataset.dataloader.config", path
         settings = settings_class("dataloaders", "BlendedMegatronDatasetDataLoader")
         dataset = attrs.fields_dict(settings)["config"].type.__args__[0]
@@ -114,7 +117,7 @@ SETTINGS_READERS = {
     "Qwen3Settings": ("mf_train.models.qwen3", "mf_train.settings.qwen3"),
     "DeepseekV3Settings": ("mf_train.models.deepseek_v3", "mf_train.settings.deepseek_v3"),
     "AdamWSettings": (),
-    "MuonSettings": ("mf_train.optim.muon",),
+    "MuonSettings": ("mf_train.optim.muon", "mf_train.qk_clip"),
     "MegatronLoaderSettings": ("mf_data.builder", "mf_data.loader_config"),
     "MegatronDatasetSettings": ("mf_data.builder", "mf_data.loader_config"),
     "WandbSettings": ("mf_train.monitor.wandb",),

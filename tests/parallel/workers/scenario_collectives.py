@@ -4,6 +4,7 @@ rank 0 to the last rank: what test_runtime_collectives.py compares with numpy.
 A scenario of runtime_suite.py: `run` returns this rank's results.
 """
 
+import mindspore as ms
 import numpy as np
 from mindspore import Tensor
 
@@ -11,6 +12,7 @@ from mf_config import ParallelismConfig, TrainingConfig
 from mf_parallel import make_plan
 from mf_parallel.runtime import Collectives
 from mf_parallel.runtime.flat_shard import FlatShard
+from mf_parallel.runtime.grad_sync import GradientSync
 
 FLAT_SHAPES = [(5, 3), (4,), (2, 2, 2)]
 """The tensors of the flat-buffer gather: 31 elements, padded on every shard degree."""
@@ -56,9 +58,32 @@ def run(connect, *, world: int, tensor_parallel: int) -> dict:
         "values": [t.asnumpy().tolist() for t in gathered],
         "own_memory": len({t.data_ptr() for t in gathered}) == len(gathered)
         and all(t.is_contiguous() and t.storage_offset() == 0 for t in gathered)}
+    results["reduce_dtype"] = reduced_in_dtypes(col)
     if comm.world_size >= 2:  # rank 0 sends to the last rank
         last = comm.world_size - 1
         payload = value((2, 2), 0.5) if rank == 0 else Tensor(np.zeros((2, 2), np.float32))
         if rank in (0, last):
             results["send_recv"] = col.send_recv(payload, src=0, dst=last).asnumpy().tolist()
     return results
+
+
+def reduce_input(rank: int, shape: tuple[int, ...]) -> np.ndarray:
+    """A rank's gradient whose values float16 and bfloat16 round (thirds)."""
+    return ((np.arange(np.prod(shape), dtype=np.float32).reshape(shape) + 1) / 3
+            + rank / 7).astype(np.float32)
+
+
+def reduced_in_dtypes(col: Collectives) -> dict:
+    """The gradients `reduce_input` summed over the data group by `GradientSync` and
+    reduce-scattered over the shard group by `FlatShard`, in each `reduce_dtype`: what
+    test_runtime_collectives.py compares with numpy's sums of the rounded inputs."""
+    grads = [Tensor(reduce_input(col.comm.rank, shape)) for shape in FLAT_SHAPES]
+    out = {}
+    for name in ("float32", "float16", "bfloat16"):
+        dtype = getattr(ms, name)
+        synced = GradientSync(col, FLAT_SHAPES, reduce_dtype=dtype)(grads)
+        mine = FlatShard(FLAT_SHAPES, col, reduce_dtype=dtype).reduce_scatter_tensors(grads)
+        out[name] = {"sync": [g.asnumpy().tolist() for g in synced],
+                     "sync_dtypes": [str(g.dtype) for g in synced],
+                     "flat": mine.asnumpy().tolist(), "flat_dtype": str(mine.dtype)}
+    return out

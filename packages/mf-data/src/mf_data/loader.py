@@ -20,7 +20,11 @@ is the tokens, then labels, loss_mask, position_ids, then attention_mask or actu
 cast to int32, except the dense attention mask, which stays bool (`[b, 1, S, S]`, True =
 masked): as int32 it would be four times the bytes, 256 MiB per sample at S = 8192. Batches
 are built ahead in a background thread (`prefetch_size` of them), with `num_parallel_workers`
-threads building the samples of a batch.
+threads building the samples of a batch, or, with `python_multiprocessing`, that many worker
+processes: forked when the loader starts iterating, so each inherits the dataset (its
+memory-mapped files included) without pickling it, and only the indices go out and the
+samples come back. The batches are the same either way; processes pay a fork and a pickle
+per sample, and let sample building run beside the training process's own threads.
 
 Under context parallelism (`context`, a `ContextSplit`; `for_rank` takes it from the plan)
 each rank of a context group reads the same samples (they share the data-parallel rank) but
@@ -34,10 +38,11 @@ A sequence length the split does not divide is refused with the first batch.
 
 from __future__ import annotations
 
+import multiprocessing
 import queue
 import threading
 from collections.abc import Iterator, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Executor, ProcessPoolExecutor, ThreadPoolExecutor
 from typing import Any, Protocol
 
 import numpy as np
@@ -125,7 +130,8 @@ class BatchLoader:
         shuffle: permute each pass, seeded with `seed + epoch`.
         seed: the shuffle's seed.
         epoch: the pass over the dataset, counted from 0.
-        num_parallel_workers: threads building the samples of a batch.
+        num_parallel_workers: threads (or processes) building the samples of a batch.
+        python_multiprocessing: build the samples in forked worker processes, not threads.
         prefetch_size: batches built ahead in a background thread.
         context: this rank's place in its context-parallel group (None: the whole sequence);
             the tokens it keeps follow from the samples' own length (`ContextSplit.spans`).
@@ -138,7 +144,8 @@ class BatchLoader:
                  rank: int = 0, column_names: Sequence[str] = ("input_ids", "labels"),
                  consumed_samples: int = 0, drop_remainder: bool = True, shuffle: bool = False,
                  seed: int = 0, epoch: int = 0, num_parallel_workers: int = 1,
-                 prefetch_size: int = 1, context: ContextSplit | None = None):
+                 python_multiprocessing: bool = False, prefetch_size: int = 1,
+                 context: ContextSplit | None = None):
         if not 0 <= rank < data_parallel:
             raise DataError(f"rank {rank} is outside the data-parallel size {data_parallel}")
         if micro_batch_size < 1:
@@ -154,6 +161,7 @@ class BatchLoader:
         self.seed = seed
         self.epoch = epoch
         self.num_parallel_workers = num_parallel_workers
+        self.python_multiprocessing = python_multiprocessing
         self.prefetch_size = prefetch_size
         self.context = context
         self._indices = micro_batch_indices(len(dataset), consumed_samples, micro_batch_size,
@@ -197,6 +205,7 @@ class BatchLoader:
                    drop_remainder=train_dataset.drop_remainder,
                    shuffle=train_dataset.dataloader.shuffle, seed=seed, epoch=epoch,
                    num_parallel_workers=train_dataset.num_parallel_workers,
+                   python_multiprocessing=train_dataset.dataloader.python_multiprocessing,
                    prefetch_size=train_dataset.prefetch_size, context=context)
 
     def __len__(self) -> int:
@@ -208,14 +217,24 @@ class BatchLoader:
     def __iter__(self) -> Iterator[dict[str, np.ndarray]]:
         """Batches from the current position; each advances `consumed_samples` by one global
         micro-batch (what a checkpoint should record)."""
-        with ThreadPoolExecutor(self.num_parallel_workers) as pool:
+        with self._workers() as pool:
             for batch in _prefetched(self._batches(pool), self.prefetch_size):
                 self.consumed_samples += self.micro_batch_size * self.data_parallel
                 yield batch
 
-    def _batches(self, pool: ThreadPoolExecutor) -> Iterator[dict[str, np.ndarray]]:
+    def _workers(self) -> Executor:
+        """The threads, or the forked processes (`python_multiprocessing`), that build
+        samples."""
+        if not self.python_multiprocessing:
+            return ThreadPoolExecutor(self.num_parallel_workers)
+        return ProcessPoolExecutor(self.num_parallel_workers,
+                                   mp_context=multiprocessing.get_context("fork"),
+                                   initializer=_hold_dataset, initargs=(self.dataset,))
+
+    def _batches(self, pool: Executor) -> Iterator[dict[str, np.ndarray]]:
+        build = _held_sample if self.python_multiprocessing else self.dataset.__getitem__
         for indices in self._indices:
-            samples = list(pool.map(self.dataset.__getitem__, indices))
+            samples = list(pool.map(build, indices))
             yield self.collate(samples)
 
     def collate(self, samples: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
@@ -253,6 +272,18 @@ def _checked_keys(sample: dict[str, Any], column_names: Sequence[str]) -> list[s
         raise DataError(f"train_dataset.dataloader.column_names has {len(column_names)} names "
                         f"{list(column_names)}, but the samples have {len(keys)} columns {keys}")
     return keys
+
+
+_WORKER_DATASET: list[SampleSource] = []
+"""The dataset of a forked worker process (inherited from the loader, never pickled)."""
+
+
+def _hold_dataset(dataset: SampleSource) -> None:
+    _WORKER_DATASET[:] = [dataset]
+
+
+def _held_sample(index: int | None) -> dict[str, np.ndarray]:
+    return _WORKER_DATASET[0][index]
 
 
 _DONE = object()

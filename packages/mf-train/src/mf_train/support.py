@@ -91,7 +91,40 @@ def _compile_blocked(value: Any, target: Target) -> bool:
     """`context.compile` asked where the decoder layers stay in PyNative (the reasons are
     `compiled_layers`'; mf-train's start-up line names the one that applies)."""
     config = target.config
-    return bool(value) and (config.parallelism.context_parallel > 1 or config.swap.enable)
+    return bool(value) and (config.parallelism.context_parallel > 1 or config.swap.enable
+                            or _qk_clip_on(target))
+
+
+def _qk_clip_on(target: Target) -> bool:
+    """Muon with `qk_clip_enabled: true` (`mf_train.qk_clip`)."""
+    optimizer = target.config.optimizer
+    return optimizer.type in ("Muon", "muon") and optimizer.extras.get("qk_clip_enabled") is True
+
+
+def _qk_clip_without_mla(_value: Any, target: Target) -> bool:
+    return _qk_clip_on(target) and _model_name(target) not in ("DeepseekV3ForCausalLM",
+                                                                "deepseek_v3")
+
+
+def _qk_clip_with_context(_value: Any, target: Target) -> bool:
+    return _qk_clip_on(target) and target.config.parallelism.context_parallel > 1
+
+
+def _qk_clip_with_flash(_value: Any, target: Target) -> bool:
+    try:
+        flash = value_at(target.config, ("model", "use_flash_attention"))
+    except KeyError:
+        flash = False
+    return _qk_clip_on(target) and target.device != "CPU" and bool(flash)
+
+
+def _no_gradient_reduction(_value: Any, target: Target) -> bool:
+    """`reduce_dtype` written where every rank is its own data-parallel group (data x context
+    is 1; with expert parallelism the expert-data group is then one rank too)."""
+    parallelism = target.config.parallelism
+    model_ranks = parallelism.tensor_parallel * parallelism.pipeline_parallel
+    return (target.written(("parallelism", "reduce_dtype"))
+            and target.world_size <= model_ranks)
 
 
 def _without_tensor_parallel(value: Any, target: Target) -> bool:
@@ -207,8 +240,8 @@ FIELDS: dict[str, Field] = {
                   {"context.max_device_memory": "1GB"}),)),
     "context.compile": reads(TRAINER, "mf_train.compiled_layers", rules=(
         no_effect(_compile_blocked, "has no effect here: the decoder layers stay in PyNative "
-                                    "under context parallelism or activation swap (the "
-                                    "start-up log line says why)",
+                                    "under context parallelism, activation swap or Muon's "
+                                    "QK-clip (the start-up log line says why)",
                   {"context.compile": True, "swap.enable": True,
                    "swap.layer_swap": [{"layers": ["0"]}]}),)),
     # checkpoint
@@ -364,9 +397,11 @@ FIELDS: dict[str, Field] = {
         no_effect(differs("float32"), "has no effect: parameters are kept in "
                                       "model.params_dtype and computed in model.compute_dtype; "
                                       "set those", {"parallelism.param_dtype": "bfloat16"}),)),
-    "parallelism.reduce_dtype": Field(rules=(
-        no_effect(differs("float32"), "has no effect: gradients are reduced in float32",
-                  {"parallelism.reduce_dtype": "bfloat16"}),)),
+    "parallelism.reduce_dtype": reads("mf_train.layouts.replicated", rules=(
+        no_effect(_no_gradient_reduction, "has no effect: no gradient is reduced over "
+                                          "data-parallel ranks (data x context parallel "
+                                          "size 1)",
+                  {"parallelism.reduce_dtype": "float16"}),)),
     # optimizer and learning rate
     "optimizer.type": reads("mf_train.optim"),
     "optimizer.betas": reads("mf_train.optim.base"),
@@ -376,6 +411,31 @@ FIELDS: dict[str, Field] = {
         needs("optimizer.weight_decay", f"optimizer.{name}", ["norm"], off=0,
               why=" (no parameter decays)"),))
        for name in ("weight_decay_include", "weight_decay_exclude")},
+    # (Muon's keys; an open section's key is checked only when it is written)
+    "optimizer.qk_clip_enabled": reads("mf_train.qk_clip", rules=(
+        refused(_qk_clip_without_mla,
+                "is true, but QK-clip rescales each attention head's own query and key "
+                "weights, which multi-head latent attention (DeepSeek-V3) has: Qwen3 "
+                "normalises each head's query and key after the projection (q_norm, k_norm, "
+                "one weight shared by every head), so no weight scales one head's logits; "
+                "set false", {"optimizer.type": "Muon", "optimizer.qk_clip_enabled": True}),
+        refused(_qk_clip_with_context,
+                "is true, but under context parallelism each rank attends over parts of the "
+                "keys, where no head's largest logit is recorded; set false, or "
+                "parallelism.context_parallel: 1",
+                {"optimizer.type": "Muon", "optimizer.qk_clip_enabled": True,
+                 "parallelism.context_parallel": 2}, world_size=2,
+                config="deepseek_v3_tiny.yaml"),
+        refused(_qk_clip_with_flash,
+                "is true, but the fused attention kernel (model.use_flash_attention) does not "
+                "give the logits QK-clip reads; set model.use_flash_attention: false",
+                {"optimizer.type": "Muon", "optimizer.qk_clip_enabled": True,
+                 "model.use_flash_attention": True}, config="deepseek_v3_tiny.yaml",
+                device="Ascend"))),
+    "optimizer.qk_clip_threshold": reads("mf_train.qk_clip", rules=(
+        no_effect(lambda _value, target: not _qk_clip_on(target),
+                  "has no effect: optimizer.qk_clip_enabled is false",
+                  {"optimizer.type": "Muon", "optimizer.qk_clip_threshold": 50}),)),
     "lr_scheduler.type": reads("mf_train.lr_scheduler"),
     "lr_scheduler.learning_rate": reads("mf_train.lr_scheduler"),
     # data
@@ -391,10 +451,7 @@ FIELDS: dict[str, Field] = {
                                      "and attention is causal",
                   {"train_dataset.dataloader.column_names":
                    ["input_ids", "labels", "loss_mask", "position_ids", "attention_mask"]}),)),
-    "train_dataset.dataloader.python_multiprocessing": Field(rules=(
-        no_effect(differs(False), "has no effect: mf-data builds batches in threads "
-                                  "(num_parallel_workers), not worker processes",
-                  {"train_dataset.dataloader.python_multiprocessing": True}),)),
+    "train_dataset.dataloader.python_multiprocessing": reads(LOADER),
     "train_dataset.drop_remainder": reads(LOADER),
     "train_dataset.num_parallel_workers": reads(LOADER),
     "train_dataset.prefetch_size": reads(LOADER),

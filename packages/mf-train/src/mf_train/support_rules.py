@@ -81,8 +81,8 @@ def no_effect(when: Callable[[Any, Target], bool], message: str, example: dict[s
 
 
 def refused(when: Callable[[Any, Target], bool], message: str, example: dict[str, Any],
-            world_size: int = 1, config: str = "qwen3_tiny.yaml") -> Rule:
-    return Rule(True, when, message, example, world_size, config)
+            world_size: int = 1, config: str = "qwen3_tiny.yaml", device: str = "CPU") -> Rule:
+    return Rule(True, when, message, example, world_size, config, device)
 
 
 def written(path: str) -> Callable[[Any, Target], bool]:

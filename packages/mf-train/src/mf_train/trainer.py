@@ -104,6 +104,7 @@ from .process_memory import (
     one_block_cpu_pool,
     return_freed_host_memory,
 )
+from .qk_clip import QKClip, clip_settings
 from .run_directory import checkpoint_root
 from .step_monitors import MonitorObserver
 from .tensor_recut import RecutIndex
@@ -155,13 +156,15 @@ class TrainStep:
             also observes the micro-batches, to count their tokens per expert.
         count_host_reads: count the reads to the host while a step is launched
             (`host_reads`; the outcome's `host_reads`).
+        qk_clip: Muon's QK-clip, run after each update (None: off).
     """
 
     def __init__(self, layout: StepLayout, *, max_norm: float,
                  skip_threshold: float | None = None, observer: StepObserver | None = None,
                  expert_bias: NoExpertBiasUpdate | None = None,
-                 count_host_reads: bool = False):
+                 count_host_reads: bool = False, qk_clip: QKClip | None = None):
         self.layout = layout
+        self.qk_clip = qk_clip
         self.count_host_reads = count_host_reads
         self.max_norm = max_norm
         self.skip_threshold = skip_threshold
@@ -188,6 +191,8 @@ class TrainStep:
                                                                     self.skip_threshold)
         self.layout.optimizer.step(reduced.grads, lr,
                                    clip_coefficient(reduced.norm, self.max_norm), keep)
+        if self.qk_clip is not None:
+            self.qk_clip(keep)
         self.expert_bias.update()  # every step, skipped or not (as Megatron)
         return LaunchedStep(reduced.loss, reduced.norm, keep, local.tokens, lr, start)
 
@@ -328,7 +333,9 @@ class Trainer:
         self.placement = Placement(self.comm, self.plan.dims, self.layout.copies())
         self.compiled = compile_layers(self.model, config.context.compile, [
             (f"the layout ({self.layout.describe()})", self.layout.compile_blocker),
-            ("swap", "its hooks see each saved tensor of a layer" if self.swap.paths else None)],
+            ("swap", "its hooks see each saved tensor of a layer" if self.swap.paths else None),
+            ("Muon's QK-clip", "the attention records each head's largest logit as it runs"
+             if clip_settings(config.optimizer, source) else None)],
             body_params=self.layout.params if self.layout.compiles_body else None)
         if self.compiled.gradients is not None:
             self.layout.use_gradient_graph(self.compiled.gradients)
@@ -448,7 +455,9 @@ class Trainer:
         return TrainStep(self.layout, max_norm=self.config.training.max_norm,
                          skip_threshold=skip, observer=observer,
                          expert_bias=ExpertBiasUpdate.of(self.model, self.collectives),
-                         count_host_reads=counting_asked())
+                         count_host_reads=counting_asked(),
+                         qk_clip=QKClip.of(self.model, self.config.optimizer, self.collectives,
+                                           self.layout.optimizer, self.source))
 
     # ------------------------------------------------------------------ checkpoints
 

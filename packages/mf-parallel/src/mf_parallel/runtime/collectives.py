@@ -91,6 +91,21 @@ class Collectives:
         assert stacked.shape[0] == size
         return _LOCAL_REDUCTIONS[op](stacked)
 
+    def all_reduce_as(self, tensor: ms.Tensor, kind: str, dtype: ms.Type | None) -> ms.Tensor:
+        """The sum over the group, communicated in `dtype` (a gradient reduction's
+        `reduce_dtype`): `tensor` cast to it, summed, and cast back to its own dtype. With
+        `dtype` None or the tensor's own, `all_reduce`.
+
+        The cast buffer is a new tensor, summed in place (`all_reduce_in_place`): on CPU that
+        reduction takes float16 and bfloat16, where the AllReduce primitive takes float32 and
+        float16 only (its CPU kernel refuses bfloat16).
+        """
+        if dtype is None or dtype == tensor.dtype or self.comm.group(kind) is None:
+            return self.all_reduce(tensor, kind)
+        wire = ops.cast(tensor, dtype)
+        self.all_reduce_in_place(wire, kind)
+        return ops.cast(wire, tensor.dtype)
+
     def gathers_natively(self, kind: str) -> bool:
         """Whether `all_gather` over `kind`'s group runs the backend's all-gather (Ascend and
         GPU; on CPU the world group only), rather than an all-reduce of a placed buffer."""

@@ -9,7 +9,9 @@ ZeRO-1/2 keep one such buffer per bucket of parameters; fully sharded data paral
 per sharded unit. With HSDP (replicate > 1) the slices are taken over the `shard` group, and
 reduced slices are then summed over the `replicate` group. Routed experts under expert
 parallelism are sliced the same way over the `expert_data` group (the ranks holding the same
-experts; `EXPERT_DATA_GROUPS`).
+experts; `EXPERT_DATA_GROUPS`). A buffer's `reduce_dtype` (the config's
+`parallelism.reduce_dtype`) is the dtype its gradients travel in: each slice is cast to it
+before the reduction and back after.
 """
 
 from __future__ import annotations
@@ -54,10 +56,12 @@ natively: the native gather's output and the copy out of it would be twice the t
 
 class FlatShard:
     """This rank's slice of the tensors with the given shapes, over the groups `groups`
-    names: `(shard kind, replicate kind or None)`."""
+    names: `(shard kind, replicate kind or None)`; gradients reduced in `reduce_dtype`
+    (None: their own dtype)."""
 
     def __init__(self, shapes: Sequence[tuple[int, ...]], collectives: Collectives,
-                 groups: ShardGroups = DATA_GROUPS):
+                 groups: ShardGroups = DATA_GROUPS, reduce_dtype: ms.Type | None = None):
+        self.reduce_dtype = reduce_dtype
         self.shapes = [tuple(shape) for shape in shapes]
         self.numels = [math.prod(shape) for shape in self.shapes]
         self.collectives = collectives
@@ -147,7 +151,11 @@ class FlatShard:
     def reduce_scatter(self, flat: ms.Tensor) -> ms.Tensor:
         """Sum a whole buffer (`flatten`'s) over every data-parallel rank; return this rank's
         slice."""
-        return self.over_replicas(self.collectives.reduce_scatter(flat, self.shard_kind))
+        wire = self._wire(flat.dtype)
+        if wire is None:
+            return self.over_replicas(self.collectives.reduce_scatter(flat, self.shard_kind))
+        mine = self.collectives.reduce_scatter(ops.cast(flat, wire), self.shard_kind)
+        return self.over_replicas(ops.cast(mine, flat.dtype))
 
     def reduce_scatter_tensors(self, tensors: Sequence[ms.Tensor]) -> ms.Tensor:
         """`reduce_scatter(flatten(tensors))` without the whole buffer where the backend has
@@ -156,15 +164,32 @@ class FlatShard:
         if self.shards == 1 or not self.collectives.emulates("reduce_scatter"):
             return self.reduce_scatter(self.flatten(tensors))
         flats = [t.reshape(-1) for t in tensors]
-        mine = self.collectives.reduce_scatter_slices(
-            lambda shard: self._slice_of(flats, shard), self.shard_kind)
+        dtype = flats[0].dtype
+        wire = self._wire(dtype)
+        if wire is None:
+            mine = self.collectives.reduce_scatter_slices(
+                lambda shard: self._slice_of(flats, shard), self.shard_kind)
+        else:  # each slice cast (a new tensor, as the in-place sum needs), summed, cast back
+            mine = ops.cast(self.collectives.reduce_scatter_slices(
+                lambda shard: ops.cast(self._slice_of(flats, shard), wire), self.shard_kind),
+                dtype)
         return self.over_replicas(mine)
 
     def over_replicas(self, mine: ms.Tensor) -> ms.Tensor:
-        """A reduced slice summed over the replicate group (HSDP), if there is one."""
+        """A reduced slice summed over the replicate group (HSDP), if there is one (in
+        `reduce_dtype`)."""
         if self.replicate_kind is None:
             return mine
-        return self.collectives.all_reduce(mine, self.replicate_kind)
+        if self.reduce_dtype is None:
+            return self.collectives.all_reduce(mine, self.replicate_kind)
+        return self.collectives.all_reduce_as(mine, self.replicate_kind, self.reduce_dtype)
+
+    def _wire(self, dtype: ms.Type) -> ms.Type | None:
+        """The dtype gradients of `dtype` are cast to for the shard group's reduction, or
+        None where they are reduced as they are (the same dtype, or no other shard)."""
+        if self.reduce_dtype is None or self.reduce_dtype == dtype or self.shards == 1:
+            return None
+        return self.reduce_dtype
 
     def _slice_of(self, flats: Sequence[ms.Tensor], shard: int) -> ms.Tensor:
         """Rank `shard`'s slice of the flattened tensors `flats` (a new tensor)."""

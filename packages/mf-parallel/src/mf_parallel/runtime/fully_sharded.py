@@ -255,6 +255,9 @@ class FullyShardedDataParallel:
         vocabulary_tables: the model's `[vocabulary, hidden]` parameters (embedding, untied
             head), if the model uses them through a `ShardedVocabulary`: units of one table
             each, kept as rows, never gathered for the passes.
+        reduce_dtype: the dtype the gradients are reduced in (None: their own; a vocabulary
+            table's rows are summed over the shard group by its token exchange, in the
+            gradient's dtype, and over the replicate group in this one).
     """
 
     def __init__(self, model: nn.Cell, units: Sequence[nn.Cell], collectives: Collectives, *,
@@ -263,7 +266,8 @@ class FullyShardedDataParallel:
                  eps: float = 1e-8, weight_decay: float = 0.0, average: bool = True,
                  keep_tensors: bool = False,
                  expert_units: Sequence[tuple[nn.Cell, nn.Cell]] = (),
-                 vocabulary_tables: Sequence[Parameter] = ()):
+                 vocabulary_tables: Sequence[Parameter] = (),
+                 reduce_dtype: ms.Type | None = None):
         self.params = list(model.trainable_params())
         self.average = average
         owned = _owned_params(units, self.params)
@@ -284,6 +288,8 @@ class FullyShardedDataParallel:
         self.vocabulary_units = [VocabularyRows(f"vocabulary{i}", param, collectives)
                                  for i, param in enumerate(vocabulary_tables)]
         self.root = ShardedUnit("root", root, collectives, False) if root else None
+        for unit in self._all_units():
+            unit.flat.reduce_dtype = reduce_dtype
         self._index = {id(p): i for i, p in enumerate(self.params)}
         self.saved = _SavedParams()
         for cell, unit in zip(units, self.units, strict=True):

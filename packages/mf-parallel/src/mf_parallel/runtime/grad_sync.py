@@ -4,7 +4,9 @@ One all-reduce per parameter pays the collective's fixed cost hundreds of times 
 all-reduce of everything cannot start until the last gradient exists. Buckets of about
 `bucket_bytes` (25 MiB, as PyTorch DDP and Megatron use) sit between. Each bucket is one
 freshly concatenated, contiguous buffer, which also sidesteps the CPU backend's wrong results
-for in-place reductions of non-contiguous gradients.
+for in-place reductions of non-contiguous gradients. With `reduce_dtype` (the config's
+`parallelism.reduce_dtype`) each bucket is communicated in that dtype and cast back to the
+gradients' dtype after the sum.
 
 `disable_gradient_division` (the config's default, True) sums gradients over the data-parallel
 ranks; False averages them. With per-rank mean losses, averaging gives exactly the gradient of
@@ -37,12 +39,15 @@ class GradientSync:
         average: divide by the group size (the config's `disable_gradient_division` False).
         bucket_bytes: the bucket size.
         itemsize: bytes per gradient element, to size the buckets.
+        reduce_dtype: the dtype the buckets are summed in (None: the gradients' own).
     """
 
     def __init__(self, collectives: Collectives, shapes: Sequence[tuple[int, ...]], *,
                  kind: str = "data", average: bool = False,
-                 bucket_bytes: int = DEFAULT_BUCKET_BYTES, itemsize: int = 4):
+                 bucket_bytes: int = DEFAULT_BUCKET_BYTES, itemsize: int = 4,
+                 reduce_dtype: ms.Type | None = None):
         self.collectives = collectives
+        self.reduce_dtype = reduce_dtype
         self.kind = kind
         self.average = average
         self.shapes = [tuple(shape) for shape in shapes]
@@ -69,7 +74,7 @@ class GradientSync:
         out: list[ms.Tensor] = list(grads)
         for bucket in self.buckets:
             flat = ops.cat([grads[i].reshape(-1) for i in bucket])
-            flat = self._scaled(self.collectives.all_reduce(flat, self.kind))
+            flat = self._scaled(self._sum(flat))
             pieces = mint.split(flat, [math.prod(self.shapes[i]) for i in bucket])
             for i, piece in zip(bucket, pieces, strict=True):
                 out[i] = piece.reshape(self.shapes[i])
@@ -77,7 +82,10 @@ class GradientSync:
 
     def per_parameter(self, grads: Sequence[ms.Tensor]) -> tuple[ms.Tensor, ...]:
         """The same result with one all-reduce per gradient (the baseline of the benchmark)."""
-        return tuple(self._scaled(self.collectives.all_reduce(g, self.kind)) for g in grads)
+        return tuple(self._scaled(self._sum(g)) for g in grads)
+
+    def _sum(self, grad: ms.Tensor) -> ms.Tensor:
+        return self.collectives.all_reduce_as(grad, self.kind, self.reduce_dtype)
 
     def _scaled(self, summed: ms.Tensor) -> ms.Tensor:
         return summed * (1.0 / self.size) if self.average else summed

@@ -65,6 +65,7 @@ class ShardedDataParallel:
         expert_units: routed experts under expert parallelism: groups of `params` each in a
             buffer of its own (after the units'), sliced over the expert-data group
             (`EXPERT_DATA_GROUPS`: the ranks holding the same experts).
+        reduce_dtype: the dtype the gradients are reduced in (None: their own).
 
     Raises:
         ValueError: an unknown strategy (`optim_grads_params` is `FullyShardedDataParallel`),
@@ -76,7 +77,8 @@ class ShardedDataParallel:
                  betas: tuple[float, float] = (0.9, 0.95), eps: float = 1e-8,
                  weight_decay: float = 0.0, average: bool = True,
                  groups: ShardGroups = DATA_GROUPS,
-                 expert_units: Sequence[Sequence[Parameter]] = ()):
+                 expert_units: Sequence[Sequence[Parameter]] = (),
+                 reduce_dtype: ms.Type | None = None):
         if strategy not in STRATEGIES:
             hint = (" (use fully_sharded.FullyShardedDataParallel)"
                     if strategy == "optim_grads_params" else "")
@@ -91,6 +93,8 @@ class ShardedDataParallel:
                              EXPERT_DATA_GROUPS if id(group[0]) in experts else groups))
                          for i, group in enumerate(_groups(self.params,
                                                            [*(units or []), *expert_units]))]
+        for bucket in self._buffers:
+            bucket.flat.reduce_dtype = reduce_dtype
         self._index = {id(p): i for i, p in enumerate(self.params)}
         self.optimizer = None if lr is None else AdamW(
             [bucket.master for bucket in self._buffers], lr=lr, betas=betas, eps=eps,

@@ -62,7 +62,7 @@ from .contract import (
     StepLayout,
     StepObserver,
 )
-from .replicated import DataParallelLoss, one_stage
+from .replicated import DataParallelLoss, one_stage, reduce_dtype
 
 EXPERT_MARK = ".mlp.experts."
 """What the names of routed-expert parameters contain (`decoder_layers.3.mlp.experts.5.`)."""
@@ -165,7 +165,8 @@ class ExpertParallel(StepLayout):
         """Whether the inner layout shards the experts too (ZeRO, FSDP), which then runs the
         whole step: its backward, reduction, norm and optimizer."""
         self.sync = None if self.fused else GradientSync(
-            collectives, [tuple(p.shape) for p in experts], kind="expert_data")
+            collectives, [tuple(p.shape) for p in experts], kind="expert_data",
+            reduce_dtype=reduce_dtype(parallelism))
         """Sums the experts' whole gradients over the expert-data group (not fused)."""
 
     @classmethod

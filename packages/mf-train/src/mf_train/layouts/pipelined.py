@@ -21,7 +21,7 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 import attrs
-from mindspore import Parameter, Tensor, nn, ops
+from mindspore import Parameter, Tensor, Type, nn, ops
 
 from mf_config import ParallelismConfig
 from mf_config.layer_spec import ids_text
@@ -43,6 +43,7 @@ from .contract import (
     StepObserver,
 )
 from .pipeline_executor import StageRunner
+from .replicated import reduce_dtype
 
 
 def stage_part(plan: Plan, rank: int) -> ModelPart | None:
@@ -67,9 +68,11 @@ class Pipelined(StepLayout):
     evaluates = True
 
     def __init__(self, inner: StepLayout, runner: StageRunner, collectives: Collectives,
-                 plan: Plan):
+                 plan: Plan, wire: Type | None = None):
         super().__init__(inner.model, inner.optimizer, loss_divisor=inner.loss_divisor)
         self.inner, self.runner, self.collectives, self.plan = inner, runner, collectives, plan
+        self.wire = wire
+        """The dtype the inner layout reduces gradients in (`parallelism.reduce_dtype`)."""
         self.stage, self.num_stages = runner.stage, runner.num_stages
         self.compile_blocker = inner.compile_blocker
         self.tied = self._tied_copy()
@@ -109,7 +112,8 @@ class Pipelined(StepLayout):
                              parts.collectives, inner.forward_context,
                              split_backward=parts.plan.split_backward,
                              overlap_p2p=parts.parallelism.pipeline_parallel_overlap_p2p)
-        return cls(inner, runner, parts.collectives, parts.plan)
+        return cls(inner, runner, parts.collectives, parts.plan,
+                   reduce_dtype(parts.parallelism))
 
     def describe(self) -> str:
         layers = ", ".join(ids_text(chunk.layers) for chunk in self.runner.chunks)
@@ -191,7 +195,7 @@ class Pipelined(StepLayout):
         grad, param = grads[index], self.params[index]
         size = self.collectives.comm.group_size("loss")
         if size > 1:  # reduced as the inner layout does: over data x context
-            grad = self.collectives.all_reduce(grad, "loss")
+            grad = self.collectives.all_reduce_as(grad, "loss", self.wire)
             if self.loss_divisor == 1:  # averaged, not summed (`DataParallelLoss`)
                 grad = grad / size
         squares = square_sum([grad]).reshape(1)

@@ -5,7 +5,8 @@ Replicated data parallelism reduces the gradients with mf-parallel's bucketed `G
 summed over the data-parallel group (`parallelism.disable_gradient_division`, the default, with
 each rank's loss divided by the group's size before the backward pass) or averaged. Both give
 the same update (bit for bit when the data-parallel size is a power of two). The reported loss
-is the mean over the data-parallel ranks either way.
+is the mean over the data-parallel ranks either way. The buckets travel in
+`parallelism.reduce_dtype` (`reduce_dtype`), cast back to the gradients' dtype after the sum.
 
 Under tensor parallelism (sequence parallelism on, as the spec keeps it) the gradients of
 parameters used on sequence slices are partial sums, added up over the tensor group first;
@@ -17,6 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
+import mindspore as ms
 from mindspore import Tensor
 
 from mf_config import ParallelismConfig
@@ -72,6 +74,12 @@ class DataParallelLoss:
         return self.collectives.all_reduce(loss, "data")
 
 
+def reduce_dtype(parallelism: ParallelismConfig) -> ms.Type:
+    """The dtype the data-parallel gradient reductions communicate in
+    (`parallelism.reduce_dtype`; gradients of another dtype are cast to it and back)."""
+    return getattr(ms, parallelism.reduce_dtype)
+
+
 def replicated_optimizer(parts: LayoutParts) -> Optimizer:
     """The optimizer `optimizer.type` names, over every trainable parameter of the model."""
     named = [(p.name, p) for p in parts.model.trainable_params()]
@@ -108,7 +116,8 @@ class DataParallel(StepLayout):
         self.loss = DataParallelLoss(collectives, parallelism)
         super().__init__(model, optimizer, loss_divisor=self.loss.divisor)
         self.sync = GradientSync(collectives, [tuple(p.shape) for p in self.params],
-                                 average=self.loss.average)
+                                 average=self.loss.average,
+                                 reduce_dtype=reduce_dtype(parallelism))
 
     @classmethod
     def selects(cls, dims: ParallelDims, parallelism: ParallelismConfig) -> bool:

@@ -77,7 +77,7 @@ from .contract import (
     StepObserver,
 )
 from .expert_parallel import EXPERT_MARK, expert_holders
-from .replicated import DataParallelLoss, whole_model_here
+from .replicated import DataParallelLoss, reduce_dtype, whole_model_here
 
 NAMES = {"optim": "ZeRO-1", "optim_grads": "ZeRO-2", "optim_grads_params": "FSDP"}
 FSDP_STRATEGY = "optim_grads_params"
@@ -245,7 +245,8 @@ class ZeRO(StepLayout):
             units=[layer.trainable_params() for layer in layers],
             expert_units=[list(holder.get_parameters())
                           for _, holder in expert_holders(layers, experts)],
-            average=not parts.parallelism.disable_gradient_division)
+            average=not parts.parallelism.disable_gradient_division,
+            reduce_dtype=reduce_dtype(parts.parallelism))
 
     def describe(self) -> str:
         text = f"{NAMES[self.strategy]} over {self.dims.data_shard} ranks"
@@ -378,7 +379,8 @@ class FSDP(ZeRO):
             pipeline_parallel=parts.dims.pipeline,
             average=not parts.parallelism.disable_gradient_division,
             keep_tensors=parts.compiled,
-            vocabulary_tables=parts.model.vocabulary_tables() if vocabulary else ())
+            vocabulary_tables=parts.model.vocabulary_tables() if vocabulary else (),
+            reduce_dtype=reduce_dtype(parts.parallelism))
 
     def describe(self) -> str:
         text = f"{super().describe()}, reshard policy {self.reshard_policy}"

@@ -398,12 +398,17 @@ _BATCH_MATMUL_TRANSPOSED_A = ops.BatchMatMul(transpose_a=True)
 
 
 def softmax_attention(q: Tensor, k: Tensor, v: Tensor, hidden: Tensor,
-                      scale: float) -> tuple[Tensor, Tensor]:
+                      scale: float, tracks: bool = False) -> tuple[Tensor, ...]:
     """`softmax(q k^T * scale, masked to -inf where hidden) @ v` on `[b, h, s, d]` (k and v
-    with q's heads): the output and the float32 probabilities."""
+    with q's heads): the output and the float32 probabilities; with `tracks`, also each
+    head's largest logit (`q k^T * scale` over the keys it sees, `[h]`, no gradient)."""
     scores = same_dtype(_BATCH_MATMUL_TRANSPOSED(q * scale, k), ms.float32)
-    probs = mint.nn.functional.softmax(ops.masked_fill(scores, hidden, float("-inf")), dim=-1)
-    return _BATCH_MATMUL(same_dtype(probs, v.dtype), v), probs
+    scores = ops.masked_fill(scores, hidden, float("-inf"))
+    probs = mint.nn.functional.softmax(scores, dim=-1)
+    out = _BATCH_MATMUL(same_dtype(probs, v.dtype), v)
+    if not tracks:
+        return out, probs
+    return out, probs, ops.amax(ops.stop_gradient(scores), (0, 2, 3))
 
 
 class SoftmaxAttention(nn.Cell):
@@ -423,6 +428,8 @@ class SoftmaxAttention(nn.Cell):
     def __init__(self, scale: float):
         super().__init__()
         self.scale = scale
+        self.tracks = False
+        """Return each head's largest logit too (`softmax_attention`'s `tracks`)."""
         self.tile = tiles_broadcasts()
         self._indices: dict[tuple[int, int], tuple[Tensor, list[Tensor]]] = {}
 
@@ -452,10 +459,10 @@ class SoftmaxAttention(nn.Cell):
         return total
 
     def construct(self, q: Tensor, k: Tensor, v: Tensor,
-                  hidden: Tensor) -> tuple[Tensor, Tensor]:
+                  hidden: Tensor) -> tuple[Tensor, ...]:
         heads = q.shape[1]
         return softmax_attention(q, self._repeated(k, heads), self._repeated(v, heads),
-                                 hidden, self.scale)
+                                 hidden, self.scale, self.tracks)
 
     def bprop(self, q: Tensor, k: Tensor, v: Tensor, hidden: Tensor, out: tuple,
               dout: tuple) -> tuple[Tensor, Tensor, Tensor, Tensor]:
@@ -486,6 +493,11 @@ class AttentionCore:
     `use_flash_attention`, `ops.flash_attention_score` is used where it has a kernel (Ascend,
     float16/bfloat16: `sparse_mode=2` with the 2048x2048 causal mask, or the given mask with
     `sparse_mode=0`); elsewhere the plain path runs and one log line says so.
+
+    `track_max_logits` makes the plain PyNative path record each head's largest logit over
+    every forward until `take_max_logits` (QK-clip reads them after each step): one maximum
+    over the scores it computes anyway. The fused kernel, compiled graphs and the partial
+    attention of context parallelism do not record them (QK-clip is refused there).
     """
 
     def __init__(self, scale: float, use_flash_attention: bool = False,
@@ -496,6 +508,18 @@ class AttentionCore:
         self.graph = False
         self._softmax_attention = SoftmaxAttention(scale)
         self._masks: dict[tuple[int, ...], Tensor] = {}
+        self.max_logits: Tensor | None = None
+        """Each head's largest logit since `take_max_logits` (`[h]`), when tracked."""
+
+    def track_max_logits(self) -> None:
+        """Record each head's largest logit from now on (the plain PyNative path only)."""
+        self._softmax_attention.tracks = True
+
+    def take_max_logits(self) -> Tensor | None:
+        """Each head's largest logit over the forwards since the last call (None if none
+        ran), and start again."""
+        taken, self.max_logits = self.max_logits, None
+        return taken
 
     def prepare_for_graph(self, dynamic: bool = False) -> None:
         """Before a layer using this core is compiled: autograd's own backward (a graph
@@ -506,6 +530,9 @@ class AttentionCore:
                  lengths: tuple[int, ...] | None = None) -> Tensor:
         """`lengths`: documents' cumulative ends over the batch's tokens, for the fused
         variable-length kernel (`attention_inputs.cumulative_lengths`); only with `flash`."""
+        if (self.flash or lengths is not None) and self._softmax_attention.tracks:
+            raise RuntimeError("the fused attention kernel does not give the logits QK-clip "
+                               "needs")
         if self.flash:
             if lengths is not None:
                 return self._flash_varlen(q, k, v, lengths)
@@ -518,8 +545,16 @@ class AttentionCore:
     def _plain(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None) -> Tensor:
         shape = (*q.shape[:-1], k.shape[2])
         hidden = self._future(shape) if mask is None else expand(mask, shape, self.tile)
+        tracks = self._softmax_attention.tracks
         if not self.graph:
-            return self._softmax_attention(q, k, v, hidden)[0]
+            outputs = self._softmax_attention(q, k, v, hidden)
+            if tracks:
+                self.max_logits = outputs[2] if self.max_logits is None \
+                    else ops.maximum(self.max_logits, outputs[2])
+            return outputs[0]
+        if tracks:
+            raise RuntimeError("the largest logits are not recorded in compiled graphs "
+                               "(QK-clip keeps the decoder layers in PyNative)")
         group = q.shape[1] // k.shape[1]
         if group > 1:
             k, v = ops.repeat_interleave(k, group, 1), ops.repeat_interleave(v, group, 1)
@@ -531,6 +566,8 @@ class AttentionCore:
         keys, and the log-sum-exp of their scores `[b, nq, sq, 1]` (float32). Masked scores
         are a large finite negative, not -inf, so a query that sees none of these keys gets a
         finite log-sum-exp far below the other part's and weighs nothing in the merge."""
+        if self._softmax_attention.tracks:
+            raise RuntimeError("the largest logits are not recorded under context parallelism")
         group = q.shape[1] // k.shape[1]
         if group > 1:
             k, v = ops.repeat_interleave(k, group, 1), ops.repeat_interleave(v, group, 1)

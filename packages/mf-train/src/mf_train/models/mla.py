@@ -169,6 +169,28 @@ class MultiLatentAttention(ms.nn.Cell):
                                    v, mask, None, self._attend)
         return self.o_proj(out.reshape(seq, batch, self.num_heads * self.v_dim))
 
+    def qk_clip_scales(self, gamma: Tensor) -> list[tuple[ms.Parameter, Tensor]]:
+        """Kimi K2's QK-clip of this layer's heads (Kimi K2 report, MuonClip): head h's
+        logits scaled by `gamma[h]` through the rows of its own query and key parts:
+        `q_nope` and `k_nope` by sqrt(gamma_h) each, `q_rope` by gamma_h; the rotary key,
+        one head shared by all (`kv_a_proj_with_mqa`), and the values stay as they are.
+
+        Args:
+            gamma: `[heads]` float32, one factor per head of this rank (1: unchanged).
+
+        Returns:
+            (weight, row factors `[rows, 1]`) of the query projection (`q_b_proj`, or
+            `q_proj` without a query LoRA) and of `kv_b_proj` (head-major rows).
+        """
+        heads = self.num_heads
+        root = ops.broadcast_to(ops.sqrt(gamma).reshape(heads, 1), (heads, self.nope))
+        query = ops.cat((root, ops.broadcast_to(gamma.reshape(heads, 1),
+                                                (heads, self.rope_dim))), 1)
+        key = ops.cat((root, ops.ones((heads, self.v_dim), gamma.dtype)), 1)
+        projection = self.q_b_proj if self.q_lora else self.q_proj
+        return [(projection.weight, query.reshape(-1, 1)),
+                (self.kv_b_proj.weight, key.reshape(-1, 1))]
+
     @staticmethod
     def _heads(x: Tensor, heads: int) -> Tensor:
         """`[s, b, heads * d]` -> `[s, b, heads, d]`."""

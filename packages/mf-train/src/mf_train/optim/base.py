@@ -82,6 +82,16 @@ class ParameterOptimizer:
     def uncount(self) -> None:
         self.global_step -= 1
 
+    def rescale(self, param: Parameter, factor: Tensor) -> bool:
+        """Multiply `param` (its float32 master where it has one) by `factor`, broadcasting:
+        a change made between updates (QK-clip). False when `param` is not this
+        optimizer's."""
+        index = next((i for i, p in enumerate(self.params) if p is param), None)
+        if index is None:
+            return False
+        self._write(index, self._masters.get(index, param) * factor)
+        return True
+
     def state_dict(self) -> dict[str, np.ndarray]:
         """Copies of the update count, the masters and the state, as numpy arrays."""
         state = {STEP_KEY: np.array([self.global_step], dtype=np.int64)}

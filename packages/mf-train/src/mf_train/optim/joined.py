@@ -50,6 +50,11 @@ class JoinedOptimizer:
         self.first.uncount()
         self.second.uncount()
 
+    def rescale(self, param: Parameter, factor: Tensor) -> bool:
+        """`param` rescaled by whichever optimizer updates it (`ParameterOptimizer.rescale`)."""
+        return any(getattr(part, "rescale", lambda *_: False)(param, factor)
+                   for part in (self.first, self.second))
+
     def state_dict(self) -> dict[str, np.ndarray]:
         state = self.first.state_dict()
         state.update({self.prefix + key: value

@@ -25,9 +25,9 @@ Differences from MindFormers (`mindformers/pynative/optimizer/muon.py`):
 - Newton-Schulz runs in float32 (MindFormers: bfloat16 on Ascend); CPU has no bfloat16 matmul.
 - `adamw_betas` / `adamw_eps` default to `betas` / `eps` (MindFormers: (0.95, 0.95) and 1e-8;
   it passes `eps` on as the Newton-Schulz epsilon, called `ns_eps` here).
-- QK-clip (`qk_clip_enabled`, MindFormers' default true for its MLA models) is not implemented:
-  true is a configuration error, `qk_clip_threshold` is accepted and has no effect (mf-train
-  says so when it is written).
+- QK-clip (`qk_clip_enabled`, MindFormers' default true for its MLA models) defaults to false
+  here; true runs `mf_train.qk_clip` after each step, on DeepSeek-V3's multi-head latent
+  attention (what it is refused for is `mf_train.support`'s).
 - 3-D grouped expert weights are updated by AdamW, not by Muon; there are no communication
   strategies (mf-parallel gathers what it shards).
 - The `adamw_include` default adds Hugging Face names ("*embed*", "*lm_head*") to MindFormers'
@@ -179,9 +179,6 @@ def _check_settings(settings: MuonSettings, given: set[str], source: Source | No
     if betas is not None and (len(betas) != 2 or not all(0.0 <= b < 1.0 for b in betas)):
         found.append(((*PATH, "adamw_betas"), f"must be two numbers [beta1, beta2], each >= 0 "
                                               f"and < 1, got {betas}"))
-    if settings.qk_clip_enabled:
-        found.append(((*PATH, "qk_clip_enabled"), "QK-clip is not implemented in mf (it needs "
-                                                  "the model's attention logits); set false"))
     if found:
         raise settings_error(found, source)
     check_rules(settings.adamw_include, (*PATH, "adamw_include"), source)

@@ -31,6 +31,8 @@ class MuonSettings(Section):
     adamw_include: list[str] = setting(
         ["*embed*", "*lm_head*", "*output_layer*"],
         "Rules of 2-D parameters updated by AdamW instead of Muon (embeddings, output head).")
-    qk_clip_enabled: bool = setting(False, "QK-clip (not implemented; must be false).")
-    qk_clip_threshold: float = setting(100.0, "QK-clip threshold.", gt=0,
-                                       no_effect="QK-clip is not implemented")
+    qk_clip_enabled: bool = setting(
+        False, "QK-clip (Kimi K2's MuonClip): after each step, rescale the query and key "
+        "weights of every head whose largest attention logit exceeded qk_clip_threshold.")
+    qk_clip_threshold: float = setting(100.0, "QK-clip threshold tau of the largest logit.",
+                                       gt=0)
