@@ -114,8 +114,12 @@ def test_the_file_is_never_truncated(tmp_path: Path) -> None:
     """A run owns its directory (run_directory refuses another run's); the writer only
     appends, so nothing a run wrote is ever lost to the next one."""
     run(MetricsWriter(), context(tmp_path), [record(1), record(2)])
-    run(MetricsWriter(), context(tmp_path), [record(1)])
-    assert [line["step"] for line in read_jsonl(tmp_path / "metrics.jsonl")] == [0, 1, 2, 0, 1]
+    run(MetricsWriter(), context(tmp_path), [record(1, loss=9.0)])  # afresh: none saved
+    lines = read_jsonl(tmp_path / "metrics.jsonl")
+    assert [(line.get("event"), line["step"]) for line in lines] == [
+        ("start", 0), (None, 1), (None, 2), ("rewind", 0), ("start", 0), (None, 1)]
+    assert lines[3]["superseded"] == [1, 2]
+    assert [(r["step"], r["loss"]) for r in read_steps(tmp_path / "metrics.jsonl")] == [(1, 9.0)]
 
 
 def test_metrics_only_on_rank_0(tmp_path: Path) -> None:
