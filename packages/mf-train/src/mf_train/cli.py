@@ -12,8 +12,13 @@ With `--nproc N` the launcher starts N ranks on this host through msrun (mf_para
 the `mf-train-rank` entry point (`rank_worker`) and writes its log to
 `DIR/logs/worker_<rank>.log`, and the host's first rank's lines are shown on the console as
 they come (`[rank 0] ...`). When a rank fails or is killed, the job stops within a second or
-so and the launcher prints that rank's error and the path of its log. With `--nnodes`, this
-host is one node of a job over several hosts (`node_flags`): every check sees the whole job.
+so and the launcher prints that rank's error and the path of its log; a rank that is stopped
+or behind the others is named first (a healthy rank's failure in a collective waiting for it
+is its consequence). When no rank progresses for `--hang-timeout` seconds (default 600; 0:
+never), every rank dumps its Python stacks with its step, phase and last collective into
+`DIR/hang/rank_<r>.txt`, the launcher prints one report naming the ranks behind, and exits
+with status 3 (`mf_parallel.hang_watch`). With `--nnodes`, this host is one node of a job
+over several hosts (`node_flags`): every check sees the whole job.
 
 SIGINT (Ctrl-C) and SIGTERM stop a run at its next step boundary (`stop_signals`): it saves a
 checkpoint, prints one line saying where, and exits with status 128 + the signal's number; a
@@ -42,7 +47,7 @@ from mf_config.validate import config_from_source, load_source
 from mf_config.yaml_source import Source, UnreadableFile
 from mf_data.errors import DataError
 from mf_parallel import PlanError
-from mf_parallel.launch import Forward, LaunchError, Nodes, run_ranks
+from mf_parallel.launch import Forward, HangSettings, JobHung, LaunchError, Nodes, run_ranks
 from mf_parallel.log_echo import MINDSPORE_INFO
 from mf_parallel.msrun import path_with_interpreter
 
@@ -75,6 +80,11 @@ def _parser() -> argparse.ArgumentParser:
                              "process trains)")
     parser.add_argument("--timeout", type=float, default=0, metavar="SECONDS",
                         help="with --nproc: stop the job after this long (default: no limit)")
+    parser.add_argument("--hang-timeout", type=float, default=None, metavar="SECONDS",
+                        help="with --nproc: when no rank progresses for this long, dump every "
+                             "rank's stacks to <output-dir>/hang/, report the ranks behind "
+                             f"and end the job with status {HUNG_STATUS} (default "
+                             f"{DEFAULT_HANG_TIMEOUT:g}; 0: never)")
     add_node_flags(parser)
     return parser
 
@@ -93,10 +103,26 @@ def run(argv: Sequence[str] | None = None) -> int:
     except FlagError as exc:
         print(f"mf-train: {exc}", file=sys.stderr)
         return 2
+    if args.hang_timeout is not None and args.hang_timeout < 0:
+        print(f"mf-train: --hang-timeout must be >= 0 seconds, got {args.hang_timeout:g}",
+              file=sys.stderr)
+        return 2
     if nodes.count * args.nproc > 1:
         return launch(args, list(argv if argv is not None else sys.argv[1:]), nodes)
+    if args.hang_timeout:
+        print("mf-train: --hang-timeout has no effect on one process (it watches the ranks "
+              "of --nproc N > 1); ignoring it", file=sys.stderr)
     return run_training(argv if argv is not None else sys.argv[1:], world_size=1)
 
+
+HUNG_STATUS = 3
+"""The exit status of a job the hang watch ended (`mf_parallel.hang_watch`)."""
+DEFAULT_HANG_TIMEOUT = 600.0
+"""`--hang-timeout` under `--nproc` when not given: seconds without any rank progressing (a
+first step's compilation or a large checkpoint's load on one rank can take minutes)."""
+
+HANG_DIR = "hang"
+"""Where a hung job's stacks and records go, under the output directory."""
 
 RANK_ENTRY_POINT = "mf-train-rank"
 """The console script msrun starts on each rank (`rank_worker.main`)."""
@@ -152,6 +178,7 @@ def _launch(args: argparse.Namespace, argv: list[str], nodes: Nodes,
     logs = Path(args.output_dir) / "logs"
     rank_args = [*_without_launcher_options(argv), *_decided(owned)]
     timeout = args.timeout if args.timeout > 0 else 365 * 24 * 3600.0
+    hang_timeout = DEFAULT_HANG_TIMEOUT if args.hang_timeout is None else args.hang_timeout
     ranks = nodes.local_ranks(args.nproc)
     print(f"mf-train: starting {_ranks_phrase(nodes, ranks)}; logs in "
           f"{logs}/worker_<rank>.log", file=sys.stderr)
@@ -165,7 +192,11 @@ def _launch(args: argparse.Namespace, argv: list[str], nodes: Nodes,
                   env={LAUNCHED: "1", LAUNCHER_PID: str(os.getpid()), **quiet},
                   echo_rank=ranks[0], echo_to=sys.stdout, nodes=nodes,
                   forward=Forward(LAUNCHER_STOP, signals), hold_fds=owned.lock_fds(),
-                  echo_drop=None if chosen else MINDSPORE_INFO)
+                  echo_drop=None if chosen else MINDSPORE_INFO,
+                  hang=HangSettings(hang_timeout, Path(args.output_dir) / HANG_DIR))
+    except JobHung as exc:
+        print(f"mf-train: {exc}", file=sys.stderr)
+        return HUNG_STATUS
     except LaunchError as exc:
         print(f"mf-train: {exc}", file=sys.stderr)
         return 1
@@ -262,7 +293,7 @@ def _summarise(config: TrainConfig, owned: Claim, seconds: float) -> None:
 def _without_launcher_options(argv: list[str]) -> list[str]:
     """`argv` without the launcher's options (--nproc, --timeout, the node flags) and their
     values, for the ranks."""
-    options = ("--nproc", "--timeout", *NODE_OPTIONS)
+    options = ("--nproc", "--timeout", "--hang-timeout", *NODE_OPTIONS)
     out, skip = [], False
     for arg in argv:
         if skip:

@@ -50,7 +50,7 @@ from mf_memory.estimate import rank_summary, size
 from mf_memory.model_shape import EstimateError, shape_of
 from mf_memory.recompute import apply_recompute, apply_recompute_comm
 from mf_memory.swap import ActivationSwap
-from mf_parallel import Plan
+from mf_parallel import Plan, rank_progress
 from mf_parallel.runtime import Collectives, Communication, init_communication
 from mf_parallel.runtime.context_parallel import ContextGroup
 from mf_parallel.runtime.expert_dispatch import ExpertGroup
@@ -179,11 +179,14 @@ class TrainStep:
         clip coefficient and the skip decision stay on the device (`gradient_norm`); a
         skipped step runs an update that changes nothing (`optim.protocol`)."""
         start = time.perf_counter()
+        rank_progress.phase("forward_backward")
         local = self.layout.forward_backward(micro_batches, self.observer)
         self.observer.reduced(local.loss, local.grads)
+        rank_progress.phase("reduction")
         reduced = self.layout.reduce(local)
         keep = None if self.skip_threshold is None else update_kept(reduced.norm,
                                                                     self.skip_threshold)
+        rank_progress.phase("optimizer")
         self.layout.optimizer.step(reduced.grads, lr,
                                    clip_coefficient(reduced.norm, self.max_norm), keep)
         self.expert_bias.update()  # every step, skipped or not (as Megatron)
@@ -192,6 +195,7 @@ class TrainStep:
     def read(self, step: LaunchedStep) -> StepOutcome:
         """The launched step's numbers on the host (this waits for its kernels); a skipped
         step's update count taken back from the optimizer."""
+        rank_progress.phase("readback")
         skipped = step.keep is not None and not bool(step.keep.asnumpy())
         if skipped:
             self.layout.optimizer.uncount()
@@ -297,6 +301,7 @@ class Trainer:
         self.plan = make_job_plan(config, world_size, source)
         no_effect = check_support(config, self.plan, self.device, source)
         check_inputs(config, source)  # before a rank joins the group or builds anything
+        rank_progress.phase("init_communication")
         self.comm = init_communication(self.plan, self.device)
         # the launcher of ranks has said them, before any rank started (`say_warnings` False)
         for warning in no_effect if self.comm.rank == 0 and say_warnings else ():
@@ -310,6 +315,7 @@ class Trainer:
         self.context_group = (ContextGroup(self.collectives, self.plan.dims.context_causal,
                                            self.plan.dims.context_overlap)
                               if self.plan.dims.context > 1 else None)
+        rank_progress.phase("build_model")
         self.model = build_model(config.model, tensor_group=self.tensor_group, source=source,
                                  seed=config.training.seed,
                                  part=stage_part(self.plan, self.comm.rank),
@@ -322,6 +328,7 @@ class Trainer:
             self.tensor_group, source, self.plan, config.context.compile))
         return_freed_host_memory()  # what the layout freed of the model built whole
         self.placement = Placement(self.comm, self.plan.dims, self.layout.copies())
+        rank_progress.phase("compile")
         self.compiled = compile_layers(self.model, config.context.compile, [
             (f"the layout ({self.layout.describe()})", self.layout.compile_blocker),
             ("swap", "its hooks see each saved tensor of a layer" if self.swap.paths else None)],
@@ -335,6 +342,7 @@ class Trainer:
                  self.schedule.describe())
         self.step_count, self.consumed_samples = 0, 0
         self.checkpoints = self._build_checkpoints()
+        rank_progress.phase("resume")
         self.resumed_from = self._resume()
         self.callbacks = standard_callbacks(config.monitor,
                                             build_callbacks(config.callbacks, source),
@@ -343,6 +351,7 @@ class Trainer:
         self.build_peak = largest_peak(self.device, self.comm.world_size)
         """The largest rank's peak memory once everything is built (a collective)."""
         LOG.info("%s", self._memory_line())
+        rank_progress.phase("measure_peak")
         self.throughput = self._throughput()
         """FLOPs per token and peak: a step's TFLOP/s and MFU (measures the peak: every rank
         at once)."""
@@ -531,6 +540,7 @@ class Trainer:
         step, total = self.step_count, self.config.training.steps
         if not self.checkpoints.should_save(step, last=step == total or stopping):
             return
+        rank_progress.phase("save")
         optimizer_state = None if self.config.checkpoint.no_save_optim \
             else self.optimizer.state_pieces(self.placement)
         progress = RunProgress(global_step=step, consumed_samples=self.consumed_samples,
@@ -557,6 +567,7 @@ class Trainer:
     def run_step(self, stream: MicroBatchStream) -> StepOutcome:
         """One optimizer step on the next micro-batches of `stream`, at the schedule's rate."""
         accumulation = self.plan.batch.accumulation_steps(self.consumed_samples)
+        rank_progress.phase("data")
         micro = [next(stream) for _ in range(accumulation)]
         outcome = self.step(micro, self.schedule(self.step_count))
         self.step_count += 1
@@ -590,6 +601,8 @@ class Trainer:
         pace = RunPace(total)
         try:
             while self.step_count < total:
+                rank_progress.step(self.step_count + 1)
+                rank_progress.phase("step_begin")
                 if stop is not None and self._stop_agreed(stop()):
                     self.stopped = True
                     if self.step_count > ctx.start_step:
@@ -598,12 +611,14 @@ class Trainer:
                 self.callbacks.on_step_begin(ctx, self.step_count + 1)
                 outcome = self.run_step(stream)
                 outcomes.append(outcome)
+                rank_progress.phase("log")
                 last = self._record(outcome, pace)
                 self.callbacks.on_step_end(ctx, last)
                 self.save_checkpoint()
                 self._report_saves(ctx)
                 skipped_in_a_row = skipped_in_a_row + 1 if outcome.skipped else 0
                 self._check_skips(skipped_in_a_row)
+            rank_progress.phase("finishing")
             if self._converts():
                 self.save_checkpoint()
             self.checkpoints.wait()

@@ -8,17 +8,21 @@ import mindspore as ms
 import numpy as np
 from mindspore import communication, ops
 
+from mf_parallel import rank_progress
+
 
 def barrier() -> None:
     """Every rank waits for all: an all-reduce over the world group, read back so that it
     completes (`mindspore.mint.distributed.barrier` returns at once on the CPU backend,
     logging "CPU device is not supported", so ranks ran past each other)."""
+    rank_progress.collective("barrier", None)
     group = communication.GlobalComm.WORLD_COMM_GROUP
     ops.AllReduce(group=group)(ms.Tensor(np.ones(1, np.float32))).asnumpy()
 
 
 def all_ranks(ok: bool) -> bool:
     """Whether `ok` holds on every rank (an all-reduce of the failures)."""
+    rank_progress.collective("all_ranks", None)
     group = communication.GlobalComm.WORLD_COMM_GROUP
     failed = ms.Tensor(np.array([0.0 if ok else 1.0], np.float32))
     return float(ops.AllReduce(group=group)(failed).asnumpy()[0]) == 0.0
@@ -27,6 +31,7 @@ def all_ranks(ok: bool) -> bool:
 def every_rank(value: float) -> list[float]:
     """`value` as each rank has it, in rank order (an all-gather over the world group; float32,
     the CPU backend reduces no integers)."""
+    rank_progress.collective("every_rank", None)
     group = communication.GlobalComm.WORLD_COMM_GROUP
     mine = ms.Tensor(np.array([value], np.float32))
     return [float(v) for v in ops.AllGather(group=group)(mine).asnumpy()]
