@@ -20,6 +20,8 @@ pytest.importorskip("mindspore")
 
 from runs import losses
 
+from mf_train.monitor.metrics import read_steps
+
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "qwen3_tiny.yaml"
 STEPS = 6
@@ -187,7 +189,35 @@ def test_a_stopped_rank_is_reported_and_the_same_command_runs_again(
         dumped = (output / "hang" / f"rank_{rank}.txt").read_text()
         assert dumped.startswith(f"rank {rank}: step "), dumped
         assert 'File "' in dumped and "most recent call first" in dumped, dumped
-    again = subprocess.run(hung, capture_output=True, text=True, timeout=900)
+    # the same command again, rank 1's data loading slowed by SLOW_DATA seconds a step
+    slowed = tmp_path / "slow_data"
+    slowed.mkdir()
+    (slowed / "sitecustomize.py").write_text(SLOW_RANK_1_DATA)
+    again = subprocess.run(hung, capture_output=True, text=True, timeout=900,
+                           env={**os.environ, "PYTHONPATH": os.pathsep.join(
+                               [str(slowed), os.environ.get("PYTHONPATH", "")])})
     assert again.returncode == 0, again.stderr
     assert "saved no checkpoint" in again.stderr and "starting afresh" in again.stderr
     assert losses(output) == uninterrupted
+    for record in read_steps(output / "metrics.jsonl"):
+        assert (record["time/slowest_rank"], record["time/data_rank"]) == (1, 1), record
+        assert record["time/data"] - record["time/data_min"] >= SLOW_DATA
+        assert record["time/reduction_rank"] == 0  # rank 0 waits there for rank 1
+
+
+SLOW_DATA = 0.8
+"""Seconds rank 1's data loading is slowed by, each micro-batch (`SLOW_RANK_1_DATA`)."""
+SLOW_RANK_1_DATA = f"""
+import os
+if os.environ.get("RANK_ID") == "1" and os.environ.get("MS_ROLE") == "MS_WORKER":
+    import time
+    from mf_train.micro_batches import MicroBatchStream
+
+    real = MicroBatchStream.__next__
+
+    def slowed(self):
+        time.sleep({SLOW_DATA})
+        return real(self)
+
+    MicroBatchStream.__next__ = slowed
+"""

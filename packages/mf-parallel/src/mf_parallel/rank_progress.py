@@ -16,6 +16,10 @@ rank's main thread is blocked inside a kernel or a collective).
 Without `DIRECTORY_ENV` (one process, a rank started by hand) nothing is written: each call
 is one test of a module global.
 
+Every rank, recording or not, also adds up the seconds it spends in each phase
+(`phase_seconds`: a `time.perf_counter()` reading and a dict update per phase change), from
+which the trainer reports where a step's time goes.
+
 Pure Python: it never imports MindSpore.
 """
 
@@ -94,7 +98,27 @@ class _Recorder:
         self.map[:len(text)] = text
 
 
+class _PhaseClock:
+    """Seconds spent in each phase since the last `take`."""
+
+    def __init__(self) -> None:
+        self.name = "starting"
+        self.since = time.perf_counter()
+        self.spent: dict[str, float] = {}
+
+    def enter(self, name: str) -> None:
+        now = time.perf_counter()
+        self.spent[self.name] = self.spent.get(self.name, 0.0) + now - self.since
+        self.name, self.since = name, now
+
+    def take(self) -> dict[str, float]:
+        self.enter(self.name)
+        spent, self.spent = self.spent, {}
+        return spent
+
+
 _recorder: _Recorder | None = None
+_clock = _PhaseClock()
 
 
 def start_recording(rank: int, directory: str | None = None) -> bool:
@@ -117,9 +141,16 @@ def step(number: int) -> None:
 
 def phase(name: str) -> None:
     """This rank enters phase `name` (`data`, `forward_backward`, `reduction`, ...)."""
+    _clock.enter(name)
     if _recorder is not None:
         _recorder.phase = name
         _recorder.write()
+
+
+def phase_seconds() -> dict[str, float]:
+    """The seconds this process spent in each phase since the last call (or since it
+    started), the phase it is in counted up to now; the count starts again."""
+    return _clock.take()
 
 
 def collective(operation: str, group: str | None) -> None:

@@ -285,11 +285,20 @@ def _build_one(config: CallbackConfig, index: int, source: Source | None) -> Cal
 
 
 class LossLogger(Callback):
-    """One MindFormers-like line per step on rank 0 (logger `mf_train.callbacks`)."""
+    """One MindFormers-like line per step on rank 0 (logger `mf_train.callbacks`); with
+    `step_times`, followed by where the step's time went (`step_times.format_step_times`)."""
+
+    def __init__(self, step_times: bool = False):
+        self.step_times = step_times
 
     def on_step_end(self, ctx: TrainContext, record: StepRecord) -> None:
         if ctx.is_main:
-            logger.info("%s", format_step_line(record))
+            line = format_step_line(record)
+            if self.step_times:
+                from .step_times import format_step_times
+
+                line = f"{line} {format_step_times(record.extra)}".rstrip()
+            logger.info("%s", line)
 
 
 def format_step_line(record: StepRecord) -> str:

@@ -85,6 +85,10 @@ def _parser() -> argparse.ArgumentParser:
                              "rank's stacks to <output-dir>/hang/, report the ranks behind "
                              f"and end the job with status {HUNG_STATUS} (default "
                              f"{DEFAULT_HANG_TIMEOUT:g}; 0: never)")
+    parser.add_argument("--step-times", action="store_true",
+                        help="end each step line with where its time went: data, forward/"
+                             "backward, reduction, optimizer, readback, save, other, and the "
+                             "slowest rank (metrics.jsonl and TensorBoard have them always)")
     add_node_flags(parser)
     return parser
 
@@ -406,7 +410,7 @@ def _run_training(argv: Sequence[str], world_size: int, signals: StopSignals) ->
     handler = _log_to_file(output_dir / "logs" / "train.log") if world_size == 1 else None
     start = time.monotonic()
     try:
-        outcome = _train(config, source, output_dir, world_size, signals)
+        outcome = _train(config, source, output_dir, world_size, signals, args.step_times)
     finally:
         if handler is not None:
             logging.getLogger().removeHandler(handler)
@@ -423,7 +427,7 @@ def _run_training(argv: Sequence[str], world_size: int, signals: StopSignals) ->
 
 
 def _train(config: TrainConfig, source: Source, output_dir: Path, world_size: int,
-           stop: StopSignals) -> int:
+           stop: StopSignals, show_step_times: bool = False) -> int:
     """Build the trainer and train until done, or until `stop` (`_STOPPED`). On one process,
     bad input found while building is one line and status 2 (a failure while training, 1); a
     rank raises, and the traceback's last line is what the launcher reports."""
@@ -431,7 +435,8 @@ def _train(config: TrainConfig, source: Source, output_dir: Path, world_size: in
 
     try:
         trainer = Trainer(config, output_dir=output_dir, source=source, world_size=world_size,
-                          say_warnings=os.environ.get(LAUNCHED) != "1")
+                          say_warnings=os.environ.get(LAUNCHED) != "1",
+                          show_step_times=show_step_times)
         trainer.train(stop)
     except (ConfigError, DataError, ValueError, OSError, TrainingStopped) as exc:
         if world_size > 1:

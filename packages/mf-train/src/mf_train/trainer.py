@@ -104,6 +104,7 @@ from .process_memory import (
 )
 from .run_directory import checkpoint_root
 from .step_monitors import MonitorObserver
+from .step_times import own_times, step_times
 from .tensor_recut import RecutIndex
 from .throughput import RunPace, Throughput, measure_peak_flops
 
@@ -254,6 +255,9 @@ class Trainer:
             `checkpoint.save_path` says otherwise) checkpoints.
         source: the YAML source, for error lines.
         world_size: the number of ranks of the job (this process is one of them).
+        say_warnings: log the settings that have no effect here (False: the launcher did).
+        show_step_times: end each step line with where its time went (`step_times`; the
+            record has the times either way).
 
     Raises:
         ConfigError, PlanError: settings refused before anything is built.
@@ -286,7 +290,7 @@ class Trainer:
 
     def __init__(self, config: TrainConfig, *, output_dir: str | Path,
                  source: Source | None = None, world_size: int = 1,
-                 say_warnings: bool = True):
+                 say_warnings: bool = True, show_step_times: bool = False):
         self.config, self.source, self.output_dir = config, source, Path(output_dir)
         self.device = resolve_device(config.context.device_target)
         ms.set_context(mode=ms.PYNATIVE_MODE)
@@ -346,7 +350,8 @@ class Trainer:
         self.resumed_from = self._resume()
         self.callbacks = standard_callbacks(config.monitor,
                                             build_callbacks(config.callbacks, source),
-                                            source, profiler=config.profiler)
+                                            source, profiler=config.profiler,
+                                            step_times=show_step_times)
         self.step = self._build_step()
         self.build_peak = largest_peak(self.device, self.comm.world_size)
         """The largest rank's peak memory once everything is built (a collective)."""
@@ -599,6 +604,7 @@ class Trainer:
         self.stopped = False
         self.callbacks.on_train_begin(ctx)
         pace = RunPace(total)
+        rank_progress.phase_seconds()  # the first step's times start here
         try:
             while self.step_count < total:
                 rank_progress.step(self.step_count + 1)
@@ -662,6 +668,10 @@ class Trainer:
         if outcome.host_reads is not None:  # the most any rank made
             record.extra["host_reads"] = max(world_group.every_rank(outcome.host_reads)) \
                 if self.comm.world_size > 1 else outcome.host_reads
+        own = own_times(rank_progress.phase_seconds())
+        record.extra.update(step_times(
+            world_group.every_rank_values(own, "step_times") if self.comm.world_size > 1
+            else [own]))
         graphs, seconds = self.compiled.take_new()
         if graphs:
             record.extra.update(compile_time=seconds, compiled_graphs=graphs)

@@ -34,7 +34,8 @@ __all__ = ["EmbeddingHealthMonitor", "MetricsWriter", "MoeMonitor", "ProgressBar
 
 def standard_callbacks(monitor: MonitorConfig, user: Sequence[Callback] = (),
                        source: Source | None = None,
-                       profiler: ProfilerConfig | None = None) -> CallbackList:
+                       profiler: ProfilerConfig | None = None,
+                       step_times: bool = False) -> CallbackList:
     """The built-in callbacks (always on) around the user's, in calling order:
     TrainStateMonitor, MoeMonitor, EmbeddingHealthMonitor, *user, LossLogger, MetricsWriter,
     TensorboardWriter, ProgressBar, then the profiler when `profiler.enable_profiling` (last,
@@ -50,7 +51,7 @@ def standard_callbacks(monitor: MonitorConfig, user: Sequence[Callback] = (),
         MoeMonitor(monitor.moe_monitor, source),
         EmbeddingHealthMonitor(monitor.health_checkpoint),
         *user,
-        LossLogger(),
+        LossLogger(step_times=step_times),
         MetricsWriter(),
         TensorboardWriter(monitor.tensorboard),
         ProgressBar(),
