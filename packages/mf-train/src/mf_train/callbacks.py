@@ -150,7 +150,8 @@ class TrainContext:
     peak_tflops: float | None = None
     """The peak TFLOP/s of a rank that MFU divides by, None when unknown."""
     peak_source: str | None = None
-    """Where `peak_tflops` comes from (`measured at start: float32 1024x1024 matmul ...`)."""
+    """Where `peak_tflops` comes from (`rated: A100 dense bfloat16, ...`, `measured once on
+    this machine (...)`: `peak_flops`)."""
 
     def __post_init__(self) -> None:
         self.output_dir = Path(self.output_dir)

@@ -55,6 +55,7 @@ from . import export_command
 from .input_checks import check_inputs
 from .monitor.tensorboard import event_dir
 from .node_flags import NODE_OPTIONS, FlagError, add_node_flags, nodes_from
+from .peak_flops import RANKS_ON_HOST, RATED, PeakError, check_given, given_peak, peak_dtype
 from .resume_changes import changes
 from .run_directory import Claim, RunDirectoryError, claim
 from .stop_signals import LAUNCHED, LAUNCHER_PID, LAUNCHER_STOP, StopSignals, name, status
@@ -89,6 +90,10 @@ def _parser() -> argparse.ArgumentParser:
                         help="end each step line with where its time went: data, forward/"
                              "backward, reduction, optimizer, readback, save, other, and the "
                              "slowest rank (metrics.jsonl and TensorBoard have them always)")
+    parser.add_argument("--peak", metavar="DEVICE|TFLOPS",
+                        help="the peak MFU divides by: a rated device (" + ", ".join(RATED)
+                             + ": its dense peak for the compute dtype) or one rank's TFLOP/s "
+                             "(default: a float32 matmul measured once on this machine)")
     add_node_flags(parser)
     return parser
 
@@ -105,6 +110,12 @@ def run(argv: Sequence[str] | None = None) -> int:
     try:
         nodes = nodes_from(args)
     except FlagError as exc:
+        print(f"mf-train: {exc}", file=sys.stderr)
+        return 2
+    try:
+        if args.peak is not None:
+            check_given(args.peak)
+    except PeakError as exc:
         print(f"mf-train: {exc}", file=sys.stderr)
         return 2
     if args.hang_timeout is not None and args.hang_timeout < 0:
@@ -193,7 +204,8 @@ def _launch(args: argparse.Namespace, argv: list[str], nodes: Nodes,
     quiet = {} if chosen else {"GLOG_v": "3"}
     try:
         run_ranks(worker, args.nproc, log_dir=logs, timeout=timeout, args=rank_args,
-                  env={LAUNCHED: "1", LAUNCHER_PID: str(os.getpid()), **quiet},
+                  env={LAUNCHED: "1", LAUNCHER_PID: str(os.getpid()),
+                       RANKS_ON_HOST: str(args.nproc), **quiet},
                   echo_rank=ranks[0], echo_to=sys.stdout, nodes=nodes,
                   forward=Forward(LAUNCHER_STOP, signals), hold_fds=owned.lock_fds(),
                   echo_drop=None if chosen else MINDSPORE_INFO,
@@ -333,7 +345,9 @@ def _validated(args: argparse.Namespace, world_size: int, *,
         device = resolve_device(config.context.device_target)
         no_effect = check_support(config, plan, device, source)
         check_inputs(config, source)
-    except (ConfigError, UnreadableFile, PlanError) as exc:
+        if args.peak is not None:  # a rated device must have a peak for the compute dtype
+            given_peak(args.peak, peak_dtype(config, device))
+    except (ConfigError, UnreadableFile, PlanError, PeakError) as exc:
         print(f"mf-train: {exc}", file=sys.stderr)
         return None
     for warning in no_effect if say_warnings else ():
@@ -410,7 +424,7 @@ def _run_training(argv: Sequence[str], world_size: int, signals: StopSignals) ->
     handler = _log_to_file(output_dir / "logs" / "train.log") if world_size == 1 else None
     start = time.monotonic()
     try:
-        outcome = _train(config, source, output_dir, world_size, signals, args.step_times)
+        outcome = _train(config, source, output_dir, world_size, signals, args)
     finally:
         if handler is not None:
             logging.getLogger().removeHandler(handler)
@@ -427,7 +441,7 @@ def _run_training(argv: Sequence[str], world_size: int, signals: StopSignals) ->
 
 
 def _train(config: TrainConfig, source: Source, output_dir: Path, world_size: int,
-           stop: StopSignals, show_step_times: bool = False) -> int:
+           stop: StopSignals, args: argparse.Namespace) -> int:
     """Build the trainer and train until done, or until `stop` (`_STOPPED`). On one process,
     bad input found while building is one line and status 2 (a failure while training, 1); a
     rank raises, and the traceback's last line is what the launcher reports."""
@@ -436,7 +450,7 @@ def _train(config: TrainConfig, source: Source, output_dir: Path, world_size: in
     try:
         trainer = Trainer(config, output_dir=output_dir, source=source, world_size=world_size,
                           say_warnings=os.environ.get(LAUNCHED) != "1",
-                          show_step_times=show_step_times)
+                          show_step_times=args.step_times, peak=args.peak)
         trainer.train(stop)
     except (ConfigError, DataError, ValueError, OSError, TrainingStopped) as exc:
         if world_size > 1:

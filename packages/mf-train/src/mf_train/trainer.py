@@ -95,6 +95,7 @@ from .models import build_model
 from .models.hf_weights import HFPieces, checked_entries
 from .monitor import standard_callbacks
 from .optim import Optimizer
+from .peak_flops import RANKS_ON_HOST, cached_peak, given_peak, peak_dtype
 from .placement import Placement
 from .process_memory import (
     largest_peak,
@@ -106,7 +107,7 @@ from .run_directory import checkpoint_root
 from .step_monitors import MonitorObserver
 from .step_times import own_times, step_times
 from .tensor_recut import RecutIndex
-from .throughput import RunPace, Throughput, measure_peak_flops
+from .throughput import PeakFlops, RunPace, Throughput, measure_peak_flops
 
 LOG = logging.getLogger("mf_train")
 
@@ -258,6 +259,8 @@ class Trainer:
         say_warnings: log the settings that have no effect here (False: the launcher did).
         show_step_times: end each step line with where its time went (`step_times`; the
             record has the times either way).
+        peak: `--peak`: a rated device or a number of TFLOP/s (`peak_flops`); None: the
+            peak measured once on this machine.
 
     Raises:
         ConfigError, PlanError: settings refused before anything is built.
@@ -290,8 +293,10 @@ class Trainer:
 
     def __init__(self, config: TrainConfig, *, output_dir: str | Path,
                  source: Source | None = None, world_size: int = 1,
-                 say_warnings: bool = True, show_step_times: bool = False):
+                 say_warnings: bool = True, show_step_times: bool = False,
+                 peak: str | None = None):
         self.config, self.source, self.output_dir = config, source, Path(output_dir)
+        self.given_peak = peak
         self.device = resolve_device(config.context.device_target)
         ms.set_context(mode=ms.PYNATIVE_MODE)
         ms.set_device(self.device)
@@ -383,8 +388,8 @@ class Trainer:
 
     def _throughput(self) -> Throughput:
         """The model's FLOPs per token (`model_flops`, from its shape and the sequence length)
-        and this rank's peak FLOP/s, measured now (the configuration has no peak setting:
-        `throughput`); FLOPs unknown, for a model without a shape, leaves the peak unmeasured."""
+        and this rank's peak FLOP/s (`_peak`); FLOPs unknown, for a model without a shape,
+        leaves the peak unmeasured."""
         world = self.comm.world_size
         try:
             shape = shape_of(self.config.model)
@@ -395,8 +400,17 @@ class Trainer:
             flops = flops_per_token(shape, seq)
         except ValueError as exc:  # EstimateError is one
             return Throughput(world, unknown=str(exc))
-        return Throughput(world, flops, measure_peak_flops(self.device), seq_length=seq,
+        return Throughput(world, flops, self._peak(), seq_length=seq,
                           matmul_weights=matmul_weights_per_token(shape))
+
+    def _peak(self) -> PeakFlops:
+        """The peak MFU divides by (`peak_flops`): `--peak`'s, else measured once per machine
+        (every rank measures at once when the cache has none; one rank per host keeps it)."""
+        if self.given_peak is not None:
+            return given_peak(self.given_peak, peak_dtype(self.config, self.device))
+        ranks_on_host = int(os.environ.get(RANKS_ON_HOST, "1"))
+        return cached_peak(self.device, lambda: measure_peak_flops(self.device),
+                           write=self.comm.rank % ranks_on_host == 0)
 
     @property
     def model_vocab_size(self) -> int | None:
@@ -661,7 +675,8 @@ class Trainer:
                             * self.plan.dims.context,
                             consumed_samples=self.consumed_samples, skipped=outcome.skipped)
         self.throughput.fill(record)
-        record.elapsed_s, record.eta_s = pace.step_done(self.step_count)
+        graphs, seconds = self.compiled.take_new()
+        record.elapsed_s, record.eta_s = pace.step_done(self.step_count, steady=not graphs)
         peak = largest_peak(self.device, self.comm.world_size)
         record.peak_memory_gib = round(peak.gib, 3)
         record.peak_memory_rank = peak.rank if self.comm.world_size > 1 else None
@@ -672,7 +687,6 @@ class Trainer:
         record.extra.update(step_times(
             world_group.every_rank_values(own, "step_times") if self.comm.world_size > 1
             else [own]))
-        graphs, seconds = self.compiled.take_new()
         if graphs:
             record.extra.update(compile_time=seconds, compiled_graphs=graphs)
             LOG.info("step %d compiled %d graph(s) in %.1f s", self.step_count, graphs, seconds)
