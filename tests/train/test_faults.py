@@ -221,3 +221,28 @@ if os.environ.get("RANK_ID") == "1" and os.environ.get("MS_ROLE") == "MS_WORKER"
 
     MicroBatchStream.__next__ = slowed
 """
+
+
+def test_a_killed_rank_is_restarted_and_the_run_ends_as_an_uninterrupted_one(
+        uninterrupted, data_prefix, tmp_path: Path) -> None:
+    """SIGKILL rank 1 after step 2's checkpoint, under --max-restarts 2: the launcher starts
+    the job again from that checkpoint by itself, and the run ends with an uninterrupted
+    run's losses and one `restart` event naming the cause."""
+    output = tmp_path / "out"
+    job = subprocess.Popen([*command(data_prefix, output), "--max-restarts", "2"],
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        kill_at(output, 2, 0.0, job)
+        _, err = job.communicate(timeout=600)
+    finally:
+        if job.poll() is None:
+            job.kill()
+    assert job.returncode == 0, err
+    events = [json.loads(line) for line in (output / "metrics.jsonl").read_text().splitlines()]
+    [restart] = [event for event in events if event.get("event") == "restart"]
+    assert restart["attempt"] == 1 and restart["wait_s"] == 1.0
+    assert restart["cause"].startswith("rank 1 was killed by SIGKILL"), restart
+    resumed = [event for event in events if event.get("event") == "resume"]
+    assert [event["step"] for event in resumed] == [restart["step"] - restart["step"] % 2]
+    assert "mf-train: restart 1 of 2 after 1 s, from " in err
+    assert losses(output) == uninterrupted
