@@ -96,6 +96,8 @@ class StepRecord:
     elapsed_s: float | None = None
     eta_s: float | None = None
     extra: dict[str, float] = dataclasses.field(default_factory=dict)
+    events: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    """Events of this step for metrics.jsonl (`{"event": "spike", ...}`), after its line."""
 
     def __post_init__(self) -> None:
         for name in ("step", "total_steps", "tokens", "consumed_samples"):

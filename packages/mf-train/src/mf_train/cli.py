@@ -107,6 +107,10 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--exit-duration", type=float, default=None, metavar="MINUTES",
                         help="stop at the first step boundary after this many minutes (from "
                              "the start, restarts included), saving a checkpoint; exit 0")
+    parser.add_argument("--spike-factor", type=float, default=3.0, metavar="F",
+                        help="a step whose loss or gradient norm exceeds F times its running "
+                             "average is a spike event in metrics.jsonl and a warning (default "
+                             "3; 0: none)")
     parser.add_argument("--peak", metavar="DEVICE|TFLOPS",
                         help="the peak MFU divides by: a rated device (" + ", ".join(RATED)
                              + ": its dense peak for the compute dtype) or one rank's TFLOP/s "
@@ -135,9 +139,10 @@ def run(argv: Sequence[str] | None = None) -> int:
     except PeakError as exc:
         print(f"mf-train: {exc}", file=sys.stderr)
         return 2
-    if args.max_restarts < 0 or (args.exit_duration is not None and args.exit_duration <= 0):
-        print("mf-train: --max-restarts must be >= 0 and --exit-duration > 0 minutes",
-              file=sys.stderr)
+    if args.max_restarts < 0 or args.spike_factor < 0 or (
+            args.exit_duration is not None and args.exit_duration <= 0):
+        print("mf-train: --max-restarts and --spike-factor must be >= 0, --exit-duration > 0 "
+              "minutes", file=sys.stderr)
         return 2
     if args.max_restarts and nodes.count > 1:
         print("mf-train: --max-restarts restarts the ranks of one host; with --nnodes, "
@@ -530,7 +535,8 @@ def _train(config: TrainConfig, source: Source, output_dir: Path, world_size: in
     try:
         trainer = Trainer(config, output_dir=output_dir, source=source, world_size=world_size,
                           say_warnings=os.environ.get(LAUNCHED) != "1",
-                          show_step_times=args.step_times, peak=args.peak)
+                          show_step_times=args.step_times, peak=args.peak,
+                          spike_factor=args.spike_factor)
         trainer.train(lambda: stop() or (exit_at is not None and time.time() >= exit_at))
     except (ConfigError, DataError, ValueError, OSError, TrainingStopped) as exc:
         if world_size > 1:

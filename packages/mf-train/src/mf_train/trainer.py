@@ -261,6 +261,7 @@ class Trainer:
             record has the times either way).
         peak: `--peak`: a rated device or a number of TFLOP/s (`peak_flops`); None: the
             peak measured once on this machine.
+        spike_factor: `--spike-factor` (`monitor.spikes`; 0: no spike events).
 
     Raises:
         ConfigError, PlanError: settings refused before anything is built.
@@ -294,7 +295,7 @@ class Trainer:
     def __init__(self, config: TrainConfig, *, output_dir: str | Path,
                  source: Source | None = None, world_size: int = 1,
                  say_warnings: bool = True, show_step_times: bool = False,
-                 peak: str | None = None):
+                 peak: str | None = None, spike_factor: float = 3.0):
         self.config, self.source, self.output_dir = config, source, Path(output_dir)
         self.given_peak = peak
         self.device = resolve_device(config.context.device_target)
@@ -356,7 +357,8 @@ class Trainer:
         self.callbacks = standard_callbacks(config.monitor,
                                             build_callbacks(config.callbacks, source),
                                             source, profiler=config.profiler,
-                                            step_times=show_step_times)
+                                            step_times=show_step_times,
+                                            spike_factor=spike_factor)
         self.step = self._build_step()
         self.build_peak = largest_peak(self.device, self.comm.world_size)
         """The largest rank's peak memory once everything is built (a collective)."""

@@ -25,7 +25,11 @@ an `event` key:
   first..last written before it are superseded by the ones that follow. `read_steps` gives
   one record per step accordingly; TensorBoard hides the superseded events too
   (`tensorboard`'s purge);
-* `{"event": "save", "step": N, "path": ...}` follows each checkpoint.
+* `{"event": "save", "step": N, "path": ...}` follows each checkpoint;
+* `{"event": "spike", "step": N, "metric": "loss", "value": ..., "average": ..., "factor":
+  ...}` follows a step whose loss or gradient norm spiked (`monitor.spikes`);
+* `{"event": "restart", "attempt": K, "step": N, "cause": ..., "wait_s": ...}`: the launcher
+  started the job again after a failure (`mf_train.restarts`).
 
 The file is only ever appended to, never truncated: a run owns its output directory
 (`mf_train.run_directory`), and a resumed run continues its predecessor's file. It is never
@@ -79,6 +83,8 @@ class MetricsWriter(Callback):
     def on_step_end(self, ctx: TrainContext, record: StepRecord) -> None:
         if self._file is not None:
             self._write(step_line(record))
+            for event in record.events:
+                self._write(dict(event))
 
     def on_save(self, ctx: TrainContext, step: int, path: Path) -> None:
         if self._file is not None:
