@@ -199,10 +199,11 @@ def test_a_stopped_rank_is_reported_and_the_same_command_runs_again(
     assert again.returncode == 0, again.stderr
     assert "saved no checkpoint" in again.stderr and "starting afresh" in again.stderr
     assert losses(output) == uninterrupted
+    # every step names rank 1 as the one slowest at its data (`time/slowest_rank` weighs all
+    # of a rank's own work, which the other jobs on a loaded machine can outweigh)
     for record in read_steps(output / "metrics.jsonl"):
-        assert (record["time/slowest_rank"], record["time/data_rank"]) == (1, 1), record
-        assert record["time/data"] - record["time/data_min"] >= SLOW_DATA
-        assert record["time/reduction_rank"] == 0  # rank 0 waits there for rank 1
+        assert record["time/data_rank"] == 1, record
+        assert record["time/data"] >= SLOW_DATA > 10 * record["time/data_min"]
 
 
 SLOW_DATA = 0.8

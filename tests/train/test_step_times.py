@@ -12,7 +12,7 @@ pytest.importorskip("mindspore")
 
 from runs import QWEN3, QWEN3_2_LAYERS, steps
 
-from mf_train.step_times import PHASES, format_step_times
+from mf_train.step_times import PHASES, REPORTED, format_step_times, step_times
 
 
 def test_the_phases_sum_to_the_time_between_step_lines(runs) -> None:
@@ -35,6 +35,20 @@ def test_the_phases_sum_to_the_time_between_step_lines(runs) -> None:
     saved = [line["step"] for line in lines if line.get("event") == "save"]
     assert 2 in saved and records[2]["time/save"] > 0
     assert records[1]["time/save"] == 0
+
+
+def test_the_slowest_rank_is_the_one_with_the_most_own_work() -> None:
+    """Rank 1 loads its data 0.5 s longer; rank 0 waits that long in the reduction."""
+    #        data  fwd_bwd reduce optim readback save  other iteration
+    rank_0 = [0.01, 0.30, 0.55, 0.05, 0.0, 0.0, 0.01, 0.92]
+    rank_1 = [0.51, 0.31, 0.04, 0.05, 0.0, 0.0, 0.01, 0.92]
+    times = step_times([rank_0, rank_1])
+    assert times["time/slowest_rank"] == 1
+    assert (times["time/data"], times["time/data_min"], times["time/data_rank"]) == (
+        0.51, 0.01, 1)
+    assert (times["time/reduction"], times["time/reduction_rank"]) == (0.55, 0)
+    assert format_step_times(times).endswith(", slowest rank 1 (data +500 ms)")
+    assert set(step_times([rank_0])) == {f"time/{phase}" for phase in REPORTED}
 
 
 def test_the_step_line_names_the_slowest_rank_and_phase() -> None:
