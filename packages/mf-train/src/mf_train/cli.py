@@ -46,7 +46,7 @@ from mf_config.errors import ConfigWarning
 from mf_config.validate import config_from_source, load_source
 from mf_config.yaml_source import Source, UnreadableFile
 from mf_data.errors import DataError
-from mf_parallel import PlanError
+from mf_parallel import PlanError, rank_progress
 from mf_parallel.launch import Forward, HangSettings, JobHung, LaunchError, Nodes, run_ranks
 from mf_parallel.log_echo import MINDSPORE_INFO
 from mf_parallel.msrun import path_with_interpreter
@@ -484,6 +484,7 @@ def run_training(argv: Sequence[str], *, world_size: int,
 def _run_training(argv: Sequence[str], world_size: int, signals: StopSignals) -> int:
     args = _parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
+    rank_progress.phase("validate")  # where a rank is, for the launcher's hang watch
     validated = _validated(args, world_size)
     if validated is None:
         return 2
@@ -532,6 +533,7 @@ def _train(config: TrainConfig, source: Source, output_dir: Path, world_size: in
     rank raises, and the traceback's last line is what the launcher reports."""
     from .trainer import Trainer, TrainingStopped  # MindSpore
 
+    rank_progress.phase("build")
     try:
         trainer = Trainer(config, output_dir=output_dir, source=source, world_size=world_size,
                           say_warnings=os.environ.get(LAUNCHED) != "1",
