@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import re
 import signal
 import subprocess
 import sys
@@ -18,6 +19,8 @@ import pytest
 pytest.importorskip("mindspore")
 
 from runs import losses
+
+from mf_train.monitor.metrics import read_steps
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "qwen3_tiny.yaml"
@@ -136,4 +139,111 @@ def test_sigkill_of_a_rank_then_the_same_command_again(uninterrupted, data_prefi
                            timeout=900)
     assert again.returncode == 0, again.stderr
     assert "holds an earlier run: resuming from its checkpoint" in again.stderr
+    assert losses(output) == uninterrupted
+
+
+HANG_TIMEOUT = 15
+"""The stopped-rank test's `--hang-timeout` (seconds)."""
+
+
+def test_a_stopped_rank_is_reported_and_the_same_command_runs_again(
+        uninterrupted, data_prefix, tmp_path: Path) -> None:
+    """SIGSTOP rank 1 after step 1 (before the run's only checkpoint, at its last step): the
+    launcher names rank 1 (stopped) with its step and phase, and rank 0's pending collective,
+    within the hang timeout + 10 s, with each rank's stacks in hang/; the same command then
+    starts afresh and trains the uninterrupted run's losses."""
+    output = tmp_path / "out"
+    hung = [*command(data_prefix, output), "--set", f"checkpoint.save_interleaved_steps={STEPS}",
+            "--hang-timeout", str(HANG_TIMEOUT)]
+    job = subprocess.Popen(hung, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    pid = None
+    try:
+        deadline = time.monotonic() + 600
+        while logged(output)[0] < 1:
+            assert job.poll() is None and time.monotonic() < deadline, "the job ended early"
+            pid = pid or rank_pid(output, 1)
+            time.sleep(0.1)
+        pid = pid or rank_pid(output, 1)
+        assert pid is not None, "rank 1 not found"
+        os.kill(pid, signal.SIGSTOP)
+        stopped = time.monotonic()
+        _, err = job.communicate(timeout=HANG_TIMEOUT + 120)
+        took = time.monotonic() - stopped
+    finally:
+        if job.poll() is None:
+            job.kill()
+        if pid is not None and rank_pid(output, 1) == pid:
+            os.kill(pid, signal.SIGKILL)
+    assert job.returncode == 3, err
+    assert took < HANG_TIMEOUT + 10, (took, err)
+    report = err[err.index("mf-train: no rank progressed"):].splitlines()
+    assert report[0].endswith("the job is hung; behind: rank 1"), err
+    rank_1 = re.fullmatch(r"  rank 1 \(behind, stopped \(SIGSTOP or a debugger\)\): step (\d+), "
+                          r"phase (\w+), last collective (\S+)", report[2])
+    assert rank_1 is not None, report
+    assert 1 <= int(rank_1[1]) <= 3 and rank_1[2] != "starting", report
+    rank_0 = re.fullmatch(r"  rank 0 \(waiting, \w[^)]*\): step (\d+), phase (\w+), last "
+                          r"collective (\S+)", report[1])
+    assert rank_0 is not None and rank_0[3] != "-", report
+    for rank in (0, 1):
+        dumped = (output / "hang" / f"rank_{rank}.txt").read_text()
+        assert dumped.startswith(f"rank {rank}: step "), dumped
+        assert 'File "' in dumped and "most recent call first" in dumped, dumped
+    # the same command again, rank 1's data loading slowed by SLOW_DATA seconds a step
+    slowed = tmp_path / "slow_data"
+    slowed.mkdir()
+    (slowed / "sitecustomize.py").write_text(SLOW_RANK_1_DATA)
+    again = subprocess.run(hung, capture_output=True, text=True, timeout=900,
+                           env={**os.environ, "PYTHONPATH": os.pathsep.join(
+                               [str(slowed), os.environ.get("PYTHONPATH", "")])})
+    assert again.returncode == 0, again.stderr
+    assert "saved no checkpoint" in again.stderr and "starting afresh" in again.stderr
+    assert losses(output) == uninterrupted
+    # every step names rank 1 as the one slowest at its data (`time/slowest_rank` weighs all
+    # of a rank's own work, which the other jobs on a loaded machine can outweigh)
+    for record in read_steps(output / "metrics.jsonl"):
+        assert record["time/data_rank"] == 1, record
+        assert record["time/data"] >= SLOW_DATA > 10 * record["time/data_min"]
+
+
+SLOW_DATA = 0.8
+"""Seconds rank 1's data loading is slowed by, each micro-batch (`SLOW_RANK_1_DATA`)."""
+SLOW_RANK_1_DATA = f"""
+import os
+if os.environ.get("RANK_ID") == "1" and os.environ.get("MS_ROLE") == "MS_WORKER":
+    import time
+    from mf_train.micro_batches import MicroBatchStream
+
+    real = MicroBatchStream.__next__
+
+    def slowed(self):
+        time.sleep({SLOW_DATA})
+        return real(self)
+
+    MicroBatchStream.__next__ = slowed
+"""
+
+
+def test_a_killed_rank_is_restarted_and_the_run_ends_as_an_uninterrupted_one(
+        uninterrupted, data_prefix, tmp_path: Path) -> None:
+    """SIGKILL rank 1 after step 2's checkpoint, under --max-restarts 2: the launcher starts
+    the job again from that checkpoint by itself, and the run ends with an uninterrupted
+    run's losses and one `restart` event naming the cause."""
+    output = tmp_path / "out"
+    job = subprocess.Popen([*command(data_prefix, output), "--max-restarts", "2"],
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        kill_at(output, 2, 0.0, job)
+        _, err = job.communicate(timeout=600)
+    finally:
+        if job.poll() is None:
+            job.kill()
+    assert job.returncode == 0, err
+    events = [json.loads(line) for line in (output / "metrics.jsonl").read_text().splitlines()]
+    [restart] = [event for event in events if event.get("event") == "restart"]
+    assert restart["attempt"] == 1 and restart["wait_s"] == 1.0
+    assert restart["cause"].startswith("rank 1 was killed by SIGKILL"), restart
+    resumed = [event for event in events if event.get("event") == "resume"]
+    assert [event["step"] for event in resumed] == [restart["step"] - restart["step"] % 2]
+    assert "mf-train: restart 1 of 2 after 1 s, from " in err
     assert losses(output) == uninterrupted

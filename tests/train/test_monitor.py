@@ -118,8 +118,12 @@ def test_the_file_is_never_truncated(tmp_path: Path) -> None:
     """A run owns its directory (run_directory refuses another run's); the writer only
     appends, so nothing a run wrote is ever lost to the next one."""
     run(MetricsWriter(), context(tmp_path), [record(1), record(2)])
-    run(MetricsWriter(), context(tmp_path), [record(1)])
-    assert [line["step"] for line in read_jsonl(tmp_path / "metrics.jsonl")] == [0, 1, 2, 0, 1]
+    run(MetricsWriter(), context(tmp_path), [record(1, loss=9.0)])  # afresh: none saved
+    lines = read_jsonl(tmp_path / "metrics.jsonl")
+    assert [(line.get("event"), line["step"]) for line in lines] == [
+        ("start", 0), (None, 1), (None, 2), ("rewind", 0), ("start", 0), (None, 1)]
+    assert lines[3]["superseded"] == [1, 2]
+    assert [(r["step"], r["loss"]) for r in read_steps(tmp_path / "metrics.jsonl")] == [(1, 9.0)]
 
 
 def test_metrics_only_on_rank_0(tmp_path: Path) -> None:
@@ -482,8 +486,8 @@ def test_standard_callbacks_order_and_a_whole_run(tmp_path: Path, caplog) -> Non
     user = AddsExtra()
     callbacks = standard_callbacks(monitor, [user])
     assert [type(cb).__name__ for cb in callbacks] == [
-        "TrainStateMonitor", "MoeMonitor", "EmbeddingHealthMonitor", "AddsExtra", "LossLogger",
-        "MetricsWriter", "TensorboardWriter", "ProgressBar"]
+        "TrainStateMonitor", "MoeMonitor", "EmbeddingHealthMonitor", "SpikeMonitor",
+        "AddsExtra", "LossLogger", "MetricsWriter", "TensorboardWriter", "ProgressBar"]
     train_state, moe = callbacks.find(TrainStateMonitor), callbacks.find(MoeMonitor)
     ctx = context(tmp_path, total_steps=2, model=FakeMoeModel())
     callbacks.on_train_begin(ctx)
@@ -537,3 +541,36 @@ def test_tensorboard_writes_without_importing_pytorch(tmp_path: Path) -> None:
     assert imports.read_text().splitlines() == ["imported"]  # only the script's own import
     assert [event.file_version for event in read_events(tmp_path / "tensorboard")] == [
         "brain.Event:2"]
+
+
+# ----------------------------------------------------------------------- spikes
+
+
+def test_a_spike_beyond_the_factor_of_the_running_average_is_an_event(tmp_path: Path,
+                                                                      caplog) -> None:
+    """Losses 4.0 then a 13.0 (over 3 x 4.0): an event after its step line, naming the
+    value and the average; a skipped step and the spike itself stay out of the average."""
+    from mf_train.monitor.spikes import WARMUP, SpikeMonitor
+
+    ctx = context(tmp_path, total_steps=12)
+    spikes, writer = SpikeMonitor(3.0), MetricsWriter()
+    losses = [4.0] * WARMUP + [1e9, 13.0, 11.0, 12.5]  # 11.0 <= 3 x 4: not a spike
+    records = [record(step, 12, loss=loss, grad_norm=1.0, skipped=loss == 1e9)
+               for step, loss in enumerate(losses, 1)]
+    writer.on_train_begin(ctx)
+    for rec in records:
+        spikes.on_step_end(ctx, rec)
+        writer.on_step_end(ctx, rec)
+    writer.on_train_end(ctx, None)
+    events = [line for line in read_jsonl(tmp_path / "metrics.jsonl")
+              if line.get("event") == "spike"]
+    assert [{key: event[key] for key in ("step", "metric", "value", "average", "factor")}
+            for event in events] == [
+        {"step": WARMUP + 2, "metric": "loss", "value": 13.0, "average": 4.0, "factor": 3.0}]
+    # 11.0 joined the average (4 x 5 + 11) / 6 = 5.17: 12.5 is below 3 x that
+    assert "step 7: loss 13 is 3.25 times its running average 4" in caplog.text
+    assert [line.get("event") for line in read_jsonl(tmp_path / "metrics.jsonl")][7:10] == [
+        None, "spike", None]
+    quiet = SpikeMonitor(0.0)
+    quiet.on_step_end(ctx, rec := record(1, 12, loss=1e9))
+    assert rec.events == []

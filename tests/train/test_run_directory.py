@@ -78,15 +78,18 @@ def test_a_second_run_into_a_directory_in_use_fails_at_once(data_prefix, tmp_pat
     claim(tmp_path, CheckpointConfig()).release()  # kill -9 left the lock to the system
 
 
-def test_an_earlier_run_without_checkpoints_is_not_overwritten(tmp_path: Path) -> None:
+def test_an_earlier_run_without_checkpoints_starts_afresh(tmp_path: Path) -> None:
+    """A run that failed (or hung) before its first checkpoint: the same command starts it
+    again from step 1, keeping the earlier lines (the new start supersedes them)."""
     (tmp_path / "metrics.jsonl").write_text('{"event": "start", "step": 0}\n'
                                             '{"step": 1, "loss": 5.0}\n{"step": 2, "loss": 4.0}\n')
-    with pytest.raises(RunDirectoryError) as refused:
-        claim(tmp_path, CheckpointConfig())
-    assert str(refused.value) == (
-        f"{tmp_path} holds an earlier run (metrics.jsonl logs 2 steps) but no checkpoint to "
-        f"resume from in {tmp_path / 'checkpoint'}; choose another --output-dir, or remove "
-        f"{tmp_path}")
+    owned = claim(tmp_path, CheckpointConfig())
+    owned.release()
+    assert owned.checkpoint.load_path == ""
+    assert owned.note == (
+        f"{tmp_path} holds an earlier run that logged 2 steps but saved no checkpoint in "
+        f"{tmp_path / 'checkpoint'}: starting afresh from step 1 (its metrics.jsonl lines are "
+        "kept above this run's)")
     assert (tmp_path / "metrics.jsonl").read_text().count("\n") == 3
 
 

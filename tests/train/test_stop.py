@@ -251,3 +251,30 @@ def test_a_launcher_killed_takes_every_process_of_its_job_with_it(data_prefix,
         if launcher.poll() is None:
             launcher.kill()
             launcher.wait()
+
+
+def test_exit_duration_stops_at_a_step_with_a_checkpoint(uninterrupted, data_prefix,
+                                                         tmp_path: Path, capsys,
+                                                         monkeypatch) -> None:
+    """--exit-duration 1: the clock is moved an hour on once step 1 has run (the only fake
+    here), so the run stops at the next boundary, saves step 1, exits 0 with one line; the
+    same command without the fake clock resumes and ends as an uninterrupted run."""
+    from mf_train import trainer
+
+    real_step, real_time, ran = trainer.Trainer.run_step, time.time, []
+
+    def run_step(self, stream):
+        ran.append(self.step_count + 1)
+        return real_step(self, stream)
+
+    out = tmp_path / "out"
+    args = [*mf_train(out, data_prefix), "--exit-duration", "1"]
+    with monkeypatch.context() as patched:
+        patched.setattr(trainer.Trainer, "run_step", run_step)
+        patched.setattr(time, "time", lambda: real_time() + (3600 if ran else 0))
+        assert run(args) == 0
+    assert ran == [1]
+    assert capsys.readouterr().err.strip().splitlines()[-1] == saved_line(
+        "--exit-duration 1 min", out, 1)
+    assert run(args) == 0  # the same command, within its hour
+    assert losses(out) == uninterrupted

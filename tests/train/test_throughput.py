@@ -85,19 +85,30 @@ def test_flops_grow_with_the_sequence_by_the_attention_term_only() -> None:
 # ----------------------------------------------------------------------- pace and rates
 
 
-def test_eta_is_the_mean_step_after_the_first_times_the_steps_left() -> None:
-    ticks = iter([100.0, 105.0, 106.0, 107.5, 108.0, 109.0])  # start, then 5 step ends
-    pace = RunPace(5, clock=lambda: next(ticks))
-    done = [pace.step_done(step) for step in range(1, 6)]
-    # step 1 alone: its 5 s; then the mean of steps 2.. (1, 1.5, 0.5, 1 s)
-    assert done == [(5.0, 20.0), (6.0, 3.0), (7.5, 2.5), (8.0, 1.0), (9.0, 0.0)]
+def test_eta_is_the_mean_steady_step_times_the_steps_left() -> None:
+    ticks = iter([100.0, 105.0, 106.0, 110.0, 111.5, 112.0, 113.0])  # start, 6 step ends
+    pace = RunPace(6, clock=lambda: next(ticks))
+    steady = [True, True, False, True, True, True]  # step 3 compiled a graph (4 s)
+    done = [pace.step_done(step, ok) for step, ok in zip(range(1, 7), steady, strict=True)]
+    # step 1 alone: no ETA (compilation, warm-up); then the mean of steps 2, 4.. (1, 1.5,
+    # 0.5, 1 s), step 3's compilation left out
+    assert done == [(5.0, None), (6.0, 4.0), (10.0, 3.0), (11.5, 2.5), (12.0, 1.0),
+                    (13.0, 0.0)]
+
+
+def test_a_run_whose_every_step_compiles_still_has_an_eta() -> None:
+    ticks = iter([0.0, 5.0, 7.0, 8.0])
+    pace = RunPace(4, clock=lambda: next(ticks))
+    assert [pace.step_done(step, steady=False) for step in (1, 2, 3)] == [
+        (5.0, None), (7.0, 4.0), (8.0, 1.5)]
 
 
 def test_a_resumed_run_counts_its_own_steps_only() -> None:
-    ticks = iter([0.0, 2.0, 3.0])
-    pace = RunPace(10, clock=lambda: next(ticks))
-    assert pace.step_done(9) == (2.0, 2.0)
-    assert pace.step_done(10) == (3.0, 0.0)
+    ticks = iter([0.0, 2.0, 3.0, 3.5])
+    pace = RunPace(11, clock=lambda: next(ticks))
+    assert pace.step_done(9) == (2.0, None)
+    assert pace.step_done(10) == (3.0, 1.0)
+    assert pace.step_done(11) == (3.5, 0.0)
 
 
 def test_throughput_fills_per_rank_tflops_and_mfu() -> None:
@@ -163,7 +174,8 @@ def check_run(output: Path, world: int) -> None:
     shape = model_shape(config.model)
     assert start["model_flops_per_token"] == flops_per_token(shape, 32)
     assert start["world_size"] == world and start["peak_tflops"] > 0
-    assert start["peak_source"].startswith("measured at start: float32 1024x1024 matmul on CPU")
+    assert start["peak_source"].startswith(
+        "measured once on this machine (float32 1024x1024 matmul on CPU, fastest of 5, ")
     logged = steps(output)
     assert [line["step"] for line in logged] == [1, 2, 3, 4]
     for line in logged:
@@ -176,8 +188,9 @@ def check_run(output: Path, world: int) -> None:
     elapsed = [line["elapsed_s"] for line in logged]
     assert elapsed == sorted(elapsed) and elapsed[0] > 0
     periods = [elapsed[0]] + [b - a for a, b in itertools.pairwise(elapsed)]
-    for index, line in enumerate(logged):  # the mean step after the first, times steps left
-        timed = periods[1:index + 1] or periods[:1]
+    assert "eta_s" not in logged[0]  # the first step alone: no ETA
+    for index, line in enumerate(logged[1:-1], 1):  # the mean step after the first (none of
+        timed = periods[1:index + 1]                # these compiles), times the steps left
         assert line["eta_s"] == pytest.approx(sum(timed) / len(timed) * (4 - line["step"]),
                                               abs=1e-6)
     assert logged[-1]["eta_s"] == 0.0 and logged[-2]["eta_s"] > 0

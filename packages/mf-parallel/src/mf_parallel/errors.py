@@ -10,3 +10,8 @@ class LaunchError(RuntimeError):
 
     Raised by `mf_parallel.launch.run_ranks` (and importable from there).
     """
+
+
+class JobHung(LaunchError):
+    """No rank of a job progressed for its hang timeout; the message is the hang's report
+    (`mf_parallel.hang_watch`)."""

@@ -24,8 +24,10 @@ Pure Python: it starts MindSpore in other processes but never imports it here.
 from __future__ import annotations
 
 import re
+import shutil
 import signal
 import subprocess
+import tempfile
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -33,14 +35,17 @@ from typing import BinaryIO, TextIO
 
 import attrs
 
-from .errors import LaunchError
+from .errors import JobHung, LaunchError
+from .hang_watch import HangReport, HangWatch
 from .log_echo import echoing
 from .msrun import child_env, free_port, kill_group, msrun_command
 from .nodes import Nodes
 from .parent_death import command as dying_with_this_process
+from .rank_progress import DIRECTORY_ENV as PROGRESS_DIR
 from .rank_watch import TIMED_OUT, WORKERS_ENDED, logs_errors, traceback_tail, watch
 
-__all__ = ["Forward", "LaunchError", "LaunchResult", "Nodes", "failure_message", "run_ranks"]
+__all__ = ["Forward", "HangSettings", "JobHung", "LaunchError", "LaunchResult", "Nodes",
+           "failure_message", "run_ranks"]
 
 
 @attrs.frozen(kw_only=True)
@@ -66,12 +71,22 @@ class Forward:
     requested: Callable[[], bool]
 
 
+@attrs.frozen
+class HangSettings:
+    """When a job counts as hung (`hang_watch`): no rank progressed for `timeout` seconds
+    (0: never); its report's files go to `report_dir`."""
+
+    timeout: float
+    report_dir: Path
+
+
 def run_ranks(script: str | Path, nproc: int, *, log_dir: str | Path, timeout: float,
               args: Sequence[str] = (), env: dict[str, str] | None = None,
               echo_rank: int | None = None, echo_to: TextIO | None = None,
               nodes: Nodes | None = None, forward: Forward | None = None,
               hold_fds: Sequence[int] = (),
-              echo_drop: re.Pattern[str] | None = None) -> LaunchResult:
+              echo_drop: re.Pattern[str] | None = None,
+              hang: HangSettings | None = None) -> LaunchResult:
     """Run `script` on `nproc` ranks of this host through msrun and wait for them.
 
     Args:
@@ -93,6 +108,10 @@ def run_ranks(script: str | Path, nproc: int, *, log_dir: str | Path, timeout: f
         hold_fds: file descriptors msrun inherits and keeps open until it exits (a lock the
             caller holds for the job then stays held while msrun and its workers run, even
             if the caller is killed).
+        hang: when the job is hung (`HangSettings`; default: never judged hung). Either way
+            each rank records its progress (`rank_progress`, in a directory of its own that
+            is removed afterwards), so that a rank that fails because another is stopped or
+            behind does not take the blame alone (`HangWatch.blame`).
 
     Returns:
         The finished job: exit status 0, log directory, seconds taken.
@@ -101,6 +120,8 @@ def run_ranks(script: str | Path, nproc: int, *, log_dir: str | Path, timeout: f
         LaunchError: as soon as one rank has failed (named, with its error or the signal
             that killed it, and its log; every process of the job is killed), once `timeout`
             seconds have passed, or when the log directory cannot be written.
+        JobHung: no rank progressed for `hang.timeout` seconds (the message is the report;
+            every process of the job is killed).
     """
     log_dir = Path(log_dir)
     nodes = nodes or Nodes()
@@ -108,9 +129,17 @@ def run_ranks(script: str | Path, nproc: int, *, log_dir: str | Path, timeout: f
     if echo_rank is not None and echo_rank not in ranks:
         raise ValueError(f"echo_rank must be a rank of this host ({ranks[0]} to "
                          f"{ranks[-1]}), got {echo_rank}")
-    failure, returncode, seconds = _run_msrun(script, nproc, log_dir, timeout, args, env,
-                                              (echo_rank, echo_to, echo_drop), nodes, forward,
-                                              hold_fds)
+    progress = Path(tempfile.mkdtemp(prefix="mf-rank-progress-"))
+    try:
+        watch_hang = HangWatch(progress, ranks, timeout=hang.timeout if hang else 0.0,
+                               report_dir=hang.report_dir if hang else log_dir)
+        failure, returncode, seconds = _run_msrun(
+            script, nproc, log_dir, timeout, args, {**(env or {}), PROGRESS_DIR: str(progress)},
+            (echo_rank, echo_to, echo_drop), nodes, forward, hold_fds, watch_hang)
+    finally:
+        shutil.rmtree(progress, ignore_errors=True)
+    if isinstance(failure, HangReport):
+        raise JobHung(failure)
     if failure == TIMED_OUT:
         raise LaunchError(f"{nproc}-rank job {Path(script).name} did not finish in "
                           f"{timeout:.0f} s and was killed; logs in {log_dir}")
@@ -127,8 +156,8 @@ def run_ranks(script: str | Path, nproc: int, *, log_dir: str | Path, timeout: f
 def _run_msrun(script: str | Path, nproc: int, log_dir: Path, timeout: float,
                args: Sequence[str], env: dict[str, str] | None,
                echo: tuple[int | None, TextIO | None, re.Pattern[str] | None], nodes: Nodes,
-               forward: Forward | None = None,
-               hold_fds: Sequence[int] = ()) -> tuple[str | None, int, float]:
+               forward: Forward | None = None, hold_fds: Sequence[int] = (),
+               hang: HangWatch | None = None) -> tuple[str | None, int, float]:
     """Run msrun until it exits, a rank fails or the time is up, then end every process of
     the job. Returns the watch's failure (see `rank_watch.watch`), msrun's exit status and
     the seconds since msrun started. In a job of one node, the job ends as soon as every
@@ -153,7 +182,7 @@ def _run_msrun(script: str | Path, nproc: int, log_dir: Path, timeout: float,
                             forward=None if forward is None else
                             lambda: forward.signum if forward.requested() else None,
                             until_workers_end=one_node,
-                            msrun_logs_errors=logs_errors(environment))
+                            msrun_logs_errors=logs_errors(environment), hang=hang)
         finally:
             kill_group(process)  # the other ranks, and workers left behind by msrun, if any
     if failure == WORKERS_ENDED:  # every rank succeeded; msrun and its scheduler were ended

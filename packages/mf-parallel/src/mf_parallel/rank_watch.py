@@ -19,6 +19,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
+from .hang_watch import HangWatch
 from .msrun import children, proc_stat
 
 #: Seconds between two looks at the workers (their logs and /proc) while the job runs.
@@ -36,7 +37,8 @@ _EXCEPTION_LINE = re.compile(r"^(\w+(?:\.\w+)*(?:Error|Exception|Interrupt)\b.*)
 def watch(process: subprocess.Popen[bytes], log_dir: Path, ranks: Sequence[int], *,
           deadline: float, msrun_log: str = "msrun.log",
           forward: Callable[[], int | None] | None = None,
-          until_workers_end: bool = False, msrun_logs_errors: bool = True) -> str | None:
+          until_workers_end: bool = False, msrun_logs_errors: bool = True,
+          hang: HangWatch | None = None) -> str | None:
     """Wait for msrun; stop early with the first failed rank's message, or `TIMED_OUT`.
 
     `ranks` are the global ranks msrun runs on this host; `msrun_log` names msrun's own log in
@@ -49,13 +51,19 @@ def watch(process: subprocess.Popen[bytes], log_dir: Path, ranks: Sequence[int],
     and MindSpore's scheduler only notices the last worker's departure after up to 5 s of
     sleep, then msrun after up to 1 s more. `msrun_logs_errors`: whether msrun's environment
     lets its error lines reach its log (`logs_errors`).
+
+    `hang`, when given, is asked at every look whether the job is hung (its report, a
+    `HangReport`, is returned), and names the ranks stopped or behind in a failure's message
+    (`HangWatch.blame`).
     """
     workers = RankWatch(process.pid, log_dir, ranks, msrun_log=msrun_log,
                         msrun_logs_errors=msrun_logs_errors)
     while process.poll() is None:
         failure = workers.failure()
         if failure is not None:
-            return failure
+            return failure if hang is None else hang.blame(failure, workers.pid_rank)
+        if hang is not None and (report := hang.check(workers.pid_rank)) is not None:
+            return report
         if until_workers_end and workers.all_succeeded():
             return workers.failure() or WORKERS_ENDED  # what msrun logged as it reaped them
         signum = forward() if forward is not None else None

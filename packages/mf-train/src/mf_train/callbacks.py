@@ -96,6 +96,8 @@ class StepRecord:
     elapsed_s: float | None = None
     eta_s: float | None = None
     extra: dict[str, float] = dataclasses.field(default_factory=dict)
+    events: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    """Events of this step for metrics.jsonl (`{"event": "spike", ...}`), after its line."""
 
     def __post_init__(self) -> None:
         for name in ("step", "total_steps", "tokens", "consumed_samples"):
@@ -150,7 +152,8 @@ class TrainContext:
     peak_tflops: float | None = None
     """The peak TFLOP/s of a rank that MFU divides by, None when unknown."""
     peak_source: str | None = None
-    """Where `peak_tflops` comes from (`measured at start: float32 1024x1024 matmul ...`)."""
+    """Where `peak_tflops` comes from (`rated: A100 dense bfloat16, ...`, `measured once on
+    this machine (...)`: `peak_flops`)."""
     evaluate: Callable[[int], float] | None = dataclasses.field(default=None, repr=False)
     """The valid split's mean loss over its next `iters` global batches (a collective; the
     `Evaluate` callback calls it, `mf_train.evaluation`); None when the run evaluates
@@ -289,11 +292,20 @@ def _build_one(config: CallbackConfig, index: int, source: Source | None) -> Cal
 
 
 class LossLogger(Callback):
-    """One MindFormers-like line per step on rank 0 (logger `mf_train.callbacks`)."""
+    """One MindFormers-like line per step on rank 0 (logger `mf_train.callbacks`); with
+    `step_times`, followed by where the step's time went (`step_times.format_step_times`)."""
+
+    def __init__(self, step_times: bool = False):
+        self.step_times = step_times
 
     def on_step_end(self, ctx: TrainContext, record: StepRecord) -> None:
         if ctx.is_main:
-            logger.info("%s", format_step_line(record))
+            line = format_step_line(record)
+            if self.step_times:
+                from .step_times import format_step_times
+
+                line = f"{line} {format_step_times(record.extra)}".rstrip()
+            logger.info("%s", line)
 
 
 def format_step_line(record: StepRecord) -> str:

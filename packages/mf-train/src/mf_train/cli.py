@@ -13,8 +13,13 @@ With `--nproc N` the launcher starts N ranks on this host through msrun (mf_para
 the `mf-train-rank` entry point (`rank_worker`) and writes its log to
 `DIR/logs/worker_<rank>.log`, and the host's first rank's lines are shown on the console as
 they come (`[rank 0] ...`). When a rank fails or is killed, the job stops within a second or
-so and the launcher prints that rank's error and the path of its log. With `--nnodes`, this
-host is one node of a job over several hosts (`node_flags`): every check sees the whole job.
+so and the launcher prints that rank's error and the path of its log; a rank that is stopped
+or behind the others is named first (a healthy rank's failure in a collective waiting for it
+is its consequence). When no rank progresses for `--hang-timeout` seconds (default 600; 0:
+never), every rank dumps its Python stacks with its step, phase and last collective into
+`DIR/hang/rank_<r>.txt`, the launcher prints one report naming the ranks behind, and exits
+with status 3 (`mf_parallel.hang_watch`). With `--nnodes`, this host is one node of a job
+over several hosts (`node_flags`): every check sees the whole job.
 
 SIGINT (Ctrl-C) and SIGTERM stop a run at its next step boundary (`stop_signals`): it saves a
 checkpoint, prints one line saying where, and exits with status 128 + the signal's number; a
@@ -42,8 +47,8 @@ from mf_config.errors import ConfigWarning
 from mf_config.validate import config_from_source, load_source
 from mf_config.yaml_source import Source, UnreadableFile
 from mf_data.errors import DataError
-from mf_parallel import PlanError
-from mf_parallel.launch import Forward, LaunchError, Nodes, run_ranks
+from mf_parallel import PlanError, rank_progress
+from mf_parallel.launch import Forward, HangSettings, JobHung, LaunchError, Nodes, run_ranks
 from mf_parallel.log_echo import MINDSPORE_INFO
 from mf_parallel.msrun import path_with_interpreter
 
@@ -51,9 +56,19 @@ from . import export_command, generate_command
 from .input_checks import check_inputs
 from .monitor.tensorboard import event_dir
 from .node_flags import NODE_OPTIONS, FlagError, add_node_flags, nodes_from
+from .peak_flops import RANKS_ON_HOST, RATED, PeakError, check_given, given_peak, peak_dtype
+from .restarts import backoff, logged_step, not_retried, record_restart
 from .resume_changes import changes
 from .run_directory import Claim, RunDirectoryError, claim
-from .stop_signals import LAUNCHED, LAUNCHER_PID, LAUNCHER_STOP, StopSignals, name, status
+from .stop_signals import (
+    EXIT_AT,
+    LAUNCHED,
+    LAUNCHER_PID,
+    LAUNCHER_STOP,
+    StopSignals,
+    name,
+    status,
+)
 from .summary import stopped_line, summary_lines
 
 # `.job` and `.trainer` import MindSpore (about 2.7 s here), so they are imported where a run
@@ -77,6 +92,31 @@ def _parser() -> argparse.ArgumentParser:
                              "process trains)")
     parser.add_argument("--timeout", type=float, default=0, metavar="SECONDS",
                         help="with --nproc: stop the job after this long (default: no limit)")
+    parser.add_argument("--hang-timeout", type=float, default=None, metavar="SECONDS",
+                        help="with --nproc: when no rank progresses for this long, dump every "
+                             "rank's stacks to <output-dir>/hang/, report the ranks behind "
+                             f"and end the job with status {HUNG_STATUS} (default "
+                             f"{DEFAULT_HANG_TIMEOUT:g}; 0: never)")
+    parser.add_argument("--step-times", action="store_true",
+                        help="end each step line with where its time went: data, forward/"
+                             "backward, reduction, optimizer, readback, save, other, and the "
+                             "slowest rank (metrics.jsonl and TensorBoard have them always)")
+    parser.add_argument("--max-restarts", type=int, default=0, metavar="N",
+                        help="with --nproc: after a rank fails or the job hangs, start it again "
+                             "from its newest checkpoint, up to N times (back-off 1 s, "
+                             "doubling); an input error, or the same step failing twice, is "
+                             "not retried (default 0)")
+    parser.add_argument("--exit-duration", type=float, default=None, metavar="MINUTES",
+                        help="stop at the first step boundary after this many minutes (from "
+                             "the start, restarts included), saving a checkpoint; exit 0")
+    parser.add_argument("--spike-factor", type=float, default=3.0, metavar="F",
+                        help="a step whose loss or gradient norm exceeds F times its running "
+                             "average is a spike event in metrics.jsonl and a warning (default "
+                             "3; 0: none)")
+    parser.add_argument("--peak", metavar="DEVICE|TFLOPS",
+                        help="the peak MFU divides by: a rated device (" + ", ".join(RATED)
+                             + ": its dense peak for the compute dtype) or one rank's TFLOP/s "
+                             "(default: a float32 matmul measured once on this machine)")
     add_node_flags(parser)
     return parser
 
@@ -98,10 +138,44 @@ def run(argv: Sequence[str] | None = None) -> int:
     except FlagError as exc:
         print(f"mf-train: {exc}", file=sys.stderr)
         return 2
+    try:
+        if args.peak is not None:
+            check_given(args.peak)
+    except PeakError as exc:
+        print(f"mf-train: {exc}", file=sys.stderr)
+        return 2
+    if args.max_restarts < 0 or args.spike_factor < 0 or (
+            args.exit_duration is not None and args.exit_duration <= 0):
+        print("mf-train: --max-restarts and --spike-factor must be >= 0, --exit-duration > 0 "
+              "minutes", file=sys.stderr)
+        return 2
+    if args.max_restarts and nodes.count > 1:
+        print("mf-train: --max-restarts restarts the ranks of one host; with --nnodes, "
+              "restart the job from the scheduler that started its nodes", file=sys.stderr)
+        return 2
+    if args.hang_timeout is not None and args.hang_timeout < 0:
+        print(f"mf-train: --hang-timeout must be >= 0 seconds, got {args.hang_timeout:g}",
+              file=sys.stderr)
+        return 2
     if nodes.count * args.nproc > 1:
         return launch(args, list(argv if argv is not None else sys.argv[1:]), nodes)
+    if args.max_restarts:
+        print("mf-train: --max-restarts has no effect on one process (it restarts the ranks "
+              "of --nproc N > 1); ignoring it", file=sys.stderr)
+    if args.hang_timeout:
+        print("mf-train: --hang-timeout has no effect on one process (it watches the ranks "
+              "of --nproc N > 1); ignoring it", file=sys.stderr)
     return run_training(argv if argv is not None else sys.argv[1:], world_size=1)
 
+
+HUNG_STATUS = 3
+"""The exit status of a job the hang watch ended (`mf_parallel.hang_watch`)."""
+DEFAULT_HANG_TIMEOUT = 600.0
+"""`--hang-timeout` under `--nproc` when not given: seconds without any rank progressing (a
+first step's compilation or a large checkpoint's load on one rank can take minutes)."""
+
+HANG_DIR = "hang"
+"""Where a hung job's stacks and records go, under the output directory."""
 
 RANK_ENTRY_POINT = "mf-train-rank"
 """The console script msrun starts on each rank (`rank_worker.main`)."""
@@ -155,8 +229,8 @@ def _launch(args: argparse.Namespace, argv: list[str], nodes: Nodes,
         owned.release()
         return _stopped_before_start(signals.requested)
     logs = Path(args.output_dir) / "logs"
-    rank_args = [*_without_launcher_options(argv), *_decided(owned)]
     timeout = args.timeout if args.timeout > 0 else 365 * 24 * 3600.0
+    hang_timeout = DEFAULT_HANG_TIMEOUT if args.hang_timeout is None else args.hang_timeout
     ranks = nodes.local_ranks(args.nproc)
     print(f"mf-train: starting {_ranks_phrase(nodes, ranks)}; logs in "
           f"{logs}/worker_<rank>.log", file=sys.stderr)
@@ -165,15 +239,38 @@ def _launch(args: argparse.Namespace, argv: list[str], nodes: Nodes,
     # the INFO lines it writes regardless stay in the rank's log), unless the user sets GLOG_v
     chosen = "GLOG_v" in os.environ
     quiet = {} if chosen else {"GLOG_v": "3"}
+    exit_at = {} if args.exit_duration is None else {
+        EXIT_AT: str(time.time() + args.exit_duration * 60)}
+    decided, attempt, failed_after = owned, 0, None
     try:
-        run_ranks(worker, args.nproc, log_dir=logs, timeout=timeout, args=rank_args,
-                  env={LAUNCHED: "1", LAUNCHER_PID: str(os.getpid()), **quiet},
-                  echo_rank=ranks[0], echo_to=sys.stdout, nodes=nodes,
-                  forward=Forward(LAUNCHER_STOP, signals), hold_fds=owned.lock_fds(),
-                  echo_drop=None if chosen else MINDSPORE_INFO)
-    except LaunchError as exc:
-        print(f"mf-train: {exc}", file=sys.stderr)
-        return 1
+        while True:
+            rank_args = [*_without_launcher_options(argv), *_decided(decided)]
+            try:
+                run_ranks(worker, args.nproc, log_dir=logs, timeout=timeout, args=rank_args,
+                          env={LAUNCHED: "1", LAUNCHER_PID: str(os.getpid()),
+                               RANKS_ON_HOST: str(args.nproc), **exit_at, **quiet},
+                          echo_rank=ranks[0], echo_to=sys.stdout, nodes=nodes,
+                          forward=Forward(LAUNCHER_STOP, signals), hold_fds=owned.lock_fds(),
+                          echo_drop=None if chosen else MINDSPORE_INFO,
+                          hang=HangSettings(hang_timeout, Path(args.output_dir) / HANG_DIR))
+                break
+            except LaunchError as exc:
+                print(f"mf-train: {exc}", file=sys.stderr)
+                failed = HUNG_STATUS if isinstance(exc, JobHung) else 1
+                step = logged_step(Path(args.output_dir))
+                if args.max_restarts == 0 or signals.requested is not None:
+                    return failed
+                why = (not_retried(str(exc), step, failed_after)
+                       if attempt < args.max_restarts else
+                       f"--max-restarts {args.max_restarts} reached")
+                if why is not None:
+                    print(f"mf-train: not restarting: {why}", file=sys.stderr)
+                    return failed
+                attempt, failed_after = attempt + 1, step
+                decided = _restart(args, validated[0], attempt, step,
+                                   str(exc).splitlines()[0], signals)
+                if decided is None:
+                    return failed
     finally:
         owned.release()
     if signals.requested is not None:
@@ -183,12 +280,36 @@ def _launch(args: argparse.Namespace, argv: list[str], nodes: Nodes,
             print(f"mf-train: node {nodes.rank} stopped its ranks ({name(signals.requested)}); "
                   "node 0 says where the run saved", file=sys.stderr)
         return status(signals.requested)
-    if nodes.rank == 0:  # rank 0 writes the metrics
+    if nodes.rank == 0 and exit_at and time.time() >= float(exit_at[EXIT_AT]) and \
+            logged_step(Path(args.output_dir)) < validated[0].training.steps:
+        print(f"mf-train: {_stopped_line(None, owned, _duration(args))}", file=sys.stderr)
+    elif nodes.rank == 0:  # rank 0 writes the metrics
         _summarise(validated[0], owned, time.monotonic() - start)
     else:
         print(f"mf-train: node {nodes.rank} finished its ranks {ranks[0]}-{ranks[-1]} in "
               f"{time.monotonic() - start:.0f} s; node 0 has the metrics", file=sys.stderr)
     return 0
+
+
+def _restart(args: argparse.Namespace, config: TrainConfig, attempt: int, step: int,
+             cause: str, signals: StopSignals) -> Claim | None:
+    """Wait the back-off, record the restart (metrics.jsonl's `restart` event, a console
+    line) and decide again where the job starts (`run_directory.claim`, without the locks the
+    launcher still holds): the new attempt's checkpoint settings, or None when a stop signal
+    came during the wait."""
+    wait = backoff(attempt)
+    record_restart(Path(args.output_dir), attempt, step, cause, wait)
+    deadline = time.monotonic() + wait
+    while time.monotonic() < deadline and signals.requested is None:
+        time.sleep(0.1)
+    if signals.requested is not None:
+        return None
+    decided = claim(args.output_dir, config.checkpoint, lock=False,
+                    also=_written_elsewhere(config, Path(args.output_dir)))
+    start = decided.checkpoint.load_path or "the start (no checkpoint)"
+    print(f"mf-train: restart {attempt} of {args.max_restarts} after {wait:g} s, from {start}"
+          f" (metrics.jsonl logged step {step})", file=sys.stderr)
+    return decided
 
 
 def _ranks_phrase(nodes: Nodes, ranks: range) -> str:
@@ -244,16 +365,22 @@ def _decided(owned: Claim) -> list[str]:
     return [arg for value in sets for arg in ("--set", value)]
 
 
+def _duration(args: argparse.Namespace) -> str | None:
+    """`--exit-duration 30 min` when the run was given one."""
+    return None if args.exit_duration is None else f"--exit-duration {args.exit_duration:g} min"
+
+
 def _stopped_before_start(signum: int) -> int:
     print(f"mf-train: stopped by {name(signum)} before training started; nothing saved",
           file=sys.stderr)
     return status(signum)
 
 
-def _stopped_line(signum: int | None, owned: Claim) -> str:
-    """Where a run stopped by `signum` (None: by another rank's request) stopped and saved
-    (`summary.stopped_line`)."""
-    phrase = name(signum) if signum is not None else "another rank's stop request"
+def _stopped_line(signum: int | None, owned: Claim, duration: str | None = None) -> str:
+    """Where a run stopped by `signum` (None: by `duration`, the `--exit-duration` phrase,
+    when given, else by another rank's request) stopped and saved (`summary.stopped_line`)."""
+    phrase = (name(signum) if signum is not None else duration if duration is not None
+              else "another rank's stop request")
     return stopped_line(phrase, owned.output_dir, Path(owned.checkpoint.save_path))
 
 
@@ -267,7 +394,8 @@ def _summarise(config: TrainConfig, owned: Claim, seconds: float) -> None:
 def _without_launcher_options(argv: list[str]) -> list[str]:
     """`argv` without the launcher's options (--nproc, --timeout, the node flags) and their
     values, for the ranks."""
-    options = ("--nproc", "--timeout", *NODE_OPTIONS)
+    options = ("--nproc", "--timeout", "--hang-timeout", "--max-restarts", "--exit-duration",
+               *NODE_OPTIONS)
     out, skip = [], False
     for arg in argv:
         if skip:
@@ -303,7 +431,9 @@ def _validated(args: argparse.Namespace, world_size: int, *,
         device = resolve_device(config.context.device_target)
         no_effect = check_support(config, plan, device, source)
         check_inputs(config, source)
-    except (ConfigError, UnreadableFile, PlanError) as exc:
+        if args.peak is not None:  # a rated device must have a peak for the compute dtype
+            given_peak(args.peak, peak_dtype(config, device))
+    except (ConfigError, UnreadableFile, PlanError, PeakError) as exc:
         print(f"mf-train: {exc}", file=sys.stderr)
         return None
     for warning in no_effect if say_warnings else ():
@@ -359,6 +489,7 @@ def run_training(argv: Sequence[str], *, world_size: int,
 def _run_training(argv: Sequence[str], world_size: int, signals: StopSignals) -> int:
     args = _parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
+    rank_progress.phase("validate")  # where a rank is, for the launcher's hang watch
     validated = _validated(args, world_size)
     if validated is None:
         return 2
@@ -379,8 +510,10 @@ def _run_training(argv: Sequence[str], world_size: int, signals: StopSignals) ->
     # ranks started by msrun log to <output-dir>/logs/worker_<rank>.log already
     handler = _log_to_file(output_dir / "logs" / "train.log") if world_size == 1 else None
     start = time.monotonic()
+    exit_at = (float(os.environ[EXIT_AT]) if EXIT_AT in os.environ else
+               time.time() + args.exit_duration * 60 if args.exit_duration else None)
     try:
-        outcome = _train(config, source, output_dir, world_size, signals)
+        outcome = _train(config, source, output_dir, world_size, signals, args, exit_at)
     finally:
         if handler is not None:
             logging.getLogger().removeHandler(handler)
@@ -389,7 +522,8 @@ def _run_training(argv: Sequence[str], world_size: int, signals: StopSignals) ->
     if outcome == _STOPPED:
         if os.environ.get(LAUNCHED) == "1":
             return 0  # the launcher says where the run stopped, and exits with the status
-        print(f"mf-train: {_stopped_line(signals.requested, owned)}", file=sys.stderr)
+        print(f"mf-train: {_stopped_line(signals.requested, owned, _duration(args))}",
+              file=sys.stderr)
         return 0 if signals.requested is None else status(signals.requested)
     if outcome == 0 and world_size == 1:
         _summarise(config, owned, time.monotonic() - start)
@@ -397,16 +531,20 @@ def _run_training(argv: Sequence[str], world_size: int, signals: StopSignals) ->
 
 
 def _train(config: TrainConfig, source: Source, output_dir: Path, world_size: int,
-           stop: StopSignals) -> int:
-    """Build the trainer and train until done, or until `stop` (`_STOPPED`). On one process,
+           stop: StopSignals, args: argparse.Namespace, exit_at: float | None = None) -> int:
+    """Build the trainer and train until done, or until `stop` or the wall time `exit_at`
+    (`--exit-duration`), at a step boundary (`_STOPPED`). On one process,
     bad input found while building is one line and status 2 (a failure while training, 1); a
     rank raises, and the traceback's last line is what the launcher reports."""
     from .trainer import Trainer, TrainingStopped  # MindSpore
 
+    rank_progress.phase("build")
     try:
         trainer = Trainer(config, output_dir=output_dir, source=source, world_size=world_size,
-                          say_warnings=os.environ.get(LAUNCHED) != "1")
-        trainer.train(stop)
+                          say_warnings=os.environ.get(LAUNCHED) != "1",
+                          show_step_times=args.step_times, peak=args.peak,
+                          spike_factor=args.spike_factor)
+        trainer.train(lambda: stop() or (exit_at is not None and time.time() >= exit_at))
     except (ConfigError, DataError, ValueError, OSError, TrainingStopped) as exc:
         if world_size > 1:
             raise

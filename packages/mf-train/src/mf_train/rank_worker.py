@@ -40,6 +40,10 @@ def main() -> int:
         if os.getppid() != parent or not _launcher_alive():
             return 1  # msrun or the launcher died before this rank started: nothing to join
         from mf_train.cli import run_training
+    if os.environ.get("MS_ROLE") != "MS_SCHED":  # the launcher reads where the rank is
+        from mf_parallel.rank_progress import start_recording
+
+        start_recording(int(os.environ.get("RANK_ID", "0")))
     try:
         return run_training(sys.argv[1:], world_size=int(os.environ["MS_WORKER_NUM"]),
                             signals=_stop_signals())

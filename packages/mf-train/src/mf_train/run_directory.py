@@ -17,10 +17,11 @@ ranks under `--nproc`):
 * It decides what the run does with what an earlier run left (as torchtitan does when its
   checkpoint folder holds checkpoints): when `checkpoint.load_path` is empty and the run's
   checkpoint directory holds a complete checkpoint, the run resumes from it, and says so
-  loudly. An earlier run that left metrics but no checkpoint to resume from is refused (choose
-  another `--output-dir`, or remove the old one), and so is a `load_path` elsewhere while the
-  checkpoint directory holds another run's checkpoints (saving beside them would rotate them
-  away and move their tracker back).
+  loudly. An earlier run that left metrics but no checkpoint to resume from (it failed, hung
+  or was stopped before its first save) is started afresh, and the run says so: the same
+  command runs again. A `load_path` elsewhere while the checkpoint directory holds another
+  run's checkpoints is refused (saving beside them would rotate them away and move their
+  tracker back).
 * A run never removes what it did not write: a directory in the checkpoint directory named as
   a checkpoint (`iteration_00000001`) that mf-train did not write (no `common.json` of its
   format) would be replaced by that step's save or rotated away, so the run is refused, naming
@@ -201,13 +202,19 @@ def _decide(directory: Path, checkpoint: CheckpointConfig) -> tuple[CheckpointCo
         note = (f"{directory} holds an earlier run: resuming from its checkpoint {newest} "
                 f"(choose another --output-dir to start afresh)")
         return attrs.evolve(resolved, load_path=str(root)), note
+    return resolved, _fresh_start_note(directory, root)
+
+
+def _fresh_start_note(directory: Path, root: Path) -> str | None:
+    """What a run says when it starts afresh over an earlier run that failed (or was stopped)
+    before its first checkpoint: that run's metrics lines stay, superseded by this run's
+    (`monitor.metrics`' rewind event), as do its TensorBoard events (hidden by a purge)."""
     steps = _logged_steps(directory / METRICS)
-    if steps:
-        raise RunDirectoryError(
-            f"{directory} holds an earlier run ({METRICS} logs {steps} "
-            f"step{'s' if steps != 1 else ''}) but no checkpoint "
-            f"to resume from in {root}; choose another --output-dir, or remove {directory}")
-    return resolved, None
+    if not steps:
+        return None
+    return (f"{directory} holds an earlier run that logged {steps} step"
+            f"{'s' if steps != 1 else ''} but saved no checkpoint in {root}: starting afresh "
+            f"from step 1 (its {METRICS} lines are kept above this run's)")
 
 
 def _started_from(checkpoint: Path, load_path: str) -> bool:

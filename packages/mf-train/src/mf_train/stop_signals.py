@@ -32,6 +32,9 @@ LAUNCHER_STOP = signal.SIGUSR1
 LAUNCHED = "MF_TRAIN_LAUNCHED"
 """Set for the ranks the launcher starts: it holds the run's locks for them, and reports a
 stop (they exit with status 0 once stopped)."""
+EXIT_AT = "MF_TRAIN_EXIT_AT"
+"""`--exit-duration`'s end as Unix seconds, which the launcher gives its ranks (so that every
+rank and every restart counts from the launcher's start)."""
 LAUNCHER_PID = "MF_TRAIN_LAUNCHER_PID"
 """The launcher's PID, for its ranks: a rank that starts after its launcher died exits at once
 (`rank_worker`)."""

@@ -2,16 +2,16 @@
 of a rank and MFU, for the step line, metrics.jsonl and the summary.
 
 * `RunPace`: elapsed time since this run's first step began, and the ETA: the mean wall time
-  of a step in this run (step end to step end, so data loading, callbacks and checkpoint
-  saves count) times the steps left. The first step is left out of the mean once another has
-  run: it includes compilation and warm-up.
+  of this run's steady steps (step end to step end, so data loading, callbacks and checkpoint
+  saves count) times the steps left. The run's first step and any step that compiled graphs
+  are left out (compilation, warm-up): until a steady step has run there is no ETA.
 * `Throughput`: per-rank tokens/s (the global tokens/s over the world size), achieved TFLOP/s
   per rank (`model_flops.flops_per_token` x per-rank tokens/s) and MFU (achieved / peak).
-* `measure_peak_flops`: the peak the MFU divides by. The configuration has no peak FLOP/s
-  setting (the spec gives none), so the trainer measures one at start: the fastest of a few
-  float32 1024x1024 matmuls on the run's device, on every rank at once (ranks sharing cores
-  share them in the measurement as in training). It is a measured peak, not a rated one
-  (on a device, a bfloat16 matmul may well be faster).
+* `measure_peak_flops`: a measured peak, for MFU when none is given (`peak_flops`: a rated
+  one by `--peak DEVICE`, a number by `--peak TFLOPS`, else this measurement, once per
+  machine): the fastest of a few float32 1024x1024 matmuls on the run's device, on every rank
+  at once (ranks sharing cores share them in the measurement as in training). It is a
+  measured peak, not a rated one (on a device, a bfloat16 matmul may well be faster).
 
 Pure Python but for `measure_peak_flops`, which imports MindSpore when called.
 """
@@ -38,7 +38,7 @@ class PeakFlops:
     flops: float
     """FLOP/s of one rank."""
     source: str
-    """How it was found (`measured at start: float32 1024x1024 matmul on CPU, ...`)."""
+    """How it was found (`peak_flops`: rated, given, or measured once on this machine)."""
 
 
 def measure_peak_flops(device: str, size: int = PEAK_MATMUL_SIZE,
@@ -67,8 +67,7 @@ def measure_peak_flops(device: str, size: int = PEAK_MATMUL_SIZE,
         mint.matmul(a, b)[0, 0].asnumpy()
         fastest = min(fastest, time.perf_counter() - start)
     return PeakFlops(2 * size**3 / fastest,
-                     f"measured at start: float32 {size}x{size} matmul on {device}, fastest "
-                     f"of {repeats}")
+                     f"float32 {size}x{size} matmul on {device}, fastest of {repeats}")
 
 
 class RunPace:
@@ -83,25 +82,34 @@ class RunPace:
         self.total_steps, self.clock = total_steps, clock
         self.started = self._last = clock()
         self.periods: list[float] = []
-        """Wall seconds of each step of this run, step end to step end (the first from the
-        start)."""
+        """Wall seconds of each steady step of this run, step end to step end."""
+        self.compiling: list[float] = []
+        """Those of the steps after the first that compiled graphs (used only when no step
+        is steady: a run whose every step compiles)."""
+        self.steps_seen = 0
 
-    def step_done(self, step: int) -> tuple[float, float]:
+    def step_done(self, step: int, steady: bool = True) -> tuple[float, float | None]:
         """Step `step` just ended.
 
         Args:
             step: the step (1-based, of the whole run).
+            steady: False for a step that compiled graphs (its time is not the pace).
 
         Returns:
-            (elapsed seconds since the start, ETA in seconds: the mean step, the first left
-            out once there are several, times the steps after `step`).
+            (elapsed seconds since the start, ETA in seconds: the mean of this run's steady
+            steps times the steps after `step`; None after the first step alone, 0 at the
+            last step).
         """
         now = self.clock()
-        self.periods.append(now - self._last)
+        if self.steps_seen:  # the run's first step (warm-up) never counts
+            (self.periods if steady else self.compiling).append(now - self._last)
+        self.steps_seen += 1
         self._last = now
-        timed = self.periods[1:] or self.periods
-        eta = sum(timed) / len(timed) * max(self.total_steps - step, 0)
-        return now - self.started, eta
+        left = max(self.total_steps - step, 0)
+        timed = self.periods or self.compiling  # steps that all compile: what there is
+        if not left or not timed:
+            return now - self.started, 0.0 if not left else None
+        return now - self.started, sum(timed) / len(timed) * left
 
 
 @dataclass(frozen=True)
@@ -141,8 +149,8 @@ class Throughput:
 
     def describe(self) -> str:
         """The start line: `model FLOPs: 2.95M per token (6 x 0.39M matmul weights + 0.59M
-        attention at seq_length 128); peak 0.165 TFLOP/s per rank (measured at start: ...; the
-        configuration has no peak FLOP/s setting); MFU = achieved TFLOP/s per rank / peak`."""
+        attention at seq_length 128); peak 0.165 TFLOP/s per rank (measured once on this
+        machine (...)); MFU = achieved TFLOP/s per rank / peak`."""
         if self.flops_per_token is None:
             return (f"model FLOPs per token unknown ({self.unknown}): the step lines give no "
                     "TFLOP/s or MFU")
@@ -153,9 +161,8 @@ class Throughput:
                      f"attention at seq_length {self.seq_length})")
         if self.peak is None:
             return f"{head}; no peak FLOP/s: the step lines give no MFU"
-        return (f"{head}; peak {self.peak_tflops:.3g} TFLOP/s per rank ({self.peak.source}; "
-                "the configuration has no peak FLOP/s setting); MFU = achieved TFLOP/s per "
-                "rank / peak")
+        return (f"{head}; peak {self.peak_tflops:.3g} TFLOP/s per rank ({self.peak.source}); "
+                "MFU = achieved TFLOP/s per rank / peak")
 
 
 def duration(seconds: float) -> str:

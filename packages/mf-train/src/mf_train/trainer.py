@@ -50,7 +50,7 @@ from mf_memory.estimate import rank_summary, size
 from mf_memory.model_shape import EstimateError, shape_of
 from mf_memory.recompute import apply_recompute, apply_recompute_comm
 from mf_memory.swap import ActivationSwap
-from mf_parallel import Plan
+from mf_parallel import Plan, rank_progress
 from mf_parallel.runtime import Collectives, Communication, init_communication
 from mf_parallel.runtime.comm import use_device
 from mf_parallel.runtime.context_parallel import ContextGroup
@@ -97,6 +97,7 @@ from .models import build_model
 from .models.hf_weights import HFPieces, checked_entries
 from .monitor import standard_callbacks
 from .optim import Optimizer
+from .peak_flops import RANKS_ON_HOST, cached_peak, given_peak, peak_dtype
 from .placement import Placement
 from .process_memory import (
     largest_peak,
@@ -107,8 +108,9 @@ from .process_memory import (
 from .qk_clip import QKClip, clip_settings
 from .run_directory import checkpoint_root
 from .step_monitors import MonitorObserver
+from .step_times import own_times, step_times
 from .tensor_recut import RecutIndex
-from .throughput import RunPace, Throughput, measure_peak_flops
+from .throughput import PeakFlops, RunPace, Throughput, measure_peak_flops
 
 LOG = logging.getLogger("mf_train")
 
@@ -184,11 +186,14 @@ class TrainStep:
         clip coefficient and the skip decision stay on the device (`gradient_norm`); a
         skipped step runs an update that changes nothing (`optim.protocol`)."""
         start = time.perf_counter()
+        rank_progress.phase("forward_backward")
         local = self.layout.forward_backward(micro_batches, self.observer)
         self.observer.reduced(local.loss, local.grads)
+        rank_progress.phase("reduction")
         reduced = self.layout.reduce(local)
         keep = None if self.skip_threshold is None else update_kept(reduced.norm,
                                                                     self.skip_threshold)
+        rank_progress.phase("optimizer")
         self.layout.optimizer.step(reduced.grads, lr,
                                    clip_coefficient(reduced.norm, self.max_norm), keep)
         if self.qk_clip is not None:
@@ -199,6 +204,7 @@ class TrainStep:
     def read(self, step: LaunchedStep) -> StepOutcome:
         """The launched step's numbers on the host (this waits for its kernels); a skipped
         step's update count taken back from the optimizer."""
+        rank_progress.phase("readback")
         skipped = step.keep is not None and not bool(step.keep.asnumpy())
         if skipped:
             self.layout.optimizer.uncount()
@@ -259,6 +265,12 @@ class Trainer:
             `checkpoint.save_path` says otherwise) checkpoints.
         source: the YAML source, for error lines.
         world_size: the number of ranks of the job (this process is one of them).
+        say_warnings: log the settings that have no effect here (False: the launcher did).
+        show_step_times: end each step line with where its time went (`step_times`; the
+            record has the times either way).
+        peak: `--peak`: a rated device or a number of TFLOP/s (`peak_flops`); None: the
+            peak measured once on this machine.
+        spike_factor: `--spike-factor` (`monitor.spikes`; 0: no spike events).
 
     Raises:
         ConfigError, PlanError: settings refused before anything is built.
@@ -291,8 +303,10 @@ class Trainer:
 
     def __init__(self, config: TrainConfig, *, output_dir: str | Path,
                  source: Source | None = None, world_size: int = 1,
-                 say_warnings: bool = True):
+                 say_warnings: bool = True, show_step_times: bool = False,
+                 peak: str | None = None, spike_factor: float = 3.0):
         self.config, self.source, self.output_dir = config, source, Path(output_dir)
+        self.given_peak = peak
         self.device = resolve_device(config.context.device_target)
         ms.set_context(mode=ms.PYNATIVE_MODE)
         use_device(self.device)
@@ -306,6 +320,7 @@ class Trainer:
         self.plan = make_job_plan(config, world_size, source)
         no_effect = check_support(config, self.plan, self.device, source)
         check_inputs(config, source)  # before a rank joins the group or builds anything
+        rank_progress.phase("init_communication")
         self.comm = init_communication(self.plan, self.device)
         # the launcher of ranks has said them, before any rank started (`say_warnings` False)
         for warning in no_effect if self.comm.rank == 0 and say_warnings else ():
@@ -319,6 +334,7 @@ class Trainer:
         self.context_group = (ContextGroup(self.collectives, self.plan.dims.context_causal,
                                            self.plan.dims.context_overlap)
                               if self.plan.dims.context > 1 else None)
+        rank_progress.phase("build_model")
         self.model = build_model(config.model, tensor_group=self.tensor_group, source=source,
                                  seed=config.training.seed,
                                  part=stage_part(self.plan, self.comm.rank),
@@ -331,6 +347,7 @@ class Trainer:
             self.tensor_group, source, self.plan, config.context.compile))
         return_freed_host_memory()  # what the layout freed of the model built whole
         self.placement = Placement(self.comm, self.plan.dims, self.layout.copies())
+        rank_progress.phase("compile")
         self.compiled = compile_layers(self.model, config.context.compile, [
             (f"the layout ({self.layout.describe()})", self.layout.compile_blocker),
             ("swap", "its hooks see each saved tensor of a layer" if self.swap.paths else None),
@@ -347,14 +364,18 @@ class Trainer:
         self.step_count, self.consumed_samples, self.consumed_valid_samples = 0, 0, 0
         self.evaluation: Evaluation | None = None
         self.checkpoints = self._build_checkpoints()
+        rank_progress.phase("resume")
         self.resumed_from = self._resume()
         self.callbacks = standard_callbacks(config.monitor,
                                             build_callbacks(config.callbacks, source),
-                                            source, profiler=config.profiler)
+                                            source, profiler=config.profiler,
+                                            step_times=show_step_times,
+                                            spike_factor=spike_factor)
         self.step = self._build_step()
         self.build_peak = largest_peak(self.device, self.comm.world_size)
         """The largest rank's peak memory once everything is built (a collective)."""
         LOG.info("%s", self._memory_line())
+        rank_progress.phase("measure_peak")
         self.throughput = self._throughput()
         """FLOPs per token and peak: a step's TFLOP/s and MFU (measures the peak: every rank
         at once)."""
@@ -381,8 +402,8 @@ class Trainer:
 
     def _throughput(self) -> Throughput:
         """The model's FLOPs per token (`model_flops`, from its shape and the sequence length)
-        and this rank's peak FLOP/s, measured now (the configuration has no peak setting:
-        `throughput`); FLOPs unknown, for a model without a shape, leaves the peak unmeasured."""
+        and this rank's peak FLOP/s (`_peak`); FLOPs unknown, for a model without a shape,
+        leaves the peak unmeasured."""
         world = self.comm.world_size
         try:
             shape = shape_of(self.config.model)
@@ -393,8 +414,17 @@ class Trainer:
             flops = flops_per_token(shape, seq)
         except ValueError as exc:  # EstimateError is one
             return Throughput(world, unknown=str(exc))
-        return Throughput(world, flops, measure_peak_flops(self.device), seq_length=seq,
+        return Throughput(world, flops, self._peak(), seq_length=seq,
                           matmul_weights=matmul_weights_per_token(shape))
+
+    def _peak(self) -> PeakFlops:
+        """The peak MFU divides by (`peak_flops`): `--peak`'s, else measured once per machine
+        (every rank measures at once when the cache has none; one rank per host keeps it)."""
+        if self.given_peak is not None:
+            return given_peak(self.given_peak, peak_dtype(self.config, self.device))
+        ranks_on_host = int(os.environ.get(RANKS_ON_HOST, "1"))
+        return cached_peak(self.device, lambda: measure_peak_flops(self.device),
+                           write=self.comm.rank % ranks_on_host == 0)
 
     @property
     def model_vocab_size(self) -> int | None:
@@ -550,6 +580,7 @@ class Trainer:
         step, total = self.step_count, self.config.training.steps
         if not self.checkpoints.should_save(step, last=step == total or stopping):
             return
+        rank_progress.phase("save")
         optimizer_state = None if self.config.checkpoint.no_save_optim \
             else self.optimizer.state_pieces(self.placement)
         if self.evaluation is not None:
@@ -590,6 +621,7 @@ class Trainer:
     def run_step(self, stream: MicroBatchStream) -> StepOutcome:
         """One optimizer step on the next micro-batches of `stream`, at the schedule's rate."""
         accumulation = self.plan.batch.accumulation_steps(self.consumed_samples)
+        rank_progress.phase("data")
         micro = [next(stream) for _ in range(accumulation)]
         outcome = self.step(micro, self.schedule(self.step_count))
         self.step_count += 1
@@ -623,8 +655,11 @@ class Trainer:
         self.stopped = False
         self.callbacks.on_train_begin(ctx)
         pace = RunPace(total)
+        rank_progress.phase_seconds()  # the first step's times start here
         try:
             while self.step_count < total:
+                rank_progress.step(self.step_count + 1)
+                rank_progress.phase("step_begin")
                 if stop is not None and self._stop_agreed(stop()):
                     self.stopped = True
                     if self.step_count > ctx.start_step:
@@ -633,12 +668,14 @@ class Trainer:
                 self.callbacks.on_step_begin(ctx, self.step_count + 1)
                 outcome = self.run_step(stream)
                 outcomes.append(outcome)
+                rank_progress.phase("log")
                 last = self._record(outcome, pace)
                 self.callbacks.on_step_end(ctx, last)
                 self.save_checkpoint()
                 self._report_saves(ctx)
                 skipped_in_a_row = skipped_in_a_row + 1 if outcome.skipped else 0
                 self._check_skips(skipped_in_a_row)
+            rank_progress.phase("finishing")
             if self._converts():
                 self.save_checkpoint()
             self.checkpoints.wait()
@@ -675,14 +712,18 @@ class Trainer:
                             * self.plan.dims.context,
                             consumed_samples=self.consumed_samples, skipped=outcome.skipped)
         self.throughput.fill(record)
-        record.elapsed_s, record.eta_s = pace.step_done(self.step_count)
+        graphs, seconds = self.compiled.take_new()
+        record.elapsed_s, record.eta_s = pace.step_done(self.step_count, steady=not graphs)
         peak = largest_peak(self.device, self.comm.world_size)
         record.peak_memory_gib = round(peak.gib, 3)
         record.peak_memory_rank = peak.rank if self.comm.world_size > 1 else None
         if outcome.host_reads is not None:  # the most any rank made
             record.extra["host_reads"] = max(world_group.every_rank(outcome.host_reads)) \
                 if self.comm.world_size > 1 else outcome.host_reads
-        graphs, seconds = self.compiled.take_new()
+        own = own_times(rank_progress.phase_seconds())
+        record.extra.update(step_times(
+            world_group.every_rank_values(own, "step_times") if self.comm.world_size > 1
+            else [own]))
         if graphs:
             record.extra.update(compile_time=seconds, compiled_graphs=graphs)
             LOG.info("step %d compiled %d graph(s) in %.1f s", self.step_count, graphs, seconds)

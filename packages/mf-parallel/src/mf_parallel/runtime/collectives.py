@@ -28,6 +28,7 @@ from collections.abc import Callable
 import mindspore as ms
 from mindspore import communication, mint, nn, ops
 
+from .. import rank_progress
 from .comm import Communication
 from .copies import fresh_copy
 
@@ -77,6 +78,7 @@ class Collectives:
         Returns:
             The reduction, the same on every rank.
         """
+        rank_progress.collective("all_reduce", kind)
         group = self.comm.group(kind)
         if group is None:
             return tensor
@@ -115,18 +117,21 @@ class Collectives:
     def all_reduce_in_place(self, tensor: ms.Tensor, kind: str) -> None:
         """Sum `tensor` (contiguous, not a view) over the group, in place: no second buffer
         of its size, which an out-of-place reduction allocates."""
+        rank_progress.collective("all_reduce_in_place", kind)
         group = self.comm.group(kind)
         if group is not None:
             mint.distributed.all_reduce(tensor, group=group)
 
     def all_gather(self, tensor: ms.Tensor, kind: str) -> ms.Tensor:
         """The group's tensors concatenated along dim 0, in group-rank order."""
+        rank_progress.collective("all_gather", kind)
         return self.of_group(kind).all_gather(tensor)
 
     def start_all_gather(self, tensor: ms.Tensor, kind: str) -> Pending:
         """Launch `all_gather(tensor, kind)` and return at once; `wait()` on the result gives
         the gathered tensor. Not differentiated: the caller attaches the gradient (a gather's
         backward is a reduce-scatter)."""
+        rank_progress.collective("start_all_gather", kind)
         group = self.comm.group(kind)
         tensor = ops.stop_gradient(tensor).contiguous()
         if group is None:
@@ -142,6 +147,7 @@ class Collectives:
 
     def reduce_scatter(self, tensor: ms.Tensor, kind: str) -> ms.Tensor:
         """Sum over the group, then this rank's equal slice of dim 0."""
+        rank_progress.collective("reduce_scatter", kind)
         if self.comm.group(kind) is not None:
             _divisible(tensor, self.comm.group_size(kind), "reduce_scatter")
         return self.of_group(kind).reduce_scatter(tensor)
@@ -153,6 +159,7 @@ class Collectives:
         slice all-reduced in turn, this rank's kept. `slice_of` must return a new tensor
         (contiguous, not a view): it is summed in place, so a slice in transit takes its own
         memory only, not a second buffer for the sum."""
+        rank_progress.collective("reduce_scatter_slices", kind)
         mine = None
         for index in range(self.comm.group_size(kind)):
             piece = slice_of(index)
@@ -164,6 +171,7 @@ class Collectives:
 
     def all_to_all(self, tensor: ms.Tensor, kind: str) -> ms.Tensor:
         """Chunk i of dim 0 goes to group rank i; returns the chunks received, in rank order."""
+        rank_progress.collective("all_to_all", kind)
         group = self.comm.group(kind)
         if group is None:
             return tensor
@@ -177,6 +185,7 @@ class Collectives:
 
     def broadcast(self, tensor: ms.Tensor, kind: str, src: int) -> ms.Tensor:
         """`src`'s tensor (src is a global rank in the group) on every rank of the group."""
+        rank_progress.collective("broadcast", kind)
         group = self.comm.group(kind)
         if group is None:
             return tensor
@@ -186,6 +195,7 @@ class Collectives:
         """Point to point: `dst` gets `src`'s tensor (both ranks call this; `dst` passes a
         buffer of the right shape and dtype). Returns the received tensor on `dst`: the
         message of `start_send_recv`, waited for."""
+        rank_progress.collective("send_recv", f"pair_{src}_{dst}")
         return self.start_send_recv(tensor, src, dst).wait()
 
     def start_send_recv(self, tensor: ms.Tensor, src: int, dst: int) -> Pending:
@@ -194,6 +204,7 @@ class Collectives:
         On Ascend and GPU a non-blocking send or receive (`isend` / `irecv`) on the
         communication stream; on CPU the emulation's all-reduce in the two-rank group,
         launched with `async_op`, which the CPU backend still runs in kernel order."""
+        rank_progress.collective("start_send_recv", f"pair_{src}_{dst}")
         if src == dst:
             return Pending(tensor, None)
         if self.comm.device_target in FULL_BACKENDS:
@@ -208,6 +219,7 @@ class Collectives:
     def all_reduce_pair(self, tensor: ms.Tensor, a: int, b: int) -> ms.Tensor:
         """Sum over the two global ranks `a` and `b` (both call this; the tied embedding's
         copies on the first and last pipeline stages)."""
+        rank_progress.collective("all_reduce_pair", f"pair_{a}_{b}")
         if a == b:
             return tensor
         return ops.AllReduce(op="sum", group=self._pair_group(a, b))(tensor.contiguous())

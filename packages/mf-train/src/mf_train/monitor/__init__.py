@@ -6,6 +6,7 @@
 * `train_state.TrainStateMonitor`: local/device losses and gradient norms (every rank).
 * `moe.MoeMonitor`: tokens per expert of MoE layers every N steps (every rank).
 * `health.EmbeddingHealthMonitor`: the embedding's local gradient norm against its threshold.
+* `spikes.SpikeMonitor`: a loss or gradient norm above a factor of its running average.
 * `wandb.WandbWriter`: the same scalars as TensorBoard in a Weights & Biases run (rank 0),
   only when a `callbacks:` item names `type: wandb` (it needs `mf-train[wandb]`).
 
@@ -25,6 +26,7 @@ from .health import EmbeddingHealthMonitor
 from .metrics import MetricsWriter
 from .moe import MoeMonitor
 from .progress import ProgressBar
+from .spikes import SpikeMonitor
 from .tensorboard import TensorboardWriter
 from .train_state import TrainStateMonitor
 
@@ -34,9 +36,11 @@ __all__ = ["EmbeddingHealthMonitor", "MetricsWriter", "MoeMonitor", "ProgressBar
 
 def standard_callbacks(monitor: MonitorConfig, user: Sequence[Callback] = (),
                        source: Source | None = None,
-                       profiler: ProfilerConfig | None = None) -> CallbackList:
+                       profiler: ProfilerConfig | None = None,
+                       step_times: bool = False, spike_factor: float = 3.0) -> CallbackList:
     """The built-in callbacks (always on) around the user's, in calling order:
-    TrainStateMonitor, MoeMonitor, EmbeddingHealthMonitor, *user, LossLogger, MetricsWriter,
+    TrainStateMonitor, MoeMonitor, EmbeddingHealthMonitor, SpikeMonitor, *user, LossLogger,
+    MetricsWriter,
     TensorboardWriter, ProgressBar, then the profiler when `profiler.enable_profiling` (last,
     so that a profiled step includes the other callbacks' work). The loop reaches the three
     collectors with `callbacks.find(TrainStateMonitor)` and so on."""
@@ -49,8 +53,9 @@ def standard_callbacks(monitor: MonitorConfig, user: Sequence[Callback] = (),
         TrainStateMonitor(monitor.train_state),
         MoeMonitor(monitor.moe_monitor, source),
         EmbeddingHealthMonitor(monitor.health_checkpoint),
+        SpikeMonitor(spike_factor),
         *user,
-        LossLogger(),
+        LossLogger(step_times=step_times),
         MetricsWriter(),
         TensorboardWriter(monitor.tensorboard),
         ProgressBar(),

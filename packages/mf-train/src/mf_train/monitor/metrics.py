@@ -20,10 +20,16 @@ an `event` key:
   step, the last line written is the one that counts;
 * `{"event": "rewind", "step": N, "superseded": [first, last]}` precedes the resume event of a
   run resumed from a step before the last one the file records (a newer checkpoint was
-  damaged, or the run was killed between checkpoints): the records of steps first..last
-  written before it are superseded by the ones that follow. `read_steps` gives one record
-  per step accordingly; TensorBoard hides the superseded events too (`tensorboard`'s purge);
-* `{"event": "save", "step": N, "path": ...}` follows each checkpoint.
+  damaged, or the run was killed between checkpoints), or the start event (N = 0) of a run
+  that starts afresh over one that failed before its first checkpoint: the records of steps
+  first..last written before it are superseded by the ones that follow. `read_steps` gives
+  one record per step accordingly; TensorBoard hides the superseded events too
+  (`tensorboard`'s purge);
+* `{"event": "save", "step": N, "path": ...}` follows each checkpoint;
+* `{"event": "spike", "step": N, "metric": "loss", "value": ..., "average": ..., "factor":
+  ...}` follows a step whose loss or gradient norm spiked (`monitor.spikes`);
+* `{"event": "restart", "attempt": K, "step": N, "cause": ..., "wait_s": ...}`: the launcher
+  started the job again after a failure (`mf_train.restarts`).
 
 The file is only ever appended to, never truncated: a run owns its output directory
 (`mf_train.run_directory`), and a resumed run continues its predecessor's file. It is never
@@ -61,7 +67,7 @@ class MetricsWriter(Callback):
         path.parent.mkdir(parents=True, exist_ok=True)
         self.path = path
         fd = open_no_follow(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT)
-        recorded = _last_step(path) if ctx.resumed else None  # opened: not a symbolic link
+        recorded = _last_step(path)  # opened: not a symbolic link
         self._file = os.fdopen(fd, "a", encoding="utf-8", buffering=1)
         if recorded is not None and recorded > ctx.start_step:
             self._write({"event": "rewind", "step": ctx.start_step,
@@ -77,6 +83,8 @@ class MetricsWriter(Callback):
     def on_step_end(self, ctx: TrainContext, record: StepRecord) -> None:
         if self._file is not None:
             self._write(step_line(record))
+            for event in record.events:
+                self._write(dict(event))
 
     def on_save(self, ctx: TrainContext, step: int, path: Path) -> None:
         if self._file is not None:

@@ -87,7 +87,7 @@ class TensorboardWriter(Callback):
         # resumes within the same second from overwriting the earlier run's file.
         earlier = len(list(self.log_dir.glob("events.out.tfevents.*")))
         self._events = EventsWriter(str(self.log_dir / "events"), f".{earlier}")
-        if ctx.resumed:
+        if ctx.resumed or earlier:  # a fresh start over a run that saved nothing hides it
             self._write_purge(ctx.start_step + 1)
 
     def on_step_end(self, ctx: TrainContext, record: StepRecord) -> None:
