@@ -241,6 +241,27 @@ def test_save_max_never_deletes_the_checkpoint_just_written(tmp_path):
     assert find_checkpoint(tmp_path) == tmp_path / "iteration_00000003"
 
 
+@pytest.mark.parametrize("async_save", [False, True], ids=["sync", "async"])
+@pytest.mark.parametrize("kind", ["model", "optimizer"])
+def test_a_state_not_finite_is_never_committed(tmp_path, kind, async_save):
+    """A diverged step's state (a NaN or an infinity in any tensor) is written, found and
+    thrown away: the finite checkpoint stays the newest, kept by save_max 1, and tracked."""
+    manager = CheckpointManager(config(tmp_path, save_max=1, async_save=async_save))
+    save(manager, 2)
+    model, state = arrays(3), optimizer_state(3)
+    (model if kind == "model" else state)[f"{'' if kind == 'model' else 'adam_m.'}"
+                                          "norm.weight"][3] = np.inf
+    manager.save(3, model, state, train_state(3))
+    manager.wait()
+    assert manager.poll() == [(2, tmp_path / "iteration_00000002")]
+    assert sorted(os.listdir(tmp_path)) == ["iteration_00000002",
+                                            "latest_checkpointed_iteration.txt"]
+    assert read_tracker(tmp_path) == 2
+    save(manager, 4)  # a finite state again is saved as ever
+    manager.wait()
+    assert find_checkpoint(tmp_path) == tmp_path / "iteration_00000004"
+
+
 def test_saving_a_step_again_replaces_it(tmp_path):
     manager = CheckpointManager(config(tmp_path))
     save(manager, 2)

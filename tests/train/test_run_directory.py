@@ -13,6 +13,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import psutil
 import pytest
 
@@ -312,3 +313,35 @@ def test_a_symlinked_metrics_file_is_refused(tmp_path: Path) -> None:
     with pytest.raises(LinkRefused, match=r"metrics\.jsonl is a symbolic link"):
         MetricsWriter().on_train_begin(TrainContext(output_dir=tmp_path, total_steps=1))
     assert target.read_text() == ""
+
+
+# ------------------------------------------------------------------ a diverged run
+
+def test_a_diverged_run_keeps_its_finite_checkpoint_and_stops(data_prefix, tmp_path: Path,
+                                                              capsys) -> None:
+    """A learning rate that overflows float32 from step 3 on: step 3's state (loss and norm
+    still finite) is not saved, steps 4-5 are not finite, the run stops at the second of
+    them with status 1 and one line, and the one finite checkpoint (save_max 1) is kept and
+    tracked; the same command with a sane learning rate continues from it."""
+    out = tmp_path / "out"
+    every_step = ("checkpoint.save_interleaved_steps=1", "checkpoint.save_max=1")
+    assert run(small(data_prefix, out, 2, *every_step)) == 0
+    capsys.readouterr()
+    diverging = small(data_prefix, out, 6, *every_step, "lr_scheduler.learning_rate=1e39",
+                      "training.max_nonfinite_steps=2")
+    assert run(diverging) == 1
+    err = capsys.readouterr().err
+    assert err.strip().splitlines()[-1] == (
+        "mf-train: diverged at step 4: loss nan, gradient norm nan; stopped at step 5 after 2 "
+        "steps not finite (training.max_nonfinite_steps 2), none of them saved; the newest "
+        f"complete checkpoint is {out / 'checkpoint' / 'iteration_00000002'}: lower the "
+        "learning rate and run the same command to continue from it")
+    assert sorted(path.name for path in (out / "checkpoint").iterdir()) == [
+        ".mf-run.lock", "iteration_00000002", "latest_checkpointed_iteration.txt"]
+    assert (out / "checkpoint" / "latest_checkpointed_iteration.txt").read_text() == "2"
+    assert [line["step"] for line in lines(out) if line.get("event") == "save"] == [1, 2]
+    assert run(small(data_prefix, out, 6, *every_step)) == 0
+    assert "finished steps 3-6 of 6 (4 in this run)" in capsys.readouterr().err
+    resumed = [line for line in lines(out) if "event" not in line][-4:]
+    assert [line["step"] for line in resumed] == [3, 4, 5, 6]
+    assert all(np.isfinite(line["loss"]) for line in resumed)

@@ -9,9 +9,11 @@ One save of step N, world of W ranks:
      model-wide tensors, each written by one rank). Each rank then writes its `sums` file:
      the size and SHA-256 of each file it wrote, and the pieces each holds.
   3. barrier; rank 0 checks every rank's files are there with the sizes their `sums` files
-     give, writes `common.json` (each file's size and SHA-256), renames the directory to
-     `iteration_N`, then replaces the tracker, then deletes what `save_max` no longer keeps
-     (each by renaming it to `.del-<pid>` first); barrier.
+     give (and that no rank found a NaN or an infinity in what it wrote: a state that is not
+     finite is thrown away, never committed, so it can neither replace nor rotate away a
+     finite checkpoint), writes `common.json` (each file's size and SHA-256), renames the
+     directory to `iteration_N`, then replaces the tracker, then deletes what `save_max` no
+     longer keeps (each by renaming it to `.del-<pid>` first); barrier.
 A process killed anywhere leaves the previous complete checkpoint (and the tracker naming
 it) or the new one: the new directory gets its final name only once it is whole, and the
 tracker only ever names a directory that already has its final name.
@@ -28,6 +30,7 @@ complete checkpoint left.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
@@ -46,6 +49,7 @@ from mf_config.yaml_source import Source
 
 from . import layout
 from .atomic import (
+    Streamed,
     file_digest,
     fsync_dir,
     remove_tree,
@@ -245,10 +249,11 @@ class CheckpointManager:
         held: dict[Path, list[list[Any]]] = {}
         kinds = [("model", job.model)] + ([] if job.optimizer is None else
                                          [("opt", job.optimizer)])
-        digests = {}
+        digests, nonfinite = {}, NonFinite()
         for kind, pieces in kinds:
             path = self._file(job, kind)
-            digests[path] = write_safetensors_streamed(path, streamed(pieces), metadata)
+            digests[path] = write_safetensors_streamed(
+                path, [nonfinite.watched(tensor) for tensor in streamed(pieces)], metadata)
             held[path] = [piece.record() for piece in pieces]
         written = [*held, self._file(job, "rng")]
         write_json(written[-1], job.rng)
@@ -256,8 +261,10 @@ class CheckpointManager:
                             "sha256": digests.get(path) or file_digest(path),
                             **({"pieces": held[path]} if path in held else {})}
                 for path in written}
-        write_json(self._file(job, "sums"), sums)
         job.written = sum(entry["bytes"] for entry in sums.values())
+        if nonfinite.keys:  # found by rank 0 before it commits (`_commit`)
+            sums[NONFINITE] = nonfinite.keys
+        write_json(self._file(job, "sums"), sums)
         _reached("rank_files")
 
     def _background(self, job: _Job) -> None:
@@ -287,6 +294,8 @@ class CheckpointManager:
 
     def _done(self, job: _Job) -> None:
         path = self.root / layout.iteration_name(job.step)
+        if not (path / layout.COMMON).is_file():  # not committed: its state was not finite
+            return
         self._committed.append((job.step, path))
         LOG.info("saved checkpoint step %d to %s in %.2f s (this rank wrote %.1f MiB)",
                  job.step, path, time.perf_counter() - job.started, job.written / 2**20)
@@ -300,6 +309,13 @@ class CheckpointManager:
         if missing:
             raise CheckpointError(f"{job.tmp_dir}: rank files missing, not committed: "
                                   + ", ".join(missing))
+        nonfinite = _nonfinite_keys(job.tmp_dir, self.config.prefix, self.world_size)
+        if nonfinite:  # a diverged state never replaces, nor rotates away, a finite one
+            remove_tree(job.tmp_dir, layout.DEL_MARK)
+            LOG.warning("checkpoint step %d not saved: its state is not finite (%s%s); the "
+                        "checkpoints in %s are kept", job.step, ", ".join(nonfinite[:3]),
+                        ", ..." if len(nonfinite) > 3 else "", self.root)
+            return
         saved_config = {}
         if self.run_config is not None:
             write_text(job.tmp_dir / layout.RUN_CONFIG, self.run_config)
@@ -357,6 +373,36 @@ def _storable_pieces(arrays: Mapping[Piece | str, np.ndarray | Deferred], copy: 
     return pieces
 
 
+NONFINITE = "nonfinite"
+"""The key of a `sums` file listing the tensors whose values are not all finite."""
+
+
+class NonFinite:
+    """The keys of the floating-point tensors written with a NaN or an infinity."""
+
+    def __init__(self) -> None:
+        self.keys: list[str] = []
+
+    def watched(self, tensor: Streamed) -> Streamed:
+        """`tensor`, its values checked as the writer reads them."""
+        def read() -> np.ndarray:
+            values = tensor.read()
+            if values.dtype.kind == "f" and not np.isfinite(values).all():
+                self.keys.append(tensor.key)
+            return values
+
+        return dataclasses.replace(tensor, read=read)
+
+
+def _nonfinite_keys(directory: Path, prefix: str, world_size: int) -> list[str]:
+    """The tensors some rank wrote with values not finite (their `sums` files say)."""
+    found: list[str] = []
+    for rank in range(world_size):
+        sums = directory / layout.rank_file(prefix, "sums", rank, world_size)
+        found += json.loads(sums.read_text(encoding="utf-8")).get(NONFINITE, [])
+    return found
+
+
 def _recorded_files(directory: Path, prefix: str, world_size: int) -> dict[str, Any]:
     """Every rank's files as its `sums` file records them ({"bytes", "sha256"}), each checked
     to be there at that size, plus the `sums` files themselves; `CheckpointError` otherwise."""
@@ -367,6 +413,8 @@ def _recorded_files(directory: Path, prefix: str, world_size: int) -> dict[str, 
             raise CheckpointError(f"{sums}: missing (rank {rank} did not finish), not "
                                   "committed")
         for name, entry in json.loads(sums.read_text(encoding="utf-8")).items():
+            if name == NONFINITE:
+                continue
             path = directory / name
             if not path.is_file() or path.stat().st_size != entry["bytes"]:
                 raise CheckpointError(f"{path}: missing or not {entry['bytes']} bytes as rank "
