@@ -44,6 +44,7 @@ from mf_train.checkpoint import (
     resume,
     writer,
 )
+from mf_train.checkpoint.atomic import make_owned_dir
 from mf_train.checkpoint.pieces import Piece, PieceIndex
 from mf_train.checkpoint.reader import load_pieces
 from mf_train.models import build_model, hf_state, load_hf_state
@@ -219,13 +220,22 @@ def test_should_save_interval_last_and_never_twice(tmp_path):
 
 
 def test_save_max_keeps_newest_and_cleans_leftovers(tmp_path):
+    """Leftovers of a killed save or deletion (marked as mf-train's) are cleaned up; a user's
+    directories named like them are kept, with what they hold."""
     manager = CheckpointManager(config(tmp_path, save_max=2))
-    (tmp_path / "iteration_00000009.tmp-999").mkdir(parents=True)  # a killed save
-    (tmp_path / "iteration_00000001.del-999").mkdir()               # a killed deletion
+    for name in ("iteration_00000009.tmp-999", "iteration_00000001.del-999"):  # killed
+        make_owned_dir(tmp_path / name)
+        (tmp_path / name / "part.safetensors").write_text("half")
+    for name in ("iteration_00000009.tmp-mine", "iteration_00000002.del-notes"):  # a user's
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "notes.txt").write_text("mine")
     for step in range(1, 6):
         save(manager, step)
-    assert sorted(os.listdir(tmp_path)) == ["iteration_00000004", "iteration_00000005",
-                                            "latest_checkpointed_iteration.txt"]
+    assert sorted(os.listdir(tmp_path)) == [
+        "iteration_00000002.del-notes", "iteration_00000004", "iteration_00000005",
+        "iteration_00000009.tmp-mine", "latest_checkpointed_iteration.txt"]
+    assert (tmp_path / "iteration_00000009.tmp-mine" / "notes.txt").read_text() == "mine"
+    assert (tmp_path / "iteration_00000002.del-notes" / "notes.txt").read_text() == "mine"
     assert find_checkpoint(tmp_path) == tmp_path / "iteration_00000005"
 
 
@@ -471,7 +481,13 @@ KILL_WORKER = textwrap.dedent("""
             stop("mid_file")
         atomic.commit_file = half_file
     elif stop_at == "deleting":
-        atomic.shutil.rmtree = lambda path: stop("deleting")
+        renamed = atomic.os.replace
+
+        def replace(source, target):  # killed once the doomed directory has its .del- name
+            renamed(source, target)
+            if ".del-" in str(target):
+                stop("deleting")
+        atomic.os.replace = replace
     else:
         writer._reached = lambda stage: stage == stop_at and stop(stage)
     manager.save(2, arrays(2), {"global_step": np.array([2])}, state(2))
@@ -518,11 +534,13 @@ def test_sigkill_at_any_stage_leaves_a_complete_checkpoint(tmp_path):
         model, optim, state = load_checkpoint(root)
         assert_same_bits(model, {"w": arrays_w(step)})
         assert state.global_step == step and int(optim["global_step"][0]) == step
-    # the next save of a restarted run cleans the leftovers up
-    manager = CheckpointManager(config(tmp_path / "mid_file", save_max=1))
-    save(manager, 3)
-    assert sorted(os.listdir(tmp_path / "mid_file")) == ["iteration_00000003",
-                                                         "latest_checkpointed_iteration.txt"]
+    # the next save of a restarted run cleans the leftovers up (they hold the mark of a save
+    # or a deletion)
+    for stage in ("mid_file", "deleting"):
+        manager = CheckpointManager(config(tmp_path / stage, save_max=1))
+        save(manager, 3)
+        assert sorted(os.listdir(tmp_path / stage)) == ["iteration_00000003",
+                                                        "latest_checkpointed_iteration.txt"]
 
 
 # ----- finding and errors -----

@@ -154,11 +154,41 @@ def write_json(path: Path, data: Any) -> None:
     write_text(path, json.dumps(data, indent=2, sort_keys=True) + "\n")
 
 
+OWNED = ".mf-owned"
+"""An empty file in each directory mf-train creates for a save, and in each it deletes: the
+mark that lets a later run finish a killed save's or deletion's work on that directory, and
+on nothing else named like it."""
+
+
+def make_owned_dir(directory: Path) -> None:
+    """Create `directory` (its parent exists) holding the `OWNED` mark."""
+    directory.mkdir()
+    (directory / OWNED).touch()
+
+
+def owned(directory: Path) -> bool:
+    """Whether `directory` (not a symbolic link) holds the `OWNED` mark."""
+    return not directory.is_symlink() and (directory / OWNED).is_file()
+
+
 def remove_tree(directory: Path, mark: str) -> None:
-    """Delete `directory` so no reader ever sees it half-deleted: rename it to
-    `<name><mark><pid>` first (atomic), then remove that."""
+    """Delete `directory`, which the caller knows mf-train wrote, so no reader ever sees it
+    half-deleted: mark it `OWNED`, rename it to an unused `<name><mark><pid>` (atomic), then
+    remove what it holds and the mark last, so a deletion killed midway leaves a directory
+    still marked."""
+    (directory / OWNED).touch()
     doomed = directory.with_name(f"{directory.name}{mark}{os.getpid()}")
-    if doomed.exists():
-        shutil.rmtree(doomed)
+    suffix = 0
+    while doomed.exists() or doomed.is_symlink():  # never another's: a name of its own
+        suffix += 1
+        doomed = directory.with_name(f"{directory.name}{mark}{os.getpid()}-{suffix}")
     os.replace(directory, doomed)
-    shutil.rmtree(doomed)
+    for entry in doomed.iterdir():
+        if entry.name == OWNED:
+            continue
+        if entry.is_dir() and not entry.is_symlink():
+            shutil.rmtree(entry)
+        else:
+            entry.unlink()
+    (doomed / OWNED).unlink()
+    doomed.rmdir()

@@ -38,6 +38,7 @@ import re
 from pathlib import Path
 from typing import Any
 
+from .atomic import owned
 from .errors import CheckpointError
 
 LOG = logging.getLogger(__name__)
@@ -76,11 +77,14 @@ def is_leftover(name: str) -> bool:
 
 def written_by_mf(directory: Path) -> bool:
     """Whether `directory` holds a checkpoint mf-train wrote, complete or not: its
-    `common.json` names this format. A save never replaces, and rotation never deletes, a
-    directory that does not (a user's `iteration_00000001/notes.txt`), nor a symbolic link
-    (what it points to is not the save path's to delete)."""
+    `common.json` names this format, or it holds the mark of a save or a deletion
+    (`atomic.OWNED`). A save never replaces, and rotation never deletes, a directory that
+    does not (a user's `iteration_00000001/notes.txt`, or `iteration_00000001.tmp-mine/`),
+    nor a symbolic link (what it points to is not the save path's to delete)."""
     if directory.is_symlink():
         return False
+    if owned(directory):
+        return True
     try:
         read_common(directory)
     except CheckpointError:

@@ -49,9 +49,11 @@ from mf_config.yaml_source import Source
 
 from . import layout
 from .atomic import (
+    OWNED,
     Streamed,
     file_digest,
     fsync_dir,
+    make_owned_dir,
     remove_tree,
     write_json,
     write_safetensors_streamed,
@@ -230,10 +232,13 @@ class CheckpointManager:
         if self.rank == 0:
             try:
                 self.root.mkdir(parents=True, exist_ok=True)
-                if job.tmp_dir.exists():
+                if job.tmp_dir.exists() or job.tmp_dir.is_symlink():
+                    if not layout.written_by_mf(job.tmp_dir):
+                        raise CheckpointError(f"{job.tmp_dir} is not a save mf-train began; "
+                                              "it is kept: move it elsewhere")
                     remove_tree(job.tmp_dir, layout.DEL_MARK)
-                job.tmp_dir.mkdir()
-            except OSError as exc:
+                make_owned_dir(job.tmp_dir)
+            except (OSError, CheckpointError) as exc:
                 error = exc
         self._barrier()
         if error is not None or not job.tmp_dir.is_dir():
@@ -325,6 +330,7 @@ class CheckpointManager:
             **job.common, **saved_config, "format": layout.FORMAT, "version": layout.FORMAT_VERSION,
             "world_size": self.world_size, "prefix": self.config.prefix,
             "has_optimizer": with_optimizer, "files": files})
+        (job.tmp_dir / OWNED).unlink()  # common.json marks it now: the layout MindFormers has
         fsync_dir(job.tmp_dir)
         _reached("common")
         final = self.root / layout.iteration_name(job.step)
@@ -345,9 +351,10 @@ class CheckpointManager:
     def _rotate(self, kept_step: int) -> None:
         """Keep the newest `save_max` iteration directories (always the one just written);
         delete leftovers of killed saves and deletions. Only what mf-train wrote is deleted
-        (`layout.is_leftover`, `layout.written_by_mf`): anything else there is kept."""
+        (`layout.is_leftover`, `layout.written_by_mf`: a leftover holds the mark a save or a
+        deletion leaves, `atomic.OWNED`): anything else there is kept."""
         for entry in self.root.iterdir():
-            if layout.is_leftover(entry.name) and entry.is_dir() and not entry.is_symlink():
+            if layout.is_leftover(entry.name) and entry.is_dir() and layout.written_by_mf(entry):
                 remove_tree(entry, layout.DEL_MARK)
         others = [path for step, path in layout.iteration_dirs(self.root)
                   if step != kept_step and layout.written_by_mf(path)]
