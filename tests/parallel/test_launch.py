@@ -322,6 +322,19 @@ def test_a_log_directory_that_cannot_be_created_is_one_clear_error() -> None:
         "log directory in a place you can write to")
 
 
+def test_a_symlinked_msrun_log_is_refused(tmp_path) -> None:
+    """msrun.log is written afresh, never through a link: the file it points to is kept."""
+    (tmp_path / "precious.txt").write_text("precious")
+    (tmp_path / "logs").mkdir()
+    (tmp_path / "logs" / "msrun.log").symlink_to(tmp_path / "precious.txt")
+    with pytest.raises(LaunchError) as exc:
+        run_ranks("train.py", 2, log_dir=tmp_path / "logs", timeout=10)
+    assert str(exc.value) == (
+        f"{tmp_path / 'logs' / 'msrun.log'} is a symbolic link, which mf never follows there; "
+        "remove it (the launcher creates a plain file)")
+    assert (tmp_path / "precious.txt").read_text() == "precious"
+
+
 @pytest.mark.skipif(os.geteuid() == 0, reason="root writes to a read-only directory")
 def test_a_read_only_log_directory_is_one_clear_error(tmp_path) -> None:
     logs = tmp_path / "logs"

@@ -7,6 +7,7 @@ symbolic link."""
 from __future__ import annotations
 
 import json
+import os
 import resource
 import signal
 import subprocess
@@ -24,6 +25,7 @@ from checkpoint_samples import config, save
 from mf_config import CheckpointConfig
 from mf_train.callbacks import TrainContext
 from mf_train.checkpoint import CheckpointManager
+from mf_train.checkpoint.atomic import write_text
 from mf_train.checkpoint.errors import CheckpointError
 from mf_train.cli import run
 from mf_train.monitor.metrics import MetricsWriter
@@ -299,6 +301,28 @@ def test_a_symlinked_lock_file_is_refused(data_prefix, tmp_path: Path, capsys,
         f"mf-train: {directory / '.mf-run.lock'} is a symbolic link, which mf-train never "
         "follows there; remove it (the run creates a plain file)")
     assert "Traceback" not in err
+    assert target.read_text() == "precious"
+
+
+def test_a_symlinked_train_log_is_refused(data_prefix, tmp_path: Path, capsys) -> None:
+    """logs/train.log is appended to, never through a link (a resumed run would append to
+    whatever it points to): refused in one line, and the file it points to is untouched."""
+    target = tmp_path / "precious.txt"
+    target.write_text("precious")
+    (tmp_path / "out" / "logs").mkdir(parents=True)
+    (tmp_path / "out" / "logs" / "train.log").symlink_to(target)
+    assert run(small(data_prefix, tmp_path / "out", 1)) == 2
+    err = capsys.readouterr().err
+    assert err.strip().splitlines()[-1] == (
+        f"mf-train: {tmp_path / 'out' / 'logs' / 'train.log'} is a symbolic link, which "
+        "mf-train never follows there; remove it (the run appends to a plain file)")
+    assert target.read_text() == "precious"
+    # a checkpoint's files are written to a `.part-<pid>` file, then renamed: never a link
+    tracker = tmp_path / "ckpt" / "latest_checkpointed_iteration.txt"
+    tracker.parent.mkdir()
+    tracker.with_name(f"{tracker.name}.part-{os.getpid()}").symlink_to(target)
+    with pytest.raises(LinkRefused, match=r"\.txt\.part-\d+ is a symbolic link"):
+        write_text(tracker, "8")
     assert target.read_text() == "precious"
 
 

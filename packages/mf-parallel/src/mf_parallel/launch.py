@@ -23,6 +23,8 @@ Pure Python: it starts MindSpore in other processes but never imports it here.
 
 from __future__ import annotations
 
+import errno
+import os
 import re
 import signal
 import subprocess
@@ -206,11 +208,18 @@ def _open_log_dir(log_dir: Path, ranks: Sequence[int], msrun_log: str) -> Binary
         raise LaunchError(f"cannot create the log directory {log_dir}: "
                           f"{_why_unwritable(log_dir, exc)}; choose a log directory in a "
                           "place you can write to") from None
+    path = log_dir / msrun_log
     try:
         for rank in ranks:
             (log_dir / f"worker_{rank}.log").unlink(missing_ok=True)
-        return open(log_dir / msrun_log, "wb")  # closed by run_ranks
+        # never through a symbolic link: it would truncate whatever the link points to
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC,
+                     0o666)
+        return os.fdopen(fd, "wb")  # closed by run_ranks
     except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise LaunchError(f"{path} is a symbolic link, which mf never follows there; "
+                              "remove it (the launcher creates a plain file)") from None
         raise LaunchError(f"cannot write to the log directory {log_dir}: "
                           f"{_why_unwritable(log_dir, exc)}; choose a log directory you can "
                           "write to") from None

@@ -49,9 +49,10 @@ from mf_parallel.msrun import path_with_interpreter
 from . import export_command
 from .input_checks import check_inputs
 from .monitor.tensorboard import event_dir
+from .no_follow import open_no_follow
 from .node_flags import NODE_OPTIONS, FlagError, add_node_flags, nodes_from
 from .resume_changes import changes
-from .run_directory import Claim, RunDirectoryError, claim
+from .run_directory import TRAIN_LOG, Claim, RunDirectoryError, claim
 from .stop_signals import LAUNCHED, LAUNCHER_PID, LAUNCHER_STOP, StopSignals, name, status
 from .summary import stopped_line, summary_lines
 
@@ -319,10 +320,13 @@ def _say_config_warnings(caught: list[warnings.WarningMessage], *, quiet: bool) 
 
 
 def _log_to_file(path: Path) -> logging.Handler:
-    """Also write the log to `path` (the run's log under its output directory); the caller
-    removes the returned handler when the run ends."""
+    """Also append the log to `path` (the run's log under its output directory), never
+    through a symbolic link (`no_follow`); the caller removes the returned handler, and
+    closes it, when the run ends."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    handler = logging.FileHandler(path, encoding="utf-8")
+    stream = os.fdopen(open_no_follow(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT), "a",
+                       encoding="utf-8")
+    handler = logging.StreamHandler(stream)
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s %(message)s"))
     logging.getLogger().addHandler(handler)
     logging.getLogger("mf_train").setLevel(logging.INFO)  # even if logging was set up before
@@ -372,7 +376,7 @@ def _run_training(argv: Sequence[str], world_size: int, signals: StopSignals) ->
     config = attrs.evolve(config, checkpoint=owned.checkpoint)
     output_dir = Path(args.output_dir)
     # ranks started by msrun log to <output-dir>/logs/worker_<rank>.log already
-    handler = _log_to_file(output_dir / "logs" / "train.log") if world_size == 1 else None
+    handler = _log_to_file(output_dir / TRAIN_LOG) if world_size == 1 else None
     start = time.monotonic()
     try:
         outcome = _train(config, source, output_dir, world_size, signals)
@@ -380,6 +384,7 @@ def _run_training(argv: Sequence[str], world_size: int, signals: StopSignals) ->
         if handler is not None:
             logging.getLogger().removeHandler(handler)
             handler.close()
+            handler.stream.close()
         owned.release()
     if outcome == _STOPPED:
         if os.environ.get(LAUNCHED) == "1":

@@ -12,8 +12,8 @@ ranks under `--nproc`):
   the holder's PID, host and start time. The lock is `flock`: the system releases it when every
   process holding it has exited, also after `kill -9`, so a stale lock file never blocks
   anyone. The launcher of `--nproc` passes its locks to msrun, so they stay held as long as the
-  job's processes run. A lock file (and metrics.jsonl) is never opened through a symbolic link
-  (`no_follow`): a link there is refused.
+  job's processes run. A lock file (and metrics.jsonl, logs/train.log) is never opened
+  through a symbolic link (`no_follow`): a link there is refused.
 * It decides what the run does with what an earlier run left (as torchtitan does when its
   checkpoint folder holds checkpoints): when `checkpoint.load_path` is empty and the run's
   checkpoint directory holds a complete checkpoint, the run resumes from it, and says so
@@ -53,6 +53,10 @@ from .no_follow import LinkRefused, open_no_follow
 
 LOCK = ".mf-run.lock"
 CHECKPOINT_DIR = "checkpoint"
+TRAIN_LOG = "logs/train.log"
+"""A single process's log (ranks started by msrun log to `logs/worker_<rank>.log`)."""
+APPENDED = (METRICS, TRAIN_LOG)
+"""The files of the output directory a run appends to: never through a symbolic link."""
 
 
 class RunDirectoryError(RuntimeError):
@@ -176,10 +180,11 @@ def _lock(directory: Path, option: str) -> IO[str]:
 def _decide(directory: Path, checkpoint: CheckpointConfig) -> tuple[CheckpointConfig, str | None]:
     root = checkpoint_root(checkpoint, directory)
     resolved = attrs.evolve(checkpoint, save_path=str(root))
-    if (directory / METRICS).is_symlink():
-        raise RunDirectoryError(f"{directory / METRICS} is a symbolic link, which mf-train "
-                                "never follows there; remove it (the run appends to a plain "
-                                "file)")
+    for name in APPENDED:
+        if (directory / name).is_symlink():
+            raise RunDirectoryError(f"{directory / name} is a symbolic link, which mf-train "
+                                    "never follows there; remove it (the run appends to a "
+                                    "plain file)")
     if checkpoint.enable_save:
         _refuse_foreign(root)
     complete = layout.complete_iterations(root)

@@ -18,9 +18,11 @@ import struct
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import numpy as np
+
+from ..no_follow import open_no_follow
 
 
 def fsync_dir(directory: Path) -> None:
@@ -49,6 +51,11 @@ def bytes_digest(data: bytes) -> str:
 
 def _part_path(path: Path) -> Path:
     return path.with_name(f"{path.name}.part-{os.getpid()}")
+
+
+def _open_part(part: Path) -> BinaryIO:
+    """`part` opened for writing afresh, never through a symbolic link (`no_follow`)."""
+    return os.fdopen(open_no_follow(part, os.O_WRONLY | os.O_CREAT | os.O_TRUNC), "wb")
 
 
 def commit_file(part: Path, path: Path) -> None:
@@ -124,7 +131,7 @@ def write_safetensors_streamed(path: Path, tensors: Sequence[Streamed],
     text += b" " * (-len(text) % 8)  # the data starts 8-byte aligned, as safetensors writes
     digest = hashlib.sha256()
     part = _part_path(path)
-    with open(part, "wb") as handle:
+    with _open_part(part) as handle:
         for chunk in (struct.pack("<Q", len(text)), text):
             handle.write(chunk)
             digest.update(chunk)
@@ -145,7 +152,8 @@ def write_safetensors_streamed(path: Path, tensors: Sequence[Streamed],
 def write_text(path: Path, text: str) -> None:
     """`text` (UTF-8) at `path`, atomically."""
     part = _part_path(path)
-    part.write_text(text, encoding="utf-8")
+    with _open_part(part) as handle:
+        handle.write(text.encode("utf-8"))
     commit_file(part, path)
 
 
