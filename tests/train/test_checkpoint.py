@@ -32,6 +32,7 @@ from mf_train.checkpoint import (
     CorruptCheckpointError,
     RunProgress,
     apply_model_params,
+    candidates,
     capture_rng_state,
     check_complete,
     find_checkpoint,
@@ -574,14 +575,22 @@ def test_find_checkpoint_paths_and_errors(tmp_path, caplog):
     caplog.clear()
     assert find_checkpoint(root) == root / "iteration_00000001"
     assert logged(caplog) == [f"{root / 'latest_checkpointed_iteration.txt'} names iteration 2, "
-                              "which is missing or incomplete; loading the newest complete "
-                              f"checkpoint {root / 'iteration_00000001'}"]
+                              f"which is not usable ({model_file}: {model_file.stat().st_size} "
+                              f"bytes, common.json records {model_file.stat().st_size + 4}); "
+                              "loading the newest complete checkpoint "
+                              f"{root / 'iteration_00000001'}"]
     model_file.unlink()
     assert [p.endswith("model-0000000-0000001.safetensors: missing")
             for p in check_complete(root / "iteration_00000002")] == [True]
-    (root / "latest_checkpointed_iteration.txt").write_text("latest")
-    with pytest.raises(CheckpointError, match="expected an iteration number, got 'latest'"):
-        find_checkpoint(root)
+    # a garbled tracker is set aside, with one line saying what happens
+    (root / "latest_checkpointed_iteration.txt").write_text("banana")
+    caplog.clear()
+    assert find_checkpoint(root) == root / "iteration_00000001"
+    assert candidates(root) == [root / "iteration_00000001"]
+    assert logged(caplog)[0] == (
+        f"{root / 'latest_checkpointed_iteration.txt'}: expected an iteration number, got "
+        "'banana'; it is set aside: loading the newest complete checkpoint (the next save "
+        "rewrites it)")
 
 
 def test_unreadable_files_are_named(tmp_path):
@@ -596,6 +605,7 @@ def test_unreadable_files_are_named(tmp_path):
         load_checkpoint(tmp_path)
     version_1 = {**data, "version": 1,  # sizes only: the garbage is found by the parser
                  "files": {name: entry["bytes"] for name, entry in data["files"].items()}}
+    del version_1["sha256"]  # nor did version 1 record common.json's own
     common.write_text(json.dumps(version_1))
     with pytest.raises(CheckpointError, match=r"opt-0000000-0000001\.safetensors: cannot read "
                                               r"it as safetensors"):

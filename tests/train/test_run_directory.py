@@ -369,3 +369,34 @@ def test_a_diverged_run_keeps_its_finite_checkpoint_and_stops(data_prefix, tmp_p
     resumed = [line for line in lines(out) if "event" not in line][-4:]
     assert [line["step"] for line in resumed] == [3, 4, 5, 6]
     assert all(np.isfinite(line["loss"]) for line in resumed)
+
+
+# ------------------------------------------------------------------ what a resume reads
+
+def test_an_edited_common_json_is_named_and_the_run_falls_back(data_prefix, tmp_path: Path,
+                                                              capsys, caplog) -> None:
+    """common.json records the SHA-256 of its own content: one edited by hand (another
+    consumed_samples) is not resumed; the run falls back to the newest intact checkpoint with
+    one line naming the file, and goes on from there as the uninterrupted run did."""
+    out = tmp_path / "out"
+    assert run(small(data_prefix, out, 3, "checkpoint.save_interleaved_steps=1")) == 0
+    common = out / "checkpoint" / "iteration_00000003" / "common.json"
+    edited = json.loads(common.read_text())
+    edited["consumed_samples"] += 4
+    common.write_text(json.dumps(edited, indent=2, sort_keys=True) + "\n")
+    first = {line["step"]: line for line in lines(out) if "event" not in line}
+    capsys.readouterr()
+    assert run(small(data_prefix, out, 3, "checkpoint.save_interleaved_steps=1")) == 0
+    warned = [record.getMessage() for record in caplog.records
+              if record.levelname == "WARNING" and "common.json" in record.getMessage()]
+    assert warned == [
+        f"{out / 'checkpoint' / 'latest_checkpointed_iteration.txt'} names iteration 3, which "
+        f"is not usable ({common}: its content does not match the SHA-256 it records (edited "
+        "or damaged after it was written)); loading the newest complete checkpoint "
+        f"{out / 'checkpoint' / 'iteration_00000002'}"]
+    resumed = [line for line in lines(out) if line.get("event") == "resume"]
+    assert [line["step"] for line in resumed] == [2]
+    again = [line for line in lines(out) if "event" not in line][-1]
+    assert (again["step"], again["consumed_samples"]) == (3, first[3]["consumed_samples"])
+    assert again["loss"] == first[3]["loss"]
+    assert json.loads(common.read_text())["consumed_samples"] == first[3]["consumed_samples"]

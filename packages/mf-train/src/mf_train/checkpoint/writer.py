@@ -326,10 +326,11 @@ class CheckpointManager:
             write_text(job.tmp_dir / layout.RUN_CONFIG, self.run_config)
             saved_config = {"config": {"file": layout.RUN_CONFIG,
                                        "sha256": file_digest(job.tmp_dir / layout.RUN_CONFIG)}}
-        write_json(job.tmp_dir / layout.COMMON, {
-            **job.common, **saved_config, "format": layout.FORMAT, "version": layout.FORMAT_VERSION,
-            "world_size": self.world_size, "prefix": self.config.prefix,
-            "has_optimizer": with_optimizer, "files": files})
+        common = {**job.common, **saved_config, "format": layout.FORMAT,
+                  "version": layout.FORMAT_VERSION, "world_size": self.world_size,
+                  "prefix": self.config.prefix, "has_optimizer": with_optimizer, "files": files}
+        write_json(job.tmp_dir / layout.COMMON,
+                   {**common, layout.SELF_SUM: layout.common_digest(common)})
         (job.tmp_dir / OWNED).unlink()  # common.json marks it now: the layout MindFormers has
         fsync_dir(job.tmp_dir)
         _reached("common")
