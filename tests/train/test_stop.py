@@ -87,7 +87,8 @@ def uninterrupted(runs) -> dict[int, float]:
     return losses(runs(QWEN3, *QWEN3_2_LAYERS))
 
 
-@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP],
+                         ids=["SIGINT", "SIGTERM", "SIGHUP"])
 def test_a_signal_stops_the_run_at_a_step_and_the_same_command_resumes(
         uninterrupted, data_prefix, tmp_path: Path, capsys, sig: int) -> None:
     """Before, Ctrl-C printed a KeyboardInterrupt traceback, saved nothing, and the same

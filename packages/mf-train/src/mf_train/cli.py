@@ -15,10 +15,10 @@ they come (`[rank 0] ...`). When a rank fails or is killed, the job stops within
 so and the launcher prints that rank's error and the path of its log. With `--nnodes`, this
 host is one node of a job over several hosts (`node_flags`): every check sees the whole job.
 
-SIGINT (Ctrl-C) and SIGTERM stop a run at its next step boundary (`stop_signals`): it saves a
-checkpoint, prints one line saying where, and exits with status 128 + the signal's number; a
-second signal aborts at once. The launcher forwards the request to its ranks and, killed
-itself, takes its job with it (`mf_parallel.launch`).
+SIGINT (Ctrl-C), SIGTERM and SIGHUP (the terminal closed) stop a run at its next step
+boundary (`stop_signals`): it saves a checkpoint, prints one line saying where, and exits
+with status 128 + the signal's number; a second signal aborts at once. The launcher forwards
+the request to its ranks and, killed itself, takes its job with it (`mf_parallel.launch`).
 """
 
 from __future__ import annotations

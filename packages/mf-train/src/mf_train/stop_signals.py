@@ -1,4 +1,5 @@
-"""A run ends when its owner says so: SIGINT (Ctrl-C) and SIGTERM ask it to stop.
+"""A run ends when its owner says so: SIGINT (Ctrl-C), SIGTERM and SIGHUP (the terminal
+closed) ask it to stop.
 
 The first signal is only recorded (`StopSignals.requested`): the training loop acts on it at
 its next step boundary, where all ranks agree to stop at the same step, save a checkpoint and
@@ -25,8 +26,8 @@ from collections.abc import Callable, Sequence
 from types import FrameType
 from typing import Any
 
-STOP = (signal.SIGINT, signal.SIGTERM)
-"""The signals that stop a run (a single process, the launcher, ranks started by hand)."""
+STOP = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+"""The signals that stop a run (a single process, the launcher)."""
 LAUNCHER_STOP = signal.SIGUSR1
 """What the launcher sends its ranks to ask them to stop at the next step boundary."""
 LAUNCHED = "MF_TRAIN_LAUNCHED"
@@ -53,6 +54,19 @@ def abort_now(signum: int) -> None:
     os.write(2, f"mf-train: second {name(signum)}: stopped at once, nothing saved (the newest "
                 "complete checkpoint is kept)\n".encode())
     os._exit(status(signum))
+
+
+def _leave_the_terminal() -> None:
+    """After SIGHUP, the output that went to the terminal goes to /dev/null: writing to a
+    terminal that hung up fails (EIO), which would end the run before it saves. The run's log
+    file keeps every line."""
+    null = os.open(os.devnull, os.O_WRONLY)
+    try:
+        for fd in (1, 2):
+            if os.isatty(fd):
+                os.dup2(null, fd)
+    finally:
+        os.close(null)
 
 
 class StopSignals:
@@ -104,6 +118,8 @@ class StopSignals:
         os._exit(status(self.requested or signum))
 
     def _handle(self, signum: int, frame: FrameType | None) -> None:
+        if signum == signal.SIGHUP:
+            _leave_the_terminal()
         if self.requested is None:
             self.requested = signum
         elif self.abort is not None and not self.aborted:
