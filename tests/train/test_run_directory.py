@@ -82,14 +82,26 @@ def test_a_second_run_into_a_directory_in_use_fails_at_once(data_prefix, tmp_pat
 
 
 def test_an_earlier_run_without_checkpoints_is_not_overwritten(tmp_path: Path) -> None:
+    """A run that failed or stopped before its first save left metrics and logs only: the
+    same command starts afresh (appending), and says so; beside a file no run writes, the
+    directory is refused."""
     (tmp_path / "metrics.jsonl").write_text('{"event": "start", "step": 0}\n'
                                             '{"step": 1, "loss": 5.0}\n{"step": 2, "loss": 4.0}\n')
+    (tmp_path / "logs").mkdir()
+    (tmp_path / "logs" / "train.log").write_text("the earlier run's log\n")
+    afresh = claim(tmp_path, CheckpointConfig())
+    afresh.release()
+    assert afresh.note == (f"{tmp_path} holds an earlier run that saved no checkpoint "
+                           "(metrics.jsonl logs 2 steps): starting afresh; its lines stay in "
+                           "metrics.jsonl, before this run's")
+    assert afresh.checkpoint.load_path == ""
+    (tmp_path / "notes.txt").write_text("mine")
     with pytest.raises(RunDirectoryError) as refused:
         claim(tmp_path, CheckpointConfig())
     assert str(refused.value) == (
         f"{tmp_path} holds an earlier run (metrics.jsonl logs 2 steps) but no checkpoint to "
-        f"resume from in {tmp_path / 'checkpoint'}; choose another --output-dir, or remove "
-        f"{tmp_path}")
+        f"resume from in {tmp_path / 'checkpoint'}, beside files no run wrote (notes.txt); "
+        f"choose another --output-dir, or remove {tmp_path}")
     assert (tmp_path / "metrics.jsonl").read_text().count("\n") == 3
 
 

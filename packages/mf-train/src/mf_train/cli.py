@@ -53,7 +53,15 @@ from .no_follow import open_no_follow
 from .node_flags import NODE_OPTIONS, FlagError, add_node_flags, nodes_from
 from .resume_changes import changes
 from .run_directory import TRAIN_LOG, Claim, RunDirectoryError, claim
-from .stop_signals import LAUNCHED, LAUNCHER_PID, LAUNCHER_STOP, StopSignals, name, status
+from .stop_signals import (
+    LAUNCHED,
+    LAUNCHER_PID,
+    LAUNCHER_STOP,
+    StopSignals,
+    aborted_line,
+    name,
+    status,
+)
 from .summary import stopped_line, summary_lines
 
 # `.job` and `.trainer` import MindSpore (about 2.7 s here), so they are imported where a run
@@ -111,7 +119,7 @@ class _Aborted(Exception):
         self.signum = signum
 
 
-def _abort_job(signum: int) -> None:
+def _abort_job(signum: int, _checkpoints: Path | None) -> None:
     raise _Aborted(signum)  # from the signal handler: `_run_msrun` kills the job on its way out
 
 
@@ -123,8 +131,8 @@ def launch(args: argparse.Namespace, argv: list[str], nodes: Nodes) -> int:
         try:
             return _launch(args, argv, nodes, signals)
         except _Aborted as exc:
-            print(f"mf-train: second {name(exc.signum)}: every process of the job was killed, "
-                  "nothing saved (the newest complete checkpoint is kept)", file=sys.stderr)
+            print(f"mf-train: {aborted_line(exc.signum, signals.checkpoints)}; every process "
+                  "of the job was killed", file=sys.stderr)
             return status(exc.signum)
 
 
@@ -144,6 +152,7 @@ def _launch(args: argparse.Namespace, argv: list[str], nodes: Nodes,
     owned = _claimed(args.output_dir, validated[0], lock=nodes.rank == 0)
     if owned is None:
         return 2
+    signals.checkpoints = Path(owned.checkpoint.save_path)
     if not _resume_allowed(validated[0], owned, say=nodes.rank == 0):
         owned.release()
         return 2
@@ -370,6 +379,7 @@ def _run_training(argv: Sequence[str], world_size: int, signals: StopSignals) ->
     owned = _claimed(args.output_dir, config, lock=lock)
     if owned is None:
         return 2
+    signals.checkpoints = Path(owned.checkpoint.save_path)
     if not _resume_allowed(config, owned, say=os.environ.get(LAUNCHED) != "1"):
         owned.release()
         return 2

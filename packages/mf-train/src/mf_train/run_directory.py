@@ -17,8 +17,10 @@ ranks under `--nproc`):
 * It decides what the run does with what an earlier run left (as torchtitan does when its
   checkpoint folder holds checkpoints): when `checkpoint.load_path` is empty and the run's
   checkpoint directory holds a complete checkpoint, the run resumes from it, and says so
-  loudly. An earlier run that left metrics but no checkpoint to resume from is refused (choose
-  another `--output-dir`, or remove the old one), and so is a `load_path` elsewhere while the
+  loudly. An earlier run that left metrics but no checkpoint to resume from (it failed or was
+  stopped before its first save) is started afresh, and says so, when the directory holds
+  nothing but what a run writes; beside other files it is refused (choose another
+  `--output-dir`, or remove the old one), and so is a `load_path` elsewhere while the
   checkpoint directory holds another run's checkpoints (saving beside them would rotate them
   away and move their tracker back).
 * A run never removes what it did not write: a directory in the checkpoint directory named as
@@ -57,6 +59,11 @@ TRAIN_LOG = "logs/train.log"
 """A single process's log (ranks started by msrun log to `logs/worker_<rank>.log`)."""
 APPENDED = (METRICS, TRAIN_LOG)
 """The files of the output directory a run appends to: never through a symbolic link."""
+RUN_WRITES = frozenset({METRICS, LOCK, "logs", CHECKPOINT_DIR, "tensorboard", "moe_tokens",
+                        "profile"})
+"""The names a run creates in its output directory (by default): an earlier run's directory
+holding nothing else, and no checkpoint, is started afresh (nothing of it is overwritten:
+metrics.jsonl and the logs are appended to)."""
 
 
 class RunDirectoryError(RuntimeError):
@@ -208,10 +215,18 @@ def _decide(directory: Path, checkpoint: CheckpointConfig) -> tuple[CheckpointCo
         return attrs.evolve(resolved, load_path=str(root)), note
     steps = _logged_steps(directory / METRICS)
     if steps:
-        raise RunDirectoryError(
-            f"{directory} holds an earlier run ({METRICS} logs {steps} "
-            f"step{'s' if steps != 1 else ''}) but no checkpoint "
-            f"to resume from in {root}; choose another --output-dir, or remove {directory}")
+        logged = f"{METRICS} logs {steps} step{'s' if steps != 1 else ''}"
+        written = RUN_WRITES | {root.name} if root.parent.resolve() == directory.resolve() \
+            else RUN_WRITES
+        others = sorted(entry.name for entry in directory.iterdir() if entry.name not in written)
+        if others:
+            raise RunDirectoryError(
+                f"{directory} holds an earlier run ({logged}) but no checkpoint to resume "
+                f"from in {root}, beside files no run wrote ({', '.join(others[:3])}); "
+                f"choose another --output-dir, or remove {directory}")
+        return resolved, (f"{directory} holds an earlier run that saved no checkpoint "
+                          f"({logged}): starting afresh; its lines stay in {METRICS}, "
+                          "before this run's")
     return resolved, None
 
 
