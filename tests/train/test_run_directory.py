@@ -6,8 +6,10 @@ symbolic link."""
 
 from __future__ import annotations
 
+import errno
 import json
 import os
+import re
 import resource
 import signal
 import subprocess
@@ -21,12 +23,14 @@ import pytest
 pytest.importorskip("mindspore")
 
 from checkpoint_samples import config, save
+from safetensors.numpy import load_file
 
 from mf_config import CheckpointConfig
 from mf_train.callbacks import TrainContext
-from mf_train.checkpoint import CheckpointManager
+from mf_train.checkpoint import CheckpointManager, writer
 from mf_train.checkpoint.atomic import write_text
 from mf_train.checkpoint.errors import CheckpointError
+from mf_train.checkpoint.layout import iteration_name
 from mf_train.cli import run
 from mf_train.monitor.metrics import MetricsWriter
 from mf_train.no_follow import LinkRefused
@@ -172,32 +176,83 @@ from mf_train.cli import run
 
 real = writer.write_safetensors_streamed
 
-def write(path, tensors, metadata=None):  # the disk fills up during step 4's save
-    if "iteration_00000004" in str(path):
+def write(path, tensors, metadata=None):  # the disk fills up during step N's save
+    if f"iteration_{int(sys.argv[1]):08d}" in str(path):
         raise OSError(28, "No space left on device")
     return real(path, tensors, metadata)
 
 writer.write_safetensors_streamed = write
-sys.exit(run(sys.argv[1:]))
+sys.exit(run(sys.argv[2:]))
 """
+
+
+def full_disk_line(root: Path, step: int, needed: int) -> re.Pattern:
+    """The line a save that found the disk full ends with: the directory, the bytes this
+    rank's files need (`needed`) and those free."""
+    return re.compile(
+        re.escape(f"{root / iteration_name(step)}.tmp-") + r"\d+ \(No space left on device\): "
+        + re.escape(f"this rank's files of the checkpoint need {needed / 2**20:.1f} MiB, free "
+                    "there: ") + r"\d+\.\d MiB; free some space and run the same command")
+
+
+def tensor_bytes(directory: Path) -> int:
+    """The bytes of the tensors in a checkpoint's safetensors files."""
+    return sum(array.nbytes for path in directory.glob("*.safetensors")
+               for array in load_file(str(path)).values())
 
 
 def test_a_failed_async_save_stops_the_run_at_the_next_step(data_prefix, tmp_path) -> None:
     out = tmp_path / "out"
     args = small(data_prefix, out, 8, "checkpoint.async_save=true")
-    result = subprocess.run([sys.executable, "-c", FAILING_SAVE, *args], capture_output=True,
-                            text=True, timeout=600)
+    result = subprocess.run([sys.executable, "-c", FAILING_SAVE, "4", *args],
+                            capture_output=True, text=True, timeout=600)
     assert result.returncode == 1
-    assert result.stderr.strip().splitlines()[-1] == (
-        f"mf-train: the asynchronous save of checkpoint step 4 to {out / 'checkpoint'} failed: "
-        "[Errno 28] No space left on device; the newest complete checkpoint is "
-        f"{out / 'checkpoint' / 'iteration_00000002'}")
+    last = result.stderr.strip().splitlines()[-1]
+    head = (f"mf-train: the asynchronous save of checkpoint step 4 to {out / 'checkpoint'} "
+            "failed: no space left in ")
+    tail = f"; the newest complete checkpoint is {out / 'checkpoint' / 'iteration_00000002'}"
+    assert last.startswith(head) and last.endswith(tail), last
+    needed = tensor_bytes(out / "checkpoint" / "iteration_00000002")  # step 4's: the same
+    assert full_disk_line(out / "checkpoint", 4, needed).fullmatch(
+        last[len(head):-len(tail)]), last
     assert "Traceback" not in result.stderr
     saves = [line["step"] for line in lines(out) if line.get("event") == "save"]
     steps = [line["step"] for line in lines(out) if "event" not in line]
     assert saves == [2]  # no event for the save that did not complete
     # reported as soon as the step that started it, or the next one, is over
     assert steps in ([1, 2, 3, 4], [1, 2, 3, 4, 5])
+
+
+def test_a_full_disk_at_the_first_save_then_the_same_command(data_prefix, tmp_path,
+                                                             capsys, monkeypatch) -> None:
+    """The disk is full at the first checkpoint: one line naming the directory and the bytes
+    needed; once there is space, the same command starts afresh (there was nothing to
+    resume) and finishes."""
+    out = tmp_path / "out"
+    args = small(data_prefix, out, 3)
+
+    def full(path, tensors, metadata=None):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(writer, "write_safetensors_streamed", full)
+    assert run(args) == 1
+    monkeypatch.undo()
+    err = capsys.readouterr().err
+    last = err.strip().splitlines()[-1]
+    head = (f"mf-train: saving checkpoint step 2 to {out / 'checkpoint'} failed on rank 0: "
+            "no space left in ")
+    tail = f"; no complete checkpoint is left in {out / 'checkpoint'}"
+    assert last.startswith(head) and last.endswith(tail), last
+    assert "Traceback" not in err
+    assert run(args) == 0  # the same command, with space
+    assert (f"mf-train: {out} holds an earlier run that saved no checkpoint (metrics.jsonl "
+            "logs 2 steps): starting afresh") in capsys.readouterr().err
+    needed = tensor_bytes(out / "checkpoint" / "iteration_00000002")
+    assert full_disk_line(out / "checkpoint", 2, needed).fullmatch(
+        last[len(head):-len(tail)]), last
+    assert sorted(path.name for path in (out / "checkpoint").iterdir()) == [
+        ".mf-run.lock", "iteration_00000002", "iteration_00000003",
+        "latest_checkpointed_iteration.txt"]  # the failed save's directory cleaned up
 
 
 # ------------------------------------------------------------------ what the lock covers

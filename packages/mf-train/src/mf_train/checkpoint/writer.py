@@ -31,9 +31,11 @@ complete checkpoint left.
 from __future__ import annotations
 
 import dataclasses
+import errno
 import json
 import logging
 import os
+import shutil
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -250,6 +252,23 @@ class CheckpointManager:
         return job.tmp_dir / name
 
     def _write_rank_files(self, job: _Job) -> None:
+        """Step 2 for this rank; a full disk (or quota) is said with the directory, what this
+        rank's files need and what is free there."""
+        try:
+            self._write_rank_files_to(job)
+        except OSError as exc:
+            if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
+                raise
+            try:
+                free = f"{shutil.disk_usage(job.tmp_dir).free / 2**20:.1f} MiB"
+            except OSError:
+                free = "unknown"
+            raise CheckpointError(
+                f"no space left in {job.tmp_dir} ({exc.strerror or exc}): this rank's files "
+                f"of the checkpoint need {_stored_bytes(job) / 2**20:.1f} MiB, free there: "
+                f"{free}; free some space and run the same command") from exc
+
+    def _write_rank_files_to(self, job: _Job) -> None:
         metadata = {"format": layout.FORMAT}  # one key: safetensors orders several randomly
         held: dict[Path, list[list[Any]]] = {}
         kinds = [("model", job.model)] + ([] if job.optimizer is None else
@@ -379,6 +398,13 @@ def _storable_pieces(arrays: Mapping[Piece | str, np.ndarray | Deferred], copy: 
         piece = key if isinstance(key, Piece) else whole_piece(key, np.shape(value))
         pieces[piece] = storable(piece.key, value, copy)
     return pieces
+
+
+def _stored_bytes(job: _Job) -> int:
+    """The bytes of the tensors this rank's files of `job` hold (their headers left out)."""
+    kinds = [job.model] + ([] if job.optimizer is None else [job.optimizer])
+    return sum(tensor.numel * tensor.dtype.itemsize
+               for pieces in kinds for tensor in streamed(pieces))
 
 
 NONFINITE = "nonfinite"
