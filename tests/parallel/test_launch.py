@@ -9,6 +9,7 @@ from __future__ import annotations
 import io
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -320,6 +321,21 @@ def test_a_log_directory_that_cannot_be_created_is_one_clear_error() -> None:
     assert str(exc.value) == (
         "cannot create the log directory /proc/x/logs: No such file or directory; choose a "
         "log directory in a place you can write to")
+
+
+def test_a_master_port_in_use_is_one_line_before_the_launch(tmp_path) -> None:
+    """msrun's scheduler would fail at once on a busy port while the ranks retried it for
+    minutes: the launcher finds it first, and starts nothing."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        with pytest.raises(LaunchError) as exc:
+            run_ranks("train.py", 2, log_dir=tmp_path / "logs", timeout=10,
+                      nodes=Nodes(master_port=port))
+    assert str(exc.value) == (f"the master port {port} is in use on 127.0.0.1 (another job's "
+                              "scheduler, or another program); choose another --master-port")
+    assert not (tmp_path / "logs").exists()
 
 
 def test_a_symlinked_msrun_log_is_refused(tmp_path) -> None:

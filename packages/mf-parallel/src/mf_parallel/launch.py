@@ -27,6 +27,7 @@ import errno
 import os
 import re
 import signal
+import socket
 import subprocess
 import time
 from collections.abc import Callable, Sequence
@@ -110,6 +111,7 @@ def run_ranks(script: str | Path, nproc: int, *, log_dir: str | Path, timeout: f
     if echo_rank is not None and echo_rank not in ranks:
         raise ValueError(f"echo_rank must be a rank of this host ({ranks[0]} to "
                          f"{ranks[-1]}), got {echo_rank}")
+    _check_master_port(nodes)
     failure, returncode, seconds = _run_msrun(script, nproc, log_dir, timeout, args, env,
                                               (echo_rank, echo_to, echo_drop), nodes, forward,
                                               hold_fds)
@@ -194,6 +196,25 @@ def failure_message(result: LaunchResult, ranks: Sequence[int]) -> str:
             return f"rank {rank} failed: {error} (log: {result.worker_log(rank)})"
     return (f"the {len(ranks)}-rank job exited with status {result.returncode}; no rank logged "
             f"a Python error; see {result.log_dir}")
+
+
+def _check_master_port(nodes: Nodes) -> None:
+    """On the node that runs the scheduler (node 0), a master port already in use is one
+    line before anything starts: msrun's scheduler would fail at once ("Failed to init the
+    tcp server") while the ranks retried its port for minutes. An address that is not this
+    host's, or that cannot be bound for another reason, is left to msrun."""
+    if nodes.rank != 0 or nodes.master_port is None:
+        return
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as a server binds
+        try:
+            probe.bind((nodes.master_addr, nodes.master_port))
+        except OSError as exc:
+            if exc.errno == errno.EADDRINUSE:
+                raise LaunchError(
+                    f"the master port {nodes.master_port} is in use on {nodes.master_addr} "
+                    "(another job's scheduler, or another program); choose another "
+                    "--master-port") from None
 
 
 def _open_log_dir(log_dir: Path, ranks: Sequence[int], msrun_log: str) -> BinaryIO:
