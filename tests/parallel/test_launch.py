@@ -6,6 +6,7 @@ process that started it."""
 
 from __future__ import annotations
 
+import contextlib
 import io
 import os
 import signal
@@ -114,6 +115,34 @@ def _ended(psutil, process) -> bool:
         return process.status() == psutil.STATUS_ZOMBIE
     except psutil.NoSuchProcess:
         return True
+
+
+HELPER = """
+import subprocess, sys, time
+tail = subprocess.Popen(["tail", "-f", "/dev/null"])  # as msrun's log helpers: its group
+print(tail.pid, flush=True)
+time.sleep(600)
+"""
+
+
+def test_helpers_of_a_killed_msrun_die_with_its_job() -> None:
+    """msrun killed with SIGKILL leaves its `tail -f` helpers to init: ending the job kills
+    them too (they are in msrun's process group)."""
+    psutil = pytest.importorskip("psutil")
+    msrun = subprocess.Popen([sys.executable, "-c", HELPER], stdout=subprocess.PIPE,
+                             text=True, start_new_session=True)
+    tail = psutil.Process(int(msrun.stdout.readline()))
+    try:
+        msrun.kill()
+        msrun.wait(timeout=30)
+        assert tail.is_running() and tail.ppid() != msrun.pid  # left to init, still running
+        kill_group(msrun)
+        tail.wait(timeout=10)
+        assert not tail.is_running()
+    finally:
+        msrun.stdout.close()
+        with contextlib.suppress(psutil.Error):
+            tail.kill()
 
 
 def test_free_port_is_bindable() -> None:
