@@ -26,12 +26,15 @@ from checkpoint_samples import config, save
 from safetensors.numpy import load_file
 
 from mf_config import CheckpointConfig
+from mf_config.validate import config_from_source, load_source
+from mf_memory.estimate import size
 from mf_train.callbacks import TrainContext
 from mf_train.checkpoint import CheckpointManager, writer
 from mf_train.checkpoint.atomic import write_text
 from mf_train.checkpoint.errors import CheckpointError
 from mf_train.checkpoint.layout import iteration_name
 from mf_train.cli import run
+from mf_train.host_memory import estimated_bytes, host_limit
 from mf_train.monitor.metrics import MetricsWriter
 from mf_train.no_follow import LinkRefused
 from mf_train.run_directory import RunDirectoryError, claim
@@ -467,3 +470,48 @@ def test_an_edited_common_json_is_named_and_the_run_falls_back(data_prefix, tmp_
     assert (again["step"], again["consumed_samples"]) == (3, first[3]["consumed_samples"])
     assert again["loss"] == first[3]["loss"]
     assert json.loads(common.read_text())["consumed_samples"] == first[3]["consumed_samples"]
+
+
+# ------------------------------------------------------------------ memory
+
+def test_a_model_too_large_for_the_host_is_refused_before_building(data_prefix, tmp_path,
+                                                                  capsys) -> None:
+    """vocab_size two billion: refused in one line with mf-memory's estimate beside the
+    host's limit, before the model is built (numpy's traceback came minutes later)."""
+    out = tmp_path / "out"
+    huge = small(data_prefix, out, 2, "model.vocab_size=2000000000")
+    assert run(huge) == 2
+    err = capsys.readouterr().err
+    config = config_from_source(load_source(str(EXAMPLE), huge[huge.index("--set"):][1::2]))
+    limit, what = host_limit()
+    needed = estimated_bytes(config, 1, [0])
+    assert needed > limit
+    assert err.strip().splitlines()[-1] == (
+        f"mf-train: mf-memory estimates {size(needed)} for rank 0's step, more than {what} "
+        f"allows ({size(limit)}); make the model smaller, or spread it over more ranks or "
+        "hosts")
+    assert "Traceback" not in err and not (out / "metrics.jsonl").exists()
+
+
+LIMITED = """
+import resource, sys
+resource.setrlimit(resource.RLIMIT_AS, (2**30, resource.RLIM_INFINITY))
+from mf_train.cli import run
+sys.exit(run(sys.argv[1:]))
+"""
+
+
+@pytest.mark.slow  # a process of its own (about 8 s): the limit cannot be set in pytest's
+def test_an_address_space_limit_is_one_line(data_prefix, tmp_path) -> None:
+    """`ulimit -v 1048576`: the build fails to allocate; one line with the limit and the
+    estimate, no traceback."""
+    result = subprocess.run([sys.executable, "-c", LIMITED,
+                             *small(data_prefix, tmp_path / "out", 2)],
+                            capture_output=True, text=True, timeout=600)
+    assert result.returncode == 1, result.stderr[-2000:]
+    last = result.stderr.strip().splitlines()[-1]
+    assert re.fullmatch(r"mf-train: out of memory on rank 0 \(.+\): the address-space limit "
+                        r"\(ulimit -v\) allows 1\.00 GiB; mf-memory estimates [\d.]+ MiB for "
+                        r"rank 0's step \(MindSpore and Python need more beside it\); raise "
+                        r"the limit, or make the run smaller", last), last
+    assert "Traceback" not in result.stderr

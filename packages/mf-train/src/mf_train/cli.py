@@ -47,6 +47,7 @@ from mf_parallel.log_echo import MINDSPORE_INFO
 from mf_parallel.msrun import path_with_interpreter
 
 from . import export_command
+from .host_memory import HostMemoryError, check_host_memory, out_of_memory, out_of_memory_line
 from .input_checks import check_inputs
 from .monitor.tensorboard import event_dir
 from .no_follow import open_no_follow
@@ -138,7 +139,8 @@ def launch(args: argparse.Namespace, argv: list[str], nodes: Nodes) -> int:
 
 def _launch(args: argparse.Namespace, argv: list[str], nodes: Nodes,
             signals: StopSignals) -> int:
-    validated = _validated(args, nodes.count * args.nproc, say_warnings=True)
+    validated = _validated(args, nodes.count * args.nproc, say_warnings=True,
+                           ranks=nodes.local_ranks(args.nproc))
     if validated is None:
         return 2
     if signals.requested is not None:
@@ -287,15 +289,16 @@ def _without_launcher_options(argv: list[str]) -> list[str]:
     return out
 
 
-def _validated(args: argparse.Namespace, world_size: int, *,
-               say_warnings: bool = False) -> tuple[TrainConfig, Source] | None:
+def _validated(args: argparse.Namespace, world_size: int, *, say_warnings: bool = False,
+               ranks: Sequence[int] = ()) -> tuple[TrainConfig, Source] | None:
     """(config, source) when the file, overrides, plan and what the trainer supports
     (`support`) are valid and the files it reads are there (`input_checks`); else print the
     problems and return None. With `say_warnings`, the settings that have no effect here are
     printed too (the launcher says them once for all ranks; a single process logs them when
     the trainer starts). The configuration's own warnings (`ConfigWarning`) are printed as
     one line each, by the launcher or a single process; a rank the launcher started keeps
-    quiet about them."""
+    quiet about them. The ranks of this host (`ranks`) must fit in its memory on CPU
+    (`host_memory`: the launcher checks for its ranks)."""
     from .job import check_support, make_job_plan, resolve_device  # MindSpore
 
     try:
@@ -308,7 +311,8 @@ def _validated(args: argparse.Namespace, world_size: int, *,
         device = resolve_device(config.context.device_target)
         no_effect = check_support(config, plan, device, source)
         check_inputs(config, source)
-    except (ConfigError, UnreadableFile, PlanError) as exc:
+        check_host_memory(config, world_size, ranks, device)
+    except (ConfigError, UnreadableFile, PlanError, HostMemoryError) as exc:
         print(f"mf-train: {exc}", file=sys.stderr)
         return None
     for warning in no_effect if say_warnings else ():
@@ -367,7 +371,7 @@ def run_training(argv: Sequence[str], *, world_size: int,
 def _run_training(argv: Sequence[str], world_size: int, signals: StopSignals) -> int:
     args = _parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
-    validated = _validated(args, world_size)
+    validated = _validated(args, world_size, ranks=[0] if world_size == 1 else ())
     if validated is None:
         return 2
     if signals.requested is not None and world_size == 1:  # ranks all start, then agree
@@ -422,6 +426,14 @@ def _train(config: TrainConfig, source: Source, output_dir: Path, world_size: in
             raise
         print(f"mf-train: {exc}", file=sys.stderr)
         return 2 if isinstance(exc, ConfigError) else 1
+    except (MemoryError, RuntimeError) as exc:
+        if not out_of_memory(exc):
+            raise
+        line = out_of_memory_line(exc, config, world_size, int(os.environ.get("RANK_ID", 0)))
+        if world_size > 1:  # the launcher reports the traceback's last line
+            raise HostMemoryError(line) from None
+        print(f"mf-train: {line}", file=sys.stderr)
+        return 1
     return _STOPPED if trainer.stopped or stop.requested is not None else 0
 
 if __name__ == "__main__":
