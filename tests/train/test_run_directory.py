@@ -472,6 +472,23 @@ def test_an_edited_common_json_is_named_and_the_run_falls_back(data_prefix, tmp_
     assert json.loads(common.read_text())["consumed_samples"] == first[3]["consumed_samples"]
 
 
+def test_a_load_path_without_a_checkpoint_is_refused_unless_it_is_the_save_path(
+        data_prefix, tmp_path: Path, capsys) -> None:
+    """A load_path at a directory with no checkpoint trained from scratch with a warning and
+    exit 0: a wrong directory went unnoticed. Refused in one line now; at the run's own save
+    path (the MindFormers way to resume whenever there is something), it starts."""
+    (tmp_path / "empty").mkdir()
+    out = tmp_path / "out"
+    assert run(small(data_prefix, out, 1, f"checkpoint.load_path={tmp_path / 'empty'}")) == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        f"mf-train: checkpoint.load_path {tmp_path / 'empty'} holds no checkpoint (no complete "
+        "iteration_* directory, no Hugging Face weights); point it at one, leave it empty to "
+        "start from scratch, or set it to this run's checkpoint.save_path "
+        f"({out / 'checkpoint'}) to start from scratch now and resume from there later")
+    assert not (out / "metrics.jsonl").exists()
+    claim(out, CheckpointConfig(load_path=str(out / "checkpoint"))).release()  # allowed
+
+
 # ------------------------------------------------------------------ memory
 
 def test_a_model_too_large_for_the_host_is_refused_before_building(data_prefix, tmp_path,

@@ -23,6 +23,8 @@ ranks under `--nproc`):
   `--output-dir`, or remove the old one), and so is a `load_path` elsewhere while the
   checkpoint directory holds another run's checkpoints (saving beside them would rotate them
   away and move their tracker back).
+* A `checkpoint.load_path` at a directory holding no checkpoint is refused (a wrong
+  directory would have the run train from scratch), unless it is the run's own save path.
 * A run never removes what it did not write: a directory in the checkpoint directory named as
   a checkpoint (`iteration_00000001`) that mf-train did not write (no `common.json` of its
   format) would be replaced by that step's save or rotated away, so the run is refused, naming
@@ -50,6 +52,7 @@ from mf_config.yaml_source import load_text
 
 from .checkpoint import layout
 from .checkpoint.errors import CheckpointError
+from .checkpoint.hf import is_hf_checkpoint
 from .monitor.metrics import FILE_NAME as METRICS
 from .no_follow import LinkRefused, open_no_follow
 
@@ -207,6 +210,7 @@ def _decide(directory: Path, checkpoint: CheckpointConfig) -> tuple[CheckpointCo
                 f"and this run loads {checkpoint.load_path} and would save beside them, "
                 "rotating them away; resume that run (leave checkpoint.load_path empty), or "
                 "choose another --output-dir or checkpoint.save_path")
+        _refuse_empty_load_path(Path(checkpoint.load_path), root)
         return resolved, None
     if complete:
         newest = complete[-1][1]
@@ -262,6 +266,26 @@ def _refuse_foreign(root: Path) -> None:
                 f"{path} is not a checkpoint mf-train wrote (it has no {layout.COMMON} of "
                 f"its format), and saving into {root} could replace or delete it; move it "
                 "elsewhere, or choose another checkpoint.save_path")
+
+
+def _refuse_empty_load_path(path: Path, root: Path) -> None:
+    """Refuse a `checkpoint.load_path` that is a directory holding no checkpoint (no complete
+    `iteration_*`, no Hugging Face weights): a mistyped or wrong directory would have the run
+    train from scratch. Asked for, it is allowed: a load_path at the run's own save path (the
+    MindFormers way to resume whenever there is something to resume) starts from scratch
+    while that holds nothing."""
+    if _inside(path, root) or not path.is_dir() or is_hf_checkpoint(path):
+        return
+    try:
+        found = layout.find_checkpoint(path)
+    except CheckpointError:
+        return  # a damaged or unusable one: the resume says what is wrong with it
+    if found is None:
+        raise RunDirectoryError(
+            f"checkpoint.load_path {path} holds no checkpoint (no complete iteration_* "
+            "directory, no Hugging Face weights); point it at one, leave it empty to start "
+            f"from scratch, or set it to this run's checkpoint.save_path ({root}) to start "
+            "from scratch now and resume from there later")
 
 
 def _inside(path: Path, root: Path) -> bool:
