@@ -27,6 +27,7 @@ from safetensors.numpy import load_file
 
 from mf_config import CheckpointConfig
 from mf_config.validate import config_from_source, load_source
+from mf_data.indexed import IndexedDataset
 from mf_memory.estimate import size
 from mf_train.callbacks import TrainContext
 from mf_train.checkpoint import CheckpointManager, writer
@@ -487,6 +488,21 @@ def test_a_load_path_without_a_checkpoint_is_refused_unless_it_is_the_save_path(
         f"({out / 'checkpoint'}) to start from scratch now and resume from there later")
     assert not (out / "metrics.jsonl").exists()
     claim(out, CheckpointConfig(load_path=str(out / "checkpoint"))).release()  # allowed
+
+
+def test_a_token_outside_the_vocabulary_is_found_before_launch(data_prefix, tmp_path,
+                                                                capsys) -> None:
+    """The byte corpus ends documents with EOD 256: a 256-token model would stop at the first
+    sample holding one (and every resume again at that step); `--scan-tokens` reads every
+    dataset first and names the sequence, before anything is built."""
+    args = small(data_prefix, tmp_path / "out", 2, "model.vocab_size=256")
+    assert run([*args, "--scan-tokens"]) == 2
+    err = capsys.readouterr().err
+    dataset = IndexedDataset(data_prefix)
+    sequence = next(index for index in range(len(dataset)) if dataset[index].max() >= 256)
+    assert f"{data_prefix}.bin: sequence {sequence} holds token id 256, outside the model's " \
+           "vocabulary: model.vocab_size is 256 (ids 0 to 255)" in err
+    assert "Traceback" not in err and not (tmp_path / "out" / "metrics.jsonl").exists()
 
 
 # ------------------------------------------------------------------ memory

@@ -48,7 +48,7 @@ from mf_parallel.msrun import path_with_interpreter
 
 from . import export_command
 from .host_memory import HostMemoryError, check_host_memory, out_of_memory, out_of_memory_line
-from .input_checks import check_inputs
+from .input_checks import check_inputs, scan_token_ids
 from .monitor.tensorboard import event_dir
 from .no_follow import open_no_follow
 from .node_flags import NODE_OPTIONS, FlagError, add_node_flags, nodes_from
@@ -83,6 +83,10 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--nproc", type=int, default=1, metavar="N",
                         help="ranks to start on this host through msrun (default 1: this "
                              "process trains)")
+    parser.add_argument("--scan-tokens", action="store_true",
+                        help="before launch, read every dataset whole (memory-mapped) and "
+                             "refuse one with a token id outside model.vocab_size (default: "
+                             "each sample is checked as it is read)")
     parser.add_argument("--timeout", type=float, default=0, metavar="SECONDS",
                         help="with --nproc: stop the job after this long (default: no limit)")
     add_node_flags(parser)
@@ -298,7 +302,8 @@ def _validated(args: argparse.Namespace, world_size: int, *, say_warnings: bool 
     the trainer starts). The configuration's own warnings (`ConfigWarning`) are printed as
     one line each, by the launcher or a single process; a rank the launcher started keeps
     quiet about them. The ranks of this host (`ranks`) must fit in its memory on CPU
-    (`host_memory`: the launcher checks for its ranks)."""
+    (`host_memory`), and with `--scan-tokens` every token id must be in the vocabulary: the
+    launcher checks for its ranks (which pass no `ranks`)."""
     from .job import check_support, make_job_plan, resolve_device  # MindSpore
 
     try:
@@ -311,6 +316,8 @@ def _validated(args: argparse.Namespace, world_size: int, *, say_warnings: bool 
         device = resolve_device(config.context.device_target)
         no_effect = check_support(config, plan, device, source)
         check_inputs(config, source)
+        if args.scan_tokens and ranks:
+            scan_token_ids(config, source)
         check_host_memory(config, world_size, ranks, device)
     except (ConfigError, UnreadableFile, PlanError, HostMemoryError) as exc:
         print(f"mf-train: {exc}", file=sys.stderr)
