@@ -77,7 +77,8 @@ def as_format_2(saved: Path, copy: Path, world_size: int | None = None) -> Path:
         files[name] = {"bytes": path.stat().st_size,
                        "sha256": hashlib.sha256(path.read_bytes()).hexdigest()}
     common.update(version=2, files=files, world_size=world_size or 1)
-    del common["config"]  # an earlier mf saved no configuration
+    del common["config"], common["sha256"]  # an earlier mf saved no configuration, nor
+    # the SHA-256 of common.json's own content
     (copy / "config.yaml").unlink()
     (copy / "common.json").write_text(json.dumps(common))
     return copy
