@@ -440,6 +440,14 @@ def test_how_a_rank_ended_in_one_line(tmp_path) -> None:
     assert rank_failure_message(2, 1, log) == f"rank 2 failed: ValueError: bad batch (log: {log})"
     assert rank_failure_message(2, -9, log) == f"rank 2 was killed by SIGKILL (log: {log})"
     assert rank_failure_message(2, -15, log) == f"rank 2 was killed by SIGTERM (log: {log})"
+    log.write_text(  # an exception named as no Error, MindSpore's teardown lines after it
+        'Traceback (most recent call last):\n  File "/work/t.py", line 3, in <module>\n'
+        '    raise TrainingDiverged("diverged at step 4")\n'
+        "mf_train.trainer.TrainingDiverged: diverged at step 4\n"
+        "[INFO] DISTRIBUTED(9151,7fa8,python):2026-12-07 [tcp_server.cc:314] Start] Event base "
+        "dispatch success!\n")
+    assert rank_failure_message(2, 1, log) == (
+        f"rank 2 failed: mf_train.trainer.TrainingDiverged: diverged at step 4 (log: {log})")
     log.write_text("Segmentation fault\n")
     assert rank_failure_message(2, 139, log) == (
         f"rank 2 exited with status 139 and logged no Python error (log: {log})")
