@@ -140,6 +140,7 @@ ADDITIONS = {
     "training.rampup_batch_size": None,
     "training.use_skip_step_on_nan": False,
     "training.max_consecutive_skipped_steps": 0,
+    "training.max_nonfinite_steps": 3,
     "parallelism.param_dtype": "float32",
     "parallelism.reduce_dtype": "float32",
 }

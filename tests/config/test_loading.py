@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 
 from mf_config import ConfigError, load_config
 from mf_config.yaml_source import (
+    MAX_FILE_BYTES,
     MAX_MAPPING_DEPTH,
     MAX_NESTING_DEPTH,
     MAX_VALUES,
@@ -48,6 +49,22 @@ def test_directory_is_not_a_config(tmp_path) -> None:
     with pytest.raises(UnreadableFile) as exc:
         load_config(tmp_path)
     assert "is a directory" in only_issue(exc).message
+
+
+@pytest.mark.parametrize(("path", "message"), [
+    ("/dev/zero", "/dev/zero: is not a regular file (a device, a pipe or a socket); give a "
+                  "YAML file"),
+    ("huge.yaml", "huge.yaml: is larger than 64 MiB, far more than a configuration file; give "
+                  "the train.yaml")])
+def test_a_file_that_is_no_configuration_is_not_read_whole(tmp_path, monkeypatch, path,
+                                                           message) -> None:
+    """The read is bounded: a device is never read, a file past the limit only to it."""
+    monkeypatch.chdir(tmp_path)
+    with open("huge.yaml", "wb") as huge:
+        huge.truncate(MAX_FILE_BYTES + 1)  # sparse: costs nothing on disk
+    with pytest.raises(UnreadableFile) as exc:
+        load_config(path)
+    assert str(only_issue(exc)) == message
 
 
 def test_non_utf8_names_line_and_byte(tmp_path) -> None:

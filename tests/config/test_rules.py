@@ -58,6 +58,7 @@ SINGLE_ERRORS = [
      "local_batch_size (16) exceeds global_batch_size (8)"),
     ("training.max_consecutive_skipped_steps", -1, "training.max_consecutive_skipped_steps",
      ">= 0"),
+    ("training.max_nonfinite_steps", 0, "training.max_nonfinite_steps", ">= 1"),
     ("training.rampup_batch_size", [2, 2], "training.rampup_batch_size",
      "[start_global_batch_size, increment, rampup_samples], got 2 values"),
     ("training.rampup_batch_size", [0, 2, 100], "training.rampup_batch_size[0]",
@@ -471,7 +472,8 @@ def test_keys_that_are_not_strings_get_readable_paths() -> None:
     found = problems(data)
     assert ("training[None]", "Unknown configuration keys for TrainingConfig: [None]; allowed "
             "keys: steps, local_batch_size, global_batch_size, max_norm, seed, deterministic, "
-            "rampup_batch_size, use_skip_step_on_nan, max_consecutive_skipped_steps") in found
+            "rampup_batch_size, use_skip_step_on_nan, max_consecutive_skipped_steps, "
+            "max_nonfinite_steps") in found
     assert ("model[3]", "mapping keys must be strings, got 3 (an integer)") in found
 
 

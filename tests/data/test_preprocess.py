@@ -60,6 +60,27 @@ def test_preprocess_bytes_exact_output(tmp_path: Path) -> None:
     assert files_in(tmp_path / "out") == ["c.bin", "c.idx"]
 
 
+def test_a_token_beyond_the_models_vocabulary_is_found_at_preprocessing(tmp_path) -> None:
+    """With the model's vocabulary given, an id beyond it (here the EOD 256 of a 256-token
+    model) names the first document holding one, and nothing is written; without, the
+    trainer would find it only when it reads that sample."""
+    source = write_jsonl(tmp_path / "in.jsonl", [{"text": ""}, {"text": "ab"}, {"text": "c"}])
+    with pytest.raises(DataError) as exc:
+        preprocess_jsonl(source, tmp_path / "out" / "c", ByteTokenizer(), progress=None,
+                         vocab_size=256)
+    assert str(exc.value) == (
+        f"{source}: document 2 ('text') has token id 256, outside the model's vocabulary "
+        "(--model-vocab-size 256: ids 0 to 255); use the model's tokenizer, or give the model a "
+        "larger vocabulary")
+    assert not (tmp_path / "out").exists()
+    with pytest.raises(DataError, match=r"document 3 \('text'\) has token id 99"):
+        preprocess_jsonl(source, tmp_path / "c", ByteTokenizer(), progress=None,
+                         vocab_size=99, append_eod=False)  # "c" is byte 99
+    summary = preprocess_jsonl(source, tmp_path / "c", ByteTokenizer(), progress=None,
+                               vocab_size=257)
+    assert summary.tokens == 5
+
+
 def test_preprocess_equals_write_indexed_of_the_same_documents(tmp_path: Path) -> None:
     texts = [f"document {i} " + "x" * (i % 37) for i in range(600)]  # > 2 encode batches
     source = write_jsonl(tmp_path / "in.jsonl", [{"text": t} for t in texts])

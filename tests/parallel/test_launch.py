@@ -6,9 +6,11 @@ process that started it."""
 
 from __future__ import annotations
 
+import contextlib
 import io
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -113,6 +115,34 @@ def _ended(psutil, process) -> bool:
         return process.status() == psutil.STATUS_ZOMBIE
     except psutil.NoSuchProcess:
         return True
+
+
+HELPER = """
+import subprocess, sys, time
+tail = subprocess.Popen(["tail", "-f", "/dev/null"])  # as msrun's log helpers: its group
+print(tail.pid, flush=True)
+time.sleep(600)
+"""
+
+
+def test_helpers_of_a_killed_msrun_die_with_its_job() -> None:
+    """msrun killed with SIGKILL leaves its `tail -f` helpers to init: ending the job kills
+    them too (they are in msrun's process group)."""
+    psutil = pytest.importorskip("psutil")
+    msrun = subprocess.Popen([sys.executable, "-c", HELPER], stdout=subprocess.PIPE,
+                             text=True, start_new_session=True)
+    tail = psutil.Process(int(msrun.stdout.readline()))
+    try:
+        msrun.kill()
+        msrun.wait(timeout=30)
+        assert tail.is_running() and tail.ppid() != msrun.pid  # left to init, still running
+        kill_group(msrun)
+        tail.wait(timeout=10)
+        assert not tail.is_running()
+    finally:
+        msrun.stdout.close()
+        with contextlib.suppress(psutil.Error):
+            tail.kill()
 
 
 def test_free_port_is_bindable() -> None:
@@ -322,6 +352,34 @@ def test_a_log_directory_that_cannot_be_created_is_one_clear_error() -> None:
         "log directory in a place you can write to")
 
 
+def test_a_master_port_in_use_is_one_line_before_the_launch(tmp_path) -> None:
+    """msrun's scheduler would fail at once on a busy port while the ranks retried it for
+    minutes: the launcher finds it first, and starts nothing."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        with pytest.raises(LaunchError) as exc:
+            run_ranks("train.py", 2, log_dir=tmp_path / "logs", timeout=10,
+                      nodes=Nodes(master_port=port))
+    assert str(exc.value) == (f"the master port {port} is in use on 127.0.0.1 (another job's "
+                              "scheduler, or another program); choose another --master-port")
+    assert not (tmp_path / "logs").exists()
+
+
+def test_a_symlinked_msrun_log_is_refused(tmp_path) -> None:
+    """msrun.log is written afresh, never through a link: the file it points to is kept."""
+    (tmp_path / "precious.txt").write_text("precious")
+    (tmp_path / "logs").mkdir()
+    (tmp_path / "logs" / "msrun.log").symlink_to(tmp_path / "precious.txt")
+    with pytest.raises(LaunchError) as exc:
+        run_ranks("train.py", 2, log_dir=tmp_path / "logs", timeout=10)
+    assert str(exc.value) == (
+        f"{tmp_path / 'logs' / 'msrun.log'} is a symbolic link, which mf never follows there; "
+        "remove it (the launcher creates a plain file)")
+    assert (tmp_path / "precious.txt").read_text() == "precious"
+
+
 @pytest.mark.skipif(os.geteuid() == 0, reason="root writes to a read-only directory")
 def test_a_read_only_log_directory_is_one_clear_error(tmp_path) -> None:
     logs = tmp_path / "logs"
@@ -382,6 +440,14 @@ def test_how_a_rank_ended_in_one_line(tmp_path) -> None:
     assert rank_failure_message(2, 1, log) == f"rank 2 failed: ValueError: bad batch (log: {log})"
     assert rank_failure_message(2, -9, log) == f"rank 2 was killed by SIGKILL (log: {log})"
     assert rank_failure_message(2, -15, log) == f"rank 2 was killed by SIGTERM (log: {log})"
+    log.write_text(  # an exception named as no Error, MindSpore's teardown lines after it
+        'Traceback (most recent call last):\n  File "/work/t.py", line 3, in <module>\n'
+        '    raise TrainingDiverged("diverged at step 4")\n'
+        "mf_train.trainer.TrainingDiverged: diverged at step 4\n"
+        "[INFO] DISTRIBUTED(9151,7fa8,python):2026-12-07 [tcp_server.cc:314] Start] Event base "
+        "dispatch success!\n")
+    assert rank_failure_message(2, 1, log) == (
+        f"rank 2 failed: mf_train.trainer.TrainingDiverged: diverged at step 4 (log: {log})")
     log.write_text("Segmentation fault\n")
     assert rank_failure_message(2, 139, log) == (
         f"rank 2 exited with status 139 and logged no Python error (log: {log})")

@@ -27,11 +27,12 @@ def config(root: Path, **overrides) -> CheckpointConfig:
 
 
 def arrays(seed: int) -> dict[str, np.ndarray]:
-    """Model arrays of `SHAPES` drawn from `seed`, with a -0.0 and a NaN in norm.weight."""
+    """Model arrays of `SHAPES` drawn from `seed`, with a -0.0 and a subnormal in
+    norm.weight (a state with a NaN is never saved)."""
     rng = np.random.default_rng(seed)
     values = {name: rng.standard_normal(shape).astype(np.float32)
               for name, shape in SHAPES.items()}
-    values["norm.weight"][:2] = [-0.0, np.float32(np.nan)]  # bit patterns a cast could change
+    values["norm.weight"][:2] = [-0.0, np.float32(1e-45)]  # bit patterns a cast could change
     return values
 
 
@@ -76,7 +77,8 @@ def as_format_2(saved: Path, copy: Path, world_size: int | None = None) -> Path:
         files[name] = {"bytes": path.stat().st_size,
                        "sha256": hashlib.sha256(path.read_bytes()).hexdigest()}
     common.update(version=2, files=files, world_size=world_size or 1)
-    del common["config"]  # an earlier mf saved no configuration
+    del common["config"], common["sha256"]  # an earlier mf saved no configuration, nor
+    # the SHA-256 of common.json's own content
     (copy / "config.yaml").unlink()
     (copy / "common.json").write_text(json.dumps(common))
     return copy

@@ -7,6 +7,7 @@ import hashlib
 import json
 import os
 import random
+import re
 import signal
 import struct
 import subprocess
@@ -32,6 +33,7 @@ from mf_train.checkpoint import (
     CorruptCheckpointError,
     RunProgress,
     apply_model_params,
+    candidates,
     capture_rng_state,
     check_complete,
     find_checkpoint,
@@ -44,6 +46,7 @@ from mf_train.checkpoint import (
     resume,
     writer,
 )
+from mf_train.checkpoint.atomic import make_owned_dir
 from mf_train.checkpoint.pieces import Piece, PieceIndex
 from mf_train.checkpoint.reader import load_pieces
 from mf_train.models import build_model, hf_state, load_hf_state
@@ -219,13 +222,22 @@ def test_should_save_interval_last_and_never_twice(tmp_path):
 
 
 def test_save_max_keeps_newest_and_cleans_leftovers(tmp_path):
+    """Leftovers of a killed save or deletion (marked as mf-train's) are cleaned up; a user's
+    directories named like them are kept, with what they hold."""
     manager = CheckpointManager(config(tmp_path, save_max=2))
-    (tmp_path / "iteration_00000009.tmp-999").mkdir(parents=True)  # a killed save
-    (tmp_path / "iteration_00000001.del-999").mkdir()               # a killed deletion
+    for name in ("iteration_00000009.tmp-999", "iteration_00000001.del-999"):  # killed
+        make_owned_dir(tmp_path / name)
+        (tmp_path / name / "part.safetensors").write_text("half")
+    for name in ("iteration_00000009.tmp-mine", "iteration_00000002.del-notes"):  # a user's
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "notes.txt").write_text("mine")
     for step in range(1, 6):
         save(manager, step)
-    assert sorted(os.listdir(tmp_path)) == ["iteration_00000004", "iteration_00000005",
-                                            "latest_checkpointed_iteration.txt"]
+    assert sorted(os.listdir(tmp_path)) == [
+        "iteration_00000002.del-notes", "iteration_00000004", "iteration_00000005",
+        "iteration_00000009.tmp-mine", "latest_checkpointed_iteration.txt"]
+    assert (tmp_path / "iteration_00000009.tmp-mine" / "notes.txt").read_text() == "mine"
+    assert (tmp_path / "iteration_00000002.del-notes" / "notes.txt").read_text() == "mine"
     assert find_checkpoint(tmp_path) == tmp_path / "iteration_00000005"
 
 
@@ -239,6 +251,27 @@ def test_save_max_never_deletes_the_checkpoint_just_written(tmp_path):
         "iteration_00000003", "iteration_00000008"]
     assert read_tracker(tmp_path) == 3
     assert find_checkpoint(tmp_path) == tmp_path / "iteration_00000003"
+
+
+@pytest.mark.parametrize("async_save", [False, True], ids=["sync", "async"])
+@pytest.mark.parametrize("kind", ["model", "optimizer"])
+def test_a_state_not_finite_is_never_committed(tmp_path, kind, async_save):
+    """A diverged step's state (a NaN or an infinity in any tensor) is written, found and
+    thrown away: the finite checkpoint stays the newest, kept by save_max 1, and tracked."""
+    manager = CheckpointManager(config(tmp_path, save_max=1, async_save=async_save))
+    save(manager, 2)
+    model, state = arrays(3), optimizer_state(3)
+    (model if kind == "model" else state)[f"{'' if kind == 'model' else 'adam_m.'}"
+                                          "norm.weight"][3] = np.inf
+    manager.save(3, model, state, train_state(3))
+    manager.wait()
+    assert manager.poll() == [(2, tmp_path / "iteration_00000002")]
+    assert sorted(os.listdir(tmp_path)) == ["iteration_00000002",
+                                            "latest_checkpointed_iteration.txt"]
+    assert read_tracker(tmp_path) == 2
+    save(manager, 4)  # a finite state again is saved as ever
+    manager.wait()
+    assert find_checkpoint(tmp_path) == tmp_path / "iteration_00000004"
 
 
 def test_saving_a_step_again_replaces_it(tmp_path):
@@ -450,7 +483,13 @@ KILL_WORKER = textwrap.dedent("""
             stop("mid_file")
         atomic.commit_file = half_file
     elif stop_at == "deleting":
-        atomic.shutil.rmtree = lambda path: stop("deleting")
+        renamed = atomic.os.replace
+
+        def replace(source, target):  # killed once the doomed directory has its .del- name
+            renamed(source, target)
+            if ".del-" in str(target):
+                stop("deleting")
+        atomic.os.replace = replace
     else:
         writer._reached = lambda stage: stage == stop_at and stop(stage)
     manager.save(2, arrays(2), {"global_step": np.array([2])}, state(2))
@@ -497,11 +536,13 @@ def test_sigkill_at_any_stage_leaves_a_complete_checkpoint(tmp_path):
         model, optim, state = load_checkpoint(root)
         assert_same_bits(model, {"w": arrays_w(step)})
         assert state.global_step == step and int(optim["global_step"][0]) == step
-    # the next save of a restarted run cleans the leftovers up
-    manager = CheckpointManager(config(tmp_path / "mid_file", save_max=1))
-    save(manager, 3)
-    assert sorted(os.listdir(tmp_path / "mid_file")) == ["iteration_00000003",
-                                                         "latest_checkpointed_iteration.txt"]
+    # the next save of a restarted run cleans the leftovers up (they hold the mark of a save
+    # or a deletion)
+    for stage in ("mid_file", "deleting"):
+        manager = CheckpointManager(config(tmp_path / stage, save_max=1))
+        save(manager, 3)
+        assert sorted(os.listdir(tmp_path / stage)) == ["iteration_00000003",
+                                                        "latest_checkpointed_iteration.txt"]
 
 
 # ----- finding and errors -----
@@ -535,14 +576,22 @@ def test_find_checkpoint_paths_and_errors(tmp_path, caplog):
     caplog.clear()
     assert find_checkpoint(root) == root / "iteration_00000001"
     assert logged(caplog) == [f"{root / 'latest_checkpointed_iteration.txt'} names iteration 2, "
-                              "which is missing or incomplete; loading the newest complete "
-                              f"checkpoint {root / 'iteration_00000001'}"]
+                              f"which is not usable ({model_file}: {model_file.stat().st_size} "
+                              f"bytes, common.json records {model_file.stat().st_size + 4}); "
+                              "loading the newest complete checkpoint "
+                              f"{root / 'iteration_00000001'}"]
     model_file.unlink()
     assert [p.endswith("model-0000000-0000001.safetensors: missing")
             for p in check_complete(root / "iteration_00000002")] == [True]
-    (root / "latest_checkpointed_iteration.txt").write_text("latest")
-    with pytest.raises(CheckpointError, match="expected an iteration number, got 'latest'"):
-        find_checkpoint(root)
+    # a garbled tracker is set aside, with one line saying what happens
+    (root / "latest_checkpointed_iteration.txt").write_text("banana")
+    caplog.clear()
+    assert find_checkpoint(root) == root / "iteration_00000001"
+    assert candidates(root) == [root / "iteration_00000001"]
+    assert logged(caplog)[0] == (
+        f"{root / 'latest_checkpointed_iteration.txt'}: expected an iteration number, got "
+        "'banana'; it is set aside: loading the newest complete checkpoint (the next save "
+        "rewrites it)")
 
 
 def test_unreadable_files_are_named(tmp_path):
@@ -557,6 +606,7 @@ def test_unreadable_files_are_named(tmp_path):
         load_checkpoint(tmp_path)
     version_1 = {**data, "version": 1,  # sizes only: the garbage is found by the parser
                  "files": {name: entry["bytes"] for name, entry in data["files"].items()}}
+    del version_1["sha256"]  # nor did version 1 record common.json's own
     common.write_text(json.dumps(version_1))
     with pytest.raises(CheckpointError, match=r"opt-0000000-0000001\.safetensors: cannot read "
                                               r"it as safetensors"):
@@ -784,9 +834,13 @@ def test_a_failed_async_save_is_reported_by_the_next_poll(tmp_path, monkeypatch)
     manager._thread.join()  # the write is over: the next step's poll must say it failed
     with pytest.raises(CheckpointError) as failed:
         manager.poll()
-    assert str(failed.value) == (
-        f"the asynchronous save of checkpoint step 2 to {tmp_path} failed: [Errno 28] No space "
-        f"left on device; the newest complete checkpoint is {tmp_path / 'iteration_00000001'}")
+    assert re.fullmatch(  # the directory, this rank's bytes (552: 68 + 68 float32, 1 int64)
+        re.escape(f"the asynchronous save of checkpoint step 2 to {tmp_path} failed: no space "
+                  f"left in {tmp_path / 'iteration_00000002'}.tmp-{os.getpid()} (No space left "
+                  f"on device): this rank's files of the checkpoint need {552 / 2**20:.1f} MiB, "
+                  "free there: ") + r"[\d.]+ MiB" + re.escape(
+            "; free some space and run the same command; the newest complete checkpoint is "
+            f"{tmp_path / 'iteration_00000001'}"), str(failed.value)), str(failed.value)
     assert manager.poll() == []  # reported once; nothing was saved
 
 

@@ -6,25 +6,36 @@ symbolic link."""
 
 from __future__ import annotations
 
+import errno
 import json
+import os
+import re
 import resource
 import signal
 import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import psutil
 import pytest
 
 pytest.importorskip("mindspore")
 
 from checkpoint_samples import config, save
+from safetensors.numpy import load_file
 
 from mf_config import CheckpointConfig
+from mf_config.validate import config_from_source, load_source
+from mf_data.indexed import IndexedDataset
+from mf_memory.estimate import size
 from mf_train.callbacks import TrainContext
-from mf_train.checkpoint import CheckpointManager
+from mf_train.checkpoint import CheckpointManager, writer
+from mf_train.checkpoint.atomic import write_text
 from mf_train.checkpoint.errors import CheckpointError
+from mf_train.checkpoint.layout import iteration_name
 from mf_train.cli import run
+from mf_train.host_memory import estimated_bytes, host_limit
 from mf_train.monitor.metrics import MetricsWriter
 from mf_train.no_follow import LinkRefused
 from mf_train.run_directory import RunDirectoryError, claim
@@ -78,18 +89,27 @@ def test_a_second_run_into_a_directory_in_use_fails_at_once(data_prefix, tmp_pat
     claim(tmp_path, CheckpointConfig()).release()  # kill -9 left the lock to the system
 
 
-def test_an_earlier_run_without_checkpoints_starts_afresh(tmp_path: Path) -> None:
-    """A run that failed (or hung) before its first checkpoint: the same command starts it
-    again from step 1, keeping the earlier lines (the new start supersedes them)."""
+def test_an_earlier_run_without_checkpoints_is_not_overwritten(tmp_path: Path) -> None:
+    """A run that failed or stopped before its first save left metrics and logs only: the
+    same command starts afresh (appending), and says so; beside a file no run writes, the
+    directory is refused."""
     (tmp_path / "metrics.jsonl").write_text('{"event": "start", "step": 0}\n'
                                             '{"step": 1, "loss": 5.0}\n{"step": 2, "loss": 4.0}\n')
-    owned = claim(tmp_path, CheckpointConfig())
-    owned.release()
-    assert owned.checkpoint.load_path == ""
-    assert owned.note == (
-        f"{tmp_path} holds an earlier run that logged 2 steps but saved no checkpoint in "
-        f"{tmp_path / 'checkpoint'}: starting afresh from step 1 (its metrics.jsonl lines are "
-        "kept above this run's)")
+    (tmp_path / "logs").mkdir()
+    (tmp_path / "logs" / "train.log").write_text("the earlier run's log\n")
+    afresh = claim(tmp_path, CheckpointConfig())
+    afresh.release()
+    assert afresh.note == (f"{tmp_path} holds an earlier run that saved no checkpoint "
+                           "(metrics.jsonl logs 2 steps): starting afresh; its lines stay in "
+                           "metrics.jsonl, before this run's")
+    assert afresh.checkpoint.load_path == ""
+    (tmp_path / "notes.txt").write_text("mine")
+    with pytest.raises(RunDirectoryError) as refused:
+        claim(tmp_path, CheckpointConfig())
+    assert str(refused.value) == (
+        f"{tmp_path} holds an earlier run (metrics.jsonl logs 2 steps) but no checkpoint to "
+        f"resume from in {tmp_path / 'checkpoint'}, beside files no run wrote (notes.txt); "
+        f"choose another --output-dir, or remove {tmp_path}")
     assert (tmp_path / "metrics.jsonl").read_text().count("\n") == 3
 
 
@@ -160,32 +180,83 @@ from mf_train.cli import run
 
 real = writer.write_safetensors_streamed
 
-def write(path, tensors, metadata=None):  # the disk fills up during step 4's save
-    if "iteration_00000004" in str(path):
+def write(path, tensors, metadata=None):  # the disk fills up during step N's save
+    if f"iteration_{int(sys.argv[1]):08d}" in str(path):
         raise OSError(28, "No space left on device")
     return real(path, tensors, metadata)
 
 writer.write_safetensors_streamed = write
-sys.exit(run(sys.argv[1:]))
+sys.exit(run(sys.argv[2:]))
 """
+
+
+def full_disk_line(root: Path, step: int, needed: int) -> re.Pattern:
+    """The line a save that found the disk full ends with: the directory, the bytes this
+    rank's files need (`needed`) and those free."""
+    return re.compile(
+        re.escape(f"{root / iteration_name(step)}.tmp-") + r"\d+ \(No space left on device\): "
+        + re.escape(f"this rank's files of the checkpoint need {needed / 2**20:.1f} MiB, free "
+                    "there: ") + r"\d+\.\d MiB; free some space and run the same command")
+
+
+def tensor_bytes(directory: Path) -> int:
+    """The bytes of the tensors in a checkpoint's safetensors files."""
+    return sum(array.nbytes for path in directory.glob("*.safetensors")
+               for array in load_file(str(path)).values())
 
 
 def test_a_failed_async_save_stops_the_run_at_the_next_step(data_prefix, tmp_path) -> None:
     out = tmp_path / "out"
     args = small(data_prefix, out, 8, "checkpoint.async_save=true")
-    result = subprocess.run([sys.executable, "-c", FAILING_SAVE, *args], capture_output=True,
-                            text=True, timeout=600)
+    result = subprocess.run([sys.executable, "-c", FAILING_SAVE, "4", *args],
+                            capture_output=True, text=True, timeout=600)
     assert result.returncode == 1
-    assert result.stderr.strip().splitlines()[-1] == (
-        f"mf-train: the asynchronous save of checkpoint step 4 to {out / 'checkpoint'} failed: "
-        "[Errno 28] No space left on device; the newest complete checkpoint is "
-        f"{out / 'checkpoint' / 'iteration_00000002'}")
+    last = result.stderr.strip().splitlines()[-1]
+    head = (f"mf-train: the asynchronous save of checkpoint step 4 to {out / 'checkpoint'} "
+            "failed: no space left in ")
+    tail = f"; the newest complete checkpoint is {out / 'checkpoint' / 'iteration_00000002'}"
+    assert last.startswith(head) and last.endswith(tail), last
+    needed = tensor_bytes(out / "checkpoint" / "iteration_00000002")  # step 4's: the same
+    assert full_disk_line(out / "checkpoint", 4, needed).fullmatch(
+        last[len(head):-len(tail)]), last
     assert "Traceback" not in result.stderr
     saves = [line["step"] for line in lines(out) if line.get("event") == "save"]
     steps = [line["step"] for line in lines(out) if "event" not in line]
     assert saves == [2]  # no event for the save that did not complete
     # reported as soon as the step that started it, or the next one, is over
     assert steps in ([1, 2, 3, 4], [1, 2, 3, 4, 5])
+
+
+def test_a_full_disk_at_the_first_save_then_the_same_command(data_prefix, tmp_path,
+                                                             capsys, monkeypatch) -> None:
+    """The disk is full at the first checkpoint: one line naming the directory and the bytes
+    needed; once there is space, the same command starts afresh (there was nothing to
+    resume) and finishes."""
+    out = tmp_path / "out"
+    args = small(data_prefix, out, 3)
+
+    def full(path, tensors, metadata=None):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(writer, "write_safetensors_streamed", full)
+    assert run(args) == 1
+    monkeypatch.undo()
+    err = capsys.readouterr().err
+    last = err.strip().splitlines()[-1]
+    head = (f"mf-train: saving checkpoint step 2 to {out / 'checkpoint'} failed on rank 0: "
+            "no space left in ")
+    tail = f"; no complete checkpoint is left in {out / 'checkpoint'}"
+    assert last.startswith(head) and last.endswith(tail), last
+    assert "Traceback" not in err
+    assert run(args) == 0  # the same command, with space
+    assert (f"mf-train: {out} holds an earlier run that saved no checkpoint (metrics.jsonl "
+            "logs 2 steps): starting afresh") in capsys.readouterr().err
+    needed = tensor_bytes(out / "checkpoint" / "iteration_00000002")
+    assert full_disk_line(out / "checkpoint", 2, needed).fullmatch(
+        last[len(head):-len(tail)]), last
+    assert sorted(path.name for path in (out / "checkpoint").iterdir()) == [
+        ".mf-run.lock", "iteration_00000002", "iteration_00000003",
+        "latest_checkpointed_iteration.txt"]  # the failed save's directory cleaned up
 
 
 # ------------------------------------------------------------------ what the lock covers
@@ -304,6 +375,28 @@ def test_a_symlinked_lock_file_is_refused(data_prefix, tmp_path: Path, capsys,
     assert target.read_text() == "precious"
 
 
+def test_a_symlinked_train_log_is_refused(data_prefix, tmp_path: Path, capsys) -> None:
+    """logs/train.log is appended to, never through a link (a resumed run would append to
+    whatever it points to): refused in one line, and the file it points to is untouched."""
+    target = tmp_path / "precious.txt"
+    target.write_text("precious")
+    (tmp_path / "out" / "logs").mkdir(parents=True)
+    (tmp_path / "out" / "logs" / "train.log").symlink_to(target)
+    assert run(small(data_prefix, tmp_path / "out", 1)) == 2
+    err = capsys.readouterr().err
+    assert err.strip().splitlines()[-1] == (
+        f"mf-train: {tmp_path / 'out' / 'logs' / 'train.log'} is a symbolic link, which "
+        "mf-train never follows there; remove it (the run appends to a plain file)")
+    assert target.read_text() == "precious"
+    # a checkpoint's files are written to a `.part-<pid>` file, then renamed: never a link
+    tracker = tmp_path / "ckpt" / "latest_checkpointed_iteration.txt"
+    tracker.parent.mkdir()
+    tracker.with_name(f"{tracker.name}.part-{os.getpid()}").symlink_to(target)
+    with pytest.raises(LinkRefused, match=r"\.txt\.part-\d+ is a symbolic link"):
+        write_text(tracker, "8")
+    assert target.read_text() == "precious"
+
+
 def test_a_symlinked_metrics_file_is_refused(tmp_path: Path) -> None:
     """metrics.jsonl is appended to, never through a link: the run is refused before it
     starts, and the writer itself opens it with O_NOFOLLOW."""
@@ -315,3 +408,143 @@ def test_a_symlinked_metrics_file_is_refused(tmp_path: Path) -> None:
     with pytest.raises(LinkRefused, match=r"metrics\.jsonl is a symbolic link"):
         MetricsWriter().on_train_begin(TrainContext(output_dir=tmp_path, total_steps=1))
     assert target.read_text() == ""
+
+
+# ------------------------------------------------------------------ a diverged run
+
+def test_a_diverged_run_keeps_its_finite_checkpoint_and_stops(data_prefix, tmp_path: Path,
+                                                              capsys) -> None:
+    """A learning rate that overflows float32 from step 3 on: step 3's state (loss and norm
+    still finite) is not saved, steps 4-5 are not finite, the run stops at the second of
+    them with status 1 and one line, and the one finite checkpoint (save_max 1) is kept and
+    tracked; the same command with a sane learning rate continues from it."""
+    out = tmp_path / "out"
+    every_step = ("checkpoint.save_interleaved_steps=1", "checkpoint.save_max=1")
+    assert run(small(data_prefix, out, 2, *every_step)) == 0
+    capsys.readouterr()
+    diverging = small(data_prefix, out, 6, *every_step, "lr_scheduler.learning_rate=1e39",
+                      "training.max_nonfinite_steps=2")
+    assert run(diverging) == 1
+    err = capsys.readouterr().err
+    assert err.strip().splitlines()[-1] == (
+        "mf-train: diverged at step 4: loss nan, gradient norm nan; stopped at step 5 after 2 "
+        "steps not finite (training.max_nonfinite_steps 2), none of them saved; the newest "
+        f"complete checkpoint is {out / 'checkpoint' / 'iteration_00000002'}: lower the "
+        "learning rate and run the same command to continue from it")
+    assert sorted(path.name for path in (out / "checkpoint").iterdir()) == [
+        ".mf-run.lock", "iteration_00000002", "latest_checkpointed_iteration.txt"]
+    assert (out / "checkpoint" / "latest_checkpointed_iteration.txt").read_text() == "2"
+    assert [line["step"] for line in lines(out) if line.get("event") == "save"] == [1, 2]
+    assert run(small(data_prefix, out, 6, *every_step)) == 0
+    assert "finished steps 3-6 of 6 (4 in this run)" in capsys.readouterr().err
+    resumed = [line for line in lines(out) if "event" not in line][-4:]
+    assert [line["step"] for line in resumed] == [3, 4, 5, 6]
+    assert all(np.isfinite(line["loss"]) for line in resumed)
+
+
+# ------------------------------------------------------------------ what a resume reads
+
+def test_an_edited_common_json_is_named_and_the_run_falls_back(data_prefix, tmp_path: Path,
+                                                              capsys, caplog) -> None:
+    """common.json records the SHA-256 of its own content: one edited by hand (another
+    consumed_samples) is not resumed; the run falls back to the newest intact checkpoint with
+    one line naming the file, and goes on from there as the uninterrupted run did."""
+    out = tmp_path / "out"
+    assert run(small(data_prefix, out, 3, "checkpoint.save_interleaved_steps=1")) == 0
+    common = out / "checkpoint" / "iteration_00000003" / "common.json"
+    edited = json.loads(common.read_text())
+    edited["consumed_samples"] += 4
+    common.write_text(json.dumps(edited, indent=2, sort_keys=True) + "\n")
+    first = {line["step"]: line for line in lines(out) if "event" not in line}
+    capsys.readouterr()
+    assert run(small(data_prefix, out, 3, "checkpoint.save_interleaved_steps=1")) == 0
+    warned = [record.getMessage() for record in caplog.records
+              if record.levelname == "WARNING" and "common.json" in record.getMessage()]
+    assert warned == [
+        f"{out / 'checkpoint' / 'latest_checkpointed_iteration.txt'} names iteration 3, which "
+        f"is not usable ({common}: its content does not match the SHA-256 it records (edited "
+        "or damaged after it was written)); loading the newest complete checkpoint "
+        f"{out / 'checkpoint' / 'iteration_00000002'}"]
+    resumed = [line for line in lines(out) if line.get("event") == "resume"]
+    assert [line["step"] for line in resumed] == [2]
+    again = [line for line in lines(out) if "event" not in line][-1]
+    assert (again["step"], again["consumed_samples"]) == (3, first[3]["consumed_samples"])
+    assert again["loss"] == first[3]["loss"]
+    assert json.loads(common.read_text())["consumed_samples"] == first[3]["consumed_samples"]
+
+
+def test_a_load_path_without_a_checkpoint_is_refused_unless_it_is_the_save_path(
+        data_prefix, tmp_path: Path, capsys) -> None:
+    """A load_path at a directory with no checkpoint trained from scratch with a warning and
+    exit 0: a wrong directory went unnoticed. Refused in one line now; at the run's own save
+    path (the MindFormers way to resume whenever there is something), it starts."""
+    (tmp_path / "empty").mkdir()
+    out = tmp_path / "out"
+    assert run(small(data_prefix, out, 1, f"checkpoint.load_path={tmp_path / 'empty'}")) == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        f"mf-train: checkpoint.load_path {tmp_path / 'empty'} holds no checkpoint (no complete "
+        "iteration_* directory, no Hugging Face weights); point it at one, leave it empty to "
+        "start from scratch, or set it to this run's checkpoint.save_path "
+        f"({out / 'checkpoint'}) to start from scratch now and resume from there later")
+    assert not (out / "metrics.jsonl").exists()
+    claim(out, CheckpointConfig(load_path=str(out / "checkpoint"))).release()  # allowed
+
+
+def test_a_token_outside_the_vocabulary_is_found_before_launch(data_prefix, tmp_path,
+                                                                capsys) -> None:
+    """The byte corpus ends documents with EOD 256: a 256-token model would stop at the first
+    sample holding one (and every resume again at that step); `--scan-tokens` reads every
+    dataset first and names the sequence, before anything is built."""
+    args = small(data_prefix, tmp_path / "out", 2, "model.vocab_size=256")
+    assert run([*args, "--scan-tokens"]) == 2
+    err = capsys.readouterr().err
+    dataset = IndexedDataset(data_prefix)
+    sequence = next(index for index in range(len(dataset)) if dataset[index].max() >= 256)
+    assert f"{data_prefix}.bin: sequence {sequence} holds token id 256, outside the model's " \
+           "vocabulary: model.vocab_size is 256 (ids 0 to 255)" in err
+    assert "Traceback" not in err and not (tmp_path / "out" / "metrics.jsonl").exists()
+
+
+# ------------------------------------------------------------------ memory
+
+def test_a_model_too_large_for_the_host_is_refused_before_building(data_prefix, tmp_path,
+                                                                  capsys) -> None:
+    """vocab_size two billion: refused in one line with mf-memory's estimate beside the
+    host's limit, before the model is built (numpy's traceback came minutes later)."""
+    out = tmp_path / "out"
+    huge = small(data_prefix, out, 2, "model.vocab_size=2000000000")
+    assert run(huge) == 2
+    err = capsys.readouterr().err
+    config = config_from_source(load_source(str(EXAMPLE), huge[huge.index("--set"):][1::2]))
+    limit, what = host_limit()
+    needed = estimated_bytes(config, 1, [0])
+    assert needed > limit
+    assert err.strip().splitlines()[-1] == (
+        f"mf-train: mf-memory estimates {size(needed)} for rank 0's step, more than {what} "
+        f"allows ({size(limit)}); make the model smaller, or spread it over more ranks or "
+        "hosts")
+    assert "Traceback" not in err and not (out / "metrics.jsonl").exists()
+
+
+LIMITED = """
+import resource, sys
+resource.setrlimit(resource.RLIMIT_AS, (2**30, resource.RLIM_INFINITY))
+from mf_train.cli import run
+sys.exit(run(sys.argv[1:]))
+"""
+
+
+@pytest.mark.slow  # a process of its own (about 8 s): the limit cannot be set in pytest's
+def test_an_address_space_limit_is_one_line(data_prefix, tmp_path) -> None:
+    """`ulimit -v 1048576`: the build fails to allocate; one line with the limit and the
+    estimate, no traceback."""
+    result = subprocess.run([sys.executable, "-c", LIMITED,
+                             *small(data_prefix, tmp_path / "out", 2)],
+                            capture_output=True, text=True, timeout=600)
+    assert result.returncode == 1, result.stderr[-2000:]
+    last = result.stderr.strip().splitlines()[-1]
+    assert re.fullmatch(r"mf-train: out of memory on rank 0 \(.+\): the address-space limit "
+                        r"\(ulimit -v\) allows 1\.00 GiB; mf-memory estimates [\d.]+ MiB for "
+                        r"rank 0's step \(MindSpore and Python need more beside it\); raise "
+                        r"the limit, or make the run smaller", last), last
+    assert "Traceback" not in result.stderr

@@ -87,7 +87,8 @@ def uninterrupted(runs) -> dict[int, float]:
     return losses(runs(QWEN3, *QWEN3_2_LAYERS))
 
 
-@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM, signal.SIGHUP],
+                         ids=["SIGINT", "SIGTERM", "SIGHUP"])
 def test_a_signal_stops_the_run_at_a_step_and_the_same_command_resumes(
         uninterrupted, data_prefix, tmp_path: Path, capsys, sig: int) -> None:
     """Before, Ctrl-C printed a KeyboardInterrupt traceback, saved nothing, and the same
@@ -117,7 +118,7 @@ from mf_train.cli import run
 real = trainer.Trainer.run_step
 
 def run_step(self, stream):  # each step announced, then 2 s long: the signals come in it
-    print("a step starts", file=sys.stderr, flush=True)
+    print(f"step {self.step_count + 1} starts", file=sys.stderr, flush=True)
     time.sleep(2)
     return real(self, stream)
 
@@ -126,18 +127,26 @@ sys.exit(run(sys.argv[1:]))
 """
 
 
-def test_a_second_ctrl_c_aborts_at_once_in_one_line(data_prefix, tmp_path: Path) -> None:
-    """Two Ctrl-C 0.3 s apart in a step: the first asks for a stop at the step's end, the
-    second ends the run at once, in one line, saving nothing."""
+def test_a_second_ctrl_c_aborts_at_once_in_one_line(data_prefix, tmp_path: Path,
+                                                    capsys) -> None:
+    """Two Ctrl-C 0.3 s apart in step 2, before the first checkpoint: the first asks for a
+    stop at the step's end, the second ends the run at once, in one line saying that no
+    checkpoint exists, saving nothing; the same command then starts afresh and says so."""
     out = tmp_path / "out"
-    status, err = signalled(mf_train(out, data_prefix), [signal.SIGINT, signal.SIGINT],
-                            watch="stderr", after=re.compile("a step starts"), gap=0.3,
+    args = mf_train(out, data_prefix)
+    status, err = signalled(args, [signal.SIGINT, signal.SIGINT], watch="stderr",
+                            after=re.compile("step 2 starts"), gap=0.3,
                             program=("-c", SLOW_STEPS))
     assert status == 130, err
-    assert err.strip().splitlines()[-1] == ("mf-train: second SIGINT: stopped at once, nothing "
-                                            "saved (the newest complete checkpoint is kept)")
+    assert err.strip().splitlines()[-1] == (
+        f"mf-train: second SIGINT: stopped at once, nothing saved; no checkpoint was saved in "
+        f"{out / 'ckpt'} (run the same command to start afresh)")
     assert "Traceback" not in err and "mf-train: stopped by" not in err
-    assert not steps(out)  # the step it was in never ended
+    assert [line["step"] for line in steps(out)] == [1]  # step 2 never ended
+    assert run(args) == 0
+    assert (f"mf-train: {out} holds an earlier run that saved no checkpoint (metrics.jsonl "
+            "logs 1 step): starting afresh") in capsys.readouterr().err
+    assert [line["step"] for line in steps(out)][-4:] == [1, 2, 3, 4]
 
 
 def console_script(module: str) -> tuple[str, ...]:

@@ -83,6 +83,9 @@ class TrainingConfig(Section):
         False, "Skip the optimizer update when the gradient norm is not finite.")
     max_consecutive_skipped_steps: int = setting(
         0, "Stop after this many consecutive skipped steps; 0 means no limit.", ge=0)
+    max_nonfinite_steps: int = setting(
+        3, "Stop after this many consecutive steps whose loss or gradient norm is not finite "
+        "(a diverged run, without use_skip_step_on_nan); no such step is saved.", ge=1)
 
 
 @section

@@ -10,12 +10,15 @@ YAML node tree with a safe loader and builds the data itself (`yaml_builder`), s
 - bound alias expansion and nesting depth,
 - record the line of every mapping entry and list item, for error messages.
 
-The limits on nesting depth and on the values aliases add are the builder's (`yaml_builder`).
+The limits on nesting depth and on the values aliases add are the builder's (`yaml_builder`);
+a file is read only if it is a regular one of at most `MAX_FILE_BYTES`.
 """
 
 from __future__ import annotations
 
+import os
 import re
+import stat
 from dataclasses import dataclass, field
 from pathlib import Path as FilePath
 from typing import Any
@@ -43,6 +46,11 @@ _FLOAT_PATTERN = re.compile(
 )
 
 _BaseLoader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
+
+MAX_FILE_BYTES = 64 * 2**20
+"""The largest configuration file read (a train.yaml is a few KiB; a 20 MB table of model
+settings still loads): a mistaken data file is refused, not read until memory runs out."""
 
 
 class UnreadableFile(ConfigError):
@@ -132,13 +140,23 @@ def load_file(path: str | FilePath) -> Source:
     """
     name = str(path)
     try:
-        raw = FilePath(path).read_bytes()
+        with open(path, "rb") as handle:
+            mode = os.fstat(handle.fileno()).st_mode
+            if stat.S_ISDIR(mode):
+                raise IsADirectoryError
+            if not stat.S_ISREG(mode):
+                raise _unreadable(name, "is not a regular file (a device, a pipe or a socket); "
+                                        "give a YAML file")
+            raw = handle.read(MAX_FILE_BYTES + 1)
     except FileNotFoundError:
         raise _unreadable(name, "file not found") from None
     except IsADirectoryError:
         raise _unreadable(name, "is a directory, not a configuration file") from None
     except OSError as exc:
         raise _unreadable(name, f"cannot be read: {exc.strerror or exc}") from None
+    if len(raw) > MAX_FILE_BYTES:
+        raise _unreadable(name, f"is larger than {MAX_FILE_BYTES // 2**20} MiB, far more than "
+                                "a configuration file; give the train.yaml")
     return load_text(_decode(raw, name), name)
 
 

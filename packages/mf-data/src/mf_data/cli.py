@@ -77,7 +77,8 @@ def _preprocess(args: argparse.Namespace) -> int:
                else {args.json_key: args.output_prefix})
     summaries = preprocess(args.input, outputs, tokenizer, dtype=args.dtype,
                            progress=None if args.quiet else sys.stderr,
-                           append_eod=args.append_eod, workers=args.workers)
+                           append_eod=args.append_eod, workers=args.workers,
+                           vocab_size=args.model_vocab_size)
     eod = f"EOD {tokenizer.eod}" if args.append_eod else "no EOD"
     for summary in summaries:
         print(f"wrote {summary.prefix}.bin and {summary.prefix}.idx: {summary.documents:,} "
@@ -130,6 +131,10 @@ def add_preprocess(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--dtype", choices=DTYPE_NAMES,
                         help="token dtype in .bin (default: uint16 if the vocabulary is below "
                              "65500, else int32)")
+    parser.add_argument("--model-vocab-size", type=_positive_int, metavar="N",
+                        help="the model's vocabulary (model.vocab_size): a token id at or "
+                             "beyond it is an error naming the document, and nothing is "
+                             "written (default: not checked here)")
     parser.add_argument("--quiet", action="store_true", help="no progress lines on stderr")
     add_megatron_flags(parser)
     parser.set_defaults(handler=_preprocess, parser=parser)

@@ -77,18 +77,20 @@ class ProgressPrinter:
 def preprocess_jsonl(input_path: str | os.PathLike, output_prefix: str | os.PathLike,
                      tokenizer: TextTokenizer, json_key: str = "text", dtype: Any = None,
                      progress: TextIO | None = sys.stderr, progress_seconds: float = 5.0,
-                     append_eod: bool = True, workers: int = 1) -> PreprocessSummary:
+                     append_eod: bool = True, workers: int = 1,
+                     vocab_size: int | None = None) -> PreprocessSummary:
     """Tokenize the text under one key into ``output_prefix.bin``/``.idx`` (that name
     exactly); see ``preprocess`` for everything else."""
     return preprocess(input_path, {json_key: os.fspath(output_prefix)}, tokenizer, dtype=dtype,
                       progress=progress, progress_seconds=progress_seconds,
-                      append_eod=append_eod, workers=workers)[0]
+                      append_eod=append_eod, workers=workers, vocab_size=vocab_size)[0]
 
 
 def preprocess(input_path: str | os.PathLike, outputs: Mapping[str, str],
                tokenizer: TextTokenizer, dtype: Any = None,
                progress: TextIO | None = sys.stderr, progress_seconds: float = 5.0,
-               append_eod: bool = True, workers: int = 1) -> list[PreprocessSummary]:
+               append_eod: bool = True, workers: int = 1,
+               vocab_size: int | None = None) -> list[PreprocessSummary]:
     """Tokenize a JSON-lines corpus into Megatron indexed datasets, one per JSON key, a document
     per record.
 
@@ -105,6 +107,9 @@ def preprocess(input_path: str | os.PathLike, outputs: Mapping[str, str],
         progress: where a status line goes, at most every ``progress_seconds``; None: nowhere.
         append_eod: end every document that has tokens with EOD (Megatron's ``--append-eod``).
         workers: processes that tokenize (1: this one); the output does not depend on it.
+        vocab_size: the model's vocabulary: a token id at or beyond it (the tokenizer's added
+            tokens, an EOD id past the model's) is an error naming the document, before any
+            output exists; None: not checked (the trainer checks each sample it reads).
 
     Returns:
         What was written per key: documents (empty ones too), sequences, tokens, dtype, time.
@@ -120,13 +125,16 @@ def preprocess(input_path: str | os.PathLike, outputs: Mapping[str, str],
         raise DataError(f"--workers {workers}: needs at least one worker process")
     if not outputs:
         raise DataError("no JSON keys to read; give at least one with --json-keys")
+    if vocab_size is not None and vocab_size < 1:
+        raise DataError(f"--model-vocab-size {vocab_size}: a vocabulary has at least one token")
     token_dtype = _token_dtype(dtype, tokenizer)
     made = [d for prefix in outputs.values() for d in _make_parent_directories(prefix)]
     printer = ProgressPrinter(progress, os.path.getsize(path), progress_seconds)
     started = time.monotonic()
     encoder = ChunkEncoder(path, tokenizer, list(outputs), append_eod, token_dtype)
     try:
-        counts, bytes_read = _write_datasets(path, outputs, encoder, workers, printer)
+        counts, bytes_read = _write_datasets(path, outputs, encoder, workers, printer,
+                                             vocab_size)
     except BaseException:
         _remove_empty_directories(made)
         raise
@@ -147,7 +155,8 @@ def _token_dtype(dtype: Any, tokenizer: TextTokenizer) -> np.dtype:
 
 
 def _write_datasets(path: str, outputs: Mapping[str, str], encoder: ChunkEncoder,
-                    workers: int, printer: ProgressPrinter) -> tuple[list[_Counts], int]:
+                    workers: int, printer: ProgressPrinter,
+                    vocab_size: int | None = None) -> tuple[list[_Counts], int]:
     """Encode the input chunk by chunk into one builder per key; (counts per key, bytes read).
 
     The builders' ``.bin`` files have temporary names until ``finalize``, and an error raised
@@ -159,7 +168,10 @@ def _write_datasets(path: str, outputs: Mapping[str, str], encoder: ChunkEncoder
         builders = [stack.enter_context(IndexedDatasetBuilder(data_path(prefix), encoder.dtype))
                     for prefix in outputs.values()]
         for chunk in encode_chunks(encoder, read_chunks(path, _BATCH), workers):
-            for builder, count, documents in zip(builders, counts, chunk.keys, strict=True):
+            for key, builder, count, documents in zip(outputs, builders, counts, chunk.keys,
+                                                      strict=True):
+                if vocab_size is not None:
+                    _check_vocabulary(path, key, documents, count.documents, vocab_size)
                 builder.add_documents(documents.tokens, documents.sequence_lengths,
                                       documents.sequences_per_document)
                 count.add(documents)
@@ -172,6 +184,23 @@ def _write_datasets(path: str, outputs: Mapping[str, str], encoder: ChunkEncoder
         for builder, prefix in zip(builders, outputs.values(), strict=True):
             builder.finalize(index_path(prefix))
     return counts, bytes_read
+
+
+def _check_vocabulary(path: str, key: str, documents: EncodedDocuments, before: int,
+                      vocab_size: int) -> None:
+    """Every id of a chunk's documents is below `vocab_size`, else a `DataError` naming the
+    first document (`before`: documents of the key written before this chunk) and id."""
+    tokens = documents.tokens
+    if not tokens.size or int(tokens.max()) < vocab_size:
+        return
+    first = int(np.argmax(tokens >= vocab_size))
+    sequence = int(np.searchsorted(np.cumsum(documents.sequence_lengths), first, side="right"))
+    document = int(np.searchsorted(np.cumsum(documents.sequences_per_document), sequence,
+                                   side="right"))
+    raise DataError(f"{path}: document {before + document + 1} ({key!r}) has token id "
+                    f"{int(tokens[first])}, outside the model's vocabulary (--model-vocab-size "
+                    f"{vocab_size}: ids 0 to {vocab_size - 1}); use the model's tokenizer, or "
+                    "give the model a larger vocabulary")
 
 
 class _Counts:

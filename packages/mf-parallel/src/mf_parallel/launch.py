@@ -23,9 +23,12 @@ Pure Python: it starts MindSpore in other processes but never imports it here.
 
 from __future__ import annotations
 
+import errno
+import os
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import tempfile
 import time
@@ -129,6 +132,7 @@ def run_ranks(script: str | Path, nproc: int, *, log_dir: str | Path, timeout: f
     if echo_rank is not None and echo_rank not in ranks:
         raise ValueError(f"echo_rank must be a rank of this host ({ranks[0]} to "
                          f"{ranks[-1]}), got {echo_rank}")
+    _check_master_port(nodes)
     progress = Path(tempfile.mkdtemp(prefix="mf-rank-progress-"))
     try:
         watch_hang = HangWatch(progress, ranks, timeout=hang.timeout if hang else 0.0,
@@ -223,6 +227,25 @@ def failure_message(result: LaunchResult, ranks: Sequence[int]) -> str:
             f"a Python error; see {result.log_dir}")
 
 
+def _check_master_port(nodes: Nodes) -> None:
+    """On the node that runs the scheduler (node 0), a master port already in use is one
+    line before anything starts: msrun's scheduler would fail at once ("Failed to init the
+    tcp server") while the ranks retried its port for minutes. An address that is not this
+    host's, or that cannot be bound for another reason, is left to msrun."""
+    if nodes.rank != 0 or nodes.master_port is None:
+        return
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as a server binds
+        try:
+            probe.bind((nodes.master_addr, nodes.master_port))
+        except OSError as exc:
+            if exc.errno == errno.EADDRINUSE:
+                raise LaunchError(
+                    f"the master port {nodes.master_port} is in use on {nodes.master_addr} "
+                    "(another job's scheduler, or another program); choose another "
+                    "--master-port") from None
+
+
 def _open_log_dir(log_dir: Path, ranks: Sequence[int], msrun_log: str) -> BinaryIO:
     """Create `log_dir`, remove the worker logs of an earlier run there, open msrun's log.
 
@@ -235,11 +258,18 @@ def _open_log_dir(log_dir: Path, ranks: Sequence[int], msrun_log: str) -> Binary
         raise LaunchError(f"cannot create the log directory {log_dir}: "
                           f"{_why_unwritable(log_dir, exc)}; choose a log directory in a "
                           "place you can write to") from None
+    path = log_dir / msrun_log
     try:
         for rank in ranks:
             (log_dir / f"worker_{rank}.log").unlink(missing_ok=True)
-        return open(log_dir / msrun_log, "wb")  # closed by run_ranks
+        # never through a symbolic link: it would truncate whatever the link points to
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC,
+                     0o666)
+        return os.fdopen(fd, "wb")  # closed by run_ranks
     except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise LaunchError(f"{path} is a symbolic link, which mf never follows there; "
+                              "remove it (the launcher creates a plain file)") from None
         raise LaunchError(f"cannot write to the log directory {log_dir}: "
                           f"{_why_unwritable(log_dir, exc)}; choose a log directory you can "
                           "write to") from None

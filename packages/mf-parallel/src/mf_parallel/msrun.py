@@ -91,10 +91,13 @@ def kill_group(process: subprocess.Popen[bytes]) -> None:
 
     msrun puts its workers in sessions of their own, so killing msrun's process group is not
     enough: the descendants are found by parent PID (from /proc) before anything is killed.
+    msrun's group (it leads one: it is started in a session of its own) is signalled too:
+    once msrun itself is gone (`kill -9`), its `tail -f` helpers belong to init, and only
+    their group still says whose they are.
     """
-    victims = [process.pid, *_descendants(process.pid)]
+    victims = [process.pid, *_descendants(process.pid), *_group(process.pid)]
     for sig in (signal.SIGTERM, signal.SIGKILL):
-        alive = [pid for pid in victims if _signal(pid, sig)]
+        alive = [pid for pid in dict.fromkeys(victims) if _signal(pid, sig)]
         if not alive:
             break
         deadline = time.monotonic() + KILL_GRACE_SECONDS
@@ -102,6 +105,17 @@ def kill_group(process: subprocess.Popen[bytes]) -> None:
             process.poll()  # reap msrun itself
             time.sleep(0.1)
     process.poll()
+
+
+def _group(pgid: int) -> list[int]:
+    """The processes of process group `pgid` (from /proc): none when no group has that id."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            fields = proc_stat(int(entry.name))
+            if len(fields) > 4 and fields[4] == str(pgid):
+                found.append(int(entry.name))
+    return found
 
 
 def children(pid: int) -> list[int]:

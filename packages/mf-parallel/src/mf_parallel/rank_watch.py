@@ -110,6 +110,9 @@ def traceback_tail(log: Path) -> str | None:
     if "Traceback (most recent call last)" not in text:
         return None
     after = text[text.rindex("Traceback (most recent call last)"):]
+    for line in after.splitlines()[1:]:  # the frames are indented; the exception line is not
+        if line.strip() and not line[0].isspace() and not line.startswith("["):
+            return line.strip()  # (MindSpore's own log lines, `[INFO] ...`, may follow it)
     found = _EXCEPTION_LINE.findall(after)
     return found[0].strip() if found else after.splitlines()[-1].strip()
 

@@ -21,10 +21,10 @@ never), every rank dumps its Python stacks with its step, phase and last collect
 with status 3 (`mf_parallel.hang_watch`). With `--nnodes`, this host is one node of a job
 over several hosts (`node_flags`): every check sees the whole job.
 
-SIGINT (Ctrl-C) and SIGTERM stop a run at its next step boundary (`stop_signals`): it saves a
-checkpoint, prints one line saying where, and exits with status 128 + the signal's number; a
-second signal aborts at once. The launcher forwards the request to its ranks and, killed
-itself, takes its job with it (`mf_parallel.launch`).
+SIGINT (Ctrl-C), SIGTERM and SIGHUP (the terminal closed) stop a run at its next step
+boundary (`stop_signals`): it saves a checkpoint, prints one line saying where, and exits
+with status 128 + the signal's number; a second signal aborts at once. The launcher forwards
+the request to its ranks and, killed itself, takes its job with it (`mf_parallel.launch`).
 """
 
 from __future__ import annotations
@@ -53,19 +53,22 @@ from mf_parallel.log_echo import MINDSPORE_INFO
 from mf_parallel.msrun import path_with_interpreter
 
 from . import export_command, generate_command
-from .input_checks import check_inputs
+from .host_memory import HostMemoryError, check_host_memory, out_of_memory, out_of_memory_line
+from .input_checks import check_inputs, scan_token_ids
 from .monitor.tensorboard import event_dir
+from .no_follow import open_no_follow
 from .node_flags import NODE_OPTIONS, FlagError, add_node_flags, nodes_from
 from .peak_flops import RANKS_ON_HOST, RATED, PeakError, check_given, given_peak, peak_dtype
 from .restarts import backoff, logged_step, not_retried, record_restart
 from .resume_changes import changes
-from .run_directory import Claim, RunDirectoryError, claim
+from .run_directory import HANG_DIR, TRAIN_LOG, Claim, RunDirectoryError, claim
 from .stop_signals import (
     EXIT_AT,
     LAUNCHED,
     LAUNCHER_PID,
     LAUNCHER_STOP,
     StopSignals,
+    aborted_line,
     name,
     status,
 )
@@ -90,6 +93,10 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--nproc", type=int, default=1, metavar="N",
                         help="ranks to start on this host through msrun (default 1: this "
                              "process trains)")
+    parser.add_argument("--scan-tokens", action="store_true",
+                        help="before launch, read every dataset whole (memory-mapped) and "
+                             "refuse one with a token id outside model.vocab_size (default: "
+                             "each sample is checked as it is read)")
     parser.add_argument("--timeout", type=float, default=0, metavar="SECONDS",
                         help="with --nproc: stop the job after this long (default: no limit)")
     parser.add_argument("--hang-timeout", type=float, default=None, metavar="SECONDS",
@@ -174,9 +181,6 @@ DEFAULT_HANG_TIMEOUT = 600.0
 """`--hang-timeout` under `--nproc` when not given: seconds without any rank progressing (a
 first step's compilation or a large checkpoint's load on one rank can take minutes)."""
 
-HANG_DIR = "hang"
-"""Where a hung job's stacks and records go, under the output directory."""
-
 RANK_ENTRY_POINT = "mf-train-rank"
 """The console script msrun starts on each rank (`rank_worker.main`)."""
 
@@ -189,7 +193,7 @@ class _Aborted(Exception):
         self.signum = signum
 
 
-def _abort_job(signum: int) -> None:
+def _abort_job(signum: int, _checkpoints: Path | None) -> None:
     raise _Aborted(signum)  # from the signal handler: `_run_msrun` kills the job on its way out
 
 
@@ -201,14 +205,15 @@ def launch(args: argparse.Namespace, argv: list[str], nodes: Nodes) -> int:
         try:
             return _launch(args, argv, nodes, signals)
         except _Aborted as exc:
-            print(f"mf-train: second {name(exc.signum)}: every process of the job was killed, "
-                  "nothing saved (the newest complete checkpoint is kept)", file=sys.stderr)
+            print(f"mf-train: {aborted_line(exc.signum, signals.checkpoints)}; every process "
+                  "of the job was killed", file=sys.stderr)
             return status(exc.signum)
 
 
 def _launch(args: argparse.Namespace, argv: list[str], nodes: Nodes,
             signals: StopSignals) -> int:
-    validated = _validated(args, nodes.count * args.nproc, say_warnings=True)
+    validated = _validated(args, nodes.count * args.nproc, say_warnings=True,
+                           ranks=nodes.local_ranks(args.nproc))
     if validated is None:
         return 2
     if signals.requested is not None:
@@ -222,6 +227,7 @@ def _launch(args: argparse.Namespace, argv: list[str], nodes: Nodes,
     owned = _claimed(args.output_dir, validated[0], lock=nodes.rank == 0)
     if owned is None:
         return 2
+    signals.checkpoints = Path(owned.checkpoint.save_path)
     if not _resume_allowed(validated[0], owned, say=nodes.rank == 0):
         owned.release()
         return 2
@@ -410,15 +416,17 @@ def _without_launcher_options(argv: list[str]) -> list[str]:
     return out
 
 
-def _validated(args: argparse.Namespace, world_size: int, *,
-               say_warnings: bool = False) -> tuple[TrainConfig, Source] | None:
+def _validated(args: argparse.Namespace, world_size: int, *, say_warnings: bool = False,
+               ranks: Sequence[int] = ()) -> tuple[TrainConfig, Source] | None:
     """(config, source) when the file, overrides, plan and what the trainer supports
     (`support`) are valid and the files it reads are there (`input_checks`); else print the
     problems and return None. With `say_warnings`, the settings that have no effect here are
     printed too (the launcher says them once for all ranks; a single process logs them when
     the trainer starts). The configuration's own warnings (`ConfigWarning`) are printed as
     one line each, by the launcher or a single process; a rank the launcher started keeps
-    quiet about them."""
+    quiet about them. The ranks of this host (`ranks`) must fit in its memory on CPU
+    (`host_memory`), and with `--scan-tokens` every token id must be in the vocabulary: the
+    launcher checks for its ranks (which pass no `ranks`)."""
     from .job import check_support, make_job_plan, resolve_device  # MindSpore
 
     try:
@@ -433,7 +441,10 @@ def _validated(args: argparse.Namespace, world_size: int, *,
         check_inputs(config, source)
         if args.peak is not None:  # a rated device must have a peak for the compute dtype
             given_peak(args.peak, peak_dtype(config, device))
-    except (ConfigError, UnreadableFile, PlanError, PeakError) as exc:
+        if args.scan_tokens and ranks:
+            scan_token_ids(config, source)
+        check_host_memory(config, world_size, ranks, device)
+    except (ConfigError, UnreadableFile, PlanError, PeakError, HostMemoryError) as exc:
         print(f"mf-train: {exc}", file=sys.stderr)
         return None
     for warning in no_effect if say_warnings else ():
@@ -454,10 +465,13 @@ def _say_config_warnings(caught: list[warnings.WarningMessage], *, quiet: bool) 
 
 
 def _log_to_file(path: Path) -> logging.Handler:
-    """Also write the log to `path` (the run's log under its output directory); the caller
-    removes the returned handler when the run ends."""
+    """Also append the log to `path` (the run's log under its output directory), never
+    through a symbolic link (`no_follow`); the caller removes the returned handler, and
+    closes it, when the run ends."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    handler = logging.FileHandler(path, encoding="utf-8")
+    stream = os.fdopen(open_no_follow(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT), "a",
+                       encoding="utf-8")
+    handler = logging.StreamHandler(stream)
     handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s %(message)s"))
     logging.getLogger().addHandler(handler)
     logging.getLogger("mf_train").setLevel(logging.INFO)  # even if logging was set up before
@@ -490,7 +504,7 @@ def _run_training(argv: Sequence[str], world_size: int, signals: StopSignals) ->
     args = _parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
     rank_progress.phase("validate")  # where a rank is, for the launcher's hang watch
-    validated = _validated(args, world_size)
+    validated = _validated(args, world_size, ranks=[0] if world_size == 1 else ())
     if validated is None:
         return 2
     if signals.requested is not None and world_size == 1:  # ranks all start, then agree
@@ -502,13 +516,14 @@ def _run_training(argv: Sequence[str], world_size: int, signals: StopSignals) ->
     owned = _claimed(args.output_dir, config, lock=lock)
     if owned is None:
         return 2
+    signals.checkpoints = Path(owned.checkpoint.save_path)
     if not _resume_allowed(config, owned, say=os.environ.get(LAUNCHED) != "1"):
         owned.release()
         return 2
     config = attrs.evolve(config, checkpoint=owned.checkpoint)
     output_dir = Path(args.output_dir)
     # ranks started by msrun log to <output-dir>/logs/worker_<rank>.log already
-    handler = _log_to_file(output_dir / "logs" / "train.log") if world_size == 1 else None
+    handler = _log_to_file(output_dir / TRAIN_LOG) if world_size == 1 else None
     start = time.monotonic()
     exit_at = (float(os.environ[EXIT_AT]) if EXIT_AT in os.environ else
                time.time() + args.exit_duration * 60 if args.exit_duration else None)
@@ -518,6 +533,7 @@ def _run_training(argv: Sequence[str], world_size: int, signals: StopSignals) ->
         if handler is not None:
             logging.getLogger().removeHandler(handler)
             handler.close()
+            handler.stream.close()
         owned.release()
     if outcome == _STOPPED:
         if os.environ.get(LAUNCHED) == "1":
@@ -550,6 +566,14 @@ def _train(config: TrainConfig, source: Source, output_dir: Path, world_size: in
             raise
         print(f"mf-train: {exc}", file=sys.stderr)
         return 2 if isinstance(exc, ConfigError) else 1
+    except (MemoryError, RuntimeError) as exc:
+        if not out_of_memory(exc):
+            raise
+        line = out_of_memory_line(exc, config, world_size, int(os.environ.get("RANK_ID", 0)))
+        if world_size > 1:  # the launcher reports the traceback's last line
+            raise HostMemoryError(line) from None
+        print(f"mf-train: {line}", file=sys.stderr)
+        return 1
     return _STOPPED if trainer.stopped or stop.requested is not None else 0
 
 if __name__ == "__main__":

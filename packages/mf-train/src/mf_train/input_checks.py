@@ -28,8 +28,9 @@ The configuration names no other input file: the tokenizer ran when the data was
 preprocessed (`mf-data preprocess`), and the other paths (`checkpoint.save_path`,
 `path_to_cache`, `monitor.tensorboard.output_dir`, `profiler.output_path`) are written. The
 token ids themselves are checked against `model.vocab_size` as the samples are read
-(`mf_data.gpt_dataset`: one maximum per sample), not here: that would read the whole corpus
-before every start.
+(`mf_data.gpt_dataset`: one maximum per sample), not by `check_inputs`: that would read the
+whole corpus before every start. `scan_token_ids` does read it, when asked (`mf-train
+--scan-tokens`).
 """
 
 from __future__ import annotations
@@ -39,12 +40,14 @@ from pathlib import Path as FilePath
 
 from mf_config import TrainConfig
 from mf_config.component_settings import settings_error
+from mf_config.components import model_shape
 from mf_config.errors import Path
 from mf_config.yaml_source import Source
 from mf_data.blending import parse_blend
 from mf_data.errors import DataError
 from mf_data.indexed import INDEX_MAGIC, IndexedDataset, data_path, index_path
 from mf_data.loader_config import LOADER_TYPE, PATH, megatron_settings
+from mf_data.token_scan import first_outside
 
 DATA_FIELDS = ("data_path", "train_data_path", "valid_data_path", "test_data_path")
 """The loader's settings that list dataset prefixes (`mf_data.builder` reads them)."""
@@ -70,18 +73,44 @@ def check_inputs(config: TrainConfig, source: Source | None = None) -> None:
         raise settings_error(found, source)
 
 
-def _data_problems(config: TrainConfig) -> list[tuple[Path, str]]:
+def scan_token_ids(config: TrainConfig, source: Source | None = None) -> None:
+    """Read every dataset the run trains on whole (`mf_data.token_scan`: memory-mapped) and
+    refuse one holding a token id outside `model.vocab_size` (`mf-train --scan-tokens`).
+
+    Raises:
+        ConfigError: at each dataset prefix holding one, naming the sequence and the id.
+    """
+    shape = model_shape(config.model, source)
+    if shape is None:
+        return
+    found = []
+    for where, prefix in _data_prefixes(config)[0]:
+        outside = first_outside(os.path.expanduser(prefix), shape.vocab_size)
+        if outside is not None:
+            sequence, token = outside
+            found.append((where, f"{_shown(data_path(prefix))}: sequence {sequence} holds token "
+                                 f"id {token}, outside the model's vocabulary: model.vocab_size "
+                                 f"is {shape.vocab_size} (ids 0 to {shape.vocab_size - 1}); make "
+                                 "the data with the model's tokenizer, or give the model a "
+                                 "larger vocabulary"))
+    if found:
+        raise settings_error(found, source)
+
+
+def _data_prefixes(config: TrainConfig,
+                   ) -> tuple[list[tuple[Path, str]], list[tuple[Path, str]]]:
+    """Each dataset prefix the loader reads, at the value naming it, and the lists it cannot
+    parse, each with why (none for another loader, or settings it will refuse itself)."""
     dataloader = config.train_dataset.dataloader
     if dataloader.type != LOADER_TYPE:  # another loader reads its own settings
-        return []
+        return [], []
     try:
         settings = megatron_settings(dataloader).config
     except DataError:  # not valid settings: the loader says why when it is built
-        return []
-    if settings is None:
-        return []
-    found = []
-    for field in DATA_FIELDS:
+        return [], []
+    found: list[tuple[Path, str]] = []
+    unparsed: list[tuple[Path, str]] = []
+    for field in DATA_FIELDS if settings is not None else ():
         entries = getattr(settings, field)
         if not entries:
             continue
@@ -89,12 +118,20 @@ def _data_problems(config: TrainConfig) -> list[tuple[Path, str]]:
         try:
             prefixes, weights = parse_blend(entries)
         except DataError as exc:
-            found.append((where, str(exc)))
+            unparsed.append((where, str(exc)))
             continue
-        for number, prefix in enumerate(prefixes):
-            problem = _dataset_problem(prefix)
-            if problem is not None:  # a weighted list is weight, prefix, weight, prefix, ...
-                found.append(((*where, number if weights is None else 2 * number + 1), problem))
+        # a weighted list is weight, prefix, weight, prefix, ...
+        found += [((*where, number if weights is None else 2 * number + 1), prefix)
+                  for number, prefix in enumerate(prefixes)]
+    return found, unparsed
+
+
+def _data_problems(config: TrainConfig) -> list[tuple[Path, str]]:
+    prefixes, found = _data_prefixes(config)
+    for where, prefix in prefixes:
+        problem = _dataset_problem(prefix)
+        if problem is not None:
+            found.append((where, problem))
     return found
 
 

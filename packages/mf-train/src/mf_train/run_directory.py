@@ -12,16 +12,19 @@ ranks under `--nproc`):
   the holder's PID, host and start time. The lock is `flock`: the system releases it when every
   process holding it has exited, also after `kill -9`, so a stale lock file never blocks
   anyone. The launcher of `--nproc` passes its locks to msrun, so they stay held as long as the
-  job's processes run. A lock file (and metrics.jsonl) is never opened through a symbolic link
-  (`no_follow`): a link there is refused.
+  job's processes run. A lock file (and metrics.jsonl, logs/train.log) is never opened
+  through a symbolic link (`no_follow`): a link there is refused.
 * It decides what the run does with what an earlier run left (as torchtitan does when its
   checkpoint folder holds checkpoints): when `checkpoint.load_path` is empty and the run's
   checkpoint directory holds a complete checkpoint, the run resumes from it, and says so
   loudly. An earlier run that left metrics but no checkpoint to resume from (it failed, hung
-  or was stopped before its first save) is started afresh, and the run says so: the same
-  command runs again. A `load_path` elsewhere while the checkpoint directory holds another
-  run's checkpoints is refused (saving beside them would rotate them away and move their
-  tracker back).
+  or was stopped before its first save) is started afresh, and says so, when the directory
+  holds nothing but what a run writes: the same command runs again. Beside other files it is
+  refused (choose another `--output-dir`, or remove the old one), and so is a `load_path`
+  elsewhere while the checkpoint directory holds another run's checkpoints (saving beside
+  them would rotate them away and move their tracker back).
+* A `checkpoint.load_path` at a directory holding no checkpoint is refused (a wrong
+  directory would have the run train from scratch), unless it is the run's own save path.
 * A run never removes what it did not write: a directory in the checkpoint directory named as
   a checkpoint (`iteration_00000001`) that mf-train did not write (no `common.json` of its
   format) would be replaced by that step's save or rotated away, so the run is refused, naming
@@ -49,11 +52,23 @@ from mf_config.yaml_source import load_text
 
 from .checkpoint import layout
 from .checkpoint.errors import CheckpointError
+from .checkpoint.hf import is_hf_checkpoint
 from .monitor.metrics import FILE_NAME as METRICS
 from .no_follow import LinkRefused, open_no_follow
 
 LOCK = ".mf-run.lock"
 CHECKPOINT_DIR = "checkpoint"
+TRAIN_LOG = "logs/train.log"
+"""A single process's log (ranks started by msrun log to `logs/worker_<rank>.log`)."""
+APPENDED = (METRICS, TRAIN_LOG)
+"""The files of the output directory a run appends to: never through a symbolic link."""
+HANG_DIR = "hang"
+"""Where the launcher writes each rank's stacks and records when the job hangs."""
+RUN_WRITES = frozenset({METRICS, LOCK, "logs", CHECKPOINT_DIR, "tensorboard", "moe_tokens",
+                        "profile", HANG_DIR})
+"""The names a run creates in its output directory (by default): an earlier run's directory
+holding nothing else, and no checkpoint, is started afresh (nothing of it is overwritten:
+metrics.jsonl and the logs are appended to)."""
 
 
 class RunDirectoryError(RuntimeError):
@@ -177,10 +192,11 @@ def _lock(directory: Path, option: str) -> IO[str]:
 def _decide(directory: Path, checkpoint: CheckpointConfig) -> tuple[CheckpointConfig, str | None]:
     root = checkpoint_root(checkpoint, directory)
     resolved = attrs.evolve(checkpoint, save_path=str(root))
-    if (directory / METRICS).is_symlink():
-        raise RunDirectoryError(f"{directory / METRICS} is a symbolic link, which mf-train "
-                                "never follows there; remove it (the run appends to a plain "
-                                "file)")
+    for name in APPENDED:
+        if (directory / name).is_symlink():
+            raise RunDirectoryError(f"{directory / name} is a symbolic link, which mf-train "
+                                    "never follows there; remove it (the run appends to a "
+                                    "plain file)")
     if checkpoint.enable_save:
         _refuse_foreign(root)
     complete = layout.complete_iterations(root)
@@ -196,6 +212,7 @@ def _decide(directory: Path, checkpoint: CheckpointConfig) -> tuple[CheckpointCo
                 f"and this run loads {checkpoint.load_path} and would save beside them, "
                 "rotating them away; resume that run (leave checkpoint.load_path empty), or "
                 "choose another --output-dir or checkpoint.save_path")
+        _refuse_empty_load_path(Path(checkpoint.load_path), root)
         return resolved, None
     if complete:
         newest = complete[-1][1]
@@ -212,9 +229,17 @@ def _fresh_start_note(directory: Path, root: Path) -> str | None:
     steps = _logged_steps(directory / METRICS)
     if not steps:
         return None
-    return (f"{directory} holds an earlier run that logged {steps} step"
-            f"{'s' if steps != 1 else ''} but saved no checkpoint in {root}: starting afresh "
-            f"from step 1 (its {METRICS} lines are kept above this run's)")
+    logged = f"{METRICS} logs {steps} step{'s' if steps != 1 else ''}"
+    written = RUN_WRITES | {root.name} if root.parent.resolve() == directory.resolve() \
+        else RUN_WRITES
+    others = sorted(entry.name for entry in directory.iterdir() if entry.name not in written)
+    if others:
+        raise RunDirectoryError(
+            f"{directory} holds an earlier run ({logged}) but no checkpoint to resume "
+            f"from in {root}, beside files no run wrote ({', '.join(others[:3])}); "
+            f"choose another --output-dir, or remove {directory}")
+    return (f"{directory} holds an earlier run that saved no checkpoint ({logged}): starting "
+            f"afresh; its lines stay in {METRICS}, before this run's")
 
 
 def _started_from(checkpoint: Path, load_path: str) -> bool:
@@ -249,6 +274,26 @@ def _refuse_foreign(root: Path) -> None:
                 f"{path} is not a checkpoint mf-train wrote (it has no {layout.COMMON} of "
                 f"its format), and saving into {root} could replace or delete it; move it "
                 "elsewhere, or choose another checkpoint.save_path")
+
+
+def _refuse_empty_load_path(path: Path, root: Path) -> None:
+    """Refuse a `checkpoint.load_path` that is a directory holding no checkpoint (no complete
+    `iteration_*`, no Hugging Face weights): a mistyped or wrong directory would have the run
+    train from scratch. Asked for, it is allowed: a load_path at the run's own save path (the
+    MindFormers way to resume whenever there is something to resume) starts from scratch
+    while that holds nothing."""
+    if _inside(path, root) or not path.is_dir() or is_hf_checkpoint(path):
+        return
+    try:
+        found = layout.find_checkpoint(path)
+    except CheckpointError:
+        return  # a damaged or unusable one: the resume says what is wrong with it
+    if found is None:
+        raise RunDirectoryError(
+            f"checkpoint.load_path {path} holds no checkpoint (no complete iteration_* "
+            "directory, no Hugging Face weights); point it at one, leave it empty to start "
+            f"from scratch, or set it to this run's checkpoint.save_path ({root}) to start "
+            "from scratch now and resume from there later")
 
 
 def _inside(path: Path, root: Path) -> bool:

@@ -4,8 +4,8 @@ not a KeyboardInterrupt traceback.
 
 Python raises KeyboardInterrupt for SIGINT from its start; `cli` installs the run's stop
 handlers (`stop_signals`) only once it is imported. Until then, this module's handler answers
-SIGINT and SIGTERM: nothing has been read or written yet, so it says so and exits with 128 +
-the signal's number. Past that, a SIGINT that reaches a command without its own handling
+SIGINT, SIGTERM and SIGHUP: nothing has been read or written yet, so it says so and exits
+with 128 + the signal's number. Past that, a SIGINT that reaches a command without its own handling
 (`mf-train export-hf`) is one line and status 130. `mf-train-rank` started by hand does the
 same (`rank_worker`). No import here but the standard library's.
 """
@@ -33,7 +33,7 @@ def main() -> int:
 
 @contextlib.contextmanager
 def stopped_while_starting(program: str) -> Iterator[None]:
-    """Inside the block (the program's imports), SIGINT and SIGTERM end the process at once
+    """Inside the block (the program's imports), SIGINT, SIGTERM and SIGHUP end the process at once
     with one line on stderr and status 128 + the signal's number; the handlers before the
     block are back after it."""
 
@@ -43,7 +43,7 @@ def stopped_while_starting(program: str) -> Iterator[None]:
         os._exit(128 + signum)
 
     previous = {signum: signal.signal(signum, stop)
-                for signum in (signal.SIGINT, signal.SIGTERM)}
+                for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
     try:
         yield
     finally:

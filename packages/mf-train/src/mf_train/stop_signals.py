@@ -1,4 +1,5 @@
-"""A run ends when its owner says so: SIGINT (Ctrl-C) and SIGTERM ask it to stop.
+"""A run ends when its owner says so: SIGINT (Ctrl-C), SIGTERM and SIGHUP (the terminal
+closed) ask it to stop.
 
 The first signal is only recorded (`StopSignals.requested`): the training loop acts on it at
 its next step boundary, where all ranks agree to stop at the same step, save a checkpoint and
@@ -22,11 +23,12 @@ from __future__ import annotations
 import os
 import signal
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from types import FrameType
 from typing import Any
 
-STOP = (signal.SIGINT, signal.SIGTERM)
-"""The signals that stop a run (a single process, the launcher, ranks started by hand)."""
+STOP = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+"""The signals that stop a run (a single process, the launcher)."""
 LAUNCHER_STOP = signal.SIGUSR1
 """What the launcher sends its ranks to ask them to stop at the next step boundary."""
 LAUNCHED = "MF_TRAIN_LAUNCHED"
@@ -50,12 +52,42 @@ def name(signum: int) -> str:
     return signal.Signals(signum).name
 
 
-def abort_now(signum: int) -> None:
-    """Say so in one line and exit at once with `status(signum)`, saving nothing (written with
-    `os.write`: the main thread may be in the middle of a print when the handler runs)."""
-    os.write(2, f"mf-train: second {name(signum)}: stopped at once, nothing saved (the newest "
-                "complete checkpoint is kept)\n".encode())
+def abort_now(signum: int, checkpoints: Path | None = None) -> None:
+    """Say so in one line, with whether a checkpoint is left in `checkpoints` (`aborted_line`),
+    and exit at once with `status(signum)`, saving nothing (written with `os.write`: the main
+    thread may be in the middle of a print when the handler runs)."""
+    os.write(2, f"mf-train: {aborted_line(signum, checkpoints)}\n".encode())
     os._exit(status(signum))
+
+
+def aborted_line(signum: int, checkpoints: Path | None) -> str:
+    """`second SIGINT: stopped at once, nothing saved; the newest complete checkpoint is
+    .../iteration_00000004 (run the same command to resume from it)`, or that there is none
+    (the same command then starts afresh); `checkpoints` None: not known yet."""
+    head = f"second {name(signum)}: stopped at once, nothing saved"
+    if checkpoints is None:
+        return head
+    from .checkpoint.layout import complete_iterations  # pure Python, on first use
+
+    complete = complete_iterations(checkpoints)
+    if not complete:
+        return (f"{head}; no checkpoint was saved in {checkpoints} (run the same command to "
+                "start afresh)")
+    return (f"{head}; the newest complete checkpoint is {complete[-1][1]} (run the same "
+            "command to resume from it)")
+
+
+def _leave_the_terminal() -> None:
+    """After SIGHUP, the output that went to the terminal goes to /dev/null: writing to a
+    terminal that hung up fails (EIO), which would end the run before it saves. The run's log
+    file keeps every line."""
+    null = os.open(os.devnull, os.O_WRONLY)
+    try:
+        for fd in (1, 2):
+            if os.isatty(fd):
+                os.dup2(null, fd)
+    finally:
+        os.close(null)
 
 
 class StopSignals:
@@ -65,7 +97,8 @@ class StopSignals:
 
     Args:
         signals: the signals to handle (empty: none, e.g. in msrun's scheduler process).
-        abort: called with a second signal's number (default `abort_now`); None: every
+        abort: called with a second signal's number and `checkpoints` (default
+            `abort_now`); None: every
             signal is only recorded (the launcher's ranks: the launcher ends the job itself
             on a second signal).
     """
@@ -80,6 +113,8 @@ class StopSignals:
         """Whether `abort` was called (it is called once: later signals are ignored, so that
         they cannot interrupt what it set going)."""
         self._previous: dict[int, Any] = {}
+        self.checkpoints: Path | None = None
+        """Where the run saves, once known: what a second signal's line speaks of."""
 
     def __call__(self) -> bool:
         """Whether a stop was requested (what the training loop asks at each step boundary)."""
@@ -107,8 +142,10 @@ class StopSignals:
         os._exit(status(self.requested or signum))
 
     def _handle(self, signum: int, frame: FrameType | None) -> None:
+        if signum == signal.SIGHUP:
+            _leave_the_terminal()
         if self.requested is None:
             self.requested = signum
         elif self.abort is not None and not self.aborted:
             self.aborted = True
-            self.abort(signum)
+            self.abort(signum, self.checkpoints)

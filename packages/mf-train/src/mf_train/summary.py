@@ -31,7 +31,7 @@ def summary_lines(output_dir: Path, checkpoints: Path, tensorboard: Path,
     if steps:
         last = lines[-1]
         head = (f"finished steps {steps[0]}-{steps[-1]} of {total} ({len(steps)} in this run) "
-                f"in {duration(seconds)}; final loss {_loss(last.get('loss'))}"
+                f"in {duration(seconds)}; final loss {_loss(last)}"
                 f"{_validation(lines)}{_throughput(lines)}{_peak_memory(last)}")
     else:
         head = (f"nothing to do: the run in {output_dir} had already finished its {total} steps"
@@ -124,5 +124,9 @@ def _peak_memory(line: dict) -> str:
     return f"; peak memory {gib:.2f} GiB" + (f" (rank {rank})" if rank is not None else "")
 
 
-def _loss(value: float | None) -> str:
-    return "n/a (skipped)" if value is None else f"{value:.6f}"
+def _loss(line: dict) -> str:
+    """A step line's loss; metrics.jsonl writes one that is not finite as null."""
+    value = line.get("loss")
+    if value is not None:
+        return f"{value:.6f}"
+    return "n/a (skipped)" if line.get("skipped") else "not finite"

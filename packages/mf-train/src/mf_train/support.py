@@ -57,6 +57,11 @@ def _skip_limit_set(_value: Any, target: Target) -> bool:
             and training.use_skip_step_on_nan and training.max_consecutive_skipped_steps > 0)
 
 
+def _skipping_nan(_value: Any, target: Target) -> bool:
+    return (target.written(("training", "max_nonfinite_steps"))
+            and target.config.training.use_skip_step_on_nan)
+
+
 def _model_name(target: Target) -> str:
     model = target.config.model
     return model.architecture() if model.architectures else model.model_type
@@ -287,6 +292,11 @@ FIELDS: dict[str, Field] = {
     "training.use_skip_step_on_nan": reads(TRAINER),
     "training.max_consecutive_skipped_steps": reads(TRAINER, rules=(
         needs(SKIP_SWITCH, "training.max_consecutive_skipped_steps", 1, why=SKIPS),)),
+    "training.max_nonfinite_steps": reads(TRAINER, rules=(
+        no_effect(_skipping_nan, "has no effect with training.use_skip_step_on_nan: a step "
+                                 "whose gradient norm is not finite is skipped, never applied "
+                                 "(training.max_consecutive_skipped_steps limits those)",
+                  {"training.max_nonfinite_steps": 5, "training.use_skip_step_on_nan": True}),)),
     # parallelism
     "parallelism.data_parallel_shard": reads("mf_parallel.dims"),
     "parallelism.data_parallel_shard_strategy": reads("mf_train.layouts.sharded"),

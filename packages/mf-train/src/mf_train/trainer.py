@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 import os
 import random
 import time
@@ -213,8 +214,40 @@ class TrainStep:
                            seconds=time.perf_counter() - step.start, lr=step.lr)
 
 
+@dataclass
+class Divergence:
+    """The run of consecutive steps, up to the last, whose loss or gradient norm is not
+    finite and whose update was applied (a skipped step changes nothing)."""
+
+    in_a_row: int = 0
+    first: int = 0
+    """The first step of that run."""
+    loss: float = 0.0
+    norm: float = 0.0
+    """The first step's loss and gradient norm."""
+
+    def step_done(self, step: int, outcome: StepOutcome) -> None:
+        if outcome.skipped or (math.isfinite(outcome.loss)
+                               and math.isfinite(outcome.grad_norm)):
+            self.in_a_row = 0
+            return
+        if not self.in_a_row:
+            self.first, self.loss, self.norm = step, outcome.loss, outcome.grad_norm
+        self.in_a_row += 1
+
+
 class TrainingStopped(RuntimeError):
     """Training cannot usefully go on (too many skipped steps); the message says why."""
+
+
+class TrainingDiverged(TrainingStopped):
+    """The loss or gradient norm stayed not finite for `training.max_nonfinite_steps` steps
+    (or up to the last step); nothing was saved after the last finite step."""
+
+    def __init__(self, message: str, step: int):
+        super().__init__(message)
+        self.step = step
+        """The first step of the divergence."""
 
 
 def seed_everything(seed: int, deterministic: bool) -> None:
@@ -363,6 +396,7 @@ class Trainer:
                  self.schedule.describe())
         self.step_count, self.consumed_samples, self.consumed_valid_samples = 0, 0, 0
         self.evaluation: Evaluation | None = None
+        self._diverged = Divergence()
         self.checkpoints = self._build_checkpoints()
         rank_progress.phase("resume")
         self.resumed_from = self._resume()
@@ -578,6 +612,8 @@ class Trainer:
         (`stopping`), in the background with `async_save` (`_report_saves` tells the
         callbacks once it is complete)."""
         step, total = self.step_count, self.config.training.steps
+        if self._diverged.in_a_row:
+            return  # the state after a step whose loss or norm is not finite is never saved
         if not self.checkpoints.should_save(step, last=step == total or stopping):
             return
         rank_progress.phase("save")
@@ -651,7 +687,7 @@ class Trainer:
         self.evaluation = self.valid_evaluation()
         stream, ctx, total = self.stream(), self.context(), self.config.training.steps
         outcomes: list[StepOutcome] = []
-        last, skipped_in_a_row = None, 0
+        last, skipped_in_a_row, self._diverged = None, 0, Divergence()
         self.stopped = False
         self.callbacks.on_train_begin(ctx)
         pace = RunPace(total)
@@ -671,10 +707,13 @@ class Trainer:
                 rank_progress.phase("log")
                 last = self._record(outcome, pace)
                 self.callbacks.on_step_end(ctx, last)
+                self._diverged.step_done(self.step_count, outcome)
                 self.save_checkpoint()
                 self._report_saves(ctx)
                 skipped_in_a_row = skipped_in_a_row + 1 if outcome.skipped else 0
                 self._check_skips(skipped_in_a_row)
+                self._check_divergence(finished=False)
+            self._check_divergence(finished=True)
             rank_progress.phase("finishing")
             if self._converts():
                 self.save_checkpoint()
@@ -728,6 +767,23 @@ class Trainer:
             record.extra.update(compile_time=seconds, compiled_graphs=graphs)
             LOG.info("step %d compiled %d graph(s) in %.1f s", self.step_count, graphs, seconds)
         return record
+
+    def _check_divergence(self, *, finished: bool) -> None:
+        """Stop a diverged run: `training.max_nonfinite_steps` steps in a row whose loss or
+        gradient norm is not finite, or any such step as the last one (`finished`). The save
+        in flight (of a finite step) completes first."""
+        limit, diverged = self.config.training.max_nonfinite_steps, self._diverged
+        if not diverged.in_a_row or (diverged.in_a_row < limit and not finished):
+            return
+        self.checkpoints.wait()
+        self._report_saves(self.context())
+        raise TrainingDiverged(
+            f"diverged at step {diverged.first}: loss {diverged.loss:.6g}, gradient norm "
+            f"{diverged.norm:.6g}; stopped at step {self.step_count} after {diverged.in_a_row} "
+            f"step{'s' if diverged.in_a_row > 1 else ''} not finite "
+            f"(training.max_nonfinite_steps {limit}), none of them saved; "
+            f"{self.checkpoints.last_good()}: lower the learning rate and run the same "
+            "command to continue from it", diverged.first)
 
     def _check_skips(self, in_a_row: int) -> None:
         """Stop after too many skipped steps in a row: `training.max_consecutive_skipped_steps`

@@ -18,9 +18,11 @@ import struct
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import numpy as np
+
+from ..no_follow import open_no_follow
 
 
 def fsync_dir(directory: Path) -> None:
@@ -49,6 +51,11 @@ def bytes_digest(data: bytes) -> str:
 
 def _part_path(path: Path) -> Path:
     return path.with_name(f"{path.name}.part-{os.getpid()}")
+
+
+def _open_part(part: Path) -> BinaryIO:
+    """`part` opened for writing afresh, never through a symbolic link (`no_follow`)."""
+    return os.fdopen(open_no_follow(part, os.O_WRONLY | os.O_CREAT | os.O_TRUNC), "wb")
 
 
 def commit_file(part: Path, path: Path) -> None:
@@ -124,7 +131,7 @@ def write_safetensors_streamed(path: Path, tensors: Sequence[Streamed],
     text += b" " * (-len(text) % 8)  # the data starts 8-byte aligned, as safetensors writes
     digest = hashlib.sha256()
     part = _part_path(path)
-    with open(part, "wb") as handle:
+    with _open_part(part) as handle:
         for chunk in (struct.pack("<Q", len(text)), text):
             handle.write(chunk)
             digest.update(chunk)
@@ -145,7 +152,8 @@ def write_safetensors_streamed(path: Path, tensors: Sequence[Streamed],
 def write_text(path: Path, text: str) -> None:
     """`text` (UTF-8) at `path`, atomically."""
     part = _part_path(path)
-    part.write_text(text, encoding="utf-8")
+    with _open_part(part) as handle:
+        handle.write(text.encode("utf-8"))
     commit_file(part, path)
 
 
@@ -154,11 +162,41 @@ def write_json(path: Path, data: Any) -> None:
     write_text(path, json.dumps(data, indent=2, sort_keys=True) + "\n")
 
 
+OWNED = ".mf-owned"
+"""An empty file in each directory mf-train creates for a save, and in each it deletes: the
+mark that lets a later run finish a killed save's or deletion's work on that directory, and
+on nothing else named like it."""
+
+
+def make_owned_dir(directory: Path) -> None:
+    """Create `directory` (its parent exists) holding the `OWNED` mark."""
+    directory.mkdir()
+    (directory / OWNED).touch()
+
+
+def owned(directory: Path) -> bool:
+    """Whether `directory` (not a symbolic link) holds the `OWNED` mark."""
+    return not directory.is_symlink() and (directory / OWNED).is_file()
+
+
 def remove_tree(directory: Path, mark: str) -> None:
-    """Delete `directory` so no reader ever sees it half-deleted: rename it to
-    `<name><mark><pid>` first (atomic), then remove that."""
+    """Delete `directory`, which the caller knows mf-train wrote, so no reader ever sees it
+    half-deleted: mark it `OWNED`, rename it to an unused `<name><mark><pid>` (atomic), then
+    remove what it holds and the mark last, so a deletion killed midway leaves a directory
+    still marked."""
+    (directory / OWNED).touch()
     doomed = directory.with_name(f"{directory.name}{mark}{os.getpid()}")
-    if doomed.exists():
-        shutil.rmtree(doomed)
+    suffix = 0
+    while doomed.exists() or doomed.is_symlink():  # never another's: a name of its own
+        suffix += 1
+        doomed = directory.with_name(f"{directory.name}{mark}{os.getpid()}-{suffix}")
     os.replace(directory, doomed)
-    shutil.rmtree(doomed)
+    for entry in doomed.iterdir():
+        if entry.name == OWNED:
+            continue
+        if entry.is_dir() and not entry.is_symlink():
+            shutil.rmtree(entry)
+        else:
+            entry.unlink()
+    (doomed / OWNED).unlink()
+    doomed.rmdir()

@@ -4,7 +4,7 @@
       latest_checkpointed_iteration.txt          the newest committed step, e.g. "8"
       iteration_00000008/
         common.json                              run state, world size, every file's size
-                                                 and SHA-256
+                                                 and SHA-256, and its own content's SHA-256
         {prefix}-model-0000000-0000002.safetensors   rank 0 of 2: the model's pieces it owns
         {prefix}-opt-0000000-0000002.safetensors     its optimizer pieces (unless no_save_optim)
         {prefix}-rng-0000000-0000002.json            rank 0's random generator states
@@ -38,12 +38,16 @@ import re
 from pathlib import Path
 from typing import Any
 
-from .errors import CheckpointError
+from .atomic import owned
+from .errors import CheckpointError, CorruptCheckpointError
 
 LOG = logging.getLogger(__name__)
 
 TRACKER = "latest_checkpointed_iteration.txt"
 COMMON = "common.json"
+SELF_SUM = "sha256"
+"""The key of `common.json` holding the SHA-256 of the rest of it (`common_digest`): an
+edited `common.json` (another `consumed_samples`, say) is found as a damaged piece is."""
 RUN_CONFIG = "config.yaml"
 """The effective configuration (after `--set`) of the run that saved the checkpoint."""
 TMP_MARK = ".tmp-"
@@ -76,13 +80,16 @@ def is_leftover(name: str) -> bool:
 
 def written_by_mf(directory: Path) -> bool:
     """Whether `directory` holds a checkpoint mf-train wrote, complete or not: its
-    `common.json` names this format. A save never replaces, and rotation never deletes, a
-    directory that does not (a user's `iteration_00000001/notes.txt`), nor a symbolic link
-    (what it points to is not the save path's to delete)."""
+    `common.json` names this format, or it holds the mark of a save or a deletion
+    (`atomic.OWNED`). A save never replaces, and rotation never deletes, a directory that
+    does not (a user's `iteration_00000001/notes.txt`, or `iteration_00000001.tmp-mine/`),
+    nor a symbolic link (what it points to is not the save path's to delete)."""
     if directory.is_symlink():
         return False
+    if owned(directory):
+        return True
     try:
-        read_common(directory)
+        read_common(directory, verify=False)
     except CheckpointError:
         return False
     return True
@@ -111,8 +118,10 @@ def recorded(entry: Any) -> tuple[int, str | None]:
     return int(entry), None
 
 
-def read_common(directory: Path) -> dict[str, Any]:
-    """`common.json` of a checkpoint directory, or CheckpointError saying what is wrong."""
+def read_common(directory: Path, *, verify: bool = True) -> dict[str, Any]:
+    """`common.json` of a checkpoint directory, or CheckpointError saying what is wrong; with
+    `verify`, `CorruptCheckpointError` when its content differs from the SHA-256 it records
+    of itself (a checkpoint saved before mf recorded one is taken as it is)."""
     path = directory / COMMON
     if not path.is_file():
         raise CheckpointError(f"{directory} is not a complete checkpoint: {COMMON} is missing")
@@ -122,7 +131,18 @@ def read_common(directory: Path) -> dict[str, Any]:
         raise CheckpointError(f"{path}: cannot read it as JSON ({exc})") from None
     if not isinstance(common, dict) or common.get("format") != FORMAT:
         raise CheckpointError(f"{path}: not an mf checkpoint (expected \"format\": \"{FORMAT}\")")
+    if verify and SELF_SUM in common and common[SELF_SUM] != common_digest(common):
+        raise CorruptCheckpointError(f"{path}: its content does not match the SHA-256 it "
+                                     "records (edited or damaged after it was written)")
     return common
+
+
+def common_digest(common: dict[str, Any]) -> str:
+    """The SHA-256 of `common.json`'s content but its own `SELF_SUM` (keys sorted, compact
+    JSON: the same whatever the file's layout)."""
+    rest = {key: value for key, value in common.items() if key != SELF_SUM}
+    return hashlib.sha256(json.dumps(rest, sort_keys=True, separators=(",", ":"))
+                          .encode("utf-8")).hexdigest()
 
 
 def read_run_config(directory: Path, common: dict[str, Any]) -> str | None:
@@ -175,6 +195,18 @@ def complete_iterations(root: Path) -> list[tuple[int, Path]]:
     return [(step, path) for step, path in iteration_dirs(root) if not check_complete(path)]
 
 
+def tracked(root: Path) -> int | None:
+    """The step the tracker names; a garbled tracker is set aside with one warning (None: the
+    newest complete checkpoint is taken). A tracker edited to name another complete
+    iteration is followed: that is how a MindFormers user picks the checkpoint to resume."""
+    try:
+        return read_tracker(root)
+    except CheckpointError as exc:
+        _warn_once(f"{exc}; it is set aside: loading the newest complete checkpoint (the next "
+                   "save rewrites it)")
+        return None
+
+
 def read_tracker(root: Path) -> int | None:
     """The step `latest_checkpointed_iteration.txt` names, or None when there is no tracker."""
     path = root / TRACKER
@@ -182,7 +214,7 @@ def read_tracker(root: Path) -> int | None:
         return None
     text = path.read_text(encoding="utf-8").strip()
     if not text.isdigit():
-        raise CheckpointError(f"{path}: expected an iteration number, got {text!r}")
+        raise CheckpointError(f"{path}: expected an iteration number, got {text[:40]!r}")
     return int(text)
 
 
@@ -219,25 +251,38 @@ def candidates(root: Path) -> list[Path]:
     """The complete checkpoints under a save root, in the order a resume tries them: the
     tracker's first, then the others newest first."""
     complete = [path for _, path in reversed(complete_iterations(root))]
-    tracked = read_tracker(root)
-    first = root / iteration_name(tracked) if tracked is not None else None
+    step = tracked(root)
+    first = root / iteration_name(step) if step is not None else None
     return sorted(complete, key=lambda path: path != first)
 
 
 def _newest_in_root(root: Path) -> Path | None:
-    tracked = read_tracker(root)
-    if tracked is not None:
-        candidate = root / iteration_name(tracked)
-        if candidate.is_dir() and not check_complete(candidate):
+    step = tracked(root)
+    problems = ["missing"]
+    if step is not None:
+        candidate = root / iteration_name(step)
+        problems = check_complete(candidate) if candidate.is_dir() else problems
+        if not problems:
             return candidate
     complete = complete_iterations(root)
     if not complete:
-        if tracked is not None:
-            raise CheckpointError(f"{root / TRACKER} names iteration {tracked}, but {root} "
+        if step is not None:
+            raise CheckpointError(f"{root / TRACKER} names iteration {step}, but {root} "
                                   "holds no complete checkpoint")
         return None
     newest = complete[-1][1]
-    if tracked is not None:
-        LOG.warning("%s names iteration %s, which is missing or incomplete; loading the "
-                    "newest complete checkpoint %s", root / TRACKER, tracked, newest)
+    if step is not None:
+        _warn_once(f"{root / TRACKER} names iteration {step}, which is not usable "
+                   f"({'; '.join(problems)}); loading the newest complete checkpoint {newest}")
     return newest
+
+
+_WARNED: set[str] = set()
+
+
+def _warn_once(message: str) -> None:
+    """Log `message` as a warning the first time this process meets it (a resume looks for
+    its checkpoint more than once: to compare settings, then to load)."""
+    if message not in _WARNED:
+        _WARNED.add(message)
+        LOG.warning("%s", message)

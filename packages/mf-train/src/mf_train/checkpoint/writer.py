@@ -9,9 +9,11 @@ One save of step N, world of W ranks:
      model-wide tensors, each written by one rank). Each rank then writes its `sums` file:
      the size and SHA-256 of each file it wrote, and the pieces each holds.
   3. barrier; rank 0 checks every rank's files are there with the sizes their `sums` files
-     give, writes `common.json` (each file's size and SHA-256), renames the directory to
-     `iteration_N`, then replaces the tracker, then deletes what `save_max` no longer keeps
-     (each by renaming it to `.del-<pid>` first); barrier.
+     give (and that no rank found a NaN or an infinity in what it wrote: a state that is not
+     finite is thrown away, never committed, so it can neither replace nor rotate away a
+     finite checkpoint), writes `common.json` (each file's size and SHA-256), renames the
+     directory to `iteration_N`, then replaces the tracker, then deletes what `save_max` no
+     longer keeps (each by renaming it to `.del-<pid>` first); barrier.
 A process killed anywhere leaves the previous complete checkpoint (and the tracker naming
 it) or the new one: the new directory gets its final name only once it is whole, and the
 tracker only ever names a directory that already has its final name.
@@ -28,9 +30,12 @@ complete checkpoint left.
 
 from __future__ import annotations
 
+import dataclasses
+import errno
 import json
 import logging
 import os
+import shutil
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -46,8 +51,11 @@ from mf_config.yaml_source import Source
 
 from . import layout
 from .atomic import (
+    OWNED,
+    Streamed,
     file_digest,
     fsync_dir,
+    make_owned_dir,
     remove_tree,
     write_json,
     write_safetensors_streamed,
@@ -226,10 +234,13 @@ class CheckpointManager:
         if self.rank == 0:
             try:
                 self.root.mkdir(parents=True, exist_ok=True)
-                if job.tmp_dir.exists():
+                if job.tmp_dir.exists() or job.tmp_dir.is_symlink():
+                    if not layout.written_by_mf(job.tmp_dir):
+                        raise CheckpointError(f"{job.tmp_dir} is not a save mf-train began; "
+                                              "it is kept: move it elsewhere")
                     remove_tree(job.tmp_dir, layout.DEL_MARK)
-                job.tmp_dir.mkdir()
-            except OSError as exc:
+                make_owned_dir(job.tmp_dir)
+            except (OSError, CheckpointError) as exc:
                 error = exc
         self._barrier()
         if error is not None or not job.tmp_dir.is_dir():
@@ -241,14 +252,32 @@ class CheckpointManager:
         return job.tmp_dir / name
 
     def _write_rank_files(self, job: _Job) -> None:
+        """Step 2 for this rank; a full disk (or quota) is said with the directory, what this
+        rank's files need and what is free there."""
+        try:
+            self._write_rank_files_to(job)
+        except OSError as exc:
+            if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
+                raise
+            try:
+                free = f"{shutil.disk_usage(job.tmp_dir).free / 2**20:.1f} MiB"
+            except OSError:
+                free = "unknown"
+            raise CheckpointError(
+                f"no space left in {job.tmp_dir} ({exc.strerror or exc}): this rank's files "
+                f"of the checkpoint need {_stored_bytes(job) / 2**20:.1f} MiB, free there: "
+                f"{free}; free some space and run the same command") from exc
+
+    def _write_rank_files_to(self, job: _Job) -> None:
         metadata = {"format": layout.FORMAT}  # one key: safetensors orders several randomly
         held: dict[Path, list[list[Any]]] = {}
         kinds = [("model", job.model)] + ([] if job.optimizer is None else
                                          [("opt", job.optimizer)])
-        digests = {}
+        digests, nonfinite = {}, NonFinite()
         for kind, pieces in kinds:
             path = self._file(job, kind)
-            digests[path] = write_safetensors_streamed(path, streamed(pieces), metadata)
+            digests[path] = write_safetensors_streamed(
+                path, [nonfinite.watched(tensor) for tensor in streamed(pieces)], metadata)
             held[path] = [piece.record() for piece in pieces]
         written = [*held, self._file(job, "rng")]
         write_json(written[-1], job.rng)
@@ -256,8 +285,10 @@ class CheckpointManager:
                             "sha256": digests.get(path) or file_digest(path),
                             **({"pieces": held[path]} if path in held else {})}
                 for path in written}
-        write_json(self._file(job, "sums"), sums)
         job.written = sum(entry["bytes"] for entry in sums.values())
+        if nonfinite.keys:  # found by rank 0 before it commits (`_commit`)
+            sums[NONFINITE] = nonfinite.keys
+        write_json(self._file(job, "sums"), sums)
         _reached("rank_files")
 
     def _background(self, job: _Job) -> None:
@@ -287,6 +318,8 @@ class CheckpointManager:
 
     def _done(self, job: _Job) -> None:
         path = self.root / layout.iteration_name(job.step)
+        if not (path / layout.COMMON).is_file():  # not committed: its state was not finite
+            return
         self._committed.append((job.step, path))
         LOG.info("saved checkpoint step %d to %s in %.2f s (this rank wrote %.1f MiB)",
                  job.step, path, time.perf_counter() - job.started, job.written / 2**20)
@@ -300,15 +333,24 @@ class CheckpointManager:
         if missing:
             raise CheckpointError(f"{job.tmp_dir}: rank files missing, not committed: "
                                   + ", ".join(missing))
+        nonfinite = _nonfinite_keys(job.tmp_dir, self.config.prefix, self.world_size)
+        if nonfinite:  # a diverged state never replaces, nor rotates away, a finite one
+            remove_tree(job.tmp_dir, layout.DEL_MARK)
+            LOG.warning("checkpoint step %d not saved: its state is not finite (%s%s); the "
+                        "checkpoints in %s are kept", job.step, ", ".join(nonfinite[:3]),
+                        ", ..." if len(nonfinite) > 3 else "", self.root)
+            return
         saved_config = {}
         if self.run_config is not None:
             write_text(job.tmp_dir / layout.RUN_CONFIG, self.run_config)
             saved_config = {"config": {"file": layout.RUN_CONFIG,
                                        "sha256": file_digest(job.tmp_dir / layout.RUN_CONFIG)}}
-        write_json(job.tmp_dir / layout.COMMON, {
-            **job.common, **saved_config, "format": layout.FORMAT, "version": layout.FORMAT_VERSION,
-            "world_size": self.world_size, "prefix": self.config.prefix,
-            "has_optimizer": with_optimizer, "files": files})
+        common = {**job.common, **saved_config, "format": layout.FORMAT,
+                  "version": layout.FORMAT_VERSION, "world_size": self.world_size,
+                  "prefix": self.config.prefix, "has_optimizer": with_optimizer, "files": files}
+        write_json(job.tmp_dir / layout.COMMON,
+                   {**common, layout.SELF_SUM: layout.common_digest(common)})
+        (job.tmp_dir / OWNED).unlink()  # common.json marks it now: the layout MindFormers has
         fsync_dir(job.tmp_dir)
         _reached("common")
         final = self.root / layout.iteration_name(job.step)
@@ -329,9 +371,10 @@ class CheckpointManager:
     def _rotate(self, kept_step: int) -> None:
         """Keep the newest `save_max` iteration directories (always the one just written);
         delete leftovers of killed saves and deletions. Only what mf-train wrote is deleted
-        (`layout.is_leftover`, `layout.written_by_mf`): anything else there is kept."""
+        (`layout.is_leftover`, `layout.written_by_mf`: a leftover holds the mark a save or a
+        deletion leaves, `atomic.OWNED`): anything else there is kept."""
         for entry in self.root.iterdir():
-            if layout.is_leftover(entry.name) and entry.is_dir() and not entry.is_symlink():
+            if layout.is_leftover(entry.name) and entry.is_dir() and layout.written_by_mf(entry):
                 remove_tree(entry, layout.DEL_MARK)
         others = [path for step, path in layout.iteration_dirs(self.root)
                   if step != kept_step and layout.written_by_mf(path)]
@@ -357,6 +400,43 @@ def _storable_pieces(arrays: Mapping[Piece | str, np.ndarray | Deferred], copy: 
     return pieces
 
 
+def _stored_bytes(job: _Job) -> int:
+    """The bytes of the tensors this rank's files of `job` hold (their headers left out)."""
+    kinds = [job.model] + ([] if job.optimizer is None else [job.optimizer])
+    return sum(tensor.numel * tensor.dtype.itemsize
+               for pieces in kinds for tensor in streamed(pieces))
+
+
+NONFINITE = "nonfinite"
+"""The key of a `sums` file listing the tensors whose values are not all finite."""
+
+
+class NonFinite:
+    """The keys of the floating-point tensors written with a NaN or an infinity."""
+
+    def __init__(self) -> None:
+        self.keys: list[str] = []
+
+    def watched(self, tensor: Streamed) -> Streamed:
+        """`tensor`, its values checked as the writer reads them."""
+        def read() -> np.ndarray:
+            values = tensor.read()
+            if values.dtype.kind == "f" and not np.isfinite(values).all():
+                self.keys.append(tensor.key)
+            return values
+
+        return dataclasses.replace(tensor, read=read)
+
+
+def _nonfinite_keys(directory: Path, prefix: str, world_size: int) -> list[str]:
+    """The tensors some rank wrote with values not finite (their `sums` files say)."""
+    found: list[str] = []
+    for rank in range(world_size):
+        sums = directory / layout.rank_file(prefix, "sums", rank, world_size)
+        found += json.loads(sums.read_text(encoding="utf-8")).get(NONFINITE, [])
+    return found
+
+
 def _recorded_files(directory: Path, prefix: str, world_size: int) -> dict[str, Any]:
     """Every rank's files as its `sums` file records them ({"bytes", "sha256"}), each checked
     to be there at that size, plus the `sums` files themselves; `CheckpointError` otherwise."""
@@ -367,6 +447,8 @@ def _recorded_files(directory: Path, prefix: str, world_size: int) -> dict[str, 
             raise CheckpointError(f"{sums}: missing (rank {rank} did not finish), not "
                                   "committed")
         for name, entry in json.loads(sums.read_text(encoding="utf-8")).items():
+            if name == NONFINITE:
+                continue
             path = directory / name
             if not path.is_file() or path.stat().st_size != entry["bytes"]:
                 raise CheckpointError(f"{path}: missing or not {entry['bytes']} bytes as rank "
