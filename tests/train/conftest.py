@@ -42,3 +42,14 @@ def runs(data_prefix, tmp_path_factory):
     base = session_directory(tmp_path_factory) / "runs"
     base.mkdir(exist_ok=True)
     return Runs(base, data_prefix)
+
+
+@pytest.fixture(scope="session")
+def together(data_prefix, tmp_path_factory):
+    """Runs trained together in one msrun job: `together([(config, sets), ...], nproc)` ->
+    their output directories (tests/train/runs.py)."""
+    from runs import RunsTogether
+
+    base = session_directory(tmp_path_factory) / "runs"
+    base.mkdir(exist_ok=True)
+    return RunsTogether(base, data_prefix)

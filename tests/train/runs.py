@@ -110,6 +110,50 @@ class Runs:
             config, directory, self.prefix, *sets, nproc=nproc))
 
 
+class RunsTogether:
+    """Several trainer runs of one rank count trained in ONE msrun job, one after the other
+    in the same rank processes (workers/trainer_suite.py): each msrun job costs 10-20 s before
+    its first step, more than a run of these tiny models takes. The job is made once per
+    pytest session (`shared_directory`); each run has a directory of its own inside it.
+
+    Args:
+        base: a directory every worker process of the session sees.
+        prefix: the corpus every run reads.
+    """
+
+    def __init__(self, base: Path, prefix: str):
+        self.base, self.prefix = base, prefix
+
+    def __call__(self, entries: Sequence[tuple[Path, Sequence[str]]], nproc: int,
+                 timeout: int = 1200) -> list[Path]:
+        """The output directories of `entries` (config, settings), trained together on
+        `nproc` ranks now unless this session has trained that job before. A run that fails
+        ends the job; the job's error names it."""
+        keys = [_key(config, sets, nproc) for config, sets in entries]
+        digest = hashlib.sha256(repr(keys).encode()).hexdigest()[:12]
+        job = self.base / f"together-{nproc}-{digest}"
+        outputs = [job / f"{Path(config).stem}-{hashlib.sha256(key.encode()).hexdigest()[:12]}"
+                   for (config, _), key in zip(entries, keys, strict=True)]
+
+        def launch(directory: Path) -> None:
+            from mf_parallel.launch import run_ranks
+            from mf_train.stop_signals import LAUNCHED
+
+            directory.mkdir(parents=True)
+            listed = [{"output": str(output),
+                       "argv": arguments(config, output, self.prefix, list(sets))}
+                      for (config, sets), output in zip(entries, outputs, strict=True)]
+            (directory / "runs.json").write_text(json.dumps(listed, indent=1))
+            run_ranks(SUITE, nproc, log_dir=directory / "logs", timeout=timeout,
+                      args=[str(directory / "runs.json")], env={LAUNCHED: "1", "GLOG_v": "3"})
+
+        shared_directory(job, launch)
+        return outputs
+
+
+SUITE = Path(__file__).resolve().parent / "workers" / "trainer_suite.py"
+
+
 # ------------------------------------------------------------------ reading a finished run
 
 def steps(output: Path) -> list[dict]:
@@ -152,6 +196,12 @@ def worker_log(output: Path, rank: int = 0) -> str:
     return (output / "logs" / f"worker_{rank}.log").read_text()
 
 
+def run_log(output: Path) -> str:
+    """The log of rank 0 of a run, launched (`worker_log`) or on one process (train.log)."""
+    single = output / "logs" / "train.log"
+    return single.read_text() if single.exists() else worker_log(output)
+
+
 def assert_same_run(got: Path, want: Path, rel: float = 1e-5, count: int = 4) -> None:
     """`got` logged the losses and gradient norms of `want` within `rel`, `count` steps, and
     the loss fell; where one process read nothing back to the host inside a step, neither
@@ -165,6 +215,29 @@ def assert_same_run(got: Path, want: Path, rel: float = 1e-5, count: int = 4) ->
     if not any(s.get("host_reads") for s in one):  # counted (conftest.py): none in one process
         assert [s.get("host_reads") for s in other] == [s.get("host_reads") for s in one], \
             "the layout's step read tensors back to the host (tests/train/test_host_reads.py)"
+
+
+def assert_same_weights(got: Path, want: Path, rel: float = 1e-5, step: int = 4) -> None:
+    """The step-`step` checkpoint of `got` holds `want`'s weights within `rel`: every tensor
+    `got` saved whole (under tensor parallelism, those every tensor place holds whole)."""
+    mine, theirs = saved_tensors(got, step), saved_tensors(want, step)
+    assert mine and mine.keys() <= theirs.keys()
+    for name, array in mine.items():
+        np.testing.assert_allclose(array, theirs[name], rtol=rel, atol=1e-6, err_msg=name)
+
+
+def assert_same_pieces(got: Path, want: Path, world: int, prefix: str, rel: float = 1e-5,
+                       step: int = 4) -> None:
+    """Two runs of one layout on `world` ranks saved the same pieces at step `step`, each
+    rank its own (weights and optimizer state), the values within `rel`."""
+    for kind in ("model", "opt"):
+        for rank in range(world):
+            mine = rank_pieces(got, step, kind, rank, world, prefix)
+            theirs = rank_pieces(want, step, kind, rank, world, prefix)
+            assert mine.keys() == theirs.keys(), (kind, rank)
+            for piece, values in mine.items():
+                np.testing.assert_allclose(values, theirs[piece], rtol=rel, atol=1e-6,
+                                           err_msg=f"{kind} rank {rank}: {piece.name}")
 
 
 def assert_resumed_across_layouts(resumed: Path, whole: Path, rel: float = 1e-5) -> None:

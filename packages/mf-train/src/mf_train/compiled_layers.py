@@ -26,9 +26,11 @@ What falls back to PyNative, decided before the first step and said in one log l
 - a step layout whose layers a graph cannot hold (`StepLayout.compile_blocker`: context
   parallelism launches and waits for its attention's collectives from Python). Tensor
   parallelism compiles (its regions' collectives are `GroupCollectives` cells, built
-  before the graphs), and so does FSDP: a graph holds the parameter tensors of its first
-  call, and FSDP (told by `LayoutParts.compiled`) frees and refills their storage instead of
-  swapping tensors;
+  before the graphs), and so do ZeRO and FSDP: a graph holds the parameter tensors of its
+  first call, so ZeRO writes the gathered parameters into them (never swaps a parameter's
+  tensor) and FSDP (told by `LayoutParts.compiled`) frees and refills their storage; every
+  layout compiled is checked against PyNative and one process
+  (tests/train/test_compiled_layouts.py);
 - activation swap, whose hooks see each saved tensor of a layer (the update then stays in
   PyNative too);
 - an optimizer without a compiled update (Muon, the sharded AdamW of ZeRO and FSDP, AdamW
