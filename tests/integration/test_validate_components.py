@@ -139,7 +139,7 @@ def test_a_callback_type_that_names_no_callback_is_refused(tmp_path: Path) -> No
         f"{path}:22: callbacks[0].type: 'collections:OrderedDict' is not a callback: a "
         "subclass of mf_train.callbacks.Callback is required",
         f"{path}:23: callbacks[1].type: unknown callback type 'NoSuchCallback'; registered: "
-        "wandb; or give a 'module:Class' path",
+        "Evaluate, wandb; or give a 'module:Class' path",
         f"{path}:24: callbacks[2].type: cannot load callback type 'no_such_module:Thing': No "
         "module named 'no_such_module'",
         f"{path}:26: callbacks[3].projct: Unknown configuration keys for callback type "

@@ -183,15 +183,9 @@ class Qwen3Attention(nn.Cell):
         qkv = self.qkv(x)
         if self.gathered is not None:
             return self.out(self._gathered(qkv, cos, sin, mask))
-        seq, batch = qkv.shape[0], qkv.shape[1]
-        q_size, kv_size = self.heads * self.head_dim, self.kv_heads * self.head_dim
-        q = apply_rotary(self._heads(qkv[..., :q_size], self.heads, self.q_norm), cos, sin,
-                         self.tile)
-        k = apply_rotary(self._heads(qkv[..., q_size:q_size + kv_size], self.kv_heads,
-                                     self.k_norm), cos, sin, self.tile)
-        v = self._heads(qkv[..., q_size + kv_size:], self.kv_heads)
+        q, k, v = self._rotated_heads(qkv, cos, sin)
         context = self.exchange.attend(q, k, v, mask, lengths)
-        return self.out(context.reshape(seq, batch, q_size))
+        return self.out(context.reshape(qkv.shape[0], qkv.shape[1], self.heads * self.head_dim))
 
     def decode(self, x: Tensor, cos: Tensor, sin: Tensor, cache: LayerCache,
                mask: Tensor) -> Tensor:
@@ -199,16 +193,21 @@ class Qwen3Attention(nn.Cell):
         to `cache`, their queries attending to every cached position (`mask`:
         `kv_cache.causal_mask`)."""
         qkv = self.qkv(x)
-        seq, batch = qkv.shape[0], qkv.shape[1]
+        q, k, v = self._rotated_heads(qkv, cos, sin)
+        k, v = cache.append(k, v)
+        context = self.exchange.attend(q, k, v, mask, None)
+        return self.out(context.reshape(qkv.shape[0], qkv.shape[1], self.heads * self.head_dim))
+
+    def _rotated_heads(self, qkv: Tensor, cos: Tensor, sin: Tensor
+                       ) -> tuple[Tensor, Tensor, Tensor]:
+        """The fused projection's queries and keys (normed per head, rotated) and values,
+        `[seq, batch, heads, head_dim]` each."""
         q_size, kv_size = self.heads * self.head_dim, self.kv_heads * self.head_dim
         q = apply_rotary(self._heads(qkv[..., :q_size], self.heads, self.q_norm), cos, sin,
                          self.tile)
         k = apply_rotary(self._heads(qkv[..., q_size:q_size + kv_size], self.kv_heads,
                                      self.k_norm), cos, sin, self.tile)
-        v = self._heads(qkv[..., q_size + kv_size:], self.kv_heads)
-        k, v = cache.append(k, v)
-        context = self.exchange.attend(q, k, v, mask, None)
-        return self.out(context.reshape(seq, batch, q_size))
+        return q, k, self._heads(qkv[..., q_size + kv_size:], self.kv_heads)
 
     def _gathered(self, qkv: Tensor, cos: Tensor, sin: Tensor, mask: Tensor | None) -> Tensor:
         """The attention of `construct` without strided views (CPU, PyNative): q, k, v
