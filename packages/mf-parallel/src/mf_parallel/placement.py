@@ -210,7 +210,10 @@ def place_parameters(table: ShardingTable, plan: Plan, strategy: str | None = No
             partial.append("tensor")
         if len(stages) > 1:
             partial.append(TIED)
-        if routed:
+        if not spec.trainable:  # no gradient, no optimizer state: kept whole (its own update)
+            partial, flat = [], False
+            whole = Replicate("expert_data" if routed else "loss")
+        elif routed:
             flat = sharded is not None and expert_data > 1
             slice_ = FlatRange("expert_data")
             whole = Replicate("expert_data")

@@ -51,7 +51,12 @@ def model_class(config: ModelConfig, source: Source | None = None) -> Any:
 def sharding_table(config: ModelConfig, source: Source | None = None) -> ShardingTable:
     """The sharding table of the model the `model` section describes, building nothing
     (`mf_parallel.placement.place_parameters` reads it with the plan)."""
-    return model_class(config, source).sharding_table(config, source)
+    cls = model_class(config, source)
+    if not hasattr(cls, "sharding_table"):
+        raise TypeError(f"{cls.__name__} declares no sharding table (a classmethod "
+                        "`sharding_table(config, source)`): more than one rank needs it to "
+                        "know which rank counts which parameter")
+    return cls.sharding_table(config, source)
 
 
 def build_model(config: ModelConfig, *, tensor_group: TensorGroup | None = None,
