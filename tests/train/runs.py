@@ -22,14 +22,19 @@ import json
 from collections.abc import Sequence
 from pathlib import Path
 
+import attrs
 import numpy as np
 import pytest
 from safetensors.numpy import load_file
 from session_files import shared_directory
 
-from mf_train.checkpoint.layout import iteration_name, rank_file
+from mf_config.validate import config_from_source, load_source
+from mf_parallel.placement import place_parameters, rank_view
+from mf_train.checkpoint.layout import RUN_CONFIG, iteration_name, rank_file
 from mf_train.checkpoint.pieces import Piece, PieceIndex
 from mf_train.cli import run
+from mf_train.job import make_job_plan
+from mf_train.models import sharding_table
 
 ROOT = Path(__file__).resolve().parents[2]
 QWEN3 = ROOT / "examples" / "qwen3_tiny.yaml"
@@ -258,3 +263,33 @@ def assert_resumed_exactly(resumed: Path, whole: Path) -> None:
     assert [s["step"] for s in again] == [3, 4]
     assert [(s["loss"], s["grad_norm"]) for s in again] == \
         [(s["loss"], s["grad_norm"]) for s in reference]
+
+
+def assert_pieces_follow_record(output: Path, step: int = 4) -> None:
+    """Each rank of the run wrote exactly the regions the placement record
+    (`mf_parallel.placement`, from the run's saved configuration) says it owns: its model
+    pieces, and one range per optimizer moment of each trainable parameter it owns."""
+    directory = output / "ckpt" / iteration_name(step)
+    common = json.loads((directory / "common.json").read_text())
+    config = config_from_source(load_source(str(directory / RUN_CONFIG)))
+    world = int(common["world_size"])
+    plan = make_job_plan(config, world)
+    placed = place_parameters(sharding_table(config.model), plan,
+                              config.parallelism.data_parallel_shard_strategy)
+    for rank in range(world):
+        want = {}
+        for placement, held, owned in rank_view(placed.values(), rank, plan):
+            if owned:
+                want[placement.name] = Piece(placement.name, held.shape, *held.flat,
+                                             held.tensor)
+        model = rank_pieces(output, step, "model", rank, world, common["prefix"])
+        assert sorted(model, key=str) == sorted(want.values(), key=str), rank
+        moments: dict[Piece, int] = {}
+        for piece in rank_pieces(output, step, "opt", rank, world, common["prefix"]):
+            name = next((n for n in placed if piece.name.endswith("." + n)), None)
+            if name is not None:
+                key = attrs.evolve(piece, name=name)
+                moments[key] = moments.get(key, 0) + 1
+        trainable = {want[name] for name in want if placed[name].trainable}
+        assert set(moments) == trainable, rank
+        assert len(set(moments.values())) <= 1, rank  # as many moments of each

@@ -20,6 +20,7 @@ from runs import (
     QWEN3,
     QWEN3_2_LAYERS,
     QWEN3_4_LAYERS,
+    assert_pieces_follow_record,
     assert_resumed_across_layouts,
     steps,
     train,
@@ -146,6 +147,14 @@ def saved_elements(output: Path, kind: str) -> dict[str, int]:
                 piece = Piece.from_record(record)
                 held[piece.name] = held.get(piece.name, 0) + piece.stop - piece.start
     return held
+
+
+@pytest.mark.parametrize("layout", list(SAVED))
+def test_each_rank_writes_the_regions_the_record_says_it_owns(runs, layout) -> None:
+    """The placement record, worked out from the saved configuration alone, names every
+    piece each rank wrote (`runs.assert_pieces_follow_record`)."""
+    config, shape, sets, nproc = SAVED[layout]
+    assert_pieces_follow_record(runs(config, *shape, *sets, nproc=nproc))
 
 
 @pytest.mark.parametrize("layout", list(SAVED))

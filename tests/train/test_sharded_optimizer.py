@@ -30,12 +30,12 @@ from mf_memory.recompute import apply_recompute
 from mf_parallel import make_plan
 from mf_parallel.runtime import Collectives, init_communication
 from mf_parallel.runtime.flat_shard import FlatShard
-from mf_parallel.runtime.tensor_parallel import mark_tensor_sharded
 from mf_train.checkpoint import CheckpointManager, RunProgress
 from mf_train.checkpoint.layout import read_common
 from mf_train.checkpoint.pieces import Deferred, Piece, PieceIndex
+from mf_train.gradient_norm import OwnedNorm
 from mf_train.layouts import FSDP, LayoutParts, MicroBatch, SingleRank, ZeRO
-from mf_train.layouts.sharded import SliceNorm, reduce_to_slice
+from mf_train.layouts.sharded import reduce_to_slice
 from mf_train.models import build_model
 from mf_train.optim import OptimizerStateError, ShardedAdamW, build_optimizer
 from mf_train.trainer import TrainStep
@@ -139,19 +139,19 @@ def test_norm_sums_the_squares_of_every_ranks_slice() -> None:
                                                   rel=1e-6)
 
 
-def test_norm_with_tensor_parallelism_sums_split_elements_over_the_tensor_group() -> None:
-    """`a` split by tensor parallelism, `b.bias` replicated: of this rank's slice, the two
-    elements of `a` are summed over the tensor group (the stand-in group triples them), those
-    of `b.bias` are counted once."""
+def test_norm_with_tensor_parallelism_counts_replicated_elements_on_one_tensor_rank() -> None:
+    """`a` split by tensor parallelism, `b.bias` and `c` replicated: a rank at the second
+    tensor place owns the two elements of `a` in its slice (the first tensor place's rank
+    owns the replicated ones); the sum over the world adds what the other ranks own (the
+    stand-in adds 4.0)."""
     sharded, _, grads = stub_problem()
-    mark_tensor_sharded(sharded.params[0])
-    group = SimpleNamespace(size=2, all_reduce=lambda tensor: tensor * 3.0)
-    norm = SliceNorm(sharded.buffers, stub_collectives(), group)
-    assert norm.split.asnumpy().tolist() == [1.0, 1.0, 0.0, 0.0, 0.0]
+    owned = sharded.buffers[0].flat.own_values([1.0, 0.0, 0.0])
+    assert owned.tolist() == [1.0, 1.0, 0.0, 0.0, 0.0]
+    norm = OwnedNorm([owned], lambda squares: squares + 4.0)
     _, value = reduce_to_slice(sharded, stub_collectives(), grads, norm)
     mine = StubShard._mine(grads).astype(np.float64)
-    assert float(value.asnumpy()) == pytest.approx(
-        math.sqrt(3 * (mine[:2] ** 2).sum() + (mine[2:] ** 2).sum()), rel=1e-6)
+    assert float(value.asnumpy()) == pytest.approx(math.sqrt((mine[:2] ** 2).sum() + 4.0),
+                                                  rel=1e-6)
 
 
 def test_clip_scales_the_slice_like_the_whole_gradient() -> None:

@@ -10,7 +10,8 @@ Group kinds: each named dimension alone; `data` (replicate x shard, the gradient
 group of plain data parallelism); `loss` (replicate x shard x context: every rank that sees a
 different part of the global batch, so the loss is averaged over it); `shard_context` (shard x
 context: what FSDP and ZeRO shard over under context parallelism, as torchtitan's
-`dp_shard_cp`, since context ranks hold the same parameters); `expert` (ranks that
+`dp_shard_cp`, since context ranks hold the same parameters); `world` (every rank: the
+gradient norm adds the squares each rank owns over it); `expert` (ranks that
 split the experts between them: they exchange tokens; member r holds the r-th run of
 consecutive experts, `experts_of`) and `expert_data` (every rank of the
 pipeline stage holding the same experts: the expert-data-parallel group over which the experts'
@@ -40,7 +41,7 @@ from .errors import PlanError
 
 DIMENSIONS = ("pipeline", "replicate", "shard", "context", "tensor")
 COMPOSITE = {"data": ("replicate", "shard"), "loss": ("replicate", "shard", "context"),
-             "shard_context": ("shard", "context")}
+             "shard_context": ("shard", "context"), "world": DIMENSIONS}
 GROUP_KINDS = (*DIMENSIONS, *COMPOSITE, "expert", "expert_data", "expert_node", "expert_peer",
                "context_ulysses", "context_ring")
 

@@ -52,6 +52,7 @@ from mf_memory.model_shape import EstimateError, shape_of
 from mf_memory.recompute import apply_recompute, apply_recompute_comm
 from mf_memory.swap import ActivationSwap
 from mf_parallel import Plan, rank_progress
+from mf_parallel.placement import place_parameters
 from mf_parallel.runtime import Collectives, Communication, init_communication
 from mf_parallel.runtime.comm import use_device
 from mf_parallel.runtime.context_parallel import ContextGroup
@@ -80,6 +81,7 @@ from .input_checks import check_inputs
 from .job import check_support, make_job_plan, resolve_device
 from .layouts import (
     LayoutParts,
+    LayoutRecord,
     MicroBatch,
     Observers,
     StepLayout,
@@ -94,7 +96,7 @@ from .lr_scheduler import build_lr_schedule
 from .lr_schedules import LrSchedule
 from .micro_batches import MicroBatchStream, build_stream, valid_stream
 from .model_flops import flops_per_token, matmul_weights_per_token
-from .models import build_model
+from .models import build_model, sharding_table
 from .models.hf_weights import HFPieces, checked_entries
 from .monitor import standard_callbacks
 from .optim import Optimizer
@@ -378,6 +380,11 @@ class Trainer:
         self.layout = build_layout(LayoutParts(
             self.model, config.optimizer, config.parallelism, self.plan.dims, self.collectives,
             self.tensor_group, source, self.plan, config.context.compile))
+        if self.plan.dims.world_size > 1:  # one process owns everything it holds
+            self.layout.use_record(LayoutRecord(
+                place_parameters(sharding_table(config.model, source), self.plan,
+                                 config.parallelism.data_parallel_shard_strategy),
+                self.plan, self.collectives))
         return_freed_host_memory()  # what the layout freed of the model built whole
         self.placement = Placement(self.comm, self.plan.dims, self.layout.copies())
         rank_progress.phase("compile")

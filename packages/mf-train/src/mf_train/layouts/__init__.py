@@ -29,6 +29,7 @@ from mf_parallel.runtime import Collectives
 from .context_parallel import ContextParallel
 from .contract import (
     LayoutParts,
+    LayoutRecord,
     LayoutSections,
     LocalGradients,
     MicroBatch,
@@ -51,6 +52,7 @@ __all__ = [
     "DataParallel",
     "ExpertParallel",
     "LayoutParts",
+    "LayoutRecord",
     "LayoutSections",
     "LocalGradients",
     "MicroBatch",

@@ -26,18 +26,19 @@ import dataclasses
 from collections.abc import Callable
 
 import attrs
-from mindspore import nn
+from mindspore import Tensor, nn
 
 from mf_config import ParallelismConfig
 from mf_parallel.dims import ParallelDims
 from mf_parallel.runtime import Collectives
 
+from ..gradient_norm import Owned
 from .contract import (
     LayoutParts,
+    LayoutRecord,
     LayoutSections,
     LocalGradients,
     Problem,
-    ReducedGradients,
     StepLayout,
 )
 
@@ -110,8 +111,15 @@ class ContextParallel(StepLayout):
         times the context size, so their mean is the whole sequences' loss."""
         return self.inner.evaluate(micro_batches)
 
-    def reduce(self, local: LocalGradients) -> ReducedGradients:
-        return self.inner.reduce(local)
+    def reduce_grads(self, local: LocalGradients) -> tuple[Tensor, list[Tensor]]:
+        return self.inner.reduce_grads(local)
+
+    def use_record(self, record: LayoutRecord) -> None:
+        super().use_record(record)
+        self.inner.use_record(record)
+
+    def owned(self) -> list[Owned]:
+        return self.inner.owned()
 
     def whole_model(self):
         return self.inner.whole_model()

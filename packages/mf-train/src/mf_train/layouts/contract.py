@@ -34,10 +34,12 @@ from mf_config.errors import Path
 from mf_config.yaml_source import Source
 from mf_parallel import Plan
 from mf_parallel.dims import ParallelDims
+from mf_parallel.placement import Placement, owns
 from mf_parallel.runtime import Collectives
 from mf_parallel.runtime.flat_shard import FlatBucket
 from mf_parallel.runtime.tensor_parallel import TensorGroup
 
+from ..gradient_norm import Owned, OwnedNorm
 from ..optim import Optimizer
 
 
@@ -128,6 +130,32 @@ class ReducedGradients:
     float32 tensor, on the device (`gradient_norm`)."""
 
 
+class LayoutRecord:
+    """This rank's view of the placement record (`mf_parallel.placement`): which parameters
+    it owns (counts in the norm), and the all-reduce over the world.
+
+    Args:
+        placements: every parameter's placement, by model-wide name.
+        plan: the job's plan.
+        collectives: this rank's collectives.
+    """
+
+    def __init__(self, placements: dict[str, Placement], plan: Plan, collectives: Collectives):
+        self.placements, self.plan, self.collectives = placements, plan, collectives
+        self.rank = collectives.comm.rank
+
+    def owns(self, name: str) -> bool:
+        """Whether this rank counts what it holds of parameter `name` after the reduction."""
+        placement = self.placements.get(name)
+        if placement is None:
+            raise KeyError(f"{name}: not in the model's sharding table")
+        return owns(placement, self.rank, self.plan)
+
+    def sum(self, tensor: Tensor) -> Tensor:
+        """The all-reduce (sum) over every rank."""
+        return self.collectives.all_reduce(tensor, "world")
+
+
 @dataclass(frozen=True)
 class LayoutParts:
     """What a layout is built from: the model, the typed sections it may read, its groups."""
@@ -176,6 +204,10 @@ class StepLayout(ABC):
     evaluates: ClassVar[bool] = False
     """Whether `evaluate` runs under this layout (the Evaluate callback is refused before
     launch where it does not: `mf_train.evaluation`)."""
+    record: LayoutRecord | None = None
+    """The placement record, once `use_record` gave it (None on one process: every gradient
+    element is this rank's)."""
+    _norm: OwnedNorm | None = None
     shards_experts: ClassVar[bool] = False
     """Whether `build` takes routed experts left out of the model's parameters (expert
     parallelism) to shard as units of their own over the expert-data group (FSDP)."""
@@ -278,11 +310,36 @@ class StepLayout(ABC):
         `evaluates` over several data-parallel ranks averages it over them."""
         return loss
 
-    @abstractmethod
     def reduce(self, local: LocalGradients) -> ReducedGradients:
         """This rank's gradients reduced to what the optimizer updates, with the step's
         loss over the data-parallel ranks and the global norm (collectives: every rank of
         the job calls it at the same step)."""
+        loss, grads = self.reduce_grads(local)
+        return ReducedGradients(loss, grads, self.grad_norm(grads))
+
+    @abstractmethod
+    def reduce_grads(self, local: LocalGradients) -> tuple[Tensor, list[Tensor]]:
+        """The step's loss over the data-parallel ranks and the reduced gradients (whole, or
+        this rank's slices), as `reduce` gives them, without the norm."""
+
+    def use_record(self, record: LayoutRecord) -> None:
+        """Take the placement record of this rank's parameters (a layout composing another
+        passes it on)."""
+        self.record = record
+        self._norm = None
+
+    def owned(self) -> list[Owned]:
+        """What this rank owns of each gradient `reduce_grads` gives (`gradient_norm.Owned`):
+        by default one whole gradient per parameter of `params`, owned as the record says
+        (everything without a record: one process)."""
+        return [self.record is None or self.record.owns(p.name) for p in self.params]
+
+    def grad_norm(self, grads: Sequence[Tensor]) -> Tensor:
+        """The global L2 norm of the reduced gradients (`gradient_norm.OwnedNorm`)."""
+        if self._norm is None:
+            self._norm = OwnedNorm(self.owned(),
+                                   None if self.record is None else self.record.sum)
+        return self._norm(grads)
 
     def whole_model(self) -> AbstractContextManager[None]:
         """A context in which the model's parameters are whole (to load a checkpoint of an

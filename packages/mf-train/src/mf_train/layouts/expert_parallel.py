@@ -27,10 +27,9 @@ its slice of its experts' parameters, gradients and state. In every case:
   gradients are averaged (`disable_gradient_division: false`), left as is when each rank's
   loss was divided by it before the backward pass.
 
-The global norm adds the squares of the reduced expert gradients summed over the expert group
-(each expert counted once: the group's ranks hold different experts, their replicas equal
-gradients; sliced, the squares of the slices are first summed over the expert-data group) to
-the inner layout's norm.
+The global norm is `StepLayout`'s: each expert's reduced gradient is counted by the first rank
+of its expert-data group (sliced, each rank counts its slice), as the placement record says,
+with what the inner layout's ranks own, in one all-reduce over the world.
 """
 
 from __future__ import annotations
@@ -39,7 +38,7 @@ import contextlib
 from collections.abc import Callable, Iterator, Sequence
 
 import attrs
-from mindspore import Parameter, Tensor, nn, ops
+from mindspore import Parameter, Tensor, nn
 
 from mf_config import ParallelismConfig
 from mf_config.layer_spec import ids_text
@@ -48,17 +47,17 @@ from mf_parallel.runtime import Collectives
 from mf_parallel.runtime.flat_shard import EXPERT_DATA_GROUPS, preslice
 from mf_parallel.runtime.grad_sync import GradientSync
 
-from ..gradient_norm import root, square_sum
+from ..gradient_norm import Owned
 from ..optim import ShardedAdamW, build_optimizer
 from ..optim.base import rules_unchecked, warn_unmatched_rules
 from ..optim.joined import JoinedOptimizer
 from .contract import (
     LayoutParts,
+    LayoutRecord,
     LayoutSections,
     LocalGradients,
     MicroBatch,
     Problem,
-    ReducedGradients,
     StepLayout,
     StepObserver,
 )
@@ -239,18 +238,28 @@ class ExpertParallel(StepLayout):
             return self.inner.forward_backward(micro_batches, observer)
         return super().forward_backward(micro_batches, observer)
 
-    def reduce(self, local: LocalGradients) -> ReducedGradients:
+    def reduce_grads(self, local: LocalGradients) -> tuple[Tensor, list[Tensor]]:
         if self.fused:
-            return self.inner.reduce(local)
+            return self.inner.reduce_grads(local)
         split = len(local.grads) - len(self.experts)
-        reduced = self.inner.reduce(LocalGradients(local.loss, local.grads[:split],
-                                                   local.tokens))
+        loss, grads = self.inner.reduce_grads(LocalGradients(local.loss, local.grads[:split],
+                                                             local.tokens))
         experts = list(self.sync(local.grads[split:]))
         if self.scale != 1.0:  # a multiplication, as GradientSync averages (exact for 2^n)
             experts = [g * self.scale for g in experts]
-        squares = self.collectives.all_reduce(square_sum(experts).reshape(1), "expert")
-        norm = root(ops.square(reduced.norm) + squares)
-        return ReducedGradients(reduced.loss, [*reduced.grads, *experts], norm)
+        return loss, [*grads, *experts]
+
+    def use_record(self, record: LayoutRecord) -> None:
+        super().use_record(record)
+        self.inner.use_record(record)
+
+    def owned(self) -> list[Owned]:
+        """The inner layout's, then (not fused) each whole expert gradient: owned by the
+        first of its expert-data ranks, as the record says."""
+        if self.fused:
+            return self.inner.owned()
+        return [*self.inner.owned(),
+                *(self.record is None or self.record.owns(p.name) for p in self.experts)]
 
     def evaluate(self, micro_batches: Sequence[MicroBatch]) -> Tensor:
         """The inner layout's: the model's forward dispatches the tokens to the experts'

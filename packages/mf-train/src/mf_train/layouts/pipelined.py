@@ -8,8 +8,8 @@ parallelism, ZeRO or FSDP, built over the stage's part exactly as without pipeli
 `inner` layout), and the step's numbers are made the same on every rank:
 - tied embeddings: the last stage's copy of the table gets the gradient of both copies (an
   all-reduce over the first and last stage), so the two copies take the same update, as in
-  Megatron; the norm counts that gradient once (the last stage takes its square out);
-- the global norm: the squares of every stage summed over the pipeline group;
+  Megatron; the placement record gives the table to the first stage, so the global norm
+  (`StepLayout`'s: the squares each rank owns, one all-reduce over the world) counts it once;
 - the loss: the sum of the stages' shares (an all-reduce): the last stage's cross-entropy and
   each stage's auxiliary losses (DeepSeek-V3's balance loss of its own MoE layers).
 Skip-on-NaN then decides the same on every rank, and each rank saves its stage's parameters
@@ -21,29 +21,27 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 import attrs
-from mindspore import Parameter, Tensor, Type, nn, ops
+from mindspore import Tensor, nn
 
 from mf_config import ParallelismConfig
 from mf_config.layer_spec import ids_text
 from mf_parallel import Plan
 from mf_parallel.dims import ParallelDims
 from mf_parallel.runtime import Collectives
-from mf_parallel.runtime.tensor_parallel import is_tensor_sharded
 
-from ..gradient_norm import root, square_sum
+from ..gradient_norm import Owned
 from ..models.parts import ModelPart, PipelineModel
 from .contract import (
     LayoutParts,
+    LayoutRecord,
     LayoutSections,
     LocalGradients,
     MicroBatch,
     Problem,
-    ReducedGradients,
     StepLayout,
     StepObserver,
 )
 from .pipeline_executor import StageRunner
-from .replicated import reduce_dtype
 
 
 def stage_part(plan: Plan, rank: int) -> ModelPart | None:
@@ -68,11 +66,9 @@ class Pipelined(StepLayout):
     evaluates = True
 
     def __init__(self, inner: StepLayout, runner: StageRunner, collectives: Collectives,
-                 plan: Plan, wire: Type | None = None):
+                 plan: Plan):
         super().__init__(inner.model, inner.optimizer, loss_divisor=inner.loss_divisor)
         self.inner, self.runner, self.collectives, self.plan = inner, runner, collectives, plan
-        self.wire = wire
-        """The dtype the inner layout reduces gradients in (`parallelism.reduce_dtype`)."""
         self.stage, self.num_stages = runner.stage, runner.num_stages
         self.compile_blocker = inner.compile_blocker
         self.tied = self._tied_copy()
@@ -112,8 +108,7 @@ class Pipelined(StepLayout):
                              parts.collectives, inner.forward_context,
                              split_backward=parts.plan.split_backward,
                              overlap_p2p=parts.parallelism.pipeline_parallel_overlap_p2p)
-        return cls(inner, runner, parts.collectives, parts.plan,
-                   reduce_dtype(parts.parallelism))
+        return cls(inner, runner, parts.collectives, parts.plan)
 
     def describe(self) -> str:
         layers = ", ".join(ids_text(chunk.layers) for chunk in self.runner.chunks)
@@ -143,20 +138,22 @@ class Pipelined(StepLayout):
             self.inner.free_gathered()
         return self.inner.evaluated_loss(self.collectives.all_reduce(share, "pipeline"))
 
-    def reduce(self, local: LocalGradients) -> ReducedGradients:
+    def reduce_grads(self, local: LocalGradients) -> tuple[Tensor, list[Tensor]]:
         grads = list(local.grads)
         if self.tied is not None:
             index, peer = self.tied
             grads[index] = self.collectives.all_reduce_pair(grads[index], *sorted(
                 (self.collectives.comm.rank, peer)))
-        twice = self._counted_twice(grads)  # first: the inner reduction consumes `grads`
-        reduced = self.inner.reduce(LocalGradients(local.loss, grads, local.tokens))
-        squares = ops.square(reduced.norm).reshape(1)
-        if twice is not None:
-            squares = squares - twice
-        total = self.collectives.all_reduce(squares, "pipeline")
-        loss = self.collectives.all_reduce(reduced.loss, "pipeline")
-        return ReducedGradients(loss, reduced.grads, root(ops.relu(total)))
+        loss, reduced = self.inner.reduce_grads(LocalGradients(local.loss, grads, local.tokens))
+        return self.collectives.all_reduce(loss, "pipeline"), reduced
+
+    def use_record(self, record: LayoutRecord) -> None:
+        super().use_record(record)
+        self.inner.use_record(record)
+
+    def owned(self) -> list[Owned]:
+        """The inner layout's: the record gives a tied embedding to the first stage."""
+        return self.inner.owned()
 
     def whole_model(self):
         return self.inner.whole_model()
@@ -185,20 +182,3 @@ class Pipelined(StepLayout):
         index = next(i for i, p in enumerate(self.params) if p is table)
         ranks = self.collectives.comm.group_ranks["pipeline"]
         return index, ranks[-1] if self.stage == 0 else ranks[0]
-
-    def _counted_twice(self, grads: list[Tensor]) -> Tensor | None:
-        """On the last stage, the squares of the tied copy's reduced gradient (the first
-        stage counts them already, shape (1,)); None elsewhere."""
-        if self.tied is None or self.stage == 0:
-            return None
-        index, _ = self.tied
-        grad, param = grads[index], self.params[index]
-        size = self.collectives.comm.group_size("loss")
-        if size > 1:  # reduced as the inner layout does: over data x context
-            grad = self.collectives.all_reduce_as(grad, "loss", self.wire)
-            if self.loss_divisor == 1:  # averaged, not summed (`DataParallelLoss`)
-                grad = grad / size
-        squares = square_sum([grad]).reshape(1)
-        if isinstance(param, Parameter) and is_tensor_sharded(param):
-            squares = self.collectives.all_reduce(squares, "tensor")
-        return squares

@@ -9,14 +9,12 @@ is the mean over the data-parallel ranks either way. The buckets travel in
 `parallelism.reduce_dtype` (`reduce_dtype`), cast back to the gradients' dtype after the sum.
 
 Under tensor parallelism (sequence parallelism on, as the spec keeps it) the gradients of
-parameters used on sequence slices are partial sums, added up over the tensor group first;
-the norm sums the squares of split parameters over the tensor group and counts replicated
-ones once.
+parameters used on sequence slices are partial sums, added up over the tensor group first.
+The global norm is `StepLayout`'s, as in every layout: the squares each rank owns (the
+placement record), one all-reduce over the world.
 """
 
 from __future__ import annotations
-
-from collections.abc import Callable, Sequence
 
 import mindspore as ms
 from mindspore import Tensor
@@ -25,15 +23,10 @@ from mf_config import ParallelismConfig
 from mf_parallel.dims import ParallelDims
 from mf_parallel.runtime import Collectives
 from mf_parallel.runtime.grad_sync import GradientSync
-from mf_parallel.runtime.tensor_parallel import (
-    TensorGroup,
-    is_tensor_sharded,
-    reduce_sequence_parallel_grads,
-)
+from mf_parallel.runtime.tensor_parallel import TensorGroup, reduce_sequence_parallel_grads
 
-from ..gradient_norm import global_norm, root, square_sum
 from ..optim import Optimizer, build_optimizer
-from .contract import LayoutParts, LocalGradients, ReducedGradients, StepLayout
+from .contract import LayoutParts, LocalGradients, StepLayout
 
 
 def one_stage(dims: ParallelDims) -> bool:
@@ -101,8 +94,8 @@ class SingleRank(StepLayout):
     def build(cls, parts: LayoutParts) -> SingleRank:
         return cls(parts.model, replicated_optimizer(parts))
 
-    def reduce(self, local: LocalGradients) -> ReducedGradients:
-        return ReducedGradients(local.loss, local.grads, global_norm(local.grads))
+    def reduce_grads(self, local: LocalGradients) -> tuple[Tensor, list[Tensor]]:
+        return local.loss, list(local.grads)
 
 
 class DataParallel(StepLayout):
@@ -132,9 +125,8 @@ class DataParallel(StepLayout):
     def describe(self) -> str:
         return f"data parallel {self.loss.size} (replicated)"
 
-    def reduce(self, local: LocalGradients) -> ReducedGradients:
-        grads = list(self.sync(local.grads))
-        return ReducedGradients(self.loss(local.loss), grads, global_norm(grads))
+    def reduce_grads(self, local: LocalGradients) -> tuple[Tensor, list[Tensor]]:
+        return self.loss(local.loss), list(self.sync(local.grads))
 
     def evaluated_loss(self, loss: Tensor) -> Tensor:
         return self.loss.mean(loss)
@@ -147,8 +139,6 @@ class TensorParallel(DataParallel):
                  parallelism: ParallelismConfig, group: TensorGroup):
         super().__init__(model, optimizer, collectives, parallelism)
         self.group = group
-        self.norm = tensor_parallel_norm([is_tensor_sharded(p) for p in self.params],
-                                         group.all_reduce)
 
     @classmethod
     def selects(cls, dims: ParallelDims, parallelism: ParallelismConfig) -> bool:
@@ -165,28 +155,7 @@ class TensorParallel(DataParallel):
         data = f", {super().describe()}" if self.loss.size > 1 else ""
         return f"tensor parallel {self.group.size} (sequence parallel){data}"
 
-    def reduce(self, local: LocalGradients) -> ReducedGradients:
+    def reduce_grads(self, local: LocalGradients) -> tuple[Tensor, list[Tensor]]:
         grads = reduce_sequence_parallel_grads(self.params, tuple(local.grads), self.group)
-        grads = list(self.sync(grads))
-        return ReducedGradients(self.loss(local.loss), grads, self.norm(grads))
+        return self.loss(local.loss), list(self.sync(grads))
 
-
-def tensor_parallel_norm(sharded: Sequence[bool], sum_over_group: Callable[[Tensor], Tensor],
-                         ) -> Callable[[Sequence[Tensor]], Tensor]:
-    """The global norm under tensor parallelism.
-
-    Args:
-        sharded: for each gradient, whether its parameter is split over the tensor group.
-        sum_over_group: the all-reduce (sum) over the tensor group.
-
-    Returns:
-        A function of the reduced gradients: the squares of split parameters' gradients
-        summed over the group plus those of replicated ones (equal on every rank) once.
-    """
-
-    def norm(grads: Sequence[Tensor]) -> Tensor:
-        split = [g for g, s in zip(grads, sharded, strict=True) if s]
-        whole = [g for g, s in zip(grads, sharded, strict=True) if not s]
-        return root(sum_over_group(square_sum(split).reshape(1)) + square_sum(whole))
-
-    return norm

@@ -14,10 +14,10 @@ rank) above one, `parallelism.data_parallel_shard_strategy` decides:
   rows instead, never gathered: the tokens travel to them (`sharded_vocabulary`).
 
 mf-parallel's `ShardedDataParallel` / `FullyShardedDataParallel` reduce the gradients to this
-rank's slice; `optim.ShardedAdamW` updates it. The global norm is sqrt(sum over the shard
-group of this rank's sum of squares): the slices of the shard group partition every gradient
-(padding is zero), and with HSDP the replicas hold equal slices, so summing over the shard
-group alone counts each element once (`SliceNorm`).
+rank's slice; `optim.ShardedAdamW` updates it. The global norm is `StepLayout`'s: each rank
+sums the squares of the chunks of its slices it owns (the placement record: the slices of a
+shard group partition every gradient, padding is zero; of HSDP replicas and of tensor ranks
+holding equal chunks, the first), one all-reduce over the world.
 
 With tensor parallelism (`parallelism.tensor_parallel` > 1) each strategy runs on the plan's
 groups as they are: the shard group is over ranks of the same tensor coordinate, so each rank's
@@ -26,9 +26,7 @@ its shard group; FSDP gathers and frees those shards (the layers' custom-bprop c
 untouched: they hold no parameters) and `whole_model()` gathers the model each rank holds under
 plain tensor parallelism, which is what its checkpoint saves. Before the data-parallel
 reduction, the partial gradients of the sequence-parallel parameters (norm weights,
-row-parallel biases) are summed over the tensor group, as `TensorParallel` does; the norm then
-adds the squares of tensor-split elements over the tensor group too and counts the replicated
-ones once.
+row-parallel biases) are summed over the tensor group, as `TensorParallel` does.
 
 What the sharded strategies cannot run yet is refused before any rank starts (`problems`):
 Muon (its Newton-Schulz step needs whole matrices, the slices cut them), optimizers other than
@@ -56,11 +54,10 @@ from mf_parallel.runtime.sharded_vocabulary import ShardedVocabulary
 from mf_parallel.runtime.tensor_parallel import (
     SEQUENCE_PARALLEL_ATTRIBUTE,
     TensorGroup,
-    is_tensor_sharded,
 )
 from mf_parallel.vocabulary_rows import keeps_vocabulary_rows
 
-from ..gradient_norm import root, square_sum
+from ..gradient_norm import Owned, OwnedNorm
 from ..optim import AdamW, Muon, ShardedAdamW
 from ..optim.adamw import adamw_settings
 from ..optim.base import adam_hyperparameters, decay_flags
@@ -72,7 +69,6 @@ from .contract import (
     LocalGradients,
     MicroBatch,
     Problem,
-    ReducedGradients,
     StepLayout,
     StepObserver,
 )
@@ -84,87 +80,16 @@ FSDP_STRATEGY = "optim_grads_params"
 STRATEGY_PATH = ("parallelism", "data_parallel_shard_strategy")
 
 
-class SliceNorm:
-    """The global L2 norm of the reduced gradients, from this rank's slice of them.
-
-    The slices of the shard group partition every flat buffer (padding is zero) and HSDP
-    replicas hold equal slices, so summing the squares over the shard group counts each
-    element of this rank's buffers once. Under tensor parallelism the buffers of the ranks
-    of one tensor group hold different shards of the split parameters and equal copies of
-    the replicated ones: the squares of split elements are then also summed over the tensor
-    group, those of replicated elements counted once (as `replicated.tensor_parallel_norm`).
-
-    Buffers of routed experts (FSDP under expert parallelism, sliced over the expert-data
-    group) partition the experts this rank holds, and the expert group's ranks hold different
-    experts: their squares are summed over the expert-data group, then the expert group
-    (never over the tensor group: every tensor rank holds the same experts).
-
-    Args:
-        buffers: the sharded wrapper's flat buffers (`ShardedDataParallel.buffers`, or
-            `FullyShardedDataParallel.buffers`), in slice order.
-        collectives: this rank's collectives (the `shard` group).
-        group: this rank's tensor group, or None without tensor parallelism.
-    """
-
-    def __init__(self, buffers: Sequence[Any], collectives: Collectives,
-                 group: TensorGroup | None = None):
-        self.collectives, self.group = collectives, group
-        self.experts = [holds_experts(buffer) for buffer in buffers]
-        """Which buffers hold routed experts (then the slices come one per buffer)."""
-        self.split: Tensor | None = None
-        """1 where this rank's slice holds an element of a tensor-split parameter."""
-        self._split_parts: list[Tensor] = []
-        """The same, per buffer of the rest (not the experts')."""
-        if group is not None and group.size > 1:
-            self._split_parts = [Tensor(buffer.flat.own_values(
-                [float(is_tensor_sharded(p)) for p in buffer.params]))
-                for buffer, expert in zip(buffers, self.experts, strict=True) if not expert]
-            self.split = ops.cat(self._split_parts)
-
-    def __call__(self, grad: Tensor | Sequence[Tensor]) -> Tensor:
-        """The norm from this rank's slices: one per buffer, or all end to end (without
-        buffers of experts)."""
-        slices = [grad] if isinstance(grad, Tensor) else list(grad)
-        experts = None
-        if any(self.experts):
-            experts = _sum_all([ops.sum(ops.square(s)) for s, expert in
-                                zip(slices, self.experts, strict=True) if expert]).reshape(1)
-            experts = self.collectives.all_reduce(
-                self.collectives.all_reduce(experts, EXPERT_DATA_GROUPS.shard), "expert")
-            slices = [s for s, expert in zip(slices, self.experts, strict=True) if not expert]
-        if self.split is None:
-            local = square_sum(slices)
-            total = self.collectives.all_reduce(local.reshape(1), "shard")
-        else:
-            split = self._split_parts if len(slices) == len(self._split_parts) \
-                else [self.split]
-            parts = _sum_all([ops.stack([ops.sum(ops.square(s) * m),
-                                         ops.sum(ops.square(s) * (1 - m))])
-                              for s, m in zip(slices, split, strict=True)])
-            split_part, whole = self.collectives.all_reduce(parts, "shard").split(1)
-            total = self.group.all_reduce(split_part) + whole
-        if experts is not None:
-            total = total + experts
-        return root(total)
-
-
-def _sum_all(values: Sequence[Tensor]) -> Tensor:
-    total = values[0]
-    for value in values[1:]:
-        total = total + value
-    return total
-
-
 def reduce_to_slice(sharded: Any, collectives: Collectives, grads: Sequence[Tensor],
-                    norm: SliceNorm | None = None) -> tuple[Tensor, Tensor]:
+                    norm: OwnedNorm | None = None) -> tuple[Tensor, Tensor]:
     """This rank's slice of the reduced gradients, and their global norm.
 
     Args:
         sharded: mf-parallel's `ShardedDataParallel` or `FullyShardedDataParallel`.
-        collectives: this rank's collectives (the norm sums over the `shard` group).
+        collectives: this rank's collectives (the norm sums over the world).
         grads: this rank's local gradients, aligned with the sharded parameters (under
             tensor parallelism, with the sequence-parallel partial sums already added up).
-        norm: the norm of the slice (None: `SliceNorm` without tensor parallelism).
+        norm: the norm of the slice (None: every element of it owned by this rank).
 
     Returns:
         The float32 slice (all buffers end to end) and the L2 norm of the whole gradient (a
@@ -172,8 +97,9 @@ def reduce_to_slice(sharded: Any, collectives: Collectives, grads: Sequence[Tens
     """
     slices = sharded.reduce_grads(list(grads))
     grad = ops.cast(slices[0] if len(slices) == 1 else ops.cat(slices), FLOAT32)
-    norm = norm if norm is not None else SliceNorm(sharded.buffers, collectives)
-    return grad, norm(grad)
+    if norm is None:
+        norm = OwnedNorm([True], lambda squares: collectives.all_reduce(squares, "world"))
+    return grad, norm([grad])
 
 
 class ZeRO(StepLayout):
@@ -190,7 +116,6 @@ class ZeRO(StepLayout):
         self.strategy, self.dims = parallelism.data_parallel_shard_strategy, dims
         self.reshard_policy = parallelism.reshard_after_forward_policy
         self.group = group if group is not None and group.size > 1 else None
-        self.norm = SliceNorm(self.sharded.buffers, collectives, self.group)
         buffers = self.sharded.buffers
         experts = {id(p) for buffer in buffers if holds_experts(buffer) for p in buffer.params}
         self._tensor_partial = {i for i, p in enumerate(self.params) if id(p) not in experts
@@ -301,8 +226,17 @@ class ZeRO(StepLayout):
         return LocalGradients(loss, [summed.get(i) for i in range(len(names))], tokens,
                               slices=self.grads.take())
 
-    def reduce(self, local: LocalGradients) -> ReducedGradients:
-        """This rank's slice of the reduced gradients and their global norm. Whole local
+    def owned(self) -> list[Owned]:
+        """What this rank owns of each buffer's slice: each parameter's chunk, as the
+        placement record says (every chunk without a record: one process)."""
+        found: list[Owned] = []
+        for buffer in self.sharded.buffers:
+            flags = [self.record is None or self.record.owns(p.name) for p in buffer.params]
+            found.append(all(flags) or buffer.flat.own_values([float(f) for f in flags]))
+        return found
+
+    def reduce_grads(self, local: LocalGradients) -> tuple[Tensor, list[Tensor]]:
+        """This rank's slice of the reduced gradients (one per buffer). Whole local
         gradients (ZeRO-1, or a composing layout's own backward) are reduced here, buffer by
         buffer, each buffer's freed once reduced (`local.grads` is consumed): the
         sequence-parallel partial gradients summed over the tensor group first (each tensor
@@ -316,7 +250,7 @@ class ZeRO(StepLayout):
             self.free_gathered()
             self.grads.add_all(local.grads)
             slices = self.grads.take()
-        return ReducedGradients(self.loss(local.loss), slices, self.norm(slices))
+        return self.loss(local.loss), slices
 
     def evaluated_loss(self, loss: Tensor) -> Tensor:
         return self.loss.mean(loss)

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 from mf_config import ModelConfig
 from mf_config.yaml_source import Source
+from mf_parallel.placement import ShardingTable
 
 from ..registry import MODELS
 from . import deepseek_v3, qwen3
@@ -36,7 +37,26 @@ __all__ = [
     "hf_state",
     "load_hf_state",
     "qwen3",
+    "sharding_table",
 ]
+
+
+def model_class(config: ModelConfig, source: Source | None = None) -> Any:
+    """The class the `model` section names (`model.architectures`, else `model.model_type`)."""
+    name, key = ((config.architecture(), "architectures") if config.architectures
+                 else (config.model_type, "model_type"))
+    return MODELS.get(name, ("model", key), source)
+
+
+def sharding_table(config: ModelConfig, source: Source | None = None) -> ShardingTable:
+    """The sharding table of the model the `model` section describes, building nothing
+    (`mf_parallel.placement.place_parameters` reads it with the plan)."""
+    cls = model_class(config, source)
+    if not hasattr(cls, "sharding_table"):
+        raise TypeError(f"{cls.__name__} declares no sharding table (a classmethod "
+                        "`sharding_table(config, source)`): more than one rank needs it to "
+                        "know which rank counts which parameter")
+    return cls.sharding_table(config, source)
 
 
 def build_model(config: ModelConfig, *, tensor_group: TensorGroup | None = None,
@@ -69,9 +89,7 @@ def build_model(config: ModelConfig, *, tensor_group: TensorGroup | None = None,
     Raises:
         ConfigError: naming the `model.<key>` of every problem.
     """
-    name, key = ((config.architecture(), "architectures") if config.architectures
-                 else (config.model_type, "model_type"))
-    cls: Any = MODELS.get(name, ("model", key), source)
+    cls: Any = model_class(config, source)
     options: dict[str, Any] = {}
     if part is not None:
         options["part"] = part

@@ -77,6 +77,7 @@ from mf_config.component_settings import settings_error
 from mf_config.components import structure_model_settings
 from mf_config.errors import Path
 from mf_config.yaml_source import Source
+from mf_parallel.placement import ShardingTable
 from mf_parallel.runtime.context_parallel import ContextGroup
 from mf_parallel.runtime.expert_dispatch import ExpertGroup
 from mf_parallel.runtime.flat_shard import built_shape
@@ -109,6 +110,7 @@ from .kv_cache import LayerCache
 from .mla import MultiLatentAttention
 from .moe import MoE
 from .parts import LayerStack, ModelPart, each_built
+from .sharding import table_from_maps
 
 PATH: Path = ("model",)
 
@@ -392,6 +394,12 @@ class DeepseekV3ForCausalLM(CausalLMPieces, nn.Cell):
 
     # --- Hugging Face weights -----------------------------------------------------------
 
+    @classmethod
+    def sharding_table(cls, config: ModelConfig, source: Source | None = None,
+                       ) -> ShardingTable:
+        """The whole model's sharding table from the `model` section, building nothing."""
+        return sharding_table(deepseek_v3_settings(config, source))
+
     def weight_maps(self) -> list[WeightMap]:
         """Each parameter with the Hugging Face weights it holds (module table), their full
         shapes and the axis tensor parallelism splits them along."""
@@ -463,6 +471,64 @@ def tensor_split_axis(ours: str) -> int | None:
     if parts[-2] in _ROW_SPLIT:
         return 0
     return 1 if parts[-2] in _COLUMN_SPLIT else None
+
+
+def settings_weight_maps(s: DeepseekV3Settings) -> list[WeightMap]:
+    """Every parameter of the whole model (every routed expert) with its Hugging Face names,
+    full shapes and tensor-parallel axis, from the settings alone, in the model's order."""
+    h, heads = s.hidden_size, s.num_attention_heads
+    qk = s.qk_nope_head_dim + s.qk_rope_head_dim
+    shapes: list[tuple[str, tuple[int, ...]]] = [("embedding.weight", (s.vocab_size, h))]
+
+    def mlp(prefix: str, size: int) -> None:
+        shapes.extend([(f"{prefix}.gate_up.weight", (2 * size, h)),
+                       (f"{prefix}.down.weight", (h, size))])
+
+    for index in range(s.num_hidden_layers):
+        layer = f"decoder_layers.{index}."
+        attention = layer + "attention."
+        shapes.append((layer + "input_norm.weight", (h,)))
+        if s.q_lora_rank is None:
+            shapes.append((attention + "q_proj.weight", (heads * qk, h)))
+        else:
+            shapes += [(attention + "q_a_proj.weight", (s.q_lora_rank, h)),
+                       (attention + "q_a_layernorm.weight", (s.q_lora_rank,)),
+                       (attention + "q_b_proj.weight", (heads * qk, s.q_lora_rank))]
+        shapes += [
+            (attention + "kv_a_proj_with_mqa.weight", (s.kv_lora_rank + s.qk_rope_head_dim, h)),
+            (attention + "kv_a_layernorm.weight", (s.kv_lora_rank,)),
+            (attention + "kv_b_proj.weight",
+             (heads * (s.qk_nope_head_dim + s.v_head_dim), s.kv_lora_rank)),
+            (attention + "o_proj.weight", (h, heads * s.v_head_dim)),
+            (layer + "post_norm.weight", (h,))]
+        if index < s.first_k_dense_replace:
+            mlp(layer + "mlp", s.intermediate_size)
+            continue
+        shapes += [(layer + "mlp.router.weight", (s.n_routed_experts, h)),
+                   (layer + "mlp.router.e_score_correction_bias", (s.n_routed_experts,))]
+        for expert in range(s.n_routed_experts):
+            mlp(f"{layer}mlp.experts.{expert}", s.moe_intermediate_size)
+        if s.n_shared_experts:
+            mlp(layer + "mlp.shared_experts", s.moe_intermediate_size * s.n_shared_experts)
+    shapes.append(("final_norm.weight", (h,)))
+    if not s.tie_word_embeddings:
+        shapes.append(("head.weight", (s.vocab_size, h)))
+    maps = []
+    for name, shape in shapes:
+        hf = hf_parameter_names(name)
+        part = (shape[0] // len(hf), *shape[1:])
+        maps.append(WeightMap(name, hf, tuple(part for _ in hf), tensor_split_axis(name)))
+    return maps
+
+
+def sharding_table(s: DeepseekV3Settings) -> ShardingTable:
+    """Every parameter with what the placement record needs (`mf_parallel.placement`); the
+    routing bias is float32 and not trained (`_cast_parameters`, `Router`)."""
+    biases = {entry.ours for entry in settings_weight_maps(s)
+              if entry.ours.endswith("e_score_correction_bias")}
+    return table_from_maps(settings_weight_maps(s), tied=s.tie_word_embeddings,
+                           dtype=s.params_dtype, experts=s.n_routed_experts, frozen=biases,
+                           float32=biases)
 
 
 def hf_parameter_names(ours: str) -> tuple[str, ...]:

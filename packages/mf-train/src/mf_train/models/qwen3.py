@@ -30,6 +30,7 @@ from mf_config.component_settings import settings_error, structure_settings
 from mf_config.errors import Path
 from mf_config.sections import declared_fields
 from mf_config.yaml_source import Source
+from mf_parallel.placement import ShardingTable
 from mf_parallel.runtime.context_parallel import ContextGroup
 from mf_parallel.runtime.tensor_parallel import TensorGroup
 
@@ -62,6 +63,7 @@ from .gathered_heads import GatheredHeads
 from .hf_weights import WeightMap
 from .kv_cache import LayerCache
 from .parts import LayerStack, ModelPart, each_built
+from .sharding import table_from_maps
 
 PATH: Path = ("model",)
 
@@ -91,6 +93,11 @@ def weight_maps(s: Qwen3Settings) -> list[WeightMap]:
     if not s.tie_word_embeddings:
         maps.append(WeightMap("head.weight", ("lm_head.weight",), ((v, h),), 0))
     return maps
+
+
+def sharding_table(s: Qwen3Settings) -> ShardingTable:
+    """Every parameter with what the placement record needs (`mf_parallel.placement`)."""
+    return table_from_maps(weight_maps(s), tied=s.tie_word_embeddings, dtype=s.params_dtype)
 
 
 def layer_weight_maps(s: Qwen3Settings, index: int) -> list[WeightMap]:
@@ -336,6 +343,12 @@ class Qwen3ForCausalLM(CausalLMPieces, nn.Cell):
         settings = qwen3_settings(config.extras, source, tensor_size(tensor_group))
         return cls(settings, tensor_group=tensor_group, seed=seed, source=source, part=part,
                    context_group=context_group, layer_built=layer_built)
+
+    @classmethod
+    def sharding_table(cls, config: ModelConfig, source: Source | None = None,
+                       ) -> ShardingTable:
+        """The whole model's sharding table from the `model` section, building nothing."""
+        return sharding_table(qwen3_settings(config.extras, source))
 
     def weight_maps(self) -> list[WeightMap]:
         """The parameters this model (or pipeline part) holds, with their Hugging Face names."""
