@@ -49,6 +49,10 @@ class Held:
     offset: int | None = None
     """Where its region starts in `values` (a ZeRO or FSDP buffer); None when whole."""
 
+    @property
+    def size(self) -> int:
+        return int(np.prod(self.shape, dtype=np.int64))
+
 
 class RankRegions:
     """This rank's region of each parameter, and whether it writes it, from the placement
@@ -73,13 +77,15 @@ class RankRegions:
         """The region of `held`'s tensor this rank holds (None: none of it) and whether it
         writes it."""
         if self.placements is None:
-            size = int(np.prod(held.shape, dtype=np.int64))
-            return Region((), held.shape, (0, size), None), True
+            return Region((), held.shape, (0, held.size), None), True
         placement = self.placements.get(held.name)
         if placement is None:
             raise KeyError(f"{held.name}: not in the model's sharding table")
-        return (region(placement, self.rank, self.plan),
-                owns(placement, self.rank, self.plan))
+        found = region(placement, self.rank, self.plan)
+        if found is not None and held.offset is None and found.flat != (0, held.size):
+            raise RuntimeError(f"{held.key}: held whole on rank {self.rank}, but the placement "
+                               f"record gives it elements {found.flat} of {held.size}")
+        return found, owns(placement, self.rank, self.plan)
 
 
 def pieces(held: Iterable[Held], regions: RankRegions) -> dict[Piece, np.ndarray | Deferred]:
