@@ -317,12 +317,21 @@ def test_refusals_say_what_is_wrong(qwen3_run, qwen3_export, tmp_path, capsys) -
     assert not (tmp_path / "a").exists()
 
 
-def test_a_format_2_checkpoint_exports_as_before(qwen3_run, qwen3_export, tmp_path) -> None:
-    """A one-process checkpoint of format 2 (an earlier mf's) exports through the
-    configuration's parallelism to the same files."""
+def test_a_format_2_checkpoint_is_refused_naming_its_conversion(qwen3_run, tmp_path,
+                                                                capsys) -> None:
+    """A one-process checkpoint of format 2 (an earlier mf's, one file per rank) is refused
+    in one line naming the command that converts it (`mf-train` resuming it on its layout,
+    training nothing); nothing is written."""
     old = as_format_2(qwen3_run / "iteration_00000002", tmp_path / "old" / "iteration_00000002")
-    assert export(QWEN3, old, tmp_path / "hf", *sets(QWEN3_SHAPE)) == 0
-    assert files_of(tmp_path / "hf") == files_of(qwen3_export)
+    capsys.readouterr()
+    assert export(QWEN3, old, tmp_path / "hf", *sets(QWEN3_SHAPE)) == 2
+    assert capsys.readouterr().err == (
+        f"mf-train export-hf: {old} is in format 2 (an earlier mf's), which is read only to "
+        "convert it: convert it on its layout, training nothing: `mf-train --config <its "
+        f"train.yaml> --nproc 1 --output-dir <new directory> --set checkpoint.load_path={old} "
+        "--set training.steps=2` saves step 2 in the format that loads on any layout; then "
+        "read the new checkpoint\n")
+    assert not (tmp_path / "hf").exists()
 
 
 def test_force_replaces_the_output(qwen3_run, qwen3_export, tmp_path) -> None:

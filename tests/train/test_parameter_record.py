@@ -1,6 +1,7 @@
 """The placement record (`mf_parallel.placement`) from the models' sharding tables and real
 plans, against what the code that trains and saves works out its own way: the built models'
-parameters, the export's `holdings`, and the checkpoint writer's `Placement.owns`."""
+parameters and the export's `holdings` (the checkpoint writes what the record's `owns`
+says: test_checkpoint_layouts.py)."""
 
 from __future__ import annotations
 
@@ -11,17 +12,14 @@ import pytest
 
 pytest.importorskip("mindspore")
 
-from mindspore import Parameter, Tensor
 from runs import DEEPSEEK, QWEN3
 
 from mf_config.validate import config_from_source, load_source
 from mf_parallel.placement import FlatRange, Replicate, Shard, owns, place_parameters, region
-from mf_parallel.runtime import Communication
-from mf_parallel.runtime.tensor_parallel import mark_tensor_sharded
-from mf_train.export_ranks import holdings
 from mf_train.job import make_job_plan
+from mf_train.layouts.expert_parallel import expert_index
+from mf_train.layouts.pipelined import stage_part
 from mf_train.models import build_model, sharding_table
-from mf_train.placement import Placement as CheckpointPlacement
 
 
 def record(example: Path, world: int, *overrides: str):
@@ -48,6 +46,26 @@ def test_tables_list_the_built_models_parameters(example: Path) -> None:
         (tuple(zip(e.hf, e.rows(), strict=True)), e.axis) for e in maps]
 
 
+def holdings(config, plan) -> list[tuple[int, frozenset[str], int]]:
+    """Per rank, `(rank, names, tensor place)` of what training builds there: its pipeline
+    stage's model (`stage_part`), its share of the routed experts (`RankMesh.experts_of`)
+    and its place in its tensor group."""
+    whole = build_model(config.model, seed=0)
+    experts = whole.settings.n_routed_experts if plan.dims.expert > 1 else 0
+    stages = {}
+    found = []
+    for rank in range(plan.dims.world_size):
+        part = stage_part(plan, rank)
+        if part not in stages:
+            model = whole if part is None else build_model(config.model, seed=0, part=part)
+            stages[part] = [entry.ours for entry in model.weight_maps()]
+        held = plan.mesh.experts_of(rank, experts) if experts else None
+        names = frozenset(name for name in stages[part]
+                          if held is None or expert_index(name) in (None, *held))
+        found.append((rank, names, plan.mesh.coordinates(rank)["tensor"]))
+    return found
+
+
 HOLDING_LAYOUTS = [
     (QWEN3, 8, ("parallelism.pipeline_parallel=2", "parallelism.tensor_parallel=2")),
     (QWEN3, 2, ("parallelism.pipeline_parallel=2",
@@ -63,57 +81,16 @@ HOLDING_LAYOUTS = [
 
 
 @pytest.mark.parametrize(("example", "world", "overrides"), HOLDING_LAYOUTS)
-def test_each_rank_holds_what_the_export_reads(example, world, overrides) -> None:
-    """Per rank, the parameters the record puts there are those `holdings` (the stage's
-    built model, `experts_of`) says it saved, and a split weight's shard is its tensor
-    place's."""
+def test_each_rank_holds_what_training_builds_there(example, world, overrides) -> None:
+    """Per rank, the parameters the record puts there are those training builds there (the
+    stage's built model, `experts_of`), and a split weight's shard is its tensor place's."""
     config, plan, placed = record(example, world, *overrides)
-    found = holdings(config, plan, build_model(config.model, seed=0))
-    for holding in found:
-        held = {name: region(p, holding.rank, plan, "param") for name, p in placed.items()}
-        assert {name for name, r in held.items() if r is not None} == holding.names
-        for name in holding.names:
+    for rank, names, tensor in holdings(config, plan):
+        held = {name: region(p, rank, plan, "param") for name, p in placed.items()}
+        assert {name for name, r in held.items() if r is not None} == names
+        for name in names:
             place = held[name].tensor
-            assert place is None or place == (holding.tensor, plan.dims.tensor), name
-
-
-OWNER_LAYOUTS = [
-    (QWEN3, 4, ("parallelism.tensor_parallel=2", "parallelism.data_parallel_shard=1")),
-    (QWEN3, 4, ("parallelism.data_parallel_shard=4",
-                "parallelism.data_parallel_shard_strategy=optim")),
-    (QWEN3, 4, ("parallelism.data_parallel_shard=2",
-                "parallelism.data_parallel_shard_strategy=optim_grads_params")),
-    (QWEN3, 8, ("parallelism.tensor_parallel=2", "parallelism.context_parallel=2",
-                "parallelism.data_parallel_shard=2",
-                "parallelism.data_parallel_shard_strategy=optim_grads")),
-    (QWEN3, 4, ("parallelism.pipeline_parallel=2", "parallelism.tensor_parallel=2")),
-    (DEEPSEEK, 4, ("parallelism.expert_parallel=2", "parallelism.tensor_parallel=2",
-                   "parallelism.data_parallel_shard=1")),
-    (DEEPSEEK, 8, ("parallelism.expert_parallel=2", "parallelism.tensor_parallel=2",
-                   "parallelism.data_parallel_shard=4",
-                   "parallelism.data_parallel_shard_strategy=optim_grads_params")),
-]
-
-
-@pytest.mark.parametrize(("example", "world", "overrides"), OWNER_LAYOUTS)
-def test_owners_are_the_checkpoint_writers(example, world, overrides) -> None:
-    """The record's owner of each parameter on each rank is the rank the checkpoint writer
-    (`mf_train.placement.Placement`) lets write it, sliced or whole as the state is."""
-    _, plan, placed = record(example, world, *overrides)
-    tied = {p.name for p in placed.values() if len(p.stages) > 1}
-    for rank in range(world):
-        comm = Communication(rank=rank, world_size=world, device_target="CPU",
-                             group_ranks=plan.mesh.groups_of(rank), group_names={})
-        last = plan.mesh.coordinates(rank)["pipeline"] > 0
-        writer = CheckpointPlacement(comm, plan.dims, tied if last else ())
-        for name, placement in placed.items():
-            if region(placement, rank, plan) is None:
-                continue
-            param = Parameter(Tensor(np.zeros(1, np.float32)), name="p")
-            if isinstance(placement.tensor, Shard):
-                mark_tensor_sharded(param)
-            sliced = isinstance(placement.state, FlatRange)
-            assert owns(placement, rank, plan) == writer.owns(name, param, sliced), (rank, name)
+            assert place is None or place == (tensor, plan.dims.tensor), name
 
 
 TILED = [

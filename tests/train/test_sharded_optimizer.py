@@ -28,16 +28,19 @@ from mf_config import (
 )
 from mf_memory.recompute import apply_recompute
 from mf_parallel import make_plan
+from mf_parallel.placement import ParameterSpec, ShardingTable, place_parameters
 from mf_parallel.runtime import Collectives, init_communication
 from mf_parallel.runtime.flat_shard import FlatShard
 from mf_train.checkpoint import CheckpointManager, RunProgress
 from mf_train.checkpoint.layout import read_common
 from mf_train.checkpoint.pieces import Deferred, Piece, PieceIndex
+from mf_train.checkpoint.regions import RankRegions
 from mf_train.gradient_norm import OwnedNorm
 from mf_train.layouts import FSDP, LayoutParts, MicroBatch, SingleRank, ZeRO
 from mf_train.layouts.sharded import reduce_to_slice
 from mf_train.models import build_model
 from mf_train.optim import OptimizerStateError, ShardedAdamW, build_optimizer
+from mf_train.optim.protocol import counted
 from mf_train.trainer import TrainStep
 
 ms.set_context(mode=ms.PYNATIVE_MODE)
@@ -262,9 +265,14 @@ def test_a_2d_slice_updates_in_place_and_round_trips() -> None:
         np.testing.assert_array_equal(value, state[key], err_msg=key)
 
 
-EVERYTHING_OWNED = SimpleNamespace(owns=lambda name, param, sliced=False: True,
-                                   tensor=lambda param: None, writes_scalars=True)
-"""A placement under which this rank writes all it holds (no replicas, no tensor split)."""
+def stub_regions() -> RankRegions:
+    """`StubShard`'s rank 1 in the placement record: 3 ZeRO-1 ranks, each writing its chunks
+    (none of `c`, whose chunk on rank 1 is padding)."""
+    plan = make_plan(ParallelismConfig(data_parallel_shard=3),
+                     TrainingConfig(global_batch_size=3, local_batch_size=1), 3)
+    table = ShardingTable([ParameterSpec(name, shape, where="head") for name, shape in
+                           (("a", (2, 3)), ("b.bias", (6,)), ("c", (1,)))])
+    return RankRegions(place_parameters(table, plan, "optim"), plan, 1)
 
 
 def test_state_pieces_are_one_process_adamw_state_cut_where_the_slice_cuts(tmp_path) -> None:
@@ -279,10 +287,10 @@ def test_state_pieces_are_one_process_adamw_state_cut_where_the_slice_cuts(tmp_p
         for i, rate in enumerate((WD, 0.0, WD)):
             whole[i], *moments[i] = numpy_adamw(whole[i], grads[i].asnumpy().reshape(-1),
                                                 *moments[i], step, LR, rate)
-    pieces = optimizer.state_pieces(EVERYTHING_OWNED)
+    pieces = optimizer.state_pieces(stub_regions())
     assert sorted(piece.key for piece in pieces) == [
-        "adam_m.a@2:4", "adam_m.b.bias@2:4", "adam_v.a@2:4", "adam_v.b.bias@2:4",
-        "global_step"]
+        "adam_m.a@2:4", "adam_m.b.bias@2:4", "adam_v.a@2:4", "adam_v.b.bias@2:4"]
+    pieces.update(counted({}, optimizer.global_step, RankRegions()))  # rank 0 writes it
     for piece, values in pieces.items():
         if piece.name == "global_step":
             assert values.tolist() == [2]
@@ -302,7 +310,7 @@ def test_state_pieces_are_one_process_adamw_state_cut_where_the_slice_cuts(tmp_p
     _, fresh, _ = stub_problem()
     with PieceIndex(directory, common, "opt") as state, \
             PieceIndex(directory, common, "model") as model:
-        fresh.load_state_pieces(state, model, EVERYTHING_OWNED)
+        fresh.load_state_pieces(state, model, stub_regions())
     assert fresh.global_step == 2
     for got, want in ((fresh.exp_avg, optimizer.exp_avg), (fresh.exp_avg_sq,
                                                             optimizer.exp_avg_sq),

@@ -176,7 +176,7 @@ def load_model(checkpoint: str | os.PathLike[str], config_file: str | None = Non
                                 "nor Hugging Face weights (config.json and safetensors)")
         model_config = _mf_model_config(directory, config_file, overrides)
         model = build_model(model_config, seed=0)
-        load_hf_state(model, _mf_weights(directory, model, config_file, overrides))
+        load_hf_state(model, _mf_weights(directory, model))
         return model
     except (CheckpointError, HFWeightsError, ConfigError) as exc:
         raise GenerateError(f"--checkpoint {path}: {exc}") from None
@@ -213,20 +213,12 @@ def _mf_model_config(directory: Path, config_file: str | None,
         raise GenerateError(str(exc)) from None
 
 
-def _mf_weights(directory: Path, model: Any, config_file: str | None,
-                overrides: Sequence[str]) -> dict[str, np.ndarray]:
+def _mf_weights(directory: Path, model: Any) -> dict[str, np.ndarray]:
     """The model's weights under their Hugging Face names, read whole from the checkpoint
     as `export-hf` reads them (any saving layout)."""
-    from .hf_export import ExportError, _saved_config, gathered_weights, pieces_weights
-    from .job import make_job_plan
+    from .hf_export import ExportError, pieces_weights
 
-    common = layout.read_common(directory)
     try:
-        if int(common.get("version", 1)) >= layout.SHARDED_VERSION:
-            return pieces_weights(directory, common, model)
-        source = str(config_file or _saved_config(directory, common))
-        config = config_from_source(load_source(source, list(overrides)))
-        plan = make_job_plan(config, int(common.get("world_size", 1)))
-        return gathered_weights(directory, config, plan, model, source)
+        return pieces_weights(directory, layout.read_common(directory), model)
     except ExportError as exc:
         raise GenerateError(str(exc)) from None

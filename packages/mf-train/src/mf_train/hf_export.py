@@ -1,13 +1,10 @@
 """An mf checkpoint as a Hugging Face model directory (`mf-train export-hf`).
 
-The checkpoint's `common.json` gives the world size of the run that saved it; the training
-configuration gives its parallel degrees, so the parallel plan (`make_job_plan`) says which
-rank files hold what (`export_ranks`): each pipeline stage's files hold its layers, each
-expert-parallel rank's its share of the routed experts, each tensor-parallel rank's its slice
-of the split weights; data-parallel ranks (ZeRO and FSDP included) and context-parallel ranks
-hold what their peers hold. One file per stage, expert share and tensor place is read; the
-slices of each tensor group are concatenated along each parameter's split axis
-(`gather_hf_state`, the inverse of the import's name table).
+The checkpoint's pieces say where every range of every tensor lies (`checkpoint.pieces`),
+whatever layout saved it: each tensor is read whole from them, the weights tensor
+parallelism split per tensor place, and those are concatenated along each parameter's split
+axis (`gather_hf_state`, the inverse of the import's name table). A checkpoint of an earlier
+format (one file per rank) is refused, naming the command that converts it.
 
 The Hugging Face names, shapes and the fused parameters' parts come from the model's own
 `weight_maps()` (the table the import uses); `config.json` is the model section's settings
@@ -27,12 +24,11 @@ import numpy as np
 from mf_config import ConfigError
 from mf_config.validate import config_from_source, load_source
 from mf_config.yaml_source import UnreadableFile
-from mf_parallel import PlanError
 
 from .checkpoint import layout
 from .checkpoint.hf_write import check_output, parse_size, write_hf_directory
 from .checkpoint.pieces import PieceIndex
-from .checkpoint.reader import load_checkpoint
+from .checkpoint.reader import conversion
 
 MF_ONLY = frozenset({"compute_dtype", "params_dtype", "seq_length", "use_flash_attention",
                      "moe_router_enable_expert_bias", "moe_router_bias_update_rate",
@@ -69,8 +65,7 @@ def export_hf(checkpoint: str | os.PathLike[str], config_file: str | os.PathLike
     Raises:
         ExportError, CheckpointError: what cannot be exported and why.
     """
-    from .job import make_job_plan  # MindSpore
-    from .models import build_model
+    from .models import build_model  # MindSpore
 
     check_output(output, force)
     parse_size(max_shard_size)
@@ -79,16 +74,13 @@ def export_hf(checkpoint: str | os.PathLike[str], config_file: str | os.PathLike
     if directory is None:
         raise ExportError(f"{checkpoint} holds no complete checkpoint")
     common = layout.read_common(directory)
-    sharded = int(common.get("version", 1)) >= layout.SHARDED_VERSION
     config_file = config_file or _saved_config(directory, common)
     try:
         config = config_from_source(load_source(str(config_file), list(overrides)))
-        plan = None if sharded else make_job_plan(config, int(common.get("world_size", 1)))
-    except (ConfigError, UnreadableFile, PlanError) as exc:
+    except (ConfigError, UnreadableFile) as exc:
         raise ExportError(f"{config_file}: {exc}") from None
     model = build_model(config.model, seed=0)
-    weights = (pieces_weights(directory, common, model) if plan is None else
-               gathered_weights(directory, config, plan, model, str(config_file)))
+    weights = pieces_weights(directory, common, model)
     dtype = dtype or str(model.settings.params_dtype)
     return write_hf_directory(output, weights, hf_config(config.model, model.settings, dtype),
                               dtype=dtype, max_shard_size=max_shard_size, force=force,
@@ -126,10 +118,15 @@ def pieces_weights(directory: Path, common: dict[str, Any],
     """The whole model's weights under their Hugging Face names, from a sharded checkpoint
     (format 3): each tensor read whole, as one process holds it, from the pieces that hold it
     (`RecutIndex` gathers the weights tensor parallelism split, whatever layout saved them:
-    the configuration's parallelism is not needed)."""
+    the configuration's parallelism is not needed). A checkpoint of format 1 or 2 (an
+    earlier mf's, one file per rank) is refused, naming the command that converts it."""
     from .models.hf_weights import HFWeightsError, gather_hf_state
     from .tensor_recut import RecutIndex
 
+    if int(common.get("version", 1)) < layout.SHARDED_VERSION:
+        raise ExportError(f"{directory} is in format {common.get('version', 1)} (an earlier "
+                          f"mf's), which is read only to convert it: "
+                          f"{conversion(directory, common)}; then read the new checkpoint")
     entries = model.weight_maps()
     index = RecutIndex(PieceIndex(directory, common, "model"), entries)
     wanted = {entry.ours for entry in entries}
@@ -147,36 +144,6 @@ def pieces_weights(directory: Path, common: dict[str, Any],
         return gather_hf_state(entries, [whole])
     except HFWeightsError as exc:
         raise ExportError(f"{directory}: {exc}") from None
-
-
-def gathered_weights(directory: Path, config: Any, plan: Any, model: Any,
-                     config_file: str) -> dict[str, np.ndarray]:
-    """The whole model's weights under their Hugging Face names, gathered from the rank files
-    the plan says hold them (`export_ranks`)."""
-    from .export_ranks import check_files, holdings, source_ranks, tensor_places  # MindSpore
-    from .models.hf_weights import HFWeightsError, gather_hf_state
-
-    entries = model.weight_maps()
-    try:
-        chosen = source_ranks(holdings(config, plan, model), entries, plan.dims.tensor)
-    except PlanError as exc:
-        raise ExportError(f"{config_file}: {exc}") from None
-    arrays = {holding.rank: load_checkpoint(directory, holding.rank,
-                                            load_optimizer=False).model_params
-              for holding in chosen}
-    unmapped = sorted(set().union(*arrays.values()) - {entry.ours for entry in entries})
-    if unmapped:
-        raise ExportError(f"{directory}: parameters without a Hugging Face name: "
-                          + ", ".join(unmapped))
-    check_files(directory, chosen, arrays, config_file)
-    try:
-        return gather_hf_state(entries, tensor_places(chosen, arrays, entries,
-                                                      plan.dims.tensor))
-    except HFWeightsError as exc:
-        ranks = [holding.rank for holding in chosen]
-        raise ExportError(f"{directory} (saved by {plan.dims.world_size} rank(s); ranks read: "
-                          f"{ranks}; does {config_file} give the run's parallelism?): "
-                          f"{exc}") from None
 
 
 def hf_config(model_config: Any, settings: Any, dtype: str) -> dict[str, Any]:

@@ -72,6 +72,7 @@ from .checkpoint import (
 )
 from .checkpoint.layout import read_common
 from .checkpoint.reader import conversion
+from .checkpoint.regions import RankRegions
 from .compiled_layers import CompileReport, compile_layers, compile_optimizer
 from .evaluation import CONSUMED_VALID, Evaluate, Evaluation
 from .expert_bias import ExpertBiasUpdate, NoExpertBiasUpdate
@@ -101,7 +102,6 @@ from .models.hf_weights import HFPieces, checked_entries
 from .monitor import standard_callbacks
 from .optim import Optimizer
 from .peak_flops import RANKS_ON_HOST, cached_peak, given_peak, peak_dtype
-from .placement import Placement
 from .process_memory import (
     largest_peak,
     map_large_allocations,
@@ -380,13 +380,13 @@ class Trainer:
         self.layout = build_layout(LayoutParts(
             self.model, config.optimizer, config.parallelism, self.plan.dims, self.collectives,
             self.tensor_group, source, self.plan, config.context.compile))
-        if self.plan.dims.world_size > 1:  # one process owns everything it holds
-            self.layout.use_record(LayoutRecord(
-                place_parameters(sharding_table(config.model, source), self.plan,
-                                 config.parallelism.data_parallel_shard_strategy),
-                self.plan, self.collectives))
+        placements = None  # one process owns everything it holds
+        if self.plan.dims.world_size > 1:
+            placements = place_parameters(sharding_table(config.model, source), self.plan,
+                                          config.parallelism.data_parallel_shard_strategy)
+            self.layout.use_record(LayoutRecord(placements, self.plan, self.collectives))
         return_freed_host_memory()  # what the layout freed of the model built whole
-        self.placement = Placement(self.comm, self.plan.dims, self.layout.copies())
+        self.regions = RankRegions(placements, self.plan, self.comm.rank)
         rank_progress.phase("compile")
         self.compiled = compile_layers(self.model, config.context.compile, [
             (f"the layout ({self.layout.describe()})", self.layout.compile_blocker),
@@ -556,13 +556,13 @@ class Trainer:
         weight saved at another tensor-parallel degree is cut to this rank's place)."""
         entries = self.model.weight_maps()
         with RecutIndex(resumed.model_params, entries) as model:
-            load_model_pieces(self.layout, self.placement, model,
+            load_model_pieces(self.layout, self.regions, model,
                               self.config.checkpoint.load_worker_number)
             if resumed.optimizer_state is None:
                 self.optimizer.reload_main_params_from_model()
             else:
                 with RecutIndex(resumed.optimizer_state, entries) as optimizer:
-                    self.optimizer.load_state_pieces(optimizer, model, self.placement)
+                    self.optimizer.load_state_pieces(optimizer, model, self.regions)
                 self._resume_progress(resumed)
             read = model.bytes_read + (resumed.optimizer_state.bytes_read
                                        if resumed.optimizer_state is not None else 0)
@@ -580,7 +580,7 @@ class Trainer:
         ZeRO or FSDP slices, so no rank holds the model whole."""
         with resumed.model_params as weights:
             entries = checked_entries(self.model, weights)
-            load_model_pieces(self.layout, self.placement,
+            load_model_pieces(self.layout, self.regions,
                               HFPieces(weights, entries, resumed.path),
                               self.config.checkpoint.load_worker_number)
         self.optimizer.reload_main_params_from_model()
@@ -625,14 +625,14 @@ class Trainer:
             return
         rank_progress.phase("save")
         optimizer_state = None if self.config.checkpoint.no_save_optim \
-            else self.optimizer.state_pieces(self.placement)
+            else self.optimizer.state_pieces(self.regions)
         if self.evaluation is not None:
             self.consumed_valid_samples = self.evaluation.consumed_samples
         progress = RunProgress(global_step=step, consumed_samples=self.consumed_samples,
                                global_batch_size=self.config.training.global_batch_size,
                                step_num=total,
                                extra={CONSUMED_VALID: self.consumed_valid_samples})
-        pieces = model_pieces(self.layout, self.placement)
+        pieces = model_pieces(self.layout, self.regions)
         self.checkpoints.save(step, pieces, optimizer_state, progress, owned=True)
 
     def _report_saves(self, ctx: TrainContext) -> None:

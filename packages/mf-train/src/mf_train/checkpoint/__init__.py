@@ -5,8 +5,8 @@ Saving (one `CheckpointManager` per rank; each rank passes the pieces it owns, `
 
     manager = CheckpointManager(config.checkpoint, rank, world_size, barrier=barrier)
     if manager.should_save(step, last=step == total_steps):
-        manager.save(step, model_pieces(layout, placement),
-                     optimizer.state_pieces(placement), RunProgress(global_step=step, ...))
+        manager.save(step, model_pieces(layout, regions),
+                     optimizer.state_pieces(regions), RunProgress(global_step=step, ...))
     ...
     manager.wait()                      # after the last step (async_save)
 
@@ -15,9 +15,9 @@ Resuming::
     resumed = resume(config.checkpoint, rank, world_size)
     if resumed and resumed.kind == "pieces":      # any layout's sharded checkpoint
         with resumed.model_params as model:
-            load_model_pieces(layout, placement, model)
+            load_model_pieces(layout, regions, model)
             with resumed.optimizer_state as state:
-                optimizer.load_state_pieces(state, model, placement)
+                optimizer.load_state_pieces(state, model, regions)
         restore_rng_state(resumed.state.rng)      # when the world size is the saver's
     elif resumed and resumed.kind == "mf":        # format 2: this rank's own files
         apply_model_params(model.parameters_and_names(), resumed.model_params)

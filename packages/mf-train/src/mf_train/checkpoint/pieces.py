@@ -251,25 +251,6 @@ class PieceIndex:
         return self._files[file]
 
 
-def bucket_slice(bucket: Any, index: PieceIndex, placement: Any,
-                 names: dict[int, str], prefix: str, fallback: PieceIndex | None = None,
-                 ) -> np.ndarray:
-    """This rank's float32 slice of `bucket` (mf-parallel's `FlatBucket`) read from
-    `index`: the tensors `prefix + name` (an optimizer state's key, or the parameter itself
-    with prefix ""), from `fallback` under the parameter's own name where `index` lacks one;
-    zeros in the padding. `names` maps each parameter's id to its name."""
-    out = np.zeros(bucket.flat.length, np.float32)
-    for i, low, high, offset in bucket.flat.own_ranges():
-        param = bucket.params[i]
-        name, tensor = names[id(param)], placement.tensor(param)
-        source, key = index, prefix + name
-        if fallback is not None and not index.has(key, tensor):
-            source, key = fallback, name
-        out[offset:offset + high - low] = source.read_range(key, low, high, tensor)
-    return out
-
-
-
 def verify_share(directory: Path, common: Mapping[str, Any], rank: int, ranks: int) -> None:
     """Check the SHA-256 of this rank's share of the checkpoint's files (every `ranks`-th,
     from the `rank`-th), so that the ranks together read each file once.

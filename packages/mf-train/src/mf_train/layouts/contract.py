@@ -353,11 +353,6 @@ class StepLayout(ABC):
         parts, its stage, its experts), and under FSDP its slices."""
         return sum(math.prod(p.shape) for p in self.model.get_parameters())
 
-    def copies(self) -> frozenset[str]:
-        """Names of parameters this rank holds as a copy another rank saves (the last
-        pipeline stage's tied embedding table)."""
-        return frozenset()
-
     def flat_buckets(self) -> Sequence[FlatBucket]:
         """The ZeRO or FSDP buffers whose slices this rank holds (mf-parallel's `FlatBucket`,
         each rank's chunk of every parameter of a unit); none where parameters are kept whole."""

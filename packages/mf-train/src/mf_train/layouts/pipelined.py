@@ -167,12 +167,6 @@ class Pipelined(StepLayout):
     def held_parameters(self) -> int:
         return self.inner.held_parameters()
 
-    def copies(self) -> frozenset[str]:
-        """On the last stage, the tied embedding table (the first stage saves it)."""
-        if self.tied is None or self.stage == 0:
-            return frozenset()
-        return frozenset({self.optimizer.names[self.tied[0]]})
-
     def _tied_copy(self) -> tuple[int, int] | None:
         """(index of the embedding table in `params`, global rank of the stage holding the
         other copy) on the first and last stages of a model with tied embeddings."""

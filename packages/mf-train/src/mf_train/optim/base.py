@@ -30,8 +30,17 @@ from mf_config.component_settings import settings_error
 from mf_config.yaml_source import Source
 from mf_parallel.runtime.flat_shard import built_shape
 
+from ..checkpoint.regions import Held, RankRegions, check, pieces, read
 from .param_groups import check_rules, unmatched_rules, weight_decay_flags
-from .protocol import FLOAT32, STEP_KEY, OptimizerStateError, checked_lr, update_gradient
+from .protocol import (
+    FLOAT32,
+    STEP_KEY,
+    OptimizerStateError,
+    checked_lr,
+    counted,
+    read_count,
+    update_gradient,
+)
 
 LOW_PRECISION = (ms.float16, ms.bfloat16)
 MASTER_PREFIX = "main_param"
@@ -119,68 +128,33 @@ class ParameterOptimizer:
         for key, array in arrays.items():
             self._set_loaded(key, Tensor(array.copy()))
 
-    def state_pieces(self, placement: Any, count: bool = True) -> dict[Any, np.ndarray]:
+    def state_pieces(self, regions: RankRegions, count: bool = True) -> dict[Any, Any]:
         """The update count (on the rank that writes scalars, with `count`) and each state
-        tensor whole, where this rank owns its parameter (`protocol.Optimizer`)."""
-        from ..checkpoint.params import deferred_host_array
-        from ..checkpoint.pieces import whole_piece
+        tensor's region this rank owns (`protocol.Optimizer`)."""
+        masters, moments = self._held()
+        return counted(pieces([*masters, *moments], regions), self.global_step, regions, count)
 
-        pieces = {}
-        if count and placement.writes_scalars:
-            pieces[whole_piece(STEP_KEY, (1,))] = np.array([self.global_step], np.int64)
-        named = [(f"{MASTER_PREFIX}.{self.names[index]}", master)
-                 for index, master in self._masters.items()]
-        for key, value in [*named, *self.state.items()]:
-            name = key.partition(".")[2]
-            param = self.params[self._index(key)]
-            if placement.owns(name, param):
-                pieces[whole_piece(key, value.shape, placement.tensor(param))] = \
-                    deferred_host_array(value)
-        return pieces
+    def load_state_pieces(self, index: Any, model: Any, regions: RankRegions) -> None:
+        """Every state tensor's region read by overlap; a master the checkpoint lacks from
+        the model's pieces (`protocol.Optimizer`). Names and shapes are checked first
+        (nothing changes on a mismatch); then each tensor is read and replaces the one it
+        restores before the next is read, so loading holds one tensor beside the state."""
+        masters, moments = self._held()
+        step = read_count(index, [*check(moments, regions, index),
+                                  *check(masters, regions, index, model)], type(self).__name__)
+        for item in masters:
+            self._set_loaded(item.key, Tensor(read(item, regions, index, model), FLOAT32))
+        for item in moments:
+            self._set_loaded(item.key, Tensor(read(item, regions, index), FLOAT32))
+        self.global_step = step
 
-    def load_state_pieces(self, index: Any, model: Any, placement: Any) -> None:
-        """Every state tensor read whole at this rank's tensor place; a master the
-        checkpoint lacks from the model's pieces (`protocol.Optimizer`). Names and shapes are
-        checked first (nothing changes on a mismatch); then each tensor is read and replaces
-        the one it restores before the next is read, so loading holds one tensor beside the
-        state."""
-        expected = self._expected_shapes()
-        reads, missing, problems = [], [], []
-        for key, shape in expected.items():
-            tensor = None if key == STEP_KEY else placement.tensor(self.params[self._index(key)])
-            source, stored = index, key
-            if key.startswith(f"{MASTER_PREFIX}.") and not index.has(key, tensor):
-                source, stored = model, key.partition(".")[2]
-            if not source.has(stored, tensor):
-                missing.append(key)
-                continue
-            saved = tuple(source.shape(stored, tensor))
-            if key != STEP_KEY and saved != shape:
-                problems.append(f"{key}: expected shape {shape}, got {saved}")
-            reads.append((key, source, stored, tensor))
-        if missing:
-            raise OptimizerStateError(
-                f"{type(self).__name__}: the checkpoint holds no "
-                + ", ".join(missing[:_MAX_LISTED])
-                + (f" and {len(missing) - _MAX_LISTED} more" if len(missing) > _MAX_LISTED
-                   else "") + " (saved by another optimizer?)")
-        if problems:
-            raise OptimizerStateError(f"{type(self).__name__} state does not fit:\n  "
-                                      + "\n  ".join(problems))
-        for key, source, stored, tensor in reads:
-            array, problem = _checked_array(key, source.read_whole(stored, tensor),
-                                            expected[key])
-            if problem:
-                raise OptimizerStateError(f"{type(self).__name__} state does not fit: "
-                                          f"{problem}")
-            if key == STEP_KEY:
-                self.global_step = int(array.reshape(()))
-            else:
-                self._set_loaded(key, Tensor(array))
-
-    def _index(self, key: str) -> int:
-        """The index of the parameter of state key `<prefix>.<name>`."""
-        return self._positions[key.partition(".")[2]]
+    def _held(self) -> tuple[list[Held], list[Held]]:
+        """The float32 masters and the state, as a checkpoint stores them."""
+        masters = [Held(f"{MASTER_PREFIX}.{self.names[index]}", self.names[index],
+                        master.shape, master) for index, master in self._masters.items()]
+        moments = [Held(key, key.partition(".")[2], value.shape, value)
+                   for key, value in self.state.items()]
+        return masters, moments
 
     def reload_main_params_from_model(self) -> None:
         """Set the float32 masters from the model's (low-precision) parameters, after weights

@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 from mindspore import Parameter, Tensor
 
+from ..checkpoint.regions import RankRegions
 from .protocol import Optimizer, OptimizerStateError
 
 
@@ -75,15 +76,15 @@ class JoinedOptimizer:
         self.second.load_state_dict(second)
         self.first.load_state_dict(first)
 
-    def state_pieces(self, placement: Any, count: bool = True) -> dict[Any, np.ndarray]:
+    def state_pieces(self, regions: RankRegions, count: bool = True) -> dict[Any, np.ndarray]:
         """Both parts' pieces under their model-wide keys (no prefix: a routed expert's
         state is named as one process names it); the count once."""
-        return {**self.first.state_pieces(placement, count),
-                **self.second.state_pieces(placement, count=False)}
+        return {**self.first.state_pieces(regions, count),
+                **self.second.state_pieces(regions, count=False)}
 
-    def load_state_pieces(self, index: Any, model: Any, placement: Any) -> None:
-        self.second.load_state_pieces(index, model, placement)
-        self.first.load_state_pieces(index, model, placement)
+    def load_state_pieces(self, index: Any, model: Any, regions: RankRegions) -> None:
+        self.second.load_state_pieces(index, model, regions)
+        self.first.load_state_pieces(index, model, regions)
         self.second.global_step = self.first.global_step
 
     def reload_main_params_from_model(self) -> None:

@@ -26,6 +26,9 @@ import mindspore as ms
 import numpy as np
 from mindspore import Parameter, Tensor, ops
 
+from ..checkpoint.pieces import Piece, whole_piece
+from ..checkpoint.regions import RankRegions, refuse
+
 FLOAT32 = ms.float32
 STEP_KEY = "global_step"
 """The state-dict key of the update count (MindFormers' name)."""
@@ -76,14 +79,14 @@ class Optimizer(Protocol):
         """Take the float32 masters from the model after weights were loaded into it."""
         ...
 
-    def state_pieces(self, placement: Any, count: bool = True) -> dict[Any, np.ndarray]:
+    def state_pieces(self, regions: RankRegions, count: bool = True) -> dict[Any, Any]:
         """What this rank writes of the state in a sharded checkpoint
-        (`checkpoint.pieces`): each state tensor under the model-wide key one process gives
-        it (`adam_m.<name>`), as the ranges of it this rank owns (`placement.Placement`);
-        with `count`, the update count on the rank that writes scalars."""
+        (`checkpoint.regions.pieces`): each state tensor under the model-wide key one process
+        gives it (`adam_m.<name>`), as the region of it this rank owns; with `count`, the
+        update count on the rank that writes scalars."""
         ...
 
-    def load_state_pieces(self, index: Any, model: Any, placement: Any) -> None:
+    def load_state_pieces(self, index: Any, model: Any, regions: RankRegions) -> None:
         """Restore the state from a sharded checkpoint's optimizer pieces (`index`), reading
         only what this rank holds, whatever layout saved them; the float32 masters from the
         model's pieces (`model`) when the saving run kept none (float32 parameters).
@@ -100,6 +103,32 @@ class Optimizer(Protocol):
 
 class OptimizerStateError(ValueError):
     """A state dict that does not fit this optimizer (missing, extra or mis-shaped keys)."""
+
+
+def counted(pieces: dict[Piece, Any], step: int, regions: RankRegions,
+            count: bool = True) -> dict[Piece, Any]:
+    """`pieces` with the update count `step` where this rank writes scalars (and `count`)."""
+    if count and regions.writes_scalars:
+        pieces[whole_piece(STEP_KEY, (1,))] = np.array([step], np.int64)
+    return pieces
+
+
+def read_count(index: Any, problems: list[str], optimizer: str) -> int:
+    """The update count a checkpoint's optimizer pieces (`index`) hold, once `problems`
+    (what they lack of the state, `checkpoint.regions.check`) are none.
+
+    Raises:
+        OptimizerStateError: naming every problem, the count's included.
+    """
+    step = index.read_whole(STEP_KEY).reshape(-1) if index.has(STEP_KEY) else None
+    if step is None:
+        problems = [f"{STEP_KEY}: missing", *problems]
+    elif step.size != 1 or not np.issubdtype(step.dtype, np.integer) or step[0] < 0:
+        problems = [f"{STEP_KEY}: expected one integer >= 0, got {step.dtype} of shape "
+                    f"{step.shape}", *problems]
+    refuse(problems, f"{optimizer} state does not fit {index.directory} (saved by another "
+           "optimizer?)", OptimizerStateError)
+    return int(step[0])
 
 
 def checked_lr(lr: float) -> float:

@@ -19,12 +19,12 @@ AdamW kernel (`adamw_update_in_place`, the one-process AdamW's) updates the slic
 `publish` hands the new slices back to mf-parallel, which gathers them into the model (ZeRO)
 or keeps them as the units' masters (FSDP).
 
-Checkpoints (`state_pieces`, `load_state_pieces`): the ranges of one process's
-`adam_m.<name>`, `adam_v.<name>` (and `main_param.<name>` below float32) this rank's slices
-hold, so they load onto any layout. State dict (per rank, as format-2 checkpoints held it):
-`global_step`, `main_param.flat`, `adam_m.flat`, `adam_v.flat` (this rank's float32 slices)
-and `shard_layout` (shard degree, shard rank, elements in all buffers, slice length, number
-of buffers, slice order): it loads only onto the same layout.
+Checkpoints (`state_pieces`, `load_state_pieces`, through `checkpoint.regions`): the regions
+of one process's `adam_m.<name>`, `adam_v.<name>` (and `main_param.<name>` below float32)
+this rank's slices hold, so they load onto any layout. State dict (per rank, as format-2
+checkpoints held it): `global_step`, `main_param.flat`, `adam_m.flat`, `adam_v.flat` (this
+rank's float32 slices) and `shard_layout` (shard degree, shard rank, elements in all
+buffers, slice length, number of buffers, slice order): it loads only onto the same layout.
 """
 
 from __future__ import annotations
@@ -38,9 +38,19 @@ from mindspore import Parameter, Tensor, mint, ops
 
 from mf_parallel.runtime.copies import joined
 
+from ..checkpoint.regions import Held, RankRegions, check, pieces, read_buffer
 from .adamw import adamw_update_in_place
 from .base import MASTER_PREFIX
-from .protocol import FLOAT32, STEP_KEY, OptimizerStateError, checked_lr, gated, update_gradient
+from .protocol import (
+    FLOAT32,
+    STEP_KEY,
+    OptimizerStateError,
+    checked_lr,
+    counted,
+    gated,
+    read_count,
+    update_gradient,
+)
 
 LAYOUT_KEY = "shard_layout"
 LAYOUT_FIELDS = ("shard degree", "shard rank", "elements", "slice length", "buffers",
@@ -196,53 +206,43 @@ class ShardedAdamW:
             for key in SLICE_KEYS)
         self._publish()
 
-    def state_pieces(self, placement: Any, count: bool = True) -> dict[Any, Any]:
-        """The ranges of `adam_m.<name>` and `adam_v.<name>` (and `main_param.<name>` for
+    def state_pieces(self, regions: RankRegions, count: bool = True) -> dict[Any, Any]:
+        """The regions of `adam_m.<name>` and `adam_v.<name>` (and `main_param.<name>` for
         parameters below float32) this rank's slices hold, where it owns them
         (`protocol.Optimizer`): the state of one process's AdamW, cut where the slices cut."""
-        from ..checkpoint.params import deferred_host_range
-        from ..checkpoint.pieces import Piece, whole_piece
+        masters = [master if buffer.master.dtype != FLOAT32 else None
+                   for master, buffer in zip(self.masters, self.sharded.buffers, strict=True)]
+        held = [*self._held("adam_m", self.avgs), *self._held("adam_v", self.avg_sqs),
+                *self._held(MASTER_PREFIX, masters)]
+        return counted(pieces([item for buffer in held for item in buffer], regions),
+                       self.global_step, regions, count)
 
-        pieces = {}
-        if count and placement.writes_scalars:
-            pieces[whole_piece(STEP_KEY, (1,))] = np.array([self.global_step], np.int64)
-        for b, buffer in enumerate(self.sharded.buffers):
-            owned = [(self.names[self._position[id(buffer.params[i])]], i, low, high, offset)
-                     for i, low, high, offset in buffer.flat.own_ranges()]
-            owned = [entry for entry in owned
-                     if placement.owns(entry[0], buffer.params[entry[1]], sliced=True)]
-            if not owned:
-                continue
-            states = [("adam_m", self.avgs[b]), ("adam_v", self.avg_sqs[b])]
-            if buffer.master.dtype != FLOAT32:
-                states.append((MASTER_PREFIX, self.masters[b]))
-            for prefix, tensor in states:
-                for name, i, low, high, offset in owned:
-                    piece = Piece(f"{prefix}.{name}", buffer.flat.shapes[i], low, high,
-                                  placement.tensor(buffer.params[i]))
-                    pieces[piece] = deferred_host_range(tensor, offset, offset + high - low)
-        return pieces
-
-    def load_state_pieces(self, index: Any, model: Any, placement: Any) -> None:
+    def load_state_pieces(self, index: Any, model: Any, regions: RankRegions) -> None:
         """This rank's slices of the moments and masters read by overlap, whatever layout
         saved them; the masters from the model's pieces where the checkpoint keeps none
         (float32 parameters). Publishes the slices (a collective under ZeRO)."""
-        from ..checkpoint import CheckpointError
-        from ..checkpoint.pieces import bucket_slice
-
-        names = {id(param): name for name, param in zip(self.names, self.params, strict=True)}
-        try:
-            step = index.read_whole(STEP_KEY)
-            loaded = [[Tensor(bucket_slice(buffer, index, placement, names, f"{prefix}.",
-                                           fallback).reshape(buffer.slice_shape))
-                       for buffer in self.sharded.buffers]
-                      for prefix, fallback in (("adam_m", None), ("adam_v", None),
-                                               (MASTER_PREFIX, model))]
-        except CheckpointError as exc:
-            raise OptimizerStateError(f"sharded AdamW state does not fit: {exc}") from None
-        self.global_step = int(step.reshape(-1)[0])
-        self.avgs, self.avg_sqs, self.masters = loaded
+        states = [(self._held("adam_m", self.avgs), None),
+                  (self._held("adam_v", self.avg_sqs), None),
+                  (self._held(MASTER_PREFIX, self.masters), model)]
+        step = read_count(index, [problem for held, fallback in states for buffer in held
+                                  for problem in check(buffer, regions, index, fallback)],
+                          "sharded AdamW")
+        self.avgs, self.avg_sqs, self.masters = (
+            [Tensor(read_buffer(items, buffer.flat.length, regions, index, fallback)
+                    .reshape(buffer.slice_shape))
+             for items, buffer in zip(held, self.sharded.buffers, strict=True)]
+            for held, fallback in states)
+        self.global_step = step
         self._publish()
+
+    def _held(self, prefix: str, tensors: Sequence[Tensor | None]) -> list[list[Held]]:
+        """Per buffer, state `prefix`'s chunk of each of its tensors (none for a buffer
+        without that state: `tensors[b]` None)."""
+        return [[] if tensor is None else
+                [Held(f"{prefix}.{self.names[self._position[id(param)]]}",
+                      self.names[self._position[id(param)]], buffer.flat.shapes[i], tensor,
+                      buffer.flat.offsets[i]) for i, param in enumerate(buffer.params)]
+                for tensor, buffer in zip(tensors, self.sharded.buffers, strict=True)]
 
     def groups_summary(self) -> dict[str, list[str]]:
         """Parameter names by weight-decay group (MindFormers' group names)."""
