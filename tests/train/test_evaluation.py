@@ -1,7 +1,9 @@
 """The Evaluate callback: the validation loss is the model's loss on the next samples of the
-valid split, it changes nothing of the training, a resumed run evaluates the samples the
-uninterrupted one did, several ranks report the one-process value, and what cannot be
-evaluated is said before launch."""
+valid split (the test loss, on the test split's first samples after the last step), it
+changes nothing of the training, a resumed run evaluates the samples the uninterrupted one
+did, every layout reports the one-process value (its runs are tests/train/layout_runs.py's,
+in the msrun jobs the compiled layouts' test shares), and what cannot be evaluated is said
+before launch."""
 
 from __future__ import annotations
 
