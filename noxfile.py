@@ -108,24 +108,48 @@ def lint(session: nox.Session) -> None:
 
 
 CORPUS = "output/data/python_docs_text_document"
+VALID_CORPUS = "output/data/python_docs_valid_text_document"
+DEMOS = ("qwen3_tiny.yaml", "deepseek_v3_tiny.yaml")
+"""The examples `nox -s train` evaluates during training and samples text from."""
+DEMO_VALIDATION = [
+    "train_dataset.dataloader.config.data_path=[]",
+    f"train_dataset.dataloader.config.train_data_path=['1','{CORPUS}']",
+    f"train_dataset.dataloader.config.valid_data_path=['1','{VALID_CORPUS}']",
+    "train_dataset.dataloader.sizes=[4000, 40, 0]",
+    "callbacks=[{type: Evaluate, interval: 25, iters: 5}]"]
+"""A demo's validation loss: on the held-out corpus (Python's built-in docstrings), a blend of
+its own, so the training samples are those of the example as written (its `data_path` with
+`split: "1, 0, 0"`), 5 global batches after steps 25, 50, ...; `--set` values after the
+example override these."""
 
 
 @nox.session(reuse_venv=True)
 def train(session: nox.Session) -> None:
     """The main job: validate the examples, build the demo corpus (the Python docs' help topics,
-    no download) and train `examples/qwen3_tiny.yaml` on it (about 25 s on 2 CPU cores).
+    no download) and its held-out corpus (the built-ins' docstrings), train
+    `examples/qwen3_tiny.yaml` on it with a validation loss (about 25 s on 2 CPU cores), then
+    print text sampled from its last checkpoint (`mf-train generate`).
     `nox -s train -- examples/deepseek_v3_tiny.yaml` trains another example. The environment
     is kept between runs (`install_packages_once`)."""
     install_packages_once(session)
     examples = sorted(str(path) for path in (ROOT / "examples").glob("*.yaml"))
     session.run("mf-config", "validate", *examples)
-    session.run("python", "examples/data/make_corpus.py", "output/data/python_docs.jsonl")
-    session.run("mf-data", "preprocess", "--input", "output/data/python_docs.jsonl",
-                "--output-prefix", CORPUS)
+    session.run("python", "examples/data/make_corpus.py", "output/data/python_docs.jsonl",
+                "--valid", "output/data/python_docs_valid.jsonl")
+    for text, prefix in (("python_docs", CORPUS), ("python_docs_valid", VALID_CORPUS)):
+        session.run("mf-data", "preprocess", "--input", f"output/data/{text}.jsonl",
+                    "--output-prefix", prefix)
     session.run("mf-data", "inspect", CORPUS)
     config = session.posargs[0] if session.posargs else "examples/qwen3_tiny.yaml"
     output = f"output/demo/{run_name(config, session.posargs[1:])}"
-    session.run("mf-train", "--config", config, "--output-dir", output, *session.posargs[1:])
+    demo = Path(config).name in DEMOS
+    validation = [arg for value in DEMO_VALIDATION for arg in ("--set", value)] if demo else []
+    session.run("mf-train", "--config", config, "--output-dir", output, *validation,
+                *session.posargs[1:])
+    if demo:
+        session.run("mf-train", "generate", "--checkpoint", f"{output}/checkpoint",
+                    "--prompt", "The ", "--max-new-tokens", "64", "--temperature", "0.8",
+                    "--top-k", "40", "--seed", "1")
 
 
 def run_name(config: str, arguments: list[str]) -> str:
@@ -241,8 +265,9 @@ def megatron_parity(session: nox.Session) -> None:
 def export_parity(session: nox.Session, transformers: str) -> None:
     """`mf-train export-hf` against transformers (torch CPU), the pinned 4.57.6 and the newest
     release users install today (`nox -s "export_parity(transformers='newest')"`): the tiny
-    Qwen3 and DeepSeek-V3, trained 2 steps and exported, load with `AutoModelForCausalLM` and
-    give mf's logits to 1e-5."""
+    Qwen3 and DeepSeek-V3, trained a few steps and exported, load with `AutoModelForCausalLM`
+    and give mf's logits to 1e-5, and transformers' greedy `generate` gives `mf-train
+    generate`'s tokens (with and without its cache)."""
     install_packages(session)
     install_torch_cpu(session, "transformers" if transformers == "newest"
                       else f"transformers=={transformers}")

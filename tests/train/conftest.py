@@ -53,3 +53,12 @@ def together(data_prefix, tmp_path_factory):
     base = session_directory(tmp_path_factory) / "runs"
     base.mkdir(exist_ok=True)
     return RunsTogether(base, data_prefix)
+
+
+@pytest.fixture(scope="session")
+def layout_runs(runs, together):
+    """Every layout's runs (PyNative, compiled, evaluated): `layout_runs(name, variant)` ->
+    output directory (tests/train/layout_runs.py)."""
+    from layout_runs import LayoutRuns
+
+    return LayoutRuns(runs, together)

@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import re
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -132,8 +133,9 @@ class RunsTogether:
     def __call__(self, entries: Sequence[tuple[Path, Sequence[str]]], nproc: int,
                  timeout: int = 1200) -> list[Path]:
         """The output directories of `entries` (config, settings), trained together on
-        `nproc` ranks now unless this session has trained that job before. A run that fails
-        ends the job; the job's error names it."""
+        `nproc` ranks now unless this session has trained that job before, in their order. A
+        setting may name the output directory of an earlier entry K as `{run:K}` (to resume
+        from its checkpoint). A run that fails ends the job; the job's error names it."""
         keys = [_key(config, sets, nproc) for config, sets in entries]
         digest = hashlib.sha256(repr(keys).encode()).hexdigest()[:12]
         job = self.base / f"together-{nproc}-{digest}"
@@ -146,7 +148,9 @@ class RunsTogether:
 
             directory.mkdir(parents=True)
             listed = [{"output": str(output),
-                       "argv": arguments(config, output, self.prefix, list(sets))}
+                       "argv": arguments(config, output, self.prefix, [re.sub(
+                           r"\{run:(\d+)\}", lambda m: str(outputs[int(m[1])]), value)
+                           for value in sets])}
                       for (config, sets), output in zip(entries, outputs, strict=True)]
             (directory / "runs.json").write_text(json.dumps(listed, indent=1))
             run_ranks(SUITE, nproc, log_dir=directory / "logs", timeout=timeout,
@@ -234,14 +238,15 @@ def assert_same_weights(got: Path, want: Path, rel: float = 1e-5, step: int = 4)
 def assert_same_pieces(got: Path, want: Path, world: int, prefix: str, rel: float = 1e-5,
                        step: int = 4) -> None:
     """Two runs of one layout on `world` ranks saved the same pieces at step `step`, each
-    rank its own (weights and optimizer state), the values within `rel`."""
+    rank its own (weights and optimizer state), the values within `rel` (0: bit for bit)."""
     for kind in ("model", "opt"):
         for rank in range(world):
             mine = rank_pieces(got, step, kind, rank, world, prefix)
             theirs = rank_pieces(want, step, kind, rank, world, prefix)
             assert mine.keys() == theirs.keys(), (kind, rank)
             for piece, values in mine.items():
-                np.testing.assert_allclose(values, theirs[piece], rtol=rel, atol=1e-6,
+                np.testing.assert_allclose(values, theirs[piece], rtol=rel,
+                                           atol=1e-6 if rel else 0.0,
                                            err_msg=f"{kind} rank {rank}: {piece.name}")
 
 

@@ -1,11 +1,16 @@
 """The Evaluate callback: the validation loss is the model's loss on the next samples of the
-valid split, it changes nothing of the training, a resumed run evaluates the samples the
-uninterrupted one did, several ranks report the one-process value, and what cannot be
-evaluated is said before launch."""
+valid split (the test loss, on the test split's first samples after the last step), it
+changes nothing of the training, a resumed run evaluates the samples the uninterrupted one
+did, every layout reports the one-process value (its runs are tests/train/layout_runs.py's,
+in the msrun jobs the compiled layouts' test shares), and what cannot be evaluated is said
+before launch."""
 
 from __future__ import annotations
 
 import math
+import re
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -13,16 +18,21 @@ import pytest
 
 pytest.importorskip("mindspore")
 
+from layout_runs import EVALUATE, EVALUATED, MATRIX, RESUMED, with_evaluate
 from mindspore import Tensor
 from runs import (
     DATA,
+    PREFIXES,
     QWEN3,
     QWEN3_2_LAYERS,
+    ROOT,
     arguments,
+    assert_same_pieces,
     saved_tensors,
     steps,
     train,
 )
+from session_files import session_directory, shared_directory
 
 from mf_config import load_config
 from mf_data.builder import build_datasets
@@ -32,89 +42,156 @@ from mf_train.evaluation import evaluation_issues
 from mf_train.job import make_job_plan
 from mf_train.layouts import SingleRank
 from mf_train.models import build_model
+from mf_train.summary import summary_lines
 
 VALID = (f"{DATA}split='9, 1, 0'", "train_dataset.dataloader.sizes=[4000, 40, 0]")
 """A valid split of 40 samples (a tenth of the documents) beside the training split."""
-EVALUATE = "callbacks=[{type: Evaluate, interval: 2, iters: 2}]"
-"""Evaluated after steps 2 and 4: each time 2 global batches of 4 samples (2 micro-batches of
-2 per global batch in one process)."""
+
+TESTED = EVALUATE.replace("iters: 1}", "iters: 1, test: true}")
+"""`EVALUATE` with the test split evaluated after the last step."""
 
 
 @pytest.fixture(scope="module")
-def evaluated(runs) -> Path:
-    return runs(QWEN3, *QWEN3_2_LAYERS, *VALID, EVALUATE)
+def evaluated(layout_runs) -> Path:
+    """The 2-layer tiny Qwen3 on one process with Evaluate (layout_runs.with_evaluate: after steps
+    2 and 4, one global batch of 4 samples, 2 micro-batches of 2)."""
+    return layout_runs("single", "evaluated")
 
 
 @pytest.fixture(scope="module")
-def plain(runs) -> Path:
-    return runs(QWEN3, *QWEN3_2_LAYERS, *VALID)
+def plain(layout_runs) -> Path:
+    """The same run without Evaluate."""
+    return layout_runs("single", "pynative")
+
+
+def model_loss(config, output: Path, step: int, samples: list[dict]) -> float:
+    """The mean loss of the model of `output`'s step-`step` checkpoint over `samples` in
+    micro-batches of 2 (mf's model on one process, fed straight from mf-data's dataset)."""
+    model = build_model(config.model)
+    weights = saved_tensors(output, step)
+    for param in model.get_parameters():
+        param.set_data(Tensor(weights[param.name]))
+    losses = []
+    for first in range(0, len(samples), 2):
+        batch = [np.stack([s[name] for s in samples[first:first + 2]]) for name in
+                 ("tokens", "labels", "loss_mask")]
+        losses.append(float(model(Tensor(batch[0]), Tensor(batch[1]),
+                                  Tensor(batch[2].astype(np.float32))).asnumpy()))
+    return float(np.mean(losses))
 
 
 def test_val_loss_is_the_models_loss_on_the_next_valid_samples(evaluated, data_prefix) -> None:
     """The model of each evaluated step's checkpoint, run on the valid samples read straight
-    from mf-data's dataset: evaluation k reads samples 8k..8k+7, in micro-batches of 2."""
-    config = load_config(QWEN3, [f"{DATA}data_path=['1','{data_prefix}']", *QWEN3_2_LAYERS,
-                                 *VALID])
+    from mf-data's dataset: evaluation k reads samples 4k..4k+3, in micro-batches of 2."""
+    config = load_config(QWEN3, [*QWEN3_2_LAYERS, *with_evaluate(data_prefix)])
     valid = build_datasets(config.train_dataset.dataloader)[1]
     logged = {s["step"]: s for s in steps(evaluated)}
     assert [step for step, s in logged.items() if "val_loss" in s] == [2, 4]
+    assert not any("test_loss" in s for s in logged.values())
     for k, step in enumerate((2, 4)):
-        model = build_model(config.model)
-        weights = saved_tensors(evaluated, step)
-        for param in model.get_parameters():
-            param.set_data(Tensor(weights[param.name]))
-        losses = []
-        for first in range(8 * k, 8 * k + 8, 2):
-            samples = [valid[i] for i in (first, first + 1)]
-            batch = [np.stack([s[name] for s in samples]) for name in
-                     ("tokens", "labels", "loss_mask")]
-            losses.append(float(model(Tensor(batch[0]), Tensor(batch[1]),
-                                      Tensor(batch[2].astype(np.float32))).asnumpy()))
-        assert logged[step]["val_loss"] == pytest.approx(np.mean(losses), rel=1e-6)
+        want = model_loss(config, evaluated, step, [valid[i] for i in range(4 * k, 4 * k + 4)])
+        assert logged[step]["val_loss"] == pytest.approx(want, rel=1e-6)
         assert logged[step]["val_ppl"] == pytest.approx(math.exp(logged[step]["val_loss"]),
                                                         rel=1e-6)
 
 
-def test_evaluation_changes_nothing_of_the_training(evaluated, plain) -> None:
-    """Losses, norms and every saved tensor (weights and optimizer state) bit for bit."""
-    assert [(s["loss"], s["grad_norm"]) for s in steps(evaluated)] == \
-        [(s["loss"], s["grad_norm"]) for s in steps(plain)]
-    for step in (2, 4):
-        for kind in ("model", "opt"):
-            got, want = saved_tensors(evaluated, step, kind), saved_tensors(plain, step, kind)
-            assert got.keys() == want.keys()
-            assert all(np.array_equal(got[name], want[name]) for name in want), (step, kind)
+@pytest.fixture(scope="session")
+def held_out_prefix(tmp_path_factory) -> str:
+    """The demo's held-out corpus (examples/data/make_corpus.py --valid: the docstrings of
+    Python's built-ins) preprocessed: text the tiny corpus does not hold."""
+
+    def make(directory: Path) -> None:
+        directory.mkdir(parents=True)
+        subprocess.run([sys.executable, str(ROOT / "examples" / "data" / "make_corpus.py"),
+                        str(directory / "docs.jsonl"), "--valid",
+                        str(directory / "held_out.jsonl")], check=True, capture_output=True)
+        subprocess.run([sys.executable, "-m", "mf_data", "preprocess", "--input",
+                        str(directory / "held_out.jsonl"), "--output-prefix",
+                        str(directory / "held_out_text_document")], check=True,
+                       capture_output=True)
+
+    made = shared_directory(session_directory(tmp_path_factory) / "held_out", make)
+    return str(made / "held_out_text_document")
+
+
+def with_test_split(prefix: str, test_prefix: str) -> tuple[str, ...]:
+    """`with_evaluate` and a test split of 24 samples of the corpus at `test_prefix`,
+    evaluated after the last step (`test: true`)."""
+    return (*with_evaluate(prefix), f"{DATA}test_data_path=['1','{test_prefix}']",
+            "train_dataset.dataloader.sizes=[4000, 40, 24]", TESTED)
+
+
+def test_the_test_split_is_evaluated_after_the_last_step(runs, evaluated, plain, data_prefix,
+                                                         held_out_prefix) -> None:
+    """test_loss on the last step only: the final model's loss on the test split's first
+    global batch; the training and the validation losses as without it."""
+    sets = (*QWEN3_2_LAYERS, *with_test_split(data_prefix, held_out_prefix))
+    tested = runs(QWEN3, *sets)
+    config = load_config(QWEN3, list(sets))
+    test = build_datasets(config.train_dataset.dataloader)[2]
+    logged = steps(tested)
+    assert [s["step"] for s in logged if "test_loss" in s] == [4]
+    want = model_loss(config, tested, 4, [test[i] for i in range(4)])
+    assert logged[-1]["test_loss"] == pytest.approx(want, rel=1e-6)
+    assert logged[-1]["test_ppl"] == pytest.approx(math.exp(want), rel=1e-6)
+    assert [(s["loss"], s.get("val_loss")) for s in logged] == \
+        [(s["loss"], s.get("val_loss")) for s in steps(evaluated)]
+    assert [s["loss"] for s in logged] == [s["loss"] for s in steps(plain)]
+    head = summary_lines(tested, tested / "ckpt", tested / "tensorboard", 1.0)[0]
+    shown = re.search(r"; test_loss (\S+) \(test_ppl \S+, step 4\)", head)
+    assert shown and float(shown[1]) == pytest.approx(want, abs=1e-6), head
 
 
 def test_a_resumed_run_evaluates_the_samples_the_uninterrupted_one_did(
         evaluated, data_prefix, tmp_path) -> None:
-    train(QWEN3, tmp_path, data_prefix, *QWEN3_2_LAYERS, *VALID, EVALUATE,
+    train(QWEN3, tmp_path, data_prefix, *QWEN3_2_LAYERS, *with_evaluate(data_prefix),
           f"checkpoint.load_path={evaluated / 'ckpt' / iteration_name(2)}")
     again = {s["step"]: s for s in steps(tmp_path)}
     assert sorted(again) == [3, 4]
     assert again[4]["val_loss"] == {s["step"]: s for s in steps(evaluated)}[4]["val_loss"]
 
 
-def test_an_empty_valid_split_is_refused_in_one_line(data_prefix, tmp_path, capsys) -> None:
-    status = run(arguments(QWEN3, tmp_path / "run", data_prefix, [*QWEN3_2_LAYERS, EVALUATE]))
+@pytest.mark.parametrize(("with_data", "where", "split"), [
+    (lambda prefix: (EVALUATE,), "callbacks[0].type", "the valid split"),
+    (lambda prefix: (*with_evaluate(prefix), TESTED), "callbacks[0].test", "the test split")],
+    ids=["valid", "test"])
+def test_an_empty_split_is_refused_in_one_line(data_prefix, tmp_path, capsys, with_data,
+                                               where: str, split: str) -> None:
+    status = run(arguments(QWEN3, tmp_path / "run", data_prefix,
+                           [*QWEN3_2_LAYERS, *with_data(data_prefix)]))
     err = capsys.readouterr().err
     assert status != 0 and not (tmp_path / "run" / "metrics.jsonl").exists()
-    lines = [line for line in err.splitlines() if "callbacks[0].type" in line]
-    assert len(lines) == 1 and "valid split" in lines[0], err
+    lines = [line for line in err.splitlines() if where in line]
+    assert len(lines) == 1 and split in lines[0], err
     assert "Traceback" not in err
 
 
+@pytest.mark.parametrize("name", [
+    pytest.param(name, marks=[pytest.mark.ranks] if MATRIX[name][3] > 1 else [])
+    for name in MATRIX if name in EVALUATED])
+def test_every_layout_evaluates_the_one_process_value_and_trains_alike(layout_runs,
+                                                                      name) -> None:
+    """val_loss within 1e-5 of one process's; the training losses, norms and every rank's
+    saved pieces (weights and optimizer state) bit for bit those of the run without it."""
+    config, _, _, nproc = MATRIX[name]
+    on, off = layout_runs(name, "evaluated"), layout_runs(name, "pynative")
+    got, one = steps(on), steps(layout_runs(name, "one evaluated"))
+    assert [s["step"] for s in got if "val_loss" in s] == [2, 4]
+    assert [s.get("val_loss", 0.0) for s in got] == pytest.approx(
+        [s.get("val_loss", 0.0) for s in one], abs=1e-5)
+    assert [(s["loss"], s["grad_norm"]) for s in got] == \
+        [(s["loss"], s["grad_norm"]) for s in steps(off)]
+    for step in (2, 4):
+        assert_same_pieces(on, off, nproc, PREFIXES[config], rel=0, step=step)
+
+
 @pytest.mark.ranks
-@pytest.mark.parametrize("layout", [
-    pytest.param(("parallelism.data_parallel_shard_strategy=optim_grads_params",), id="fsdp"),
-    pytest.param(("parallelism.pipeline_parallel=2",), id="pipeline")])
-def test_two_ranks_evaluate_the_one_process_value(runs, evaluated, layout) -> None:
-    two = steps(runs(QWEN3, *QWEN3_2_LAYERS, *VALID, EVALUATE, *layout, nproc=2))
-    one = steps(evaluated)
-    assert [s["step"] for s in two if "val_loss" in s] == [2, 4]
-    assert [s.get("val_loss", 0.0) for s in two] == pytest.approx(
-        [s.get("val_loss", 0.0) for s in one], rel=1e-5)
-    assert [s["loss"] for s in two] == pytest.approx([s["loss"] for s in one], rel=1e-5)
+def test_a_resumed_layout_evaluates_the_samples_the_uninterrupted_one_did(layout_runs) -> None:
+    """Each rank's place in the valid split comes back from the checkpoint."""
+    resumed, whole = layout_runs(RESUMED, "resumed"), layout_runs(RESUMED, "evaluated")
+    again = {s["step"]: s for s in steps(resumed)}
+    assert sorted(again) == [3, 4]
+    assert again[4]["val_loss"] == {s["step"]: s for s in steps(whole)}[4]["val_loss"]
 
 
 def pre_launch_issues(data_prefix: str, *sets: str) -> list:
@@ -137,3 +214,12 @@ def test_a_layout_without_evaluation_refuses_evaluate(data_prefix, monkeypatch) 
     issues = pre_launch_issues(data_prefix, *VALID, EVALUATE)
     assert [(i.path, i.severity) for i in issues] == [("callbacks[0].type", "error")]
     assert "SingleRank" in issues[0].message
+
+
+def test_a_test_split_nothing_reads_is_a_warning(data_prefix, held_out_prefix) -> None:
+    tested = with_test_split(data_prefix, held_out_prefix)
+    assert pre_launch_issues(data_prefix, *tested) == []
+    issues = pre_launch_issues(data_prefix, *tested, EVALUATE)
+    assert [(i.path, i.severity) for i in issues] == [
+        ("train_dataset.dataloader.config.test_data_path", "warning")]
+    assert "test: true" in issues[0].message

@@ -1,10 +1,12 @@
 """`mf-train export-hf` against Hugging Face transformers (`nox -s export_parity`; needs torch
 and transformers): the tiny Qwen3 and DeepSeek-V3 examples are trained for 2 steps, exported,
-loaded with `AutoModelForCausalLM.from_pretrained`, and their logits compared with mf's own
-model loaded from the mf checkpoint (at most 1e-5 apart, float32, eager attention); then
-`mf-train generate`'s greedy tokens on the checkpoint (`mf_train.generation`) are compared with
-transformers' `generate` on the export, 32 new tokens after an 8-token prompt (DeepSeek-V3,
-trained at 32 positions, is given 64 on both sides for it)."""
+loaded with `AutoModelForCausalLM.from_pretrained`, and their logits compared with
+mf's own model loaded from the mf checkpoint (at most 1e-5 apart, float32, eager attention);
+then `mf-train generate`'s greedy tokens on the checkpoint (`mf_train.generation`), with the
+key/value cache and without, are compared with transformers' `generate` on the export, 32 new
+tokens after an 8-token prompt (DeepSeek-V3, trained at 32 positions, is given 64 on both
+sides for it; the Qwen3 starts from weights of std 0.1, not 0.02: at 0.02 its greedy tokens
+are one token repeated, which would tell no two decoders apart)."""
 
 from __future__ import annotations
 
@@ -26,7 +28,7 @@ from mf_train.generation import generate, load_model
 from mf_train.models import build_model
 
 ROOT = Path(__file__).resolve().parents[3]
-EXAMPLES = {"qwen3": (ROOT / "examples" / "qwen3_tiny.yaml", []),
+EXAMPLES = {"qwen3": (ROOT / "examples" / "qwen3_tiny.yaml", ["model.initializer_range=0.1"]),
             "deepseek_v3": (ROOT / "examples" / "deepseek_v3_tiny.yaml",
                             ["model.seq_length=32", "model.max_position_embeddings=32"])}
 INPUT_IDS = np.random.default_rng(5).integers(0, 256, (2, 16))
@@ -43,7 +45,8 @@ def sets(values: list[str]) -> list[str]:
 
 def compare(name: str, example: Path, shape: list[str], prefix: str, work: Path) -> float:
     """Largest |logit difference| between transformers on the export and mf on the checkpoint."""
-    values = [f"train_dataset.dataloader.config.data_path=['1','{prefix}']", "training.steps=2",
+    values = [f"train_dataset.dataloader.config.data_path=['1','{prefix}']",
+              "training.steps=2",
               "train_dataset.dataloader.config.seq_length=32", "lr_scheduler.warmup_steps=1",
               f"checkpoint.save_path={work / name / 'ckpt'}", *shape]
     assert run(["--config", str(example), "--output-dir", str(work / name), *sets(values)]) == 0
@@ -63,11 +66,12 @@ def compare(name: str, example: Path, shape: list[str], prefix: str, work: Path)
 
 
 def same_generation(name: str, example: Path, shape: list[str], work: Path) -> bool:
-    """Whether mf's greedy tokens on the checkpoint (with its key/value cache where the model
-    has one) are transformers' greedy `generate` on the export."""
+    """Whether mf's greedy tokens on the checkpoint, with its key/value cache and without, are
+    transformers' greedy `generate` on the export."""
     longer = [f"model.{key}={value}" for key, value in LONGER[name].items()]
     model = load_model(work / name / "ckpt", str(example), [*shape, *longer])
     ours = generate(model, PROMPT, NEW_TOKENS)
+    uncached = generate(model, PROMPT, NEW_TOKENS, use_cache=False)
     hf = AutoModelForCausalLM.from_pretrained(
         work / f"{name}-hf", dtype=torch.float32, attn_implementation="eager",
         **{key: value for key, value in LONGER[name].items() if key != "seq_length"}).eval()
@@ -75,8 +79,9 @@ def same_generation(name: str, example: Path, shape: list[str], work: Path) -> b
         out = hf.generate(torch.tensor([PROMPT]), do_sample=False, max_new_tokens=NEW_TOKENS,
                           min_new_tokens=NEW_TOKENS, pad_token_id=0)
     theirs = out[0, len(PROMPT):].tolist()
-    print(f"{name}: mf generate {ours}\n{name}: transformers   {theirs}")
-    return ours == theirs
+    print(f"{name}: mf generate {ours}\n{name}: without cache  {uncached}\n"
+          f"{name}: transformers   {theirs}")
+    return ours == uncached == theirs
 
 
 def main() -> int:

@@ -158,6 +158,9 @@ class TrainContext:
     """The valid split's mean loss over its next `iters` global batches (a collective; the
     `Evaluate` callback calls it, `mf_train.evaluation`); None when the run evaluates
     nothing."""
+    evaluate_test: Callable[[int], float] | None = dataclasses.field(default=None, repr=False)
+    """The test split's mean loss over its first `iters` global batches (as `evaluate`);
+    None unless `Evaluate` asks for the test split (`test: true`)."""
 
     def __post_init__(self) -> None:
         self.output_dir = Path(self.output_dir)
@@ -314,12 +317,14 @@ def format_step_line(record: StepRecord) -> str:
     peak_mem 4.61 GiB (rank 2)`, with ` skipped` appended when the update was skipped (each
     of tokens/s/rank, tflops/rank, mfu, elapsed, eta and peak_mem only when known, the rank
     only with several ranks), and `val_loss 4.2 val_ppl 66.7` after the loss on a step
-    the `Evaluate` callback evaluated."""
+    the `Evaluate` callback evaluated (then `test_loss 4.3 test_ppl 73.7` on the last step
+    when it evaluated the test split)."""
     width = len(str(record.total_steps))
     parts = [f"step [{record.step:>{width}}/{record.total_steps}] loss {record.loss:.6f}"]
-    if "val_loss" in record.extra:
-        parts.append(f"val_loss {record.extra['val_loss']:.6f} "
-                     f"val_ppl {record.extra['val_ppl']:.4g}")
+    for split in ("val", "test"):
+        if f"{split}_loss" in record.extra:
+            parts.append(f"{split}_loss {record.extra[f'{split}_loss']:.6f} "
+                         f"{split}_ppl {record.extra[f'{split}_ppl']:.4g}")
     parts += [f"lr {record.lr:.1e} grad_norm {record.grad_norm:.4g}",
               f"tokens/s(global) {_whole(record.tokens_per_s)}"]
     parts += _known(("tokens/s/rank", record.tokens_per_s_per_rank, _whole),

@@ -17,10 +17,16 @@ checkpoint's run progress) is restored on resume, so a resumed run evaluates the
 uninterrupted run would have. An evaluation changes nothing the training reads: its own
 stream, the random generators put back as they were (`checkpoint.rng`), no gradient kept.
 
+With `test: true`, after the last step the test split's first `iters` global batches are
+evaluated the same way (Megatron's evaluation of the test split after training), as
+`test_loss` and `test_ppl` on the last step's record; nothing of it is kept in a checkpoint
+(it always starts at the split's first sample).
+
 Before launch (`evaluation_issues`, called by `mf_train.job.check_support`): Evaluate is
-refused when the valid split is empty or the loader is not the Megatron one, and under a
-layout that does not evaluate yet (`StepLayout.evaluates`); a valid split that is built while
-no Evaluate is configured is a warning, said once.
+refused when the valid split is empty (or, with `test: true`, the test split) or the loader
+is not the Megatron one, and under a layout that does not evaluate yet
+(`StepLayout.evaluates`); a valid split that is built while no Evaluate is configured, or a
+test split that nothing evaluates, is a warning, said once.
 """
 
 from __future__ import annotations
@@ -48,7 +54,8 @@ run progress (`RunProgress.extra`)."""
 
 
 class Evaluate(Callback):
-    """`val_loss` and `val_ppl` of the valid split after every `interval` steps and the last
+    """`val_loss` and `val_ppl` of the valid split after every `interval` steps and the last,
+    with `test: true` also `test_loss` and `test_ppl` of the test split after the last
     (every rank calls it: the evaluation is a collective under data parallelism)."""
 
     Settings = EvaluateSettings
@@ -65,6 +72,14 @@ class Evaluate(Callback):
         loss = ctx.evaluate(self.settings.iters)
         record.extra["val_loss"] = loss
         record.extra["val_ppl"] = perplexity(loss)
+        if self.settings.test and record.step == ctx.total_steps:
+            if ctx.evaluate_test is None:
+                raise RuntimeError("Evaluate's test: true needs the test split "
+                                   "(TrainContext.evaluate_test), which mf-train's trainer "
+                                   "gives it")
+            loss = ctx.evaluate_test(self.settings.iters)
+            record.extra["test_loss"] = loss
+            record.extra["test_ppl"] = perplexity(loss)
 
 
 def perplexity(loss: float) -> float:
@@ -73,11 +88,11 @@ def perplexity(loss: float) -> float:
 
 
 class Evaluation:
-    """The valid split's loss under a layout, read from a stream that goes on between calls.
+    """A split's loss under a layout, read from a stream that goes on between calls.
 
     Args:
         layout: the step layout (its `evaluate`).
-        stream: this rank's micro-batches of the valid split (`micro_batches.valid_stream`).
+        stream: this rank's micro-batches of the split (`micro_batches.evaluation_stream`).
         micro_batches: micro-batches per global batch on this rank (the training step's
             accumulation steps).
     """
@@ -89,11 +104,12 @@ class Evaluation:
 
     @property
     def consumed_samples(self) -> int:
-        """Valid samples read so far, over all ranks (what a checkpoint keeps)."""
+        """Samples read so far, over all ranks (what a checkpoint keeps of the valid
+        split's)."""
         return int(self.stream.consumed_samples)
 
     def __call__(self, iters: int) -> float:
-        """The mean loss of the next `iters` global batches of the valid split."""
+        """The mean loss of the next `iters` global batches of the split."""
         state = capture_rng_state()
         batches = [next(self.stream) for _ in range(iters * self.micro_batches())]
         loss = float(self.layout.evaluate(batches).asnumpy())
@@ -117,39 +133,58 @@ def evaluates(config: TrainConfig, source: Source | None = None) -> int | None:
 def evaluation_issues(config: TrainConfig, plan: Plan,
                       source: Source | None = None) -> list[ConfigIssue]:
     """Before launch: errors for an Evaluate callback that cannot run here (no valid split,
-    not the Megatron loader, a layout that does not evaluate), a warning for a valid split
-    that is built while nothing reads it."""
+    `test: true` without a test split, not the Megatron loader, a layout that does not
+    evaluate), a warning for a valid or test split that is built while nothing reads it."""
     loader = config.train_dataset.dataloader
     megatron = loader.type == LOADER_TYPE
     try:
-        valid = megatron and split_requested(loader, 1)
+        valid, test = (megatron and split_requested(loader, 1),
+                       megatron and split_requested(loader, 2))
     except DataError:  # the loader's settings are refused elsewhere, with their paths
-        valid = False
+        valid = test = False
     index = evaluates(config, source)
+    tests = index is not None and config.callbacks[index].extras.get("test") is True
+    issues = []
+    if valid and index is None:
+        issues.append(located_issue(_asked_at(config, "valid_data_path"), "builds a valid "
+                                    "split that nothing reads: add the Evaluate callback "
+                                    "(callbacks: [{type: Evaluate, interval: 50, iters: 10}]) "
+                                    "to evaluate it during training", "warning", source))
+    if test and not tests:
+        issues.append(located_issue(_asked_at(config, "test_data_path"), "builds a test "
+                                    "split that nothing reads: give the Evaluate callback "
+                                    "test: true to evaluate it after the last step", "warning",
+                                    source))
     if index is None:
-        if not valid:
-            return []
-        per_split = bool(megatron_settings(loader).config.valid_data_path)
-        where = (("train_dataset", "dataloader", "config", "valid_data_path") if per_split
-                 else ("train_dataset", "dataloader", "sizes"))
-        return [located_issue(where, "builds a valid split that nothing reads: add the "
-                              "Evaluate callback (callbacks: [{type: Evaluate, interval: 50, "
-                              "iters: 10}]) to evaluate it during training", "warning",
-                              source)]
+        return issues
     where = ("callbacks", index, "type")
     if not megatron:
         return [located_issue(where, f"Evaluate reads the valid split of the {LOADER_TYPE}; "
                               f"train_dataset.dataloader.type is {loader.type!r}", "error",
                               source)]
     if not valid:
-        return [located_issue(where, "Evaluate reads the valid split, which the data "
-                              "settings leave empty: give it samples (train_dataset."
-                              "dataloader.sizes[1] > 0 and a share of split, such as "
-                              "\"9, 1, 0\", or valid_data_path)", "error", source)]
+        issues.append(located_issue(where, "Evaluate reads the valid split, which the data "
+                                    "settings leave empty: give it samples (train_dataset."
+                                    "dataloader.sizes[1] > 0 and a share of split, such as "
+                                    "\"9, 1, 0\", or valid_data_path)", "error", source))
+    if tests and not test:
+        issues.append(located_issue(("callbacks", index, "test"), "Evaluate's test: true "
+                                    "reads the test split, which the data settings leave "
+                                    "empty: give it samples (train_dataset.dataloader.sizes[2] "
+                                    "> 0 and a share of split, such as \"8, 1, 1\", or "
+                                    "test_data_path)", "error", source))
     layout = layout_for(plan.dims, config.parallelism)
     if layout is not None and not layout.evaluates:
-        return [located_issue(where, f"the step layout {layout.__name__} that runs "
-                              f"{plan.dims.describe()} has no forward-only evaluation "
-                              "(StepLayout.evaluates): remove Evaluate from callbacks for "
-                              "this run", "error", source)]
-    return []
+        issues.append(located_issue(where, f"the step layout {layout.__name__} that runs "
+                                    f"{plan.dims.describe()} has no forward-only evaluation "
+                                    "(StepLayout.evaluates): remove Evaluate from callbacks "
+                                    "for this run", "error", source))
+    return issues
+
+
+def _asked_at(config: TrainConfig, key: str) -> tuple[str, ...]:
+    """Where the settings ask for a split: its own blend (`key`, such as `valid_data_path`)
+    when given, else `sizes`."""
+    if getattr(megatron_settings(config.train_dataset.dataloader).config, key):
+        return ("train_dataset", "dataloader", "config", key)
+    return ("train_dataset", "dataloader", "sizes")

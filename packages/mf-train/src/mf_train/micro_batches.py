@@ -109,28 +109,29 @@ def megatron_stream(train_dataset: TrainDatasetConfig, plan: Plan, rank: int, *,
                             consumed_samples=consumed_samples, seed=seed, fields=fields)
 
 
-def valid_stream(train_dataset: TrainDatasetConfig, plan: Plan, rank: int, *,
-                 consumed_samples: int, vocab_size: int | None = None) -> MicroBatchStream:
-    """This rank's micro-batches of the Megatron loader's valid split, from
-    `consumed_samples` (over all ranks) on, in the split's order whatever `shuffle` says
+def evaluation_stream(train_dataset: TrainDatasetConfig, plan: Plan, rank: int, *, split: int,
+                      consumed_samples: int, vocab_size: int | None = None) -> MicroBatchStream:
+    """This rank's micro-batches of the Megatron loader's split `split` (1 valid, 2 test),
+    from `consumed_samples` (over all ranks) on, in the split's order whatever `shuffle` says
     (as Megatron's validation sampler), pass after pass.
 
     Raises:
-        ValueError: the settings give the valid split no samples, or fewer than one global
+        ValueError: the settings give the split no samples, or fewer than one global
             micro-batch.
     """
-    _train, valid, _test = build_datasets(train_dataset.dataloader, vocab_size=vocab_size)
-    if valid is None or len(valid) == 0:
-        raise ValueError("train_dataset.dataloader: the valid split is empty, and the "
-                         "Evaluate callback reads it: give it samples (sizes[1] and a share "
-                         "of split, or valid_data_path)")
+    dataset = build_datasets(train_dataset.dataloader, vocab_size=vocab_size)[split]
+    if dataset is None or len(dataset) == 0:
+        name, path = SPLITS[split], ("valid_data_path", "test_data_path")[split - 1]
+        raise ValueError(f"train_dataset.dataloader: the {name} split is empty, and the "
+                         f"Evaluate callback reads it: give it samples (sizes[{split}] and a "
+                         f"share of split, or {path})")
     data = megatron_settings(train_dataset.dataloader).config
     fields = attention_fields(data.reset_position_ids, data.reset_attention_mask,
                               data.create_attention_mask, data.create_compressed_eod_mask)
     in_order = attrs.evolve(train_dataset, dataloader=attrs.evolve(train_dataset.dataloader,
                                                                    shuffle=False))
-    return MicroBatchStream(valid, in_order, plan, rank, consumed_samples=consumed_samples,
-                            seed=0, fields=fields, split=1)
+    return MicroBatchStream(dataset, in_order, plan, rank, consumed_samples=consumed_samples,
+                            seed=0, fields=fields, split=split)
 
 
 def build_stream(train_dataset: TrainDatasetConfig, plan: Plan, rank: int, *,

@@ -23,9 +23,9 @@ def summary_lines(output_dir: Path, checkpoints: Path, tensorboard: Path,
     `finished steps 1-50 of 50 (50 in this run) in 19.1s; final loss 4.008488; val_loss
     4.120003 (val_ppl 61.56, step 50); mean 1468 tokens/s (global), MFU 2.1% (steps 2-50);
     peak memory 0.46 GiB` (the validation loss of the last evaluated step, when the run
-    evaluated), where the means are over the steps' time (total tokens / total step time;
-    each step's MFU weighted by its time, which is the MFU of that mean), the first step
-    left out when there are several."""
+    evaluated, and the test split's, when it evaluated that), where the means are over the
+    steps' time (total tokens / total step time; each step's MFU weighted by its time, which
+    is the MFU of that mean), the first step left out when there are several."""
     lines, total = _this_run(output_dir / METRICS)
     steps = [line["step"] for line in lines]
     if steps:
@@ -104,15 +104,18 @@ def _throughput(lines: list[dict]) -> str:
 
 
 def _validation(lines: list[dict]) -> str:
-    """`; val_loss 4.120003 (val_ppl 61.56, step 50)`: the run's last evaluation, if any."""
-    evaluated = [line for line in lines if "val_loss" in line]
-    if not evaluated:
-        return ""
-    last = evaluated[-1]
-    loss, ppl = last["val_loss"], last.get("val_ppl")
-    shown = "n/a" if loss is None else f"{loss:.6f}"
-    return (f"; val_loss {shown} (val_ppl {'inf' if ppl is None else f'{ppl:.4g}'}, "
-            f"step {last['step']})")
+    """`; val_loss 4.120003 (val_ppl 61.56, step 50)`: the run's last evaluation, if any,
+    then `; test_loss 4.2 (test_ppl 66.69, step 50)` when it evaluated the test split."""
+    shown = ""
+    for split in ("val", "test"):
+        evaluated = [line for line in lines if f"{split}_loss" in line]
+        if evaluated:
+            last = evaluated[-1]
+            loss, ppl = last[f"{split}_loss"], last.get(f"{split}_ppl")
+            shown += (f"; {split}_loss {'n/a' if loss is None else f'{loss:.6f}'} "
+                      f"({split}_ppl {'inf' if ppl is None else f'{ppl:.4g}'}, "
+                      f"step {last['step']})")
+    return shown
 
 
 def _peak_memory(line: dict) -> str:

@@ -95,7 +95,7 @@ from .layouts import (
 from .layouts.saved_model import load_model_pieces, model_pieces
 from .lr_scheduler import build_lr_schedule
 from .lr_schedules import LrSchedule
-from .micro_batches import MicroBatchStream, build_stream, valid_stream
+from .micro_batches import MicroBatchStream, build_stream, evaluation_stream
 from .model_flops import flops_per_token, matmul_weights_per_token
 from .models import build_model, sharding_table
 from .models.hf_weights import HFPieces, checked_entries
@@ -403,6 +403,7 @@ class Trainer:
                  self.schedule.describe())
         self.step_count, self.consumed_samples, self.consumed_valid_samples = 0, 0, 0
         self.evaluation: Evaluation | None = None
+        self.test_evaluation: Evaluation | None = None
         self._diverged = Divergence()
         self.checkpoints = self._build_checkpoints()
         rank_progress.phase("resume")
@@ -655,9 +656,20 @@ class Trainer:
         `Evaluate` (None otherwise: the valid split is not read)."""
         if self.callbacks.find(Evaluate) is None:
             return None
-        stream = valid_stream(self.config.train_dataset, self.plan, self.comm.rank,
-                              consumed_samples=self.consumed_valid_samples,
-                              vocab_size=self.model_vocab_size)
+        return self.split_evaluation(1, self.consumed_valid_samples)
+
+    def test_split_evaluation(self) -> Evaluation | None:
+        """The test split's evaluation from its start, when an `Evaluate` callback asks for
+        it (`test: true`; None otherwise: the test split is not read)."""
+        evaluate = self.callbacks.find(Evaluate)
+        if evaluate is None or not evaluate.settings.test:
+            return None
+        return self.split_evaluation(2, 0)
+
+    def split_evaluation(self, split: int, consumed_samples: int) -> Evaluation:
+        stream = evaluation_stream(self.config.train_dataset, self.plan, self.comm.rank,
+                                   split=split, consumed_samples=consumed_samples,
+                                   vocab_size=self.model_vocab_size)
         return Evaluation(self.layout, stream,
                           lambda: self.plan.batch.accumulation_steps(self.consumed_samples))
 
@@ -682,7 +694,7 @@ class Trainer:
                             peak_tflops=self.throughput.peak_tflops,
                             peak_source=(self.throughput.peak.source
                                          if self.throughput.peak is not None else None),
-                            evaluate=self.evaluation)
+                            evaluate=self.evaluation, evaluate_test=self.test_evaluation)
 
     def train(self, stop: Callable[[], bool] | None = None) -> list[StepOutcome]:
         """Run the remaining steps up to `training.steps`, calling the callbacks' hooks.
@@ -692,6 +704,7 @@ class Trainer:
         boundary (`_stop_agreed`), saves the steps this run made (unless saving is off) and
         returns, with `stopped` set."""
         self.evaluation = self.valid_evaluation()
+        self.test_evaluation = self.test_split_evaluation()
         stream, ctx, total = self.stream(), self.context(), self.config.training.steps
         outcomes: list[StepOutcome] = []
         last, skipped_in_a_row, self._diverged = None, 0, Divergence()

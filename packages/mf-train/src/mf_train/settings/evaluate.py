@@ -9,7 +9,8 @@ from mf_config.sections import Section, section, setting
 
 @section
 class EvaluateSettings(Section):
-    """How often the valid split is evaluated, and over how many batches."""
+    """How often the valid split is evaluated, over how many batches, and whether the test
+    split is evaluated after the last step."""
 
     interval: int = setting(
         50, "Evaluate after the steps with step % interval == 0, and after the last step.",
@@ -17,4 +18,9 @@ class EvaluateSettings(Section):
     iters: int = setting(
         10, "Batches each evaluation reads: each a global batch of the valid split "
         "(training.global_batch_size samples, cut into micro-batches as a training step's "
-        "are), as Megatron's eval_iters.", gt=0)
+        "are), as Megatron's eval_iters: global batches, not micro-batches, so that every "
+        "layout reads the same samples.", gt=0)
+    test: bool = setting(
+        False, "After the last step, also evaluate the test split: its first `iters` global "
+        "batches, as test_loss and test_ppl on the last step (Megatron's evaluation of the "
+        "test split after training).")
