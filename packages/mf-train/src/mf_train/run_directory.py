@@ -131,10 +131,10 @@ def claim(output_dir: str | os.PathLike[str], checkpoint: CheckpointConfig, *,
     directory = Path(output_dir)
     owned: list[IO[str]] = []
     try:
+        _refuse_links(directory, also)  # before a lock file is created through one
         if lock:
             for path, option in _written(directory, checkpoint, also):
                 owned.append(_lock(path, option))
-        _refuse_links(directory, also)
         checkpoint, note = _decide(directory, checkpoint)
     except RunDirectoryError:
         for handle in owned:
