@@ -567,7 +567,8 @@ def test_a_symlink_where_the_run_or_mindspore_writes_is_refused(tmp_path: Path,
     planted.parent.mkdir(parents=True, exist_ok=True)
     planted.symlink_to(target if "." not in planted.name else target / "keep.txt")
     with pytest.raises(RunDirectoryError) as exc:
-        claim(tmp_path / "out", CheckpointConfig())
+        claim(tmp_path / "out", CheckpointConfig(),
+              also=[(tmp_path / "out" / "tensorboard", "monitor.tensorboard.output_dir")])
     assert str(exc.value).startswith(f"{planted} is a symbolic link")
     assert str(exc.value).endswith(")") and "\n" not in str(exc.value)
     assert (target / "keep.txt").read_text() == "precious"
@@ -616,3 +617,24 @@ def test_a_symlinked_tensorboard_event_file_stops_mf_train(data_prefix, tmp_path
         "plain files there)")
     assert (tmp_path / "target.txt").read_text() == "precious"
     assert not (tmp_path / "out" / "metrics.jsonl").exists()
+
+
+@pytest.mark.parametrize(("files", "mine"), [
+    ({"common.json": "{not json", "qwen3_tiny-sums-0000000-0000001.json": "{}"}, True),
+    ({"sums-0000001-0000002.json": "{}"}, True),
+    ({"common.json": "{not json", "notes.txt": "mine"}, False),
+    ({"sums.json": "{}"}, False)])
+def test_a_checkpoint_with_a_garbled_common_json_is_still_the_runs(tmp_path: Path, files,
+                                                                   mine: bool) -> None:
+    """A checkpoint whose common.json was garbled or lost is still mf-train's (its ranks'
+    checksum files say so): the run falls back from it rather than refusing the save path;
+    a directory of the user's stays refused."""
+    directory = tmp_path / "ckpt" / iteration_name(4)
+    directory.mkdir(parents=True)
+    for name, text in files.items():
+        (directory / name).write_text(text)
+    if mine:
+        claim(tmp_path / "out", CheckpointConfig(save_path=str(tmp_path / "ckpt"))).release()
+    else:
+        with pytest.raises(RunDirectoryError, match="is not a checkpoint mf-train wrote"):
+            claim(tmp_path / "out", CheckpointConfig(save_path=str(tmp_path / "ckpt")))
