@@ -131,10 +131,10 @@ def test_a_busy_master_port_ends_every_node_with_one_line(data_prefix, tmp_path)
                            *arguments(data_prefix, tmp_path / f"node{rank}"), "--nnodes", "2",
                            "--node-rank", str(rank), "--master-addr", "127.0.0.1",
                            "--master-port", str(port), "--timeout", "300",
-                           "--hang-timeout", "20"]
+                           "--hang-timeout", "40"]
                 nodes.append(subprocess.Popen(command, stdout=subprocess.DEVNULL,
                                               stderr=subprocess.PIPE, start_new_session=True))
-            errors = [node.communicate(timeout=150)[1].decode() for node in nodes]
+            errors = [node.communicate(timeout=240)[1].decode() for node in nodes]
         finally:
             for node in nodes:
                 kill_group(node)
