@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 
 import pytest
@@ -54,12 +55,16 @@ def test_directory_is_not_a_config(tmp_path) -> None:
 @pytest.mark.parametrize(("path", "message"), [
     ("/dev/zero", "/dev/zero: is not a regular file (a device, a pipe or a socket); give a "
                   "YAML file"),
+    ("fifo.yaml", "fifo.yaml: is not a regular file (a device, a pipe or a socket); give a "
+                  "YAML file"),
     ("huge.yaml", "huge.yaml: is larger than 64 MiB, far more than a configuration file; give "
                   "the train.yaml")])
 def test_a_file_that_is_no_configuration_is_not_read_whole(tmp_path, monkeypatch, path,
                                                            message) -> None:
-    """The read is bounded: a device is never read, a file past the limit only to it."""
+    """The read is bounded: a device or a named pipe is never read (nor waited for), a file
+    past the limit only to it."""
     monkeypatch.chdir(tmp_path)
+    os.mkfifo("fifo.yaml")  # no writer: a plain open would wait for ever
     with open("huge.yaml", "wb") as huge:
         huge.truncate(MAX_FILE_BYTES + 1)  # sparse: costs nothing on disk
     with pytest.raises(UnreadableFile) as exc:

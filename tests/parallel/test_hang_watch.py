@@ -93,3 +93,16 @@ def test_a_half_written_record_is_not_read(tmp_path: Path) -> None:
     assert read(tmp_path, 0) is None
     (tmp_path / "rank_0.progress").write_bytes(b"7 2 data - 1.000 7\n" + b" " * 100)
     assert read(tmp_path, 0).phase == "data"
+
+
+def test_a_report_never_writes_through_a_symbolic_link(tmp_path: Path) -> None:
+    """A rank's report file planted as a link (to a file of someone else's) is left alone:
+    the report is written without following it (mf-train also refuses such a link before
+    a run starts); the other rank's report is written."""
+    (tmp_path / "hang").mkdir()
+    (tmp_path / "precious.txt").write_text("precious")
+    (tmp_path / "hang" / "rank_0.txt").symlink_to(tmp_path / "precious.txt")
+    watch = HangWatch(tmp_path / "progress", [0, 1], timeout=1.0, report_dir=tmp_path / "hang")
+    watch.report({})
+    assert (tmp_path / "precious.txt").read_text() == "precious"
+    assert (tmp_path / "hang" / "rank_1.txt").read_text().startswith("rank 1: ")

@@ -548,3 +548,93 @@ def test_an_address_space_limit_is_one_line(data_prefix, tmp_path) -> None:
                         r"rank 0's step \(MindSpore and Python need more beside it\); raise "
                         r"the limit, or make the run smaller", last), last
     assert "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize("link", [
+    "tensorboard", "tensorboard/events.out.tfevents.1.host.0", "profile",
+    "profile/rank_0/host_1_ascend_ms/trace.json", "hang", "hang/rank_0.txt",
+    "logs/scheduler.log", "logs/worker_0.log", "moe_tokens/rank_0.jsonl"])
+def test_a_symlink_where_the_run_or_mindspore_writes_is_refused(tmp_path: Path,
+                                                                link: str) -> None:
+    """TensorBoard's events, the profiler's trees, the hang reports, msrun's and the ranks'
+    logs, the MoE counts: written by the run, tensorboardX, MindSpore or msrun, which would
+    follow a link and write over (or append to) what it points to. A link at such a place, or
+    at one of those directories, is refused before anything starts; its target is kept."""
+    target = tmp_path / "precious"
+    target.mkdir()
+    (target / "keep.txt").write_text("precious")
+    planted = tmp_path / "out" / link
+    planted.parent.mkdir(parents=True, exist_ok=True)
+    planted.symlink_to(target if "." not in planted.name else target / "keep.txt")
+    with pytest.raises(RunDirectoryError) as exc:
+        claim(tmp_path / "out", CheckpointConfig(),
+              also=[(tmp_path / "out" / "tensorboard", "monitor.tensorboard.output_dir")])
+    assert str(exc.value).startswith(f"{planted} is a symbolic link")
+    assert str(exc.value).endswith(")") and "\n" not in str(exc.value)
+    assert (target / "keep.txt").read_text() == "precious"
+    assert [p.name for p in target.iterdir()] == ["keep.txt"]
+
+
+@pytest.mark.parametrize(("option", "link", "refused"), [
+    ("monitor.tensorboard.output_dir", "events.out.tfevents.1.host.0", True),
+    ("monitor.tensorboard.output_dir", "notes.txt", False),
+    ("profiler.output_path", "rank_1", True),
+    ("profiler.output_path", "rank_0/trace.json", True),
+    ("profiler.output_path", "elsewhere", False)])
+def test_links_in_a_chosen_directory_are_refused_where_the_run_writes(
+        tmp_path: Path, option: str, link: str, refused: bool) -> None:
+    """A TensorBoard or profiler directory the user chose may be a link, and may hold the
+    user's own links; only where the run writes in it (event files, `rank_<r>`) is a link
+    refused."""
+    chosen = tmp_path / "chosen"
+    planted = chosen / link
+    planted.parent.mkdir(parents=True)
+    (tmp_path / "target.txt").write_text("precious")
+    planted.symlink_to(tmp_path / "target.txt")
+    also = [(chosen, option)]
+    if refused:
+        with pytest.raises(RunDirectoryError, match=f"^{re.escape(str(planted))} is a "):
+            claim(tmp_path / "out", CheckpointConfig(), also=also)
+    else:
+        claim(tmp_path / "out", CheckpointConfig(), also=also).release()
+    assert (tmp_path / "target.txt").read_text() == "precious"
+
+
+def test_a_symlinked_tensorboard_event_file_stops_mf_train(data_prefix, tmp_path: Path,
+                                                           capsys) -> None:
+    """Through the command: a link among the event files of monitor.tensorboard.output_dir is
+    one line, status 2, before any rank starts."""
+    events = tmp_path / "events"
+    events.mkdir()
+    (tmp_path / "target.txt").write_text("precious")
+    (events / "events.out.tfevents.1.host.0").symlink_to(tmp_path / "target.txt")
+    assert run(small(data_prefix, tmp_path / "out", 1,
+                     f"monitor.tensorboard.output_dir={events}")) == 2
+    err = capsys.readouterr().err
+    assert err.strip().splitlines()[-1] == (
+        f"mf-train: {events / 'events.out.tfevents.1.host.0'} is a symbolic link where the "
+        "run writes, which mf-train never follows; remove it (the run and MindSpore create "
+        "plain files there)")
+    assert (tmp_path / "target.txt").read_text() == "precious"
+    assert not (tmp_path / "out" / "metrics.jsonl").exists()
+
+
+@pytest.mark.parametrize(("files", "mine"), [
+    ({"common.json": "{not json", "qwen3_tiny-sums-0000000-0000001.json": "{}"}, True),
+    ({"sums-0000001-0000002.json": "{}"}, True),
+    ({"common.json": "{not json", "notes.txt": "mine"}, False),
+    ({"sums.json": "{}"}, False)])
+def test_a_checkpoint_with_a_garbled_common_json_is_still_the_runs(tmp_path: Path, files,
+                                                                   mine: bool) -> None:
+    """A checkpoint whose common.json was garbled or lost is still mf-train's (its ranks'
+    checksum files say so): the run falls back from it rather than refusing the save path;
+    a directory of the user's stays refused."""
+    directory = tmp_path / "ckpt" / iteration_name(4)
+    directory.mkdir(parents=True)
+    for name, text in files.items():
+        (directory / name).write_text(text)
+    if mine:
+        claim(tmp_path / "out", CheckpointConfig(save_path=str(tmp_path / "ckpt"))).release()
+    else:
+        with pytest.raises(RunDirectoryError, match="is not a checkpoint mf-train wrote"):
+            claim(tmp_path / "out", CheckpointConfig(save_path=str(tmp_path / "ckpt")))

@@ -112,3 +112,37 @@ def test_two_nodes_on_one_host_match_one_process(data_prefix, tmp_path) -> None:
     assert (tmp_path / "node1" / "logs" / "worker_1.log").exists()
     assert not (tmp_path / "node1" / "metrics.jsonl").exists()  # rank 0 writes the metrics
     assert "node 1 finished its ranks 1-1" in outputs[1]
+
+
+@pytest.mark.ranks
+def test_a_busy_master_port_ends_every_node_with_one_line(data_prefix, tmp_path) -> None:
+    """--master-port held by another program: node 0 refuses it before starting anything, and
+    node 1, whose ranks would retry the port for ever, ends once no rank joined for the hang
+    timeout, naming the port. Both in bounded time."""
+    pytest.importorskip("mindspore")
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as busy:
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        nodes: list[subprocess.Popen] = []
+        try:
+            for rank in (0, 1):
+                command = [sys.executable, "-m", "mf_train.cli",
+                           *arguments(data_prefix, tmp_path / f"node{rank}"), "--nnodes", "2",
+                           "--node-rank", str(rank), "--master-addr", "127.0.0.1",
+                           "--master-port", str(port), "--timeout", "300",
+                           "--hang-timeout", "40"]
+                nodes.append(subprocess.Popen(command, stdout=subprocess.DEVNULL,
+                                              stderr=subprocess.PIPE, start_new_session=True))
+            errors = [node.communicate(timeout=240)[1].decode() for node in nodes]
+        finally:
+            for node in nodes:
+                kill_group(node)
+    assert [node.returncode for node in nodes] == [1, 1], errors
+    assert errors[0].splitlines()[-1] == (
+        f"mf-train: the master port {port} is in use on 127.0.0.1 (another job's scheduler, "
+        "or another program); choose another --master-port")
+    last = errors[1].splitlines()[-1]
+    assert last.startswith(f"mf-train: node 1: the ranks found no scheduler answering at "
+                           f"127.0.0.1:{port} in "), errors[1]
+    assert last.endswith(f"logs in {tmp_path / 'node1' / 'logs'}")

@@ -140,7 +140,9 @@ def load_file(path: str | FilePath) -> Source:
     """
     name = str(path)
     try:
-        with open(path, "rb") as handle:
+        # O_NONBLOCK: a named pipe opens at once (a plain open waits for a writer) and is
+        # then refused below; it changes nothing for a regular file
+        with os.fdopen(os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC), "rb") as handle:
             mode = os.fstat(handle.fileno()).st_mode
             if stat.S_ISDIR(mode):
                 raise IsADirectoryError

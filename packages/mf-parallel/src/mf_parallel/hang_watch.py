@@ -141,8 +141,11 @@ class HangWatch:
         text = (f"rank {rank}: {_described(record)}\nprocess: {state}\n"
                 f"last record at: {when}\n\n"
                 f"{stacks or 'no Python stacks were dumped (the process did not answer)'}\n")
-        with contextlib.suppress(OSError):
-            (self.report_dir / f"rank_{rank}.txt").write_text(text, encoding="utf-8")
+        with contextlib.suppress(OSError):  # never through a symbolic link (ELOOP)
+            fd = os.open(self.report_dir / f"rank_{rank}.txt", os.O_WRONLY | os.O_CREAT
+                         | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o666)
+            with os.fdopen(fd, "w", encoding="utf-8") as report:
+                report.write(text)
 
 
 def _size(path: Path) -> int:

@@ -45,6 +45,8 @@ from .msrun import child_env, free_port, kill_group, msrun_command
 from .nodes import Nodes
 from .parent_death import command as dying_with_this_process
 from .rank_progress import DIRECTORY_ENV as PROGRESS_DIR
+from .rank_progress import JOINING
+from .rank_progress import read as read_progress
 from .rank_watch import TIMED_OUT, WORKERS_ENDED, logs_errors, traceback_tail, watch
 
 __all__ = ["Forward", "HangSettings", "JobHung", "LaunchError", "LaunchResult", "Nodes",
@@ -140,6 +142,8 @@ def run_ranks(script: str | Path, nproc: int, *, log_dir: str | Path, timeout: f
         failure, returncode, seconds = _run_msrun(
             script, nproc, log_dir, timeout, args, {**(env or {}), PROGRESS_DIR: str(progress)},
             (echo_rank, echo_to, echo_drop), nodes, forward, hold_fds, watch_hang)
+        if failure not in (None, TIMED_OUT) and _still_joining(nodes, progress, ranks):
+            raise LaunchError(_not_joined_message(nodes, seconds, log_dir))
     finally:
         shutil.rmtree(progress, ignore_errors=True)
     if isinstance(failure, HangReport):
@@ -171,8 +175,12 @@ def _run_msrun(script: str | Path, nproc: int, log_dir: Path, timeout: float,
     msrun_log = _open_log_dir(log_dir, ranks, nodes.msrun_log)
     port = nodes.master_port if nodes.master_port is not None else free_port()
     with msrun_log, echoing(log_dir, *echo):
+        # over several nodes, a rank waits for the scheduler no longer than the hang watch
+        # would (a node 0 that never starts, or a port another program holds there)
+        joining = timeout if nodes.count == 1 or not hang or hang.timeout <= 0 else min(
+            timeout, hang.timeout)
         command = msrun_command(script, nproc, log_dir=log_dir, port=port, args=args,
-                                cluster_timeout=max(30, int(timeout)), nodes=nodes)
+                                cluster_timeout=max(30, int(joining)), nodes=nodes)
         one_node = nodes.count == 1
         environment = child_env(env, echo=echo[0] is not None, one_node=one_node)
         start = time.monotonic()
@@ -214,6 +222,23 @@ def _only_this_hosts_scheduler_failed(msrun_log: Path, nodes: Nodes) -> bool:
 
 
 _MSRUN_ERROR = r"^\[ERROR\] ME\(\d+:.* {} process \d+ exit with exception"
+
+
+def _still_joining(nodes: Nodes, progress: Path, ranks: Sequence[int]) -> bool:
+    """Whether, in a job over several nodes, every rank of this host is still joining the
+    job's group (`rank_progress.JOINING`): its scheduler never answered."""
+    if nodes.count == 1:
+        return False
+    records = [read_progress(progress, rank) for rank in ranks]
+    return all(record is not None and record.phase == JOINING for record in records)
+
+
+def _not_joined_message(nodes: Nodes, seconds: float, log_dir: Path) -> str:
+    """One line for ranks that found no scheduler to join, naming its address and port."""
+    return (f"node {nodes.rank}: the ranks found no scheduler answering at "
+            f"{nodes.master_addr}:{nodes.master_port} in {seconds:.0f} s (node 0 not started, "
+            "or the port in use by another program there); start every node with the same "
+            f"--master-addr and --master-port, choosing a free port; logs in {log_dir}")
 
 
 def failure_message(result: LaunchResult, ranks: Sequence[int]) -> str:

@@ -41,6 +41,8 @@ STACKS_SIGNAL = signal.SIGUSR2
 """The signal on which a recording rank writes its threads' Python stacks."""
 SIZE = 512
 """Bytes of one record's file."""
+JOINING = "init_communication"
+"""The phase of a rank joining the job's group (registering with msrun's scheduler)."""
 
 
 def record_path(directory: Path, rank: int) -> Path:

@@ -13,7 +13,9 @@ ranks under `--nproc`):
   process holding it has exited, also after `kill -9`, so a stale lock file never blocks
   anyone. The launcher of `--nproc` passes its locks to msrun, so they stay held as long as the
   job's processes run. A lock file (and metrics.jsonl, logs/train.log) is never opened
-  through a symbolic link (`no_follow`): a link there is refused.
+  through a symbolic link (`no_follow`): a link there is refused, and so is one at or inside
+  a directory the run, MindSpore or msrun writes (logs, TensorBoard events, profiles, MoE
+  counts, hang reports), before anything writes through it.
 * It decides what the run does with what an earlier run left (as torchtitan does when its
   checkpoint folder holds checkpoints): when `checkpoint.load_path` is empty and the run's
   checkpoint directory holds a complete checkpoint, the run resumes from it, and says so
@@ -64,8 +66,10 @@ APPENDED = (METRICS, TRAIN_LOG)
 """The files of the output directory a run appends to: never through a symbolic link."""
 HANG_DIR = "hang"
 """Where the launcher writes each rank's stacks and records when the job hangs."""
-RUN_WRITES = frozenset({METRICS, LOCK, "logs", CHECKPOINT_DIR, "tensorboard", "moe_tokens",
-                        "profile", HANG_DIR})
+WRITTEN_DIRS = ("logs", "tensorboard", "moe_tokens", "profile", HANG_DIR)
+"""The directories a run writes in its output directory (by default), it or MindSpore and
+msrun: never a symbolic link, and no symbolic link inside (`_refuse_links`)."""
+RUN_WRITES = frozenset({METRICS, LOCK, CHECKPOINT_DIR, *WRITTEN_DIRS})
 """The names a run creates in its output directory (by default): an earlier run's directory
 holding nothing else, and no checkpoint, is started afresh (nothing of it is overwritten:
 metrics.jsonl and the logs are appended to)."""
@@ -127,6 +131,7 @@ def claim(output_dir: str | os.PathLike[str], checkpoint: CheckpointConfig, *,
     directory = Path(output_dir)
     owned: list[IO[str]] = []
     try:
+        _refuse_links(directory, also)  # before a lock file is created through one
         if lock:
             for path, option in _written(directory, checkpoint, also):
                 owned.append(_lock(path, option))
@@ -189,14 +194,51 @@ def _lock(directory: Path, option: str) -> IO[str]:
     return handle
 
 
+def _refuse_links(directory: Path, elsewhere: Sequence[tuple[Path, str]]) -> None:
+    """A symbolic link where the run, MindSpore or msrun writes is refused: at a file the run
+    appends to (`APPENDED`), at a directory it writes (`WRITTEN_DIRS`) or anywhere inside one,
+    and in the directories `elsewhere` (TensorBoard's, the profiler's when configured, which
+    may themselves be links the user chose) where the run writes: TensorBoard's event files,
+    the profiler's `rank_<r>` trees. Those writers (tensorboardX, MindSpore's profiler,
+    msrun's scheduler.log, the hang reports) would follow it, and write over or append to
+    whatever it points to."""
+    for name, what in [*((name, "appends to a plain file") for name in APPENDED),
+                       *((name, "creates a directory") for name in WRITTEN_DIRS)]:
+        if (directory / name).is_symlink():
+            raise RunDirectoryError(f"{directory / name} is a symbolic link, which mf-train "
+                                    f"never follows there; remove it (the run {what})")
+    trees = [directory / name for name in WRITTEN_DIRS]
+    for root, option in elsewhere:
+        written = _OPTION_WRITES.get(option, "*")
+        trees.extend(root.glob(written) if root.is_dir() else [])
+    for tree in trees:
+        link = _link_in(tree)
+        if link is not None:
+            raise RunDirectoryError(
+                f"{link} is a symbolic link where the run writes, which mf-train never "
+                "follows; remove it (the run and MindSpore create plain files there)")
+
+
+_OPTION_WRITES = {"monitor.tensorboard.output_dir": "events.out.tfevents.*",
+                  "profiler.output_path": "rank_*"}
+"""What the run writes in a directory an option names (a glob): only there are links looked
+for, the rest of a directory the user chose is theirs."""
+
+
+def _link_in(tree: Path) -> Path | None:
+    """`tree` if it is a symbolic link, else the first one below it (never followed)."""
+    if tree.is_symlink():
+        return tree
+    for parent, dirs, files in os.walk(tree):  # lists links, never follows them
+        for name in sorted([*dirs, *files]):
+            if os.path.islink(os.path.join(parent, name)):
+                return Path(parent, name)
+    return None
+
+
 def _decide(directory: Path, checkpoint: CheckpointConfig) -> tuple[CheckpointConfig, str | None]:
     root = checkpoint_root(checkpoint, directory)
     resolved = attrs.evolve(checkpoint, save_path=str(root))
-    for name in APPENDED:
-        if (directory / name).is_symlink():
-            raise RunDirectoryError(f"{directory / name} is a symbolic link, which mf-train "
-                                    "never follows there; remove it (the run appends to a "
-                                    "plain file)")
     if checkpoint.enable_save:
         _refuse_foreign(root)
     complete = layout.complete_iterations(root)

@@ -355,7 +355,7 @@ class Trainer:
         self.plan = make_job_plan(config, world_size, source)
         no_effect = check_support(config, self.plan, self.device, source)
         check_inputs(config, source)  # before a rank joins the group or builds anything
-        rank_progress.phase("init_communication")
+        rank_progress.phase(rank_progress.JOINING)
         self.comm = init_communication(self.plan, self.device)
         # the launcher of ranks has said them, before any rank started (`say_warnings` False)
         for warning in no_effect if self.comm.rank == 0 and say_warnings else ():

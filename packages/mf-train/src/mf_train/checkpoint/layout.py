@@ -56,6 +56,8 @@ FORMAT = "mf-checkpoint"
 FORMAT_VERSION = 3
 SHARDED_VERSION = 3
 """The first version that stores pieces."""
+_SUMS_FILE = re.compile(r"(?:.+-)?sums-\d{7}-\d{7}\.json")
+"""A rank's checksum file (`rank_file(prefix, "sums", ...)`)."""
 _FINAL = re.compile(r"iteration_(\d{8,})")
 _LEFTOVER = re.compile(r"iteration_\d{8,}(?:" + re.escape(TMP_MARK) + "|" + re.escape(DEL_MARK)
                        + r").+")
@@ -81,9 +83,10 @@ def is_leftover(name: str) -> bool:
 def written_by_mf(directory: Path) -> bool:
     """Whether `directory` holds a checkpoint mf-train wrote, complete or not: its
     `common.json` names this format, or it holds the mark of a save or a deletion
-    (`atomic.OWNED`). A save never replaces, and rotation never deletes, a directory that
-    does not (a user's `iteration_00000001/notes.txt`, or `iteration_00000001.tmp-mine/`),
-    nor a symbolic link (what it points to is not the save path's to delete)."""
+    (`atomic.OWNED`), or its ranks' checksum files (its `common.json` garbled). A save never
+    replaces, and rotation never deletes, a directory that does not (a user's
+    `iteration_00000001/notes.txt`, or `iteration_00000001.tmp-mine/`), nor a symbolic link
+    (what it points to is not the save path's to delete)."""
     if directory.is_symlink():
         return False
     if owned(directory):
@@ -91,7 +94,10 @@ def written_by_mf(directory: Path) -> bool:
     try:
         read_common(directory, verify=False)
     except CheckpointError:
-        return False
+        # a garbled or lost common.json: still mf-train's when its ranks' checksum files,
+        # named as only mf-train names them, are there (the resume then falls back from it)
+        return any(_SUMS_FILE.fullmatch(entry.name) for entry in directory.iterdir()
+                   if entry.is_file() and not entry.is_symlink())
     return True
 
 
