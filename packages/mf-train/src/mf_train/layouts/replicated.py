@@ -74,11 +74,18 @@ def replicated_optimizer(parts: LayoutParts) -> Optimizer:
 
 
 class SingleRank(StepLayout):
-    """One process: no reduction, the norm of the local gradients."""
+    """One data rank: no data-parallel reduction. On one process the gradients stay as they
+    are; as a pipeline stage's layout the record's partial sums are still taken (a tied
+    embedding's gradient summed over the first and last stages)."""
 
     name = "no data parallelism"
     compiles_body = True
     evaluates = True
+
+    def __init__(self, model, optimizer: Optimizer, collectives: Collectives | None = None):
+        super().__init__(model, optimizer)
+        if collectives is not None:
+            self.reduction = Reduction(collectives, average=False)
 
     @classmethod
     def selects(cls, dims: ParallelDims, parallelism: ParallelismConfig) -> bool:
@@ -86,10 +93,12 @@ class SingleRank(StepLayout):
 
     @classmethod
     def build(cls, parts: LayoutParts) -> SingleRank:
-        return cls(parts.model, replicated_optimizer(parts))
+        return cls(parts.model, replicated_optimizer(parts), parts.collectives)
 
     def reduce_grads(self, local: LocalGradients) -> tuple[Tensor, list[Tensor]]:
-        return local.loss, list(local.grads)
+        if self.record is None:  # one process: every gradient whole and this rank's
+            return local.loss, list(local.grads)
+        return local.loss, self.reducer.reduce_whole(local.grads)
 
 
 class DataParallel(StepLayout):
