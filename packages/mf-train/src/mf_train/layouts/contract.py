@@ -225,7 +225,7 @@ class LayoutSections:
 class StepLayout(ABC):
     """One parallel layout's part of a training step; see the module docstring.
 
-    Subclasses say which plans they run (`selects`), what they refuse before launch
+    Subclasses say what they refuse before launch
     (`problems`), how they are built (`build`) and how gradients are reduced (`reduce`).
     """
 
@@ -259,11 +259,6 @@ class StepLayout(ABC):
         self.loss_divisor = loss_divisor
         self._scale = 1.0
         self._grad_fn = ms.value_and_grad(self._forward, None, self.params)
-
-    @classmethod
-    @abstractmethod
-    def selects(cls, dims: ParallelDims, parallelism: ParallelismConfig) -> bool:
-        """Whether this layout runs a plan of these degrees (exactly one layout may)."""
 
     @classmethod
     def problems(cls, dims: ParallelDims, sections: LayoutSections) -> list[Problem]:

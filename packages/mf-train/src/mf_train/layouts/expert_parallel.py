@@ -61,7 +61,6 @@ from .contract import (
     StepLayout,
     StepObserver,
 )
-from .replicated import one_stage
 
 EXPERT_MARK = ".mlp.experts."
 """What the names of routed-expert parameters contain (`decoder_layers.3.mlp.experts.5.`)."""
@@ -164,10 +163,6 @@ class ExpertParallel(StepLayout):
         self.reduction = Reduction.of(collectives, parallelism)
 
     @classmethod
-    def selects(cls, dims: ParallelDims, parallelism: ParallelismConfig) -> bool:
-        return dims.expert > 1 and one_stage(dims)  # under context parallelism: its inner
-
-    @classmethod
     def problems(cls, dims: ParallelDims, sections: LayoutSections) -> list[Problem]:
         from . import inner_problems
 
@@ -199,7 +194,7 @@ class ExpertParallel(StepLayout):
     def build(cls, parts: LayoutParts) -> ExpertParallel:
         from . import inner_layout
 
-        inner_cls = inner_layout(without_experts(parts.dims), parts.parallelism, parts.dims)
+        inner_cls = inner_layout(without_experts(parts.dims), parts.parallelism)
         experts = routed_expert_params(parts.model)
         if not experts:
             raise TypeError(f"{type(parts.model).__name__} has no routed experts to split "

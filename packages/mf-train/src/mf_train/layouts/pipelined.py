@@ -75,10 +75,6 @@ class Pipelined(StepLayout):
         self.tied = self._tied_copy()
 
     @classmethod
-    def selects(cls, dims: ParallelDims, parallelism: ParallelismConfig) -> bool:
-        return dims.pipeline > 1
-
-    @classmethod
     def problems(cls, dims: ParallelDims, sections: LayoutSections) -> list[Problem]:
         from . import inner_problems
 
@@ -101,8 +97,7 @@ class Pipelined(StepLayout):
         if not isinstance(parts.model, PipelineModel):
             raise TypeError(f"{type(parts.model).__name__} cannot be cut into pipeline stages "
                             "(it has no embed / decoder / head_loss pieces)")
-        inner = inner_layout(without_pipeline(parts.dims), parts.parallelism,
-                             parts.dims).build(parts)
+        inner = inner_layout(without_pipeline(parts.dims), parts.parallelism).build(parts)
         comm = parts.collectives.comm
         runner = StageRunner(parts.model, inner.params, parts.plan.layout, parts.plan.schedule,
                              comm.group_rank("pipeline"), comm.group_ranks["pipeline"],

@@ -21,22 +21,11 @@ from __future__ import annotations
 from mindspore import Tensor
 
 from mf_config import ParallelismConfig
-from mf_parallel.dims import ParallelDims
 from mf_parallel.runtime import Collectives
 from mf_parallel.runtime.tensor_parallel import TensorGroup
 
 from ..optim import Optimizer, build_optimizer
 from .contract import LayoutParts, LocalGradients, Reduction, StepLayout
-
-
-def one_stage(dims: ParallelDims) -> bool:
-    """No pipeline or context split: each rank runs the whole model on whole sequences."""
-    return dims.pipeline == 1 and dims.context == 1
-
-
-def whole_model_here(dims: ParallelDims) -> bool:
-    """One stage, and every routed expert on every rank (no expert parallelism)."""
-    return one_stage(dims) and dims.expert == 1
 
 
 class DataParallelLoss:
@@ -88,10 +77,6 @@ class SingleRank(StepLayout):
             self.reduction = Reduction(collectives, average=False)
 
     @classmethod
-    def selects(cls, dims: ParallelDims, parallelism: ParallelismConfig) -> bool:
-        return whole_model_here(dims) and dims.data == 1 and dims.tensor == 1
-
-    @classmethod
     def build(cls, parts: LayoutParts) -> SingleRank:
         return cls(parts.model, replicated_optimizer(parts), parts.collectives)
 
@@ -112,11 +97,6 @@ class DataParallel(StepLayout):
         self.loss = DataParallelLoss(collectives, parallelism)
         super().__init__(model, optimizer, loss_divisor=self.loss.divisor)
         self.reduction = Reduction.of(collectives, parallelism)
-
-    @classmethod
-    def selects(cls, dims: ParallelDims, parallelism: ParallelismConfig) -> bool:
-        return (whole_model_here(dims) and dims.data > 1 and dims.data_shard == 1
-                and dims.tensor == 1)
 
     @classmethod
     def build(cls, parts: LayoutParts) -> DataParallel:
@@ -140,10 +120,6 @@ class TensorParallel(DataParallel):
                  parallelism: ParallelismConfig, group: TensorGroup):
         super().__init__(model, optimizer, collectives, parallelism)
         self.group = group
-
-    @classmethod
-    def selects(cls, dims: ParallelDims, parallelism: ParallelismConfig) -> bool:
-        return whole_model_here(dims) and dims.tensor > 1 and dims.data_shard == 1
 
     @classmethod
     def build(cls, parts: LayoutParts) -> TensorParallel:

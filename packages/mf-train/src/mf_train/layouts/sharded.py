@@ -74,7 +74,7 @@ from .contract import (
     reduce_dtype,
 )
 from .expert_parallel import EXPERT_MARK, expert_holders
-from .replicated import DataParallelLoss, whole_model_here
+from .replicated import DataParallelLoss
 
 NAMES = {"optim": "ZeRO-1", "optim_grads": "ZeRO-2", "optim_grads_params": "FSDP"}
 FSDP_STRATEGY = "optim_grads_params"
@@ -104,11 +104,6 @@ class ZeRO(StepLayout):
             after=_experts_after(model, buffers))
         """Reduces the gradients buffer by buffer (`GradientReducer.reduce_flat`, the partial
         sums first); during backward for ZeRO-2 and FSDP."""
-
-    @classmethod
-    def selects(cls, dims: ParallelDims, parallelism: ParallelismConfig) -> bool:
-        return (whole_model_here(dims) and dims.data_shard > 1
-                and parallelism.data_parallel_shard_strategy != FSDP_STRATEGY)
 
     @classmethod
     def problems(cls, dims: ParallelDims, sections: LayoutSections) -> list[Problem]:
@@ -238,11 +233,6 @@ class ZeRO(StepLayout):
 
 class FSDP(ZeRO):
     """FSDP: parameters sharded too, unit by unit, gathered around each unit's passes."""
-
-    @classmethod
-    def selects(cls, dims: ParallelDims, parallelism: ParallelismConfig) -> bool:
-        return (whole_model_here(dims) and dims.data_shard > 1
-                and parallelism.data_parallel_shard_strategy == FSDP_STRATEGY)
 
     @classmethod
     def problems(cls, dims: ParallelDims, sections: LayoutSections) -> list[Problem]:
