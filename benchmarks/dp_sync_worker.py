@@ -12,7 +12,7 @@ from mindspore import Tensor
 
 from mf_config import ParallelismConfig, TrainingConfig
 from mf_parallel import make_plan
-from mf_parallel.runtime import Collectives, GradientSync, init_communication
+from mf_parallel.runtime import Collectives, GradientReducer, init_communication
 
 
 def gpt_shapes(layers: int = 4, hidden: int = 256, vocab: int = 4096) -> list[tuple[int, ...]]:
@@ -33,8 +33,11 @@ shapes = gpt_shapes()
 rng = np.random.default_rng(comm.rank)
 grads = [Tensor(rng.normal(size=s).astype(np.float32)) for s in shapes]
 collectives = Collectives(comm)
-syncs = {size: GradientSync(collectives, shapes, average=True, bucket_bytes=int(size * 2**20))
+syncs = {size: GradientReducer.data_parallel(collectives, shapes, average=True,
+                                             bucket_bytes=int(size * 2**20)).reduce_whole
          for size in bucket_mib}
+per_parameter_sync = GradientReducer.data_parallel(collectives, shapes, average=True,
+                                                   bucket_bytes=0)  # a bucket per gradient
 
 
 def timed(fn) -> list[float]:
@@ -48,8 +51,8 @@ def timed(fn) -> list[float]:
     return times
 
 
-per_parameter = timed(next(iter(syncs.values())).per_parameter)
-bucketed = {size: {"buckets": len(sync.buckets), "times": timed(sync)}
+per_parameter = timed(per_parameter_sync.reduce_whole)
+bucketed = {size: {"buckets": len(sync.__self__.buckets), "times": timed(sync)}
             for size, sync in syncs.items()}
 if comm.rank == 0:
     summary = {"parameters": int(sum(np.prod(s) for s in shapes)), "tensors": len(shapes),

@@ -17,7 +17,7 @@ from mindspore.experimental.optim import AdamW
 
 from mf_config import ParallelismConfig, TrainingConfig
 from mf_parallel import make_plan
-from mf_parallel.runtime import Collectives, GradientSync, init_communication
+from mf_parallel.runtime import Collectives, GradientReducer, init_communication
 
 GLOBAL_BATCH = 8
 world = int(os.environ.get("MS_WORKER_NUM", "1"))
@@ -29,7 +29,9 @@ ms.set_seed(0)
 
 net = nn.SequentialCell(nn.Dense(16, 32), nn.Tanh(), nn.Dense(32, 8))
 optimizer = AdamW(net.trainable_params(), lr=1e-2)
-sync = GradientSync(Collectives(comm), [p.shape for p in optimizer.parameters], average=True)
+collectives = Collectives(comm)
+reducer = GradientReducer.data_parallel(collectives, [p.shape for p in optimizer.parameters],
+                                        average=True)
 grad_fn = ms.value_and_grad(lambda x, y: ops.mse_loss(net(x), y), None, optimizer.parameters)
 
 data = np.random.default_rng(0)  # one global batch to fit, the same on every rank
@@ -39,5 +41,6 @@ local = GLOBAL_BATCH // world
 mine = slice(comm.group_rank("data") * local, (comm.group_rank("data") + 1) * local)
 for step in range(10):
     loss, grads = grad_fn(x[mine], y[mine])
-    optimizer(sync(grads))  # gradients averaged over the data-parallel group
-    print(f"step {step} loss {float(sync.average_loss(loss).asnumpy()):.6f}", flush=True)
+    optimizer(tuple(reducer.reduce_whole(grads)))  # averaged over the data-parallel group
+    mean = collectives.all_reduce(loss, "data") / world  # the ranks' mean loss
+    print(f"step {step} loss {float(mean.asnumpy()):.6f}", flush=True)

@@ -18,6 +18,7 @@ from mf_parallel.runtime.fully_sharded import FullyShardedDataParallel
 from mf_parallel.runtime.sharded import ShardedDataParallel
 
 sys.path.insert(0, str(Path(__file__).resolve().parent / "workers"))
+from slice_adamw import SliceAdamW
 from tiny_problem import tiny_mlp
 
 
@@ -25,33 +26,33 @@ def test_nested_units_are_refused(collectives) -> None:
     net = tiny_mlp(4, depth=2)
     with pytest.raises(ValueError, match=r"is in units 0 and 1: fully sharded units must not "
                                          r"nest or share parameters"):
-        FullyShardedDataParallel(net, [net, net[0]], collectives, lr=1e-2)
+        FullyShardedDataParallel(net, [net, net[0]], collectives)
 
 
 def test_a_unit_outside_the_model_is_refused(collectives) -> None:
     net, other = tiny_mlp(4), nn.Dense(2, 2)
     with pytest.raises(ValueError, match=r"unit 0 \(Dense\) has parameter .* not a trainable "
                                          r"parameter of the model"):
-        FullyShardedDataParallel(net, [other], collectives, lr=1e-2)
+        FullyShardedDataParallel(net, [other], collectives)
 
 
 def test_a_unit_without_parameters_is_refused(collectives) -> None:
     net = tiny_mlp(4)
     with pytest.raises(ValueError, match=r"unit 0 \(Tanh\) has no trainable parameters"):
-        FullyShardedDataParallel(net, [net[1]], collectives, lr=1e-2)
+        FullyShardedDataParallel(net, [net[1]], collectives)
 
 
 def test_zero_1_2_point_to_fully_sharded_for_stage_3(collectives) -> None:
     with pytest.raises(ValueError, match=r"not 'optim_grads_params' \(use fully_sharded"):
         ShardedDataParallel(tiny_mlp(4).trainable_params(), collectives,
-                            "optim_grads_params", lr=1e-2)
+                            "optim_grads_params")
 
 
 def test_forward_and_backward_gather_and_free_the_units(collectives) -> None:
     """One step under `always`: parameters are empty before and after, full inside the
     unit's forward; gradients equal those of an unsharded copy."""
     net, reference = tiny_mlp(5, depth=2), tiny_mlp(5, depth=2)
-    fsdp = FullyShardedDataParallel(net, [net[0], net[2]], collectives, lr=1e-2,
+    fsdp = FullyShardedDataParallel(net, [net[0], net[2]], collectives,
                                     reshard_after_forward_policy="always")
     seen = []
     net[2].register_forward_pre_hook(
@@ -65,7 +66,7 @@ def test_forward_and_backward_gather_and_free_the_units(collectives) -> None:
     for got, want in zip(grads, expected, strict=True):
         np.testing.assert_array_equal(got.asnumpy(), want.asnumpy())
     assert [tuple(p.shape) for p in fsdp.params][:4] == [(0,), (0,), (0,), (0,)]
-    fsdp.step(grads)
+    SliceAdamW(fsdp, collectives, lr=1e-2).step(grads)
     assert all(tuple(p.shape) == (0,) for p in fsdp.params)
 
 
@@ -134,17 +135,18 @@ def test_units_cut_as_they_are_built_train_as_units_cut_after(collectives) -> No
         preslice(unit, collectives)
     assert [tuple(p.shape) for p in net[0].trainable_params()] == [(0,), (0,)]
     assert [built_shape(p) for p in net.trainable_params()] == shapes
-    cut = FullyShardedDataParallel(net, [net[0], net[2]], collectives, lr=1e-2)
-    whole = FullyShardedDataParallel(reference, [reference[0], reference[2]], collectives,
-                                     lr=1e-2)
+    cut = FullyShardedDataParallel(net, [net[0], net[2]], collectives)
+    whole = FullyShardedDataParallel(reference, [reference[0], reference[2]], collectives)
+    steps = [SliceAdamW(wrapper, collectives, lr=1e-2) for wrapper in (cut, whole)]
+
     x = ops.ones((3, 16), ms.float32)
     for _ in range(2):
         _, got = ms.value_and_grad(lambda a: net(a).sum(), None, cut.params)(x)
         _, want = ms.value_and_grad(lambda a: reference(a).sum(), None, whole.params)(x)
         for g, w in zip(got, want, strict=True):
             np.testing.assert_array_equal(g.asnumpy(), w.asnumpy())
-        cut.step(got)
-        whole.step(want)
+        steps[0].step(got)
+        steps[1].step(want)
     for a, b in zip(cut.full_parameters(), whole.full_parameters(), strict=True):
         np.testing.assert_array_equal(a.asnumpy(), b.asnumpy())
     again = tiny_mlp(5, depth=2)
@@ -153,7 +155,7 @@ def test_units_cut_as_they_are_built_train_as_units_cut_after(collectives) -> No
     again[0].trainable_params()[1].requires_grad = False
     with pytest.raises(ValueError, match=r"a slice of \d+ elements was cut when the unit was "
                                          r"built; its parameters now need \d+"):
-        FullyShardedDataParallel(again, [again[0]], collectives, lr=1e-2)
+        FullyShardedDataParallel(again, [again[0]], collectives)
 
 
 def test_a_unit_s_master_is_its_slice_not_a_host_copy(collectives) -> None:
@@ -165,7 +167,7 @@ def test_a_unit_s_master_is_its_slice_not_a_host_copy(collectives) -> None:
     net = tiny_mlp(5, depth=2)
     mine = [preslice(unit, collectives) for unit in (net[0], net[2])]
     values = [m.asnumpy().copy() for m in mine]
-    fsdp = FullyShardedDataParallel(net, [net[0], net[2]], collectives, lr=1e-2)
+    fsdp = FullyShardedDataParallel(net, [net[0], net[2]], collectives)
     for unit, slice_, value in zip(fsdp.units, mine, values, strict=True):
         assert unit.master.data_ptr() == slice_.data_ptr()
         assert tuple(unit.master.shape) == (unit.flat.length,)
@@ -187,19 +189,20 @@ def test_compiled_units_keep_their_tensors_and_train_as_pynative_ones(collective
             preslice(unit, collectives)
     for unit in (net[0], net[2]):
         unit.construct = ms.jit(unit.construct)
-    compiled = FullyShardedDataParallel(net, [net[0], net[2]], collectives, lr=1e-2,
+    compiled = FullyShardedDataParallel(net, [net[0], net[2]], collectives,
                                         reshard_after_forward_policy="always",
                                         keep_tensors=True)
     pynative = FullyShardedDataParallel(reference, [reference[0], reference[2]], collectives,
-                                        lr=1e-2, reshard_after_forward_policy="always")
+                                        reshard_after_forward_policy="always")
+    steps = [SliceAdamW(wrapper, collectives, lr=1e-2) for wrapper in (compiled, pynative)]
     x = ops.ones((3, 16), ms.float32)
     for _ in range(3):
         _, got = ms.value_and_grad(lambda a: net(a).sum(), None, compiled.params)(x)
         _, want = ms.value_and_grad(lambda a: reference(a).sum(), None, pynative.params)(x)
         for g, w in zip(got, want, strict=True):
             np.testing.assert_allclose(g.asnumpy(), w.asnumpy(), rtol=1e-6, atol=1e-7)
-        compiled.step(got)
-        pynative.step(want)
+        steps[0].step(got)
+        steps[1].step(want)
         kept = net[2].trainable_params()
         assert [tuple(p.shape) for p in kept] == [(5, 5), (5,)]  # shapes kept ...
         assert [p.untyped_storage().nbytes() for p in kept] == [0, 0]  # ... memory freed
@@ -336,9 +339,10 @@ def test_vocabulary_rows_are_the_master_tensor_and_train_as_a_plain_unit(collect
     reshaped view of a 1-D slice, which MindSpore would copy at each use), and two steps
     train it as the same table kept in an ordinary unit does."""
     net, reference = _TiedTable(), _TiedTable()
-    fsdp = FullyShardedDataParallel(net, [net.dense], collectives, lr=1e-2,
+    fsdp = FullyShardedDataParallel(net, [net.dense], collectives,
                                     vocabulary_tables=[net.table])
-    plain = FullyShardedDataParallel(reference, [reference.dense], collectives, lr=1e-2)
+    plain = FullyShardedDataParallel(reference, [reference.dense], collectives)
+    steps = [SliceAdamW(wrapper, collectives, lr=1e-2) for wrapper in (fsdp, plain)]
     (rows,) = fsdp.vocabulary_units
     assert tuple(rows.master.shape) == rows.slice_shape == (6, 4)
     x = ops.ones((4, 4), ms.float32)
@@ -346,7 +350,7 @@ def test_vocabulary_rows_are_the_master_tensor_and_train_as_a_plain_unit(collect
         _, got = ms.value_and_grad(lambda a: net(a).sum(), None, fsdp.params)(x)
         assert net.table.data_ptr() == rows.master.data_ptr()
         _, want = ms.value_and_grad(lambda a: reference(a).sum(), None, plain.params)(x)
-        fsdp.step(got)
-        plain.step(want)
+        steps[0].step(got)
+        steps[1].step(want)
     for a, b in zip(fsdp.full_parameters(), plain.full_parameters(), strict=True):
         np.testing.assert_allclose(a.asnumpy(), b.asnumpy(), rtol=1e-6, atol=1e-7)

@@ -17,6 +17,7 @@ pytest.importorskip("mindspore")
 import mindspore as ms
 from mindspore import ops
 
+from mf_parallel.runtime import GradientReducer
 from mf_parallel.runtime.grad_shards import ShardedGradients
 from mf_parallel.runtime.sharded import ShardedDataParallel
 
@@ -34,10 +35,10 @@ def problem(collectives, *, prepare=None):
 
     def reduce_bucket(bucket, grads):
         order.append(bucket.name)
-        return sharded.reduce_bucket(bucket, grads)
+        return GradientReducer.data_parallel(collectives, [p.shape for p in params],
+                                             average=False).reduce_flat(bucket, grads)
 
-    grads = ShardedGradients(sharded.buffers, params, reduce_bucket, average=False,
-                             prepare=prepare)
+    grads = ShardedGradients(sharded.buffers, params, reduce_bucket, prepare=prepare)
     grad_fn = ms.value_and_grad(lambda x: (net(x) ** 2).sum(), None, params)
     return net, params, sharded, grads, grad_fn, order
 
@@ -101,9 +102,10 @@ def test_an_optional_gradient_that_does_not_come_is_zeros(collectives, case) -> 
 
     def reduce_bucket(bucket, grads):
         order.append((bucket.name, bool(spare_hooked)))
-        return sharded.reduce_bucket(bucket, grads)
+        return GradientReducer.data_parallel(collectives, [p.shape for p in params],
+                                             average=False).reduce_flat(bucket, grads)
 
-    grads = ShardedGradients(sharded.buffers, params, reduce_bucket, average=False,
+    grads = ShardedGradients(sharded.buffers, params, reduce_bucket,
                              optional=[] if case == "not optional" else [len(params) - 1],
                              after={2: 0} if alone else None)
     x = ops.ones((3, 16), ms.float32)

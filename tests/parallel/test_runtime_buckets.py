@@ -6,7 +6,7 @@ import pytest
 
 pytest.importorskip("mindspore")
 
-from mf_parallel.runtime.grad_sync import _buckets
+from mf_parallel.runtime.grad_reduce import _buckets
 
 
 @pytest.mark.parametrize(("sizes", "limit", "expected"), [
@@ -17,4 +17,4 @@ from mf_parallel.runtime.grad_sync import _buckets
     ([], 4, []),
 ])
 def test_buckets_are_consecutive_and_within_the_limit(sizes, limit, expected) -> None:
-    assert _buckets(sizes, limit) == expected
+    assert _buckets(list(range(len(sizes))), sizes, limit) == expected

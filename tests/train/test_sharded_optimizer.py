@@ -37,7 +37,6 @@ from mf_train.checkpoint.pieces import Deferred, Piece, PieceIndex
 from mf_train.checkpoint.regions import RankRegions
 from mf_train.gradient_norm import OwnedNorm
 from mf_train.layouts import FSDP, LayoutParts, MicroBatch, SingleRank, ZeRO
-from mf_train.layouts.sharded import reduce_to_slice
 from mf_train.models import build_model
 from mf_train.optim import OptimizerStateError, ShardedAdamW, build_optimizer
 from mf_train.optim.protocol import counted
@@ -78,11 +77,14 @@ class StubShard:
             pieces += [piece, np.zeros(chunk - piece.size, np.float32)]
         return np.concatenate(pieces)
 
-    def reduce_grads(self, grads):
-        return [Tensor(self._mine(grads))]
-
     def publish(self, slices):
         self.published.append(slices[0].asnumpy().copy())
+
+
+def reduced_slice(grads) -> Tensor:
+    """Rank 1's slice of the reduced gradients, `grads` standing for their sum over the ranks
+    (what the layouts' reducer gives the optimizer)."""
+    return Tensor(StubShard._mine(grads))
 
 
 def stub_collectives(squares_elsewhere: float = 0.0) -> SimpleNamespace:
@@ -118,7 +120,7 @@ def test_slice_update_equals_whole_tensor_adamw_with_per_parameter_decay() -> No
     moments = [(np.zeros_like(w), np.zeros_like(w)) for w in whole]
     flat_grads = [g.asnumpy().reshape(-1) for g in grads]
     for step in (1, 2, 3):
-        grad, _ = reduce_to_slice(sharded, stub_collectives(), grads)
+        grad = reduced_slice(grads)
         optimizer.step([grad], LR)
         for i, rate in enumerate((WD, 0.0, WD)):
             whole[i], m, v = numpy_adamw(whole[i], flat_grads[i], *moments[i], step, LR, rate)
@@ -136,7 +138,9 @@ def test_norm_sums_the_squares_of_every_ranks_slice() -> None:
     optimizer = ShardedAdamW([(p.name, p) for p in sharded.params], sharded,
                              stub_collectives(squares_elsewhere=4.0), betas=BETAS, eps=EPS)
     mine = StubShard._mine(grads)
-    grad, norm = reduce_to_slice(sharded, optimizer.collectives, grads)
+    grad = reduced_slice(grads)
+    norm = OwnedNorm([True], lambda squares: optimizer.collectives.all_reduce(squares,
+                                                                              "world"))([grad])
     np.testing.assert_array_equal(grad.asnumpy(), mine)
     assert float(norm.asnumpy()) == pytest.approx(math.sqrt(float((mine ** 2).sum()) + 4.0),
                                                   rel=1e-6)
@@ -151,7 +155,7 @@ def test_norm_with_tensor_parallelism_counts_replicated_elements_on_one_tensor_r
     owned = sharded.buffers[0].flat.own_values([1.0, 0.0, 0.0])
     assert owned.tolist() == [1.0, 1.0, 0.0, 0.0, 0.0]
     norm = OwnedNorm([owned], lambda squares: squares + 4.0)
-    _, value = reduce_to_slice(sharded, stub_collectives(), grads, norm)
+    value = norm([reduced_slice(grads)])
     mine = StubShard._mine(grads).astype(np.float64)
     assert float(value.asnumpy()) == pytest.approx(math.sqrt((mine[:2] ** 2).sum() + 4.0),
                                                   rel=1e-6)
@@ -159,9 +163,9 @@ def test_norm_with_tensor_parallelism_counts_replicated_elements_on_one_tensor_r
 
 def test_clip_scales_the_slice_like_the_whole_gradient() -> None:
     (s1, clipped_opt, grads), (s2, scaled_opt, _) = stub_problem(), stub_problem()
-    grad, _ = reduce_to_slice(s1, stub_collectives(), grads)
+    grad = reduced_slice(grads)
     clipped_opt.step([grad], LR, clip=0.25)
-    scaled, _ = reduce_to_slice(s2, stub_collectives(), [g * 0.25 for g in grads])
+    scaled = reduced_slice([g * 0.25 for g in grads])
     scaled_opt.step([scaled], LR)
     np.testing.assert_array_equal(s1.published[-1], s2.published[-1])
 
@@ -171,9 +175,9 @@ def test_a_slice_step_not_kept_changes_nothing() -> None:
     masters and moments stay bit-identical; uncounted, the next kept step equals a run
     without the skipped one."""
     (s1, gated, grads), (s2, plain, _) = stub_problem(), stub_problem()
-    grad, _ = reduce_to_slice(s1, stub_collectives(), grads)
+    grad = reduced_slice(grads)
     gated.step([grad], LR, keep=Tensor(True))
-    plain.step([reduce_to_slice(s2, stub_collectives(), grads)[0]], LR)
+    plain.step([reduced_slice(grads)], LR)
     before = {key: value.copy() for key, value in gated.state_dict().items()}
     gated.step([grad * np.float32(np.nan)], LR, clip=Tensor(np.float32(0.5)),
                keep=Tensor(False))
@@ -181,14 +185,14 @@ def test_a_slice_step_not_kept_changes_nothing() -> None:
     for key, value in gated.state_dict().items():
         np.testing.assert_array_equal(value, before[key], err_msg=key)
     gated.step([grad], LR, keep=Tensor(True))
-    plain.step([reduce_to_slice(s2, stub_collectives(), grads)[0]], LR)
+    plain.step([reduced_slice(grads)], LR)
     np.testing.assert_array_equal(s1.published[-1], s2.published[-1])
     assert gated.global_step == plain.global_step == 2
 
 
 def test_state_dict_round_trip_and_layout_check() -> None:
-    sharded, optimizer, grads = stub_problem()
-    optimizer.step([reduce_to_slice(sharded, stub_collectives(), grads)[0]], LR)
+    _, optimizer, grads = stub_problem()
+    optimizer.step([reduced_slice(grads)], LR)
     state = optimizer.state_dict()
     assert sorted(state) == ["adam_m.flat", "adam_v.flat", "global_step", "main_param.flat",
                              "shard_layout"]
@@ -283,7 +287,7 @@ def test_state_pieces_are_one_process_adamw_state_cut_where_the_slice_cuts(tmp_p
     whole = [p.asnumpy().reshape(-1) for p in sharded.params]
     moments = [(np.zeros_like(w), np.zeros_like(w)) for w in whole]
     for step in (1, 2):
-        optimizer.step([reduce_to_slice(sharded, stub_collectives(), grads)[0]], LR)
+        optimizer.step([reduced_slice(grads)], LR)
         for i, rate in enumerate((WD, 0.0, WD)):
             whole[i], *moments[i] = numpy_adamw(whole[i], grads[i].asnumpy().reshape(-1),
                                                 *moments[i], step, LR, rate)

@@ -12,7 +12,7 @@ from mf_config import ParallelismConfig, TrainingConfig
 from mf_parallel import make_plan
 from mf_parallel.runtime import Collectives
 from mf_parallel.runtime.flat_shard import FlatShard
-from mf_parallel.runtime.grad_sync import GradientSync
+from mf_parallel.runtime.grad_reduce import GradientReducer
 
 FLAT_SHAPES = [(5, 3), (4,), (2, 2, 2)]
 """The tensors of the flat-buffer gather: 31 elements, padded on every shard degree."""
@@ -74,14 +74,15 @@ def reduce_input(rank: int, shape: tuple[int, ...]) -> np.ndarray:
 
 
 def reduced_in_dtypes(col: Collectives) -> dict:
-    """The gradients `reduce_input` summed over the data group by `GradientSync` and
+    """The gradients `reduce_input` summed over the data group by `GradientReducer` and
     reduce-scattered over the shard group by `FlatShard`, in each `reduce_dtype`: what
     test_runtime_collectives.py compares with numpy's sums of the rounded inputs."""
     grads = [Tensor(reduce_input(col.comm.rank, shape)) for shape in FLAT_SHAPES]
     out = {}
     for name in ("float32", "float16", "bfloat16"):
         dtype = getattr(ms, name)
-        synced = GradientSync(col, FLAT_SHAPES, reduce_dtype=dtype)(grads)
+        synced = GradientReducer.data_parallel(col, FLAT_SHAPES, average=False,
+                                               reduce_dtype=dtype).reduce_whole(grads)
         mine = FlatShard(FLAT_SHAPES, col, reduce_dtype=dtype).reduce_scatter_tensors(grads)
         out[name] = {"sync": [g.asnumpy().tolist() for g in synced],
                      "sync_dtypes": [str(g.dtype) for g in synced],

@@ -14,7 +14,7 @@ from tiny_problem import local_batch, tiny_mlp
 
 from mf_config import ParallelismConfig, TrainingConfig
 from mf_parallel import make_plan
-from mf_parallel.runtime import Collectives, GradientSync
+from mf_parallel.runtime import Collectives, GradientReducer
 
 GLOBAL_BATCH = 8
 
@@ -34,9 +34,13 @@ def run(connect, *, world: int, mode: str, steps: int) -> dict:
 
     optimizer = AdamW(net.trainable_params(), lr=1e-2)
     params = list(optimizer.parameters)
-    sync = GradientSync(Collectives(comm), [p.shape for p in params], average=(mode == "mean"))
-    small_buckets = GradientSync(Collectives(comm), [p.shape for p in params],
-                                 average=(mode == "mean"), bucket_bytes=256)
+    collectives = Collectives(comm)
+
+    def reducer(bucket_bytes: int) -> GradientReducer:  # every gradient over the data group
+        return GradientReducer.data_parallel(collectives, [p.shape for p in params],
+                                             average=(mode == "mean"), bucket_bytes=bucket_bytes)
+
+    sync, small_buckets, per_parameter = reducer(25 << 20), reducer(256), reducer(0)
 
     def loss_fn(x, y):
         return ops.mse_loss(net(x), y)
@@ -46,15 +50,16 @@ def run(connect, *, world: int, mode: str, steps: int) -> dict:
               "small_buckets": len(small_buckets.buckets)}
     for step in range(steps):
         loss, grads = grad_fn(x, y)
-        synced = sync(grads)
+        synced = sync.reduce_whole(grads)
         if step == 0:
             result["grads"] = [g.asnumpy().tolist() for g in synced]
             result["grads_small_buckets"] = [g.asnumpy().tolist()
-                                             for g in small_buckets(grads)]
+                                             for g in small_buckets.reduce_whole(grads)]
             result["grads_per_parameter"] = [g.asnumpy().tolist()
-                                             for g in sync.per_parameter(grads)]
-        result["losses"].append(float(sync.average_loss(loss).asnumpy()))
-        optimizer(synced)
+                                             for g in per_parameter.reduce_whole(grads)]
+        mean = collectives.all_reduce(loss, "data") / world if world > 1 else loss
+        result["losses"].append(float(mean.asnumpy()))
+        optimizer(tuple(synced))
     result["weights"] = [p.asnumpy().tolist() for p in params]
     result["names"] = [p.name for p in params]
     return result

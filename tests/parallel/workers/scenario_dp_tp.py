@@ -18,13 +18,12 @@ from mindspore.experimental.optim import AdamW
 
 from mf_config import ParallelismConfig, TrainingConfig
 from mf_parallel import make_plan
-from mf_parallel.runtime import Collectives, GradientSync
+from mf_parallel.runtime import Collectives, GradientReducer
 from mf_parallel.runtime.tensor_parallel import (
     ColumnParallelLinear,
     RowParallelLinear,
     TensorGroup,
     VocabParallelEmbedding,
-    reduce_sequence_parallel_grads,
     vocab_parallel_cross_entropy,
 )
 
@@ -64,13 +63,16 @@ def run(connect, *, world: int, steps: int) -> dict:
         return vocab_parallel_cross_entropy(head(hidden), labels, group).mean()
 
     optimizer = AdamW(params, lr=1e-2)
-    sync = GradientSync(collectives, [p.shape for p in params], average=True)
+    # the record's partial groups: the sequence-parallel bias's gradient over the tensor group
+    partial = [("loss", "tensor") if p is down.bias else ("loss",) for p in params]
+    reducer = GradientReducer(collectives, partial, [p.shape for p in params], average=True)
     grad_fn = ms.value_and_grad(parallel_loss, None, params)
     losses = []
     for _ in range(steps):
         loss, grads = grad_fn(Tensor(ids[:, columns]), Tensor(targets[:, columns]))
-        optimizer(sync(reduce_sequence_parallel_grads(params, grads, group)))
-        losses.append(float(sync.average_loss(loss).asnumpy()))
+        optimizer(tuple(reducer.reduce_whole(grads)))
+        mean = collectives.all_reduce(loss, "data") / comm.group_size("data")
+        losses.append(float(mean.asnumpy()))
 
     # The unsharded twin, on the whole global batch.
     twin = {name: Parameter(Tensor(value), name=name) for name, value in full.items()}

@@ -3,19 +3,21 @@ test_runtime_sharded.py compares.
 
 A scenario of runtime_suite.py: `run` returns this rank's results. Trains the same 3-layer MLP
 (1955 parameters: slices of unequal length need padding) for `steps` AdamW steps with each
-variant: `plain` (GradientSync + AdamW per parameter, the reference), `optim` and
-`optim_grads` (ZeRO-1/2), and `optim_grads_params` (FSDP, the first two linear layers as
-units) under each reshard_after_forward_policy.
+variant: `plain` (GradientReducer's whole buckets + AdamW per parameter, the reference), `optim`
+and `optim_grads` (ZeRO-1/2), and `optim_grads_params` (FSDP, the first two linear layers as
+units) under each reshard_after_forward_policy, their slices reduced by the same reducer
+(`slice_adamw`).
 """
 
 import mindspore as ms
 from mindspore import ops
 from mindspore.experimental.optim import AdamW
+from slice_adamw import SliceAdamW
 from tiny_problem import local_batch, tiny_mlp
 
 from mf_config import ParallelismConfig, TrainingConfig
 from mf_parallel import make_plan
-from mf_parallel.runtime import Collectives, GradientSync
+from mf_parallel.runtime import Collectives, GradientReducer
 from mf_parallel.runtime.fully_sharded import FullyShardedDataParallel
 from mf_parallel.runtime.sharded import ShardedDataParallel
 
@@ -43,24 +45,24 @@ def run(connect, *, world: int, shard: int, steps: int) -> dict:
         net = tiny_mlp(33, depth=2)
         params = net.trainable_params()
         optimizer = AdamW(params, **HYPER)
-        sync = GradientSync(collectives, [p.shape for p in params], average=True)
-        train(net, params, lambda grads: optimizer(sync(grads)))
+        reducer = GradientReducer.data_parallel(collectives, [p.shape for p in params],
+                                                average=True)
+        train(net, params, lambda grads: optimizer(tuple(reducer.reduce_whole(grads))))
         return {"weights": [p.asnumpy().tolist() for p in params]}
 
     def zero(strategy: str) -> dict:
         net = tiny_mlp(33, depth=2)
         params = net.trainable_params()
-        sharded = ShardedDataParallel(params, collectives, strategy, average=True, **HYPER)
-        train(net, params, sharded.step)
+        sharded = ShardedDataParallel(params, collectives, strategy)
+        train(net, params, SliceAdamW(sharded, collectives, **HYPER).step)
         return {"weights": [p.asnumpy().tolist() for p in params],
                 "held": sharded.held_bytes()}
 
     def fully_sharded(policy: str) -> dict:
         net = tiny_mlp(33, depth=2)
         fsdp = FullyShardedDataParallel(net, [net[0], net[2]], collectives,
-                                        reshard_after_forward_policy=policy, average=True,
-                                        **HYPER)
-        train(net, fsdp.params, fsdp.step)
+                                        reshard_after_forward_policy=policy)
+        train(net, fsdp.params, SliceAdamW(fsdp, collectives, **HYPER).step)
         return {"weights": [t.asnumpy().tolist() for t in fsdp.full_parameters()],
                 "held": fsdp.held_bytes(),
                 "between_steps_shapes": [list(p.shape) for p in fsdp.params],

@@ -307,8 +307,8 @@ FIELDS: dict[str, Field] = {
     "parallelism.cpu_offload": Field(rules=(
         no_effect(differs(False), "has no effect: the trainer keeps parameters and optimizer "
                                   "state on the device", {"parallelism.cpu_offload": True}),)),
-    "parallelism.disable_gradient_division": reads("mf_train.layouts.replicated",
-                                                   "mf_train.layouts.sharded"),
+    "parallelism.disable_gradient_division": reads("mf_train.layouts.contract",
+                                                   "mf_train.layouts.replicated"),
     "parallelism.tensor_parallel": reads("mf_parallel.dims", TRAINER),
     "parallelism.context_parallel": reads("mf_parallel.dims"),
     "parallelism.context_parallel_method": reads("mf_config.sections", rules=(
@@ -407,7 +407,7 @@ FIELDS: dict[str, Field] = {
         no_effect(differs("float32"), "has no effect: parameters are kept in "
                                       "model.params_dtype and computed in model.compute_dtype; "
                                       "set those", {"parallelism.param_dtype": "bfloat16"}),)),
-    "parallelism.reduce_dtype": reads("mf_train.layouts.replicated", rules=(
+    "parallelism.reduce_dtype": reads("mf_train.layouts.contract", rules=(
         no_effect(_no_gradient_reduction, "has no effect: no gradient is reduced over "
                                           "data-parallel ranks (data x context parallel "
                                           "size 1)",

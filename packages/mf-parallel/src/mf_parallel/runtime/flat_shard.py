@@ -35,17 +35,13 @@ class ShardGroups(NamedTuple):
     """Sliced over this group."""
     replicate: str | None
     """Reduced slices summed over this group too (HSDP), or None."""
-    tokens: str | None = None
-    """The group whose ranks' tokens a reduced gradient sums, when not shard x replicate
-    (its size divides an averaged gradient)."""
 
 
 DATA_GROUPS = ShardGroups("shard", "replicate")
 """The groups of sharded data parallelism: sliced over `shard`, summed over `replicate` too."""
-EXPERT_DATA_GROUPS = ShardGroups("expert_data", None, tokens="data")
+EXPERT_DATA_GROUPS = ShardGroups("expert_data", None)
 """The groups routed experts are sliced over under expert parallelism: every rank holding the
-same experts (torchtitan's `efsdp`); no replicas. An expert's gradient already holds the
-tokens every data-parallel rank dispatched to it: averaged over the whole `data` group."""
+same experts (torchtitan's `efsdp`); no replicas."""
 
 
 IN_PLACE_GATHER_BYTES = 64 << 20
@@ -81,14 +77,6 @@ class FlatShard:
         """This rank's place in the shard group."""
         self.start = self.rank * self.length
         """Where this rank's slice starts in the whole buffer (`flatten`)."""
-
-    @property
-    def data_ranks(self) -> int:
-        """The data-parallel ranks whose tokens a reduced gradient sums: shard x replicate,
-        or the size of the groups' `tokens` group (routed experts: the whole `data` group)."""
-        if self.groups.tokens is not None:
-            return self.collectives.comm.group_size(self.groups.tokens)
-        return self.shards * self.replicas
 
     @property
     def total(self) -> int:
@@ -369,6 +357,11 @@ class FlatBucket:
         if tuple(values.shape) == self.slice_shape:
             return values
         return fresh_copy(values.reshape(self.slice_shape))
+
+    def reduce(self, grads: Sequence[ms.Tensor]) -> ms.Tensor:
+        """Its parameters' gradients summed over the data-parallel ranks (reduce-scattered over
+        the shard group, summed over the replicas): this rank's slice."""
+        return self.flat.reduce_scatter_tensors(grads)
 
     def flat_master(self) -> ms.Tensor:
         """`master` as the 1-D slice the `FlatShard` collectives take (a view when 2-D).

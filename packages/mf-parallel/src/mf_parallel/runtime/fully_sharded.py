@@ -19,14 +19,14 @@ parameter of a resharding unit by a reference to it, and hands the parameter bac
 re-gathered by the backward pre-hook, when the backward pass needs it. A saved view of a
 parameter with another shape (a transposed weight) is kept as it is: correct, not freed.
 
-`reduce_grads(grads)` reduce-scatters each unit's gradients (then sums over the replicate group
-with HSDP) and returns this rank's slice of each unit; the caller updates the slices with any
-element-wise optimizer (mf-train's AdamW with per-element weight decay) and hands them back
-with `publish(slices)`, which makes them the units' masters: the next forward pass gathers
-them. `step(grads)` does both with `mindspore.experimental.optim.AdamW` (one lr, one weight
-decay) when the wrapper was built with `lr`. AdamW is element-wise, so the result equals plain
-data parallelism: the tests compare them on real ranks. Parameters must be used only inside the
-cell that owns them (no weight shared between units), and units must not nest.
+Each unit's gradients are reduce-scattered to this rank's slice (then summed over the
+replicate group with HSDP: `FlatBucket.reduce`) by `grad_shards.ShardedGradients` with
+`grad_reduce.GradientReducer`; the caller updates the slices with any element-wise optimizer
+(mf-train's AdamW with per-element weight decay) and hands them back with `publish(slices)`,
+which makes them the units' masters: the next forward pass gathers them. AdamW is
+element-wise, so the result equals plain data parallelism: the tests compare them on real
+ranks. Parameters must be used only inside the cell that owns them (no weight shared between
+units), and units must not nest.
 
 Compiled layers (`mindspore.jit`) hold the parameter tensors they were compiled with, so
 swapping a parameter's tensor would leave a graph reading the old one. With `keep_tensors`
@@ -53,7 +53,6 @@ from typing import NamedTuple
 
 import mindspore as ms
 from mindspore import Parameter, nn, ops
-from mindspore.experimental.optim import AdamW
 
 from mf_parallel.reshard_policy import reshard_plan
 
@@ -109,11 +108,6 @@ class ShardedUnit(FlatBucket):
             else:
                 param.set_data(ops.zeros((0,), param.dtype), slice_shape=True)
         self.gathered = False
-
-    def reduce(self, grads: Sequence[ms.Tensor]) -> ms.Tensor:
-        """The unit's gradients summed over the data-parallel ranks, this rank's slice."""
-        return self.flat.reduce_scatter_tensors(grads)
-
 
 class VocabularyRows(ShardedUnit):
     """One `[vocabulary, ...]` table whose rows are split over the shard group, used where it
@@ -231,19 +225,15 @@ class FullyShardedDataParallel:
 
     `units` are cells of `model` in forward order (its decoder layers, say); the parameters no
     unit owns form a root unit. Take gradients over `self.params` (the model's trainable
-    parameters), then call `step`.
+    parameters), reduce them unit by unit (`buffers`), update the slices and `publish` them.
 
     Args:
         model: the whole model; its parameters are replaced by empty placeholders.
         units: cells of `model` in forward order, each sharded and gathered on its own.
         collectives: this rank's collectives; slices are over the `shard` group (and
             summed over `replicate` with HSDP).
-        lr: with a learning rate, `step` runs AdamW on the slices; without, the caller
-            updates them (`reduce_grads`, then `publish`).
         reshard_after_forward_policy: `always`, `never` or `default` (see `reshard_plan`).
         pipeline_parallel: the pipeline degree (for the `default` policy).
-        betas, eps, weight_decay: the built-in AdamW's settings.
-        average: average the gradients over the data-parallel ranks instead of summing.
         keep_tensors: free a parameter by resizing its storage, keeping its tensor (compiled
             layers hold the tensors they were compiled with).
         expert_units: routed experts under expert parallelism, left out of `model`'s
@@ -261,15 +251,12 @@ class FullyShardedDataParallel:
     """
 
     def __init__(self, model: nn.Cell, units: Sequence[nn.Cell], collectives: Collectives, *,
-                 lr: float | None = None, reshard_after_forward_policy: str = "default",
-                 pipeline_parallel: int = 1, betas: tuple[float, float] = (0.9, 0.95),
-                 eps: float = 1e-8, weight_decay: float = 0.0, average: bool = True,
+                 reshard_after_forward_policy: str = "default", pipeline_parallel: int = 1,
                  keep_tensors: bool = False,
                  expert_units: Sequence[tuple[nn.Cell, nn.Cell]] = (),
                  vocabulary_tables: Sequence[Parameter] = (),
                  reduce_dtype: ms.Type | None = None):
         self.params = list(model.trainable_params())
-        self.average = average
         owned = _owned_params(units, self.params)
         kept = {id(q) for ps in owned for q in ps} | {id(p) for p in vocabulary_tables}
         root = [p for p in self.params if id(p) not in kept]
@@ -290,60 +277,21 @@ class FullyShardedDataParallel:
         self.root = ShardedUnit("root", root, collectives, False) if root else None
         for unit in self._all_units():
             unit.flat.reduce_dtype = reduce_dtype
-        self._index = {id(p): i for i, p in enumerate(self.params)}
         self.saved = _SavedParams()
         for cell, unit in zip(units, self.units, strict=True):
             self._hook_unit(cell, unit)
         for (cell, _, _), unit in zip(experts, self.expert_units, strict=True):
             self._hook_unit(cell, unit)
         self._hook_root(model)
-        self.optimizer = None if lr is None else AdamW(
-            [u.master for u in self._all_units()], lr=lr, betas=betas, eps=eps,
-            weight_decay=weight_decay)
 
     @property
     def buffers(self) -> list[ShardedUnit]:
-        """The units in the order of `reduce_grads`' and `publish`'s slices: the cells' units
+        """The units in the order of their slices (`publish`): the cells' units
         in forward order, the experts' units, the vocabulary's tables, then the root unit (if
         any). Each has `.params`, `.flat` (its `FlatShard`), `.master` (this rank's slice,
         in the parameters' dtype, of shape `.slice_shape`: 2-D for a vocabulary table's
         rows) and `.as_slice` (`FlatBucket`)."""
         return self._all_units()
-
-    def step(self, grads: Sequence[ms.Tensor]) -> None:
-        """Reduce-scatter `grads` (aligned with `self.params`) and update every slice with
-        the built-in AdamW."""
-        if self.optimizer is None:
-            raise RuntimeError("FullyShardedDataParallel was built without lr: the caller "
-                               "updates the slices (reduce_grads, then publish)")
-        units = self._all_units()
-        self.optimizer(tuple(grad.reshape(unit.slice_shape) for unit, grad
-                             in zip(units, self.reduce_grads(grads), strict=True)))
-
-    def reduce_grads(self, grads: Sequence[ms.Tensor]) -> list[ms.Tensor]:
-        """Reduce-scatter each unit's gradients (a collective: all ranks call it). Frees
-        every gathered parameter first: the step's forward and backward are over.
-
-        Args:
-            grads: the gradients, aligned with `self.params`.
-
-        Returns:
-            This rank's slice of each unit's gradients, in `buffers` order: summed over the
-            data-parallel ranks, averaged when `average`.
-        """
-        if len(grads) != len(self.params):
-            raise ValueError(f"expected {len(self.params)} gradients, got {len(grads)}")
-        self.reshard()
-        slices = []
-        for unit in self._all_units():
-            mine = self.reduce_bucket(unit, [grads[self._index[id(p)]] for p in unit.params])
-            slices.append(mine * (1.0 / unit.flat.data_ranks) if self.average else mine)
-        return slices
-
-    @staticmethod
-    def reduce_bucket(unit: ShardedUnit, grads: Sequence[ms.Tensor]) -> ms.Tensor:
-        """One unit's gradients summed over the data-parallel ranks, this rank's slice."""
-        return unit.reduce(grads)
 
     def publish(self, slices: Sequence[ms.Tensor]) -> None:
         """Take this rank's updated slices; the next forward pass gathers them. Local: no

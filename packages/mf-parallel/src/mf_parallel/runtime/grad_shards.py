@@ -5,7 +5,8 @@ gradients need not outlive the unit that produced them. `ShardedGradients` regis
 every parameter (`Parameter.register_hook`: in PyNative it fires once per backward pass with
 the parameter's whole gradient, summed over its uses, as soon as it is complete). The hook
 keeps the gradient until every parameter of its buffer has one, then the buffer is flattened,
-reduce-scattered (`reduce_bucket`), added to the buffer's float32 sum of the step, and the
+reduced to this rank's chunk (`reduce_bucket`: `GradientReducer.reduce_flat`), added to the
+buffer's float32 sum of the step, and the
 whole gradients are dropped; the hook hands autograd a one-element placeholder instead, so
 `value_and_grad` returns no whole-size gradient either. The transient memory of a step is one
 unit's gradients and buffers, as with PyTorch's FSDP2.
@@ -35,8 +36,6 @@ from typing import Any
 import mindspore as ms
 from mindspore import Parameter, ops
 
-FLOAT32 = ms.float32
-
 
 class ShardedGradients:
     """This rank's float32 slices of the step's reduced gradients, one per buffer.
@@ -44,12 +43,11 @@ class ShardedGradients:
     Args:
         buffers: the sharded wrapper's buffers (`.params`, `.flat`), in slice order.
         params: every parameter of the buffers, in the order of the gradients.
-        reduce_bucket: `(buffer, grads) -> slice`: one buffer's gradients summed over the
-            data-parallel ranks, this rank's slice (the wrapper's reduction).
-        average: divide each reduced slice by the data-parallel ranks (before summing the
-            micro-batches).
-        prepare: applied to each parameter's gradient first (`(index, grad) -> grad`: the
-            tensor-group sum of sequence-parallel partial gradients), or None.
+        reduce_bucket: `(buffer, grads) -> slice`: one buffer's gradients reduced to this
+            rank's float32 slice (`GradientReducer.reduce_flat`: summed over the
+            data-parallel ranks, the mean taken when gradients are averaged).
+        prepare: applied to each parameter's gradient first (`(index, grad) -> grad`:
+            `GradientReducer.partial_sum`), or None.
         optional: indices of the parameters whose gradient may not come (routed experts),
             see the module docstring.
         after: buffers placed in the order right after another (by index: buffer -> the
@@ -59,10 +57,10 @@ class ShardedGradients:
 
     def __init__(self, buffers: Sequence[Any], params: Sequence[Parameter],
                  reduce_bucket: Callable[[Any, list[ms.Tensor]], ms.Tensor], *,
-                 average: bool, prepare: Callable[[int, ms.Tensor], ms.Tensor] | None = None,
+                 prepare: Callable[[int, ms.Tensor], ms.Tensor] | None = None,
                  optional: Collection[int] = (), after: dict[int, int] | None = None):
         self.buffers, self.params = list(buffers), list(params)
-        self.reduce_bucket, self.average, self.prepare = reduce_bucket, average, prepare
+        self.reduce_bucket, self.prepare = reduce_bucket, prepare
         index = {id(p): i for i, p in enumerate(self.params)}
         self.members = [[index[id(p)] for p in buffer.params] for buffer in self.buffers]
         self.bucket_of = {i: b for b, members in enumerate(self.members) for i in members}
@@ -132,7 +130,7 @@ class ShardedGradients:
         self._flush(final=True)
 
     def take(self) -> list[ms.Tensor]:
-        """The step's slices, one per buffer (averaged when `average`), and a fresh start."""
+        """The step's slices, one per buffer, and a fresh start."""
         if any(s is None for s in self.sums):
             raise RuntimeError("ShardedGradients.take: no gradient was reduced this step")
         slices, self.sums = self.sums, [None] * len(self.buffers)
@@ -171,10 +169,8 @@ class ShardedGradients:
                 if i not in self._pending and i in self.optional:  # unused: backward is past it
                     self._take(i, ops.zeros(shape, self.params[i].dtype))
             grads = [self._pending.pop(i) for i in self.members[b]]
-            mine = ops.cast(self.reduce_bucket(self.buffers[b], grads), FLOAT32)
+            mine = self.reduce_bucket(self.buffers[b], grads)
             del grads
-            if self.average:  # here, on one buffer's slice: no copy of the sums in `take`
-                mine = mine * (1.0 / self.buffers[b].flat.data_ranks)
             self.sums[b] = mine if self.sums[b] is None else self.sums[b] + mine
             self._next += 1
         if final:

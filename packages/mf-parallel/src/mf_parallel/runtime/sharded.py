@@ -12,14 +12,13 @@ ZeRO's first two stages, over one flat buffer of all parameters (see `flat_shard
 The parameters are sharded by buffer, one per unit (mf-train passes the decoder layers, as
 for FSDP), so the transient buffers of a reduction or a gather are one unit's size (each
 tensor cut into one chunk per rank, `flat_shard.FlatShard`).
-The optimizer's math is the caller's: `reduce_grads(grads)` returns this rank's reduced slice
-of each buffer, the caller updates them (any element-wise optimizer: AdamW with per-element
-weight decay in mf-train), and `publish(slices)` gathers the new slices into the model's
-parameters. `grad_shards.ShardedGradients` reduces gradients as backward produces them.
-`step(grads)` does all three with `mindspore.experimental.optim.AdamW` (one lr, one weight
-decay) when the wrapper was built with `lr`. AdamW is element-wise, so updating slices gives the
-same parameters as updating whole tensors: the tests compare against plain data parallel. The
-third stage, `optim_grads_params`, is `fully_sharded.FullyShardedDataParallel`.
+The gradients are reduced to this rank's slice of each buffer by `grad_shards.ShardedGradients`
+with `grad_reduce.GradientReducer` (each buffer's `FlatBucket.reduce`); the caller updates the
+slices (any element-wise optimizer: AdamW with per-element weight decay in mf-train), and
+`publish(slices)` gathers the new slices into the model's parameters. AdamW is element-wise, so
+updating slices gives the same parameters as updating whole tensors: the tests compare against
+plain data parallel. The third stage, `optim_grads_params`, is
+`fully_sharded.FullyShardedDataParallel`.
 """
 
 from __future__ import annotations
@@ -28,7 +27,6 @@ from collections.abc import Sequence
 
 import mindspore as ms
 from mindspore import Parameter, ops
-from mindspore.experimental.optim import AdamW
 
 from .collectives import Collectives
 from .flat_shard import DATA_GROUPS, EXPERT_DATA_GROUPS, FlatBucket, ShardGroups
@@ -37,8 +35,8 @@ STRATEGIES = ("optim", "optim_grads")
 
 
 class ShardedDataParallel:
-    """Reduces gradients to this rank's slices of the flattened parameters and gathers updated
-    slices back; with `lr`, also steps its own AdamW on the slices (`step`).
+    """This rank's slices of the flattened parameters, in flat buffers whose gradients the
+    caller reduces (`FlatBucket.reduce`), and the gather of updated slices back.
 
     The parameters are laid out in flat buffers (`FlatBucket`), one per unit given (a decoder
     layer, say) and one for the parameters no unit holds, so that every transient buffer of a
@@ -56,10 +54,6 @@ class ShardedDataParallel:
             gradients).
         units: groups of `params`, each laid out in its own buffer (in this order, then the
             rest); None: one buffer.
-        lr: with a learning rate, `step` runs AdamW on the slices; without, the caller updates
-            the slices (`reduce_grads`, then `publish`).
-        betas, eps, weight_decay: the built-in AdamW's settings.
-        average: average the gradients over the data-parallel ranks instead of summing.
         groups: the groups the slices are taken over: `flat_shard.DATA_GROUPS`, or
             `EXPERT_DATA_GROUPS` for routed experts.
         expert_units: routed experts under expert parallelism: groups of `params` each in a
@@ -73,9 +67,7 @@ class ShardedDataParallel:
     """
 
     def __init__(self, params: Sequence[Parameter], collectives: Collectives, strategy: str, *,
-                 units: Sequence[Sequence[Parameter]] | None = None, lr: float | None = None,
-                 betas: tuple[float, float] = (0.9, 0.95), eps: float = 1e-8,
-                 weight_decay: float = 0.0, average: bool = True,
+                 units: Sequence[Sequence[Parameter]] | None = None,
                  groups: ShardGroups = DATA_GROUPS,
                  expert_units: Sequence[Sequence[Parameter]] = (),
                  reduce_dtype: ms.Type | None = None):
@@ -87,7 +79,6 @@ class ShardedDataParallel:
         self.params = list(params)
         self.collectives = collectives
         self.strategy = strategy
-        self.average = average
         experts = {id(p) for unit in expert_units for p in unit}
         self._buffers = [FlatBucket(f"bucket{i}", group, collectives, groups=(
                              EXPERT_DATA_GROUPS if id(group[0]) in experts else groups))
@@ -95,14 +86,10 @@ class ShardedDataParallel:
                                                            [*(units or []), *expert_units]))]
         for bucket in self._buffers:
             bucket.flat.reduce_dtype = reduce_dtype
-        self._index = {id(p): i for i, p in enumerate(self.params)}
-        self.optimizer = None if lr is None else AdamW(
-            [bucket.master for bucket in self._buffers], lr=lr, betas=betas, eps=eps,
-            weight_decay=weight_decay)
 
     @property
     def buffers(self) -> list[FlatBucket]:
-        """The flat buffers whose slices `reduce_grads` and `publish` exchange, in order."""
+        """The flat buffers whose slices are reduced and published, in order."""
         return list(self._buffers)
 
     @property
@@ -110,46 +97,12 @@ class ShardedDataParallel:
         """Whether gradients are reduce-scattered (ZeRO-2) rather than all-reduced whole."""
         return self.strategy == "optim_grads"
 
-    def step(self, grads: Sequence[ms.Tensor]) -> None:
-        """Reduce `grads`, update this rank's slices with the built-in AdamW, and gather the
-        new parameters."""
-        if self.optimizer is None:
-            raise RuntimeError("ShardedDataParallel was built without lr: the caller updates "
-                               "the slices (reduce_grads, then publish)")
-        self.optimizer(tuple(self.reduce_grads(grads)))
-        self._gather()
-
-    def reduce_grads(self, grads: Sequence[ms.Tensor]) -> list[ms.Tensor]:
-        """Reduce the gradients to this rank's slices (a collective: all ranks call it),
-        buffer by buffer.
-
-        Args:
-            grads: the gradients, aligned with `params`.
-
-        Returns:
-            This rank's slice of each buffer, in `buffers` order: summed over the
-            data-parallel ranks, averaged when `average`.
-        """
-        if len(grads) != len(self.params):
-            raise ValueError(f"expected {len(self.params)} gradients, got {len(grads)}")
-        slices = []
-        for bucket in self._buffers:
-            mine = self.reduce_bucket(bucket, [grads[self._index[id(p)]] for p in bucket.params])
-            slices.append(mine * (1.0 / bucket.flat.data_ranks) if self.average else mine)
-        return slices
-
-    def reduce_bucket(self, bucket: FlatBucket, grads: Sequence[ms.Tensor]) -> ms.Tensor:
-        """One buffer's gradients summed over the data-parallel ranks, this rank's slice (the
-        same reduce-scatter for ZeRO-1 and ZeRO-2; they differ in when it runs: ZeRO-2 during
-        backward, ZeRO-1 on the whole gradients accumulated over the step)."""
-        return bucket.flat.reduce_scatter_tensors(grads)
-
     def publish(self, slices: Sequence[ms.Tensor]) -> None:
         """Take this rank's updated slices and gather every rank's slices into the model's
         parameters, buffer by buffer (a collective: all ranks call it).
 
         Args:
-            slices: one slice per buffer, as `reduce_grads` gives them.
+            slices: one slice per buffer, in `buffers` order.
         """
         lengths = [bucket.flat.length for bucket in self._buffers]
         if [tuple(s.shape) for s in slices] != [(n,) for n in lengths]:

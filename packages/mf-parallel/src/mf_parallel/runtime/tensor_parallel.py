@@ -18,8 +18,9 @@ tensor-parallel regions are split along dim 0, the sequence dimension of Megatro
 `[sequence, batch, hidden]` layout; the spec keeps sequence parallelism on whenever tensor
 parallelism is. A parameter that is replicated over the tensor group but used on the sequence
 slices (the row-parallel bias; the norms around the layers) then gets only its slice's share
-of the gradient: such parameters are marked, and `reduce_sequence_parallel_grads` sums their
-gradients over the tensor group, as Megatron-LM does.
+of the gradient: such parameters are marked, and their gradients are summed over the tensor
+group (the placement record's `grad_partial`, `grad_reduce.GradientReducer`), as Megatron-LM
+does.
 """
 
 from __future__ import annotations
@@ -333,7 +334,8 @@ def is_tensor_sharded(param: Parameter) -> bool:
 
 def mark_sequence_parallel(param: Parameter) -> Parameter:
     """Mark a tensor-replicated parameter used on sequence slices (a norm's weight), whose
-    gradient `reduce_sequence_parallel_grads` then sums over the tensor group.
+    gradient is then summed over the tensor group (the placement record's `grad_partial`:
+    `grad_reduce.GradientReducer`).
 
     Args:
         param: the parameter.
@@ -343,23 +345,6 @@ def mark_sequence_parallel(param: Parameter) -> Parameter:
     """
     setattr(param, SEQUENCE_PARALLEL_ATTRIBUTE, True)
     return param
-
-
-def reduce_sequence_parallel_grads(params: list[Parameter], grads: tuple[Tensor, ...],
-                                   group: TensorGroup) -> tuple[Tensor, ...]:
-    """Sum the gradients of marked parameters over the tensor group, since each rank's is
-    only its sequence slice's share; others pass through.
-
-    Args:
-        params: the parameters, aligned with `grads`.
-        grads: their gradients.
-        group: this rank's tensor group.
-
-    Returns:
-        The gradients, in the order given.
-    """
-    return tuple(group.all_reduce(grad) if getattr(param, SEQUENCE_PARALLEL_ATTRIBUTE, False)
-                 else grad for param, grad in zip(params, grads, strict=True))
 
 
 def sequence_shard(x: np.ndarray, group: TensorGroup) -> ms.Tensor:

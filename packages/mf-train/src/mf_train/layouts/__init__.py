@@ -1,18 +1,15 @@
 """Step layouts: how each parallel layout reduces gradients and updates, chosen in one place.
 
-`LAYOUTS` lists every layout; exactly one `selects` a plan's degrees. `check_layout` runs the
-chosen layout's pre-launch refusals (`mf-train` calls it before any rank starts);
-`build_layout` builds it, with its optimizer, on every rank. A new layout (a pipeline
-schedule, an expert-parallel dispatch) is one `StepLayout` subclass added with
-`register_layout`; the others' `selects` must leave its plans alone. `Pipelined` takes the
-plans with pipeline parallelism and composes the layout that selects one stage's degrees
-(`without_pipeline`); `ExpertParallel` takes the one-stage plans with expert parallelism and
-composes the layout of the other degrees (`without_experts`); `ContextParallel` takes the
-one-stage plans with context parallelism and composes the layout that selects them with context
-counted as data (`without_context`); the others take plans without pipeline, context or expert
-parallelism. A composing layout's inner layout is chosen by one stage's degrees
-(`inner_layout`), so under pipeline parallelism the context and expert layouts compose on each
-stage as they do alone.
+`layout_for` picks a plan's layout in one fixed order, the order its parallelisms wrap each
+other: pipeline stages (`Pipelined`), then context (`ContextParallel`), then experts
+(`ExpertParallel`), then the data layout of what is left (ZeRO or FSDP when the data-parallel
+ranks shard, else tensor parallelism, replicas, one rank). `LAYOUTS` holds the class of each
+of those roles: replacing one changes how its plans run. A wrapping layout builds the layout
+of its remaining degrees (`inner_layout`, through the same function: `without_pipeline`,
+`without_context`, `without_experts` drop the degree it took), so under `Pipelined` the
+context and expert layouts wrap as they do alone. `check_layout` runs the chosen layout's
+pre-launch refusals (`mf-train` calls it before any rank starts); `build_layout` builds it,
+with its optimizer, on every rank.
 """
 
 from __future__ import annotations
@@ -43,7 +40,7 @@ from .contract import (
 from .expert_parallel import ExpertParallel
 from .pipelined import Pipelined, stage_part, without_pipeline
 from .replicated import DataParallel, SingleRank, TensorParallel
-from .sharded import FSDP, ZeRO
+from .sharded import FSDP, FSDP_STRATEGY, ZeRO
 
 __all__ = [
     "FSDP",
@@ -68,65 +65,56 @@ __all__ = [
     "build_layout",
     "check_layout",
     "layout_for",
-    "register_layout",
     "stage_part",
 ]
 
-LAYOUTS: list[type[StepLayout]] = [SingleRank, DataParallel, TensorParallel, ZeRO, FSDP,
-                                   Pipelined, ExpertParallel, ContextParallel]
+LAYOUTS: dict[str, type[StepLayout]] = {
+    "pipeline": Pipelined, "context": ContextParallel, "experts": ExpertParallel,
+    "FSDP": FSDP, "ZeRO": ZeRO, "tensor": TensorParallel, "data": DataParallel,
+    "single": SingleRank}
+"""The layout of each role, in the order `layout_for` tries them."""
 
 
-def register_layout(cls: type[StepLayout]) -> type[StepLayout]:
-    """Add a layout to `LAYOUTS` (usable as a class decorator)."""
-    LAYOUTS.append(cls)
-    return cls
+def layout_for(dims: ParallelDims, parallelism: ParallelismConfig) -> type[StepLayout]:
+    """The layout that runs these degrees: the first of, in order, pipeline stages, context,
+    experts (each wrapping the layout of the rest), sharded data parallelism (FSDP or ZeRO by
+    `data_parallel_shard_strategy`), tensor parallelism, replicas, one rank."""
+    if dims.pipeline > 1:
+        role = "pipeline"
+    elif dims.context > 1:
+        role = "context"
+    elif dims.expert > 1:
+        role = "experts"
+    elif dims.data_shard > 1:
+        role = "FSDP" if parallelism.data_parallel_shard_strategy == FSDP_STRATEGY else "ZeRO"
+    elif dims.tensor > 1:
+        role = "tensor"
+    else:
+        role = "data" if dims.data > 1 else "single"
+    return LAYOUTS[role]
 
 
-def layout_for(dims: ParallelDims, parallelism: ParallelismConfig) -> type[StepLayout] | None:
-    """The one layout that runs these degrees, or None when none does (what no layout runs,
-    `mf_train.support` or the layouts' `problems` refuse before launch).
-
-    Raises:
-        RuntimeError: more than one layout selects the degrees (a registration mistake).
-    """
-    chosen = [cls for cls in LAYOUTS if cls.selects(dims, parallelism)]
-    if len(chosen) > 1:
-        raise RuntimeError(f"step layouts {[cls.__name__ for cls in chosen]} all select "
-                           f"{dims.describe()}; exactly one may")
-    return chosen[0] if chosen else None
-
-
-def inner_layout(dims: ParallelDims, parallelism: ParallelismConfig,
-                 whole: ParallelDims) -> type[StepLayout]:
-    """The layout a composing layout (pipeline, expert, context) runs inside: the one that
-    selects `dims`, its other degrees, on one pipeline stage (the pipeline layout composes
-    the others, never the reverse; the layout is built with the pipeline degree kept).
-
-    Raises:
-        RuntimeError: none does (the pre-launch checks should have refused `whole`).
-    """
-    cls = layout_for(without_pipeline(dims), parallelism)
-    if cls is None:
-        raise RuntimeError(f"no step layout runs the other degrees of {whole.describe()}")
-    return cls
+def inner_layout(dims: ParallelDims, parallelism: ParallelismConfig) -> type[StepLayout]:
+    """The layout a composing layout (pipeline, expert, context) runs inside: the one of
+    `dims`, its other degrees, on one pipeline stage (the pipeline layout composes the
+    others, never the reverse; the layout is built with the pipeline degree kept)."""
+    return layout_for(without_pipeline(dims), parallelism)
 
 
 def inner_layer_built(dims: ParallelDims, parallelism: ParallelismConfig,
                       collectives: Collectives) -> Callable[[nn.Cell], object] | None:
-    """The `layer_built` hook of the layout that selects `dims` (a composing layout's other
-    degrees, on one stage), or None when none does or it keeps layers as built."""
+    """The `layer_built` hook of the layout of `dims` (a composing layout's other degrees, on
+    one stage), or None when it keeps layers as built."""
     stage = without_pipeline(dims)
-    cls = layout_for(stage, parallelism)
-    return None if cls is None else cls.layer_built(stage, parallelism, collectives)
+    return layout_for(stage, parallelism).layer_built(stage, parallelism, collectives)
 
 
 def inner_problems(dims: ParallelDims, sections: LayoutSections,
                    checked: ParallelDims | None = None) -> list[Problem]:
-    """What the layout inside a composing layout refuses: the one that selects `dims` (on
-    one stage), asked about `checked` (default `dims`); none when no layout selects them (what
-    no layout runs is refused by `mf_train.support`)."""
-    cls = layout_for(without_pipeline(dims), sections.parallelism)
-    return [] if cls is None else cls.problems(checked or dims, sections)
+    """What the layout inside a composing layout refuses: the one of `dims` (on one stage),
+    asked about `checked` (default `dims`)."""
+    return layout_for(without_pipeline(dims), sections.parallelism).problems(checked or dims,
+                                                                            sections)
 
 
 def check_layout(dims: ParallelDims, sections: LayoutSections) -> None:
@@ -135,16 +123,11 @@ def check_layout(dims: ParallelDims, sections: LayoutSections) -> None:
     Raises:
         ConfigError: every setting the layout refuses, with its path and line.
     """
-    cls = layout_for(dims, sections.parallelism)
-    problems = [] if cls is None else cls.problems(dims, sections)
+    problems = layout_for(dims, sections.parallelism).problems(dims, sections)
     if problems:
         raise settings_error(problems, sections.source)
 
 
 def build_layout(parts: LayoutParts) -> StepLayout:
     """The layout of `parts.dims`, built with its optimizer over `parts.model`."""
-    cls = layout_for(parts.dims, parts.parallelism)
-    if cls is None:
-        raise RuntimeError(f"no step layout runs {parts.dims.describe()} (the pre-launch "
-                           "checks should have refused it)")
-    return cls.build(parts)
+    return layout_for(parts.dims, parts.parallelism).build(parts)

@@ -69,10 +69,6 @@ class ContextParallel(StepLayout):
         super().__init__(inner.model, inner.optimizer, loss_divisor=inner.loss_divisor)
 
     @classmethod
-    def selects(cls, dims: ParallelDims, parallelism: ParallelismConfig) -> bool:
-        return dims.context > 1 and dims.pipeline == 1
-
-    @classmethod
     def problems(cls, dims: ParallelDims, sections: LayoutSections) -> list[Problem]:
         from . import inner_problems
 
@@ -93,7 +89,7 @@ class ContextParallel(StepLayout):
         from . import inner_layout
 
         folded = without_context(parts.dims)
-        inner_cls = inner_layout(folded, parts.parallelism, parts.dims)
+        inner_cls = inner_layout(folded, parts.parallelism)
         collectives = Collectives(parts.collectives.comm.context_as_data())
         inner = inner_cls.build(dataclasses.replace(parts, dims=folded,
                                                    collectives=collectives))

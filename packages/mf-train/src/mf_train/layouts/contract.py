@@ -27,7 +27,7 @@ from typing import ClassVar, Protocol
 
 import mindspore as ms
 import numpy as np
-from mindspore import Tensor, nn
+from mindspore import Parameter, Tensor, nn
 
 from mf_config import OptimizerConfig, ParallelismConfig, RecomputeCommConfig, SwapConfig
 from mf_config.errors import Path
@@ -35,8 +35,9 @@ from mf_config.yaml_source import Source
 from mf_parallel import Plan
 from mf_parallel.dims import ParallelDims
 from mf_parallel.placement import Placement, owns
-from mf_parallel.runtime import Collectives
-from mf_parallel.runtime.flat_shard import FlatBucket
+from mf_parallel.runtime import Collectives, GradientReducer
+from mf_parallel.runtime.flat_shard import FlatBucket, built_shape
+from mf_parallel.runtime.grad_reduce import DEFAULT_BUCKET_BYTES
 from mf_parallel.runtime.tensor_parallel import TensorGroup
 
 from ..gradient_norm import Owned, OwnedNorm
@@ -155,6 +156,42 @@ class LayoutRecord:
         """The all-reduce (sum) over every rank."""
         return self.collectives.all_reduce(tensor, "world")
 
+    def partial(self, name: str) -> tuple[str, ...]:
+        """The groups the local gradient of parameter `name` is a partial sum over."""
+        return self.placements[name].grad_partial
+
+
+def reduce_dtype(parallelism: ParallelismConfig) -> ms.Type:
+    """The dtype the data-parallel gradient reductions communicate in
+    (`parallelism.reduce_dtype`; gradients of another dtype are cast to it and back)."""
+    return getattr(ms, parallelism.reduce_dtype)
+
+
+@dataclass(frozen=True)
+class Reduction:
+    """How a layout's gradients are reduced: over its collectives' groups, averaged or summed
+    (`parallelism.disable_gradient_division`), whole gradients in buckets of about
+    `bucket_bytes` communicated in `reduce_dtype`."""
+
+    collectives: Collectives
+    average: bool
+    reduce_dtype: ms.Type | None = None
+    bucket_bytes: int = DEFAULT_BUCKET_BYTES
+
+    @classmethod
+    def of(cls, collectives: Collectives, parallelism: ParallelismConfig) -> Reduction:
+        return cls(collectives, not parallelism.disable_gradient_division,
+                   reduce_dtype(parallelism))
+
+    def reducer(self, params: Sequence[Parameter], record: LayoutRecord | None,
+                ) -> GradientReducer:
+        """mf-parallel's reducer of `params`' gradients, routed as the record places them
+        (without a record, one process: each over the data group alone)."""
+        partial = [("loss",) if record is None else record.partial(p.name) for p in params]
+        return GradientReducer(self.collectives, partial, [built_shape(p) for p in params],
+                               average=self.average, reduce_dtype=self.reduce_dtype,
+                               bucket_bytes=self.bucket_bytes)
+
 
 @dataclass(frozen=True)
 class LayoutParts:
@@ -188,7 +225,7 @@ class LayoutSections:
 class StepLayout(ABC):
     """One parallel layout's part of a training step; see the module docstring.
 
-    Subclasses say which plans they run (`selects`), what they refuse before launch
+    Subclasses say what they refuse before launch
     (`problems`), how they are built (`build`) and how gradients are reduced (`reduce`).
     """
 
@@ -208,6 +245,9 @@ class StepLayout(ABC):
     """The placement record, once `use_record` gave it (None on one process: every gradient
     element is this rank's)."""
     _norm: OwnedNorm | None = None
+    reduction: Reduction | None = None
+    """How this layout's gradients are reduced (None: one rank, nothing to reduce)."""
+    _reducer: GradientReducer | None = None
     shards_experts: ClassVar[bool] = False
     """Whether `build` takes routed experts left out of the model's parameters (expert
     parallelism) to shard as units of their own over the expert-data group (FSDP)."""
@@ -219,11 +259,6 @@ class StepLayout(ABC):
         self.loss_divisor = loss_divisor
         self._scale = 1.0
         self._grad_fn = ms.value_and_grad(self._forward, None, self.params)
-
-    @classmethod
-    @abstractmethod
-    def selects(cls, dims: ParallelDims, parallelism: ParallelismConfig) -> bool:
-        """Whether this layout runs a plan of these degrees (exactly one layout may)."""
 
     @classmethod
     def problems(cls, dims: ParallelDims, sections: LayoutSections) -> list[Problem]:
@@ -326,7 +361,17 @@ class StepLayout(ABC):
         """Take the placement record of this rank's parameters (a layout composing another
         passes it on)."""
         self.record = record
-        self._norm = None
+        self._norm = self._reducer = None
+
+    @property
+    def reducer(self) -> GradientReducer:
+        """The reducer of `params`' gradients (`Reduction.reducer`), made once the record
+        is known."""
+        if self.reduction is None:
+            raise RuntimeError(f"{self.name} reduces no gradients")
+        if self._reducer is None:
+            self._reducer = self.reduction.reducer(self.params, self.record)
+        return self._reducer
 
     def owned(self) -> list[Owned]:
         """What this rank owns of each gradient `reduce_grads` gives (`gradient_norm.Owned`):

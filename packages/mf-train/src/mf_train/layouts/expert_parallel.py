@@ -22,10 +22,10 @@ its slice of its experts' parameters, gradients and state. In every case:
 - a rank's expert gradient already holds the contributions of every token its experts
   computed, from whichever rank the token came (the dispatch's backward sends them back);
 - the ranks holding the same experts computed different tokens, so their gradients are summed;
-- the sum (in buckets, mf-parallel's `GradientSync` over the `expert_data` group) is then
-  scaled as the other gradients are: divided by the data-parallel size when
-  gradients are averaged (`disable_gradient_division: false`), left as is when each rank's
-  loss was divided by it before the backward pass.
+- the sum (in buckets over the `expert_data` group: mf-parallel's `GradientReducer`, as the
+  record's `grad_partial` routes it) is then scaled as the other gradients are: divided by
+  the data-parallel size when gradients are averaged (`disable_gradient_division: false`),
+  left as is when each rank's loss was divided by it before the backward pass.
 
 The global norm is `StepLayout`'s: each expert's reduced gradient is counted by the first rank
 of its expert-data group (sliced, each rank counts its slice), as the placement record says,
@@ -45,7 +45,6 @@ from mf_config.layer_spec import ids_text
 from mf_parallel.dims import ParallelDims
 from mf_parallel.runtime import Collectives
 from mf_parallel.runtime.flat_shard import EXPERT_DATA_GROUPS, preslice
-from mf_parallel.runtime.grad_sync import GradientSync
 
 from ..gradient_norm import Owned
 from ..optim import ShardedAdamW, build_optimizer
@@ -58,10 +57,10 @@ from .contract import (
     LocalGradients,
     MicroBatch,
     Problem,
+    Reduction,
     StepLayout,
     StepObserver,
 )
-from .replicated import DataParallelLoss, one_stage, reduce_dtype
 
 EXPERT_MARK = ".mlp.experts."
 """What the names of routed-expert parameters contain (`decoder_layers.3.mlp.experts.5.`)."""
@@ -158,19 +157,10 @@ class ExpertParallel(StepLayout):
         self.experts = experts
         self.dispatcher = parallelism.moe_token_dispatcher_type
         self.compile_blocker = inner.compile_blocker
-        data = DataParallelLoss(collectives, parallelism)
-        self.scale = 1.0 / data.size if data.average else 1.0
         self.fused = optimizer is inner.optimizer
         """Whether the inner layout shards the experts too (ZeRO, FSDP), which then runs the
         whole step: its backward, reduction, norm and optimizer."""
-        self.sync = None if self.fused else GradientSync(
-            collectives, [tuple(p.shape) for p in experts], kind="expert_data",
-            reduce_dtype=reduce_dtype(parallelism))
-        """Sums the experts' whole gradients over the expert-data group (not fused)."""
-
-    @classmethod
-    def selects(cls, dims: ParallelDims, parallelism: ParallelismConfig) -> bool:
-        return dims.expert > 1 and one_stage(dims)  # under context parallelism: its inner
+        self.reduction = Reduction.of(collectives, parallelism)
 
     @classmethod
     def problems(cls, dims: ParallelDims, sections: LayoutSections) -> list[Problem]:
@@ -204,7 +194,7 @@ class ExpertParallel(StepLayout):
     def build(cls, parts: LayoutParts) -> ExpertParallel:
         from . import inner_layout
 
-        inner_cls = inner_layout(without_experts(parts.dims), parts.parallelism, parts.dims)
+        inner_cls = inner_layout(without_experts(parts.dims), parts.parallelism)
         experts = routed_expert_params(parts.model)
         if not experts:
             raise TypeError(f"{type(parts.model).__name__} has no routed experts to split "
@@ -244,14 +234,18 @@ class ExpertParallel(StepLayout):
         split = len(local.grads) - len(self.experts)
         loss, grads = self.inner.reduce_grads(LocalGradients(local.loss, local.grads[:split],
                                                              local.tokens))
-        experts = list(self.sync(local.grads[split:]))
-        if self.scale != 1.0:  # a multiplication, as GradientSync averages (exact for 2^n)
-            experts = [g * self.scale for g in experts]
-        return loss, [*grads, *experts]
+        return loss, [*grads, *self.reducer.reduce_whole(local.grads[split:])]
 
     def use_record(self, record: LayoutRecord) -> None:
         super().use_record(record)
         self.inner.use_record(record)
+
+    @property
+    def reducer(self):
+        """The reducer of the routed experts' whole gradients (not fused)."""
+        if self._reducer is None:
+            self._reducer = self.reduction.reducer(self.experts, self.record)
+        return self._reducer
 
     def owned(self) -> list[Owned]:
         """The inner layout's, then (not fused) each whole expert gradient: owned by the

@@ -6,10 +6,11 @@ plan's schedule on each stage (`pipeline_executor.StageRunner`); the gradients a
 reduced by the layout the plan's other degrees select (replicated data parallelism, tensor
 parallelism, ZeRO or FSDP, built over the stage's part exactly as without pipelining: the
 `inner` layout), and the step's numbers are made the same on every rank:
-- tied embeddings: the last stage's copy of the table gets the gradient of both copies (an
-  all-reduce over the first and last stage), so the two copies take the same update, as in
-  Megatron; the placement record gives the table to the first stage, so the global norm
-  (`StepLayout`'s: the squares each rank owns, one all-reduce over the world) counts it once;
+- tied embeddings: each copy of the table gets the gradient of both (the record's `tied`
+  partial sum, over the first and last stage, taken by the inner layout's reducer), so the
+  two copies take the same update, as in Megatron; the placement record gives the table to
+  the first stage, so the global norm (`StepLayout`'s: the squares each rank owns, one
+  all-reduce over the world) counts it once;
 - the loss: the sum of the stages' shares (an all-reduce): the last stage's cross-entropy and
   each stage's auxiliary losses (DeepSeek-V3's balance loss of its own MoE layers).
 Skip-on-NaN then decides the same on every rank, and each rank saves its stage's parameters
@@ -74,10 +75,6 @@ class Pipelined(StepLayout):
         self.tied = self._tied_copy()
 
     @classmethod
-    def selects(cls, dims: ParallelDims, parallelism: ParallelismConfig) -> bool:
-        return dims.pipeline > 1
-
-    @classmethod
     def problems(cls, dims: ParallelDims, sections: LayoutSections) -> list[Problem]:
         from . import inner_problems
 
@@ -100,8 +97,7 @@ class Pipelined(StepLayout):
         if not isinstance(parts.model, PipelineModel):
             raise TypeError(f"{type(parts.model).__name__} cannot be cut into pipeline stages "
                             "(it has no embed / decoder / head_loss pieces)")
-        inner = inner_layout(without_pipeline(parts.dims), parts.parallelism,
-                             parts.dims).build(parts)
+        inner = inner_layout(without_pipeline(parts.dims), parts.parallelism).build(parts)
         comm = parts.collectives.comm
         runner = StageRunner(parts.model, inner.params, parts.plan.layout, parts.plan.schedule,
                              comm.group_rank("pipeline"), comm.group_ranks["pipeline"],
@@ -139,12 +135,7 @@ class Pipelined(StepLayout):
         return self.inner.evaluated_loss(self.collectives.all_reduce(share, "pipeline"))
 
     def reduce_grads(self, local: LocalGradients) -> tuple[Tensor, list[Tensor]]:
-        grads = list(local.grads)
-        if self.tied is not None:
-            index, peer = self.tied
-            grads[index] = self.collectives.all_reduce_pair(grads[index], *sorted(
-                (self.collectives.comm.rank, peer)))
-        loss, reduced = self.inner.reduce_grads(LocalGradients(local.loss, grads, local.tokens))
+        loss, reduced = self.inner.reduce_grads(local)
         return self.collectives.all_reduce(loss, "pipeline"), reduced
 
     def use_record(self, record: LayoutRecord) -> None:
@@ -167,12 +158,10 @@ class Pipelined(StepLayout):
     def held_parameters(self) -> int:
         return self.inner.held_parameters()
 
-    def _tied_copy(self) -> tuple[int, int] | None:
-        """(index of the embedding table in `params`, global rank of the stage holding the
-        other copy) on the first and last stages of a model with tied embeddings."""
+    def _tied_copy(self) -> int | None:
+        """The index of the embedding table in `params` on the first and last stages of a
+        model with tied embeddings."""
         if not getattr(self.model, "tied", False) or self.stage not in (0, self.num_stages - 1):
             return None
         table = self.model.embedding.weight
-        index = next(i for i, p in enumerate(self.params) if p is table)
-        ranks = self.collectives.comm.group_ranks["pipeline"]
-        return index, ranks[-1] if self.stage == 0 else ranks[0]
+        return next(i for i, p in enumerate(self.params) if p is table)

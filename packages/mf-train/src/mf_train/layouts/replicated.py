@@ -1,42 +1,31 @@
 """Layouts whose every rank holds the whole optimizer state: one rank, data parallelism with
 replicas (gradients all-reduced), and tensor parallelism (with or without replicas).
 
-Replicated data parallelism reduces the gradients with mf-parallel's bucketed `GradientSync`:
-summed over the data-parallel group (`parallelism.disable_gradient_division`, the default, with
+Replicated data parallelism reduces the gradients with mf-parallel's `GradientReducer` (whole
+gradients, all-reduced in buckets) as the placement record routes them: summed over the
+data-parallel group (`parallelism.disable_gradient_division`, the default, with
 each rank's loss divided by the group's size before the backward pass) or averaged. Both give
 the same update (bit for bit when the data-parallel size is a power of two). The reported loss
 is the mean over the data-parallel ranks either way. The buckets travel in
 `parallelism.reduce_dtype` (`reduce_dtype`), cast back to the gradients' dtype after the sum.
 
 Under tensor parallelism (sequence parallelism on, as the spec keeps it) the gradients of
-parameters used on sequence slices are partial sums, added up over the tensor group first.
+parameters used on sequence slices are partial sums, added up over the tensor group first (the
+record's `grad_partial`).
 The global norm is `StepLayout`'s, as in every layout: the squares each rank owns (the
 placement record), one all-reduce over the world.
 """
 
 from __future__ import annotations
 
-import mindspore as ms
 from mindspore import Tensor
 
 from mf_config import ParallelismConfig
-from mf_parallel.dims import ParallelDims
 from mf_parallel.runtime import Collectives
-from mf_parallel.runtime.grad_sync import GradientSync
-from mf_parallel.runtime.tensor_parallel import TensorGroup, reduce_sequence_parallel_grads
+from mf_parallel.runtime.tensor_parallel import TensorGroup
 
 from ..optim import Optimizer, build_optimizer
-from .contract import LayoutParts, LocalGradients, StepLayout
-
-
-def one_stage(dims: ParallelDims) -> bool:
-    """No pipeline or context split: each rank runs the whole model on whole sequences."""
-    return dims.pipeline == 1 and dims.context == 1
-
-
-def whole_model_here(dims: ParallelDims) -> bool:
-    """One stage, and every routed expert on every rank (no expert parallelism)."""
-    return one_stage(dims) and dims.expert == 1
+from .contract import LayoutParts, LocalGradients, Reduction, StepLayout
 
 
 class DataParallelLoss:
@@ -67,12 +56,6 @@ class DataParallelLoss:
         return self.collectives.all_reduce(loss, "data")
 
 
-def reduce_dtype(parallelism: ParallelismConfig) -> ms.Type:
-    """The dtype the data-parallel gradient reductions communicate in
-    (`parallelism.reduce_dtype`; gradients of another dtype are cast to it and back)."""
-    return getattr(ms, parallelism.reduce_dtype)
-
-
 def replicated_optimizer(parts: LayoutParts) -> Optimizer:
     """The optimizer `optimizer.type` names, over every trainable parameter of the model."""
     named = [(p.name, p) for p in parts.model.trainable_params()]
@@ -80,22 +63,27 @@ def replicated_optimizer(parts: LayoutParts) -> Optimizer:
 
 
 class SingleRank(StepLayout):
-    """One process: no reduction, the norm of the local gradients."""
+    """One data rank: no data-parallel reduction. On one process the gradients stay as they
+    are; as a pipeline stage's layout the record's partial sums are still taken (a tied
+    embedding's gradient summed over the first and last stages)."""
 
     name = "no data parallelism"
     compiles_body = True
     evaluates = True
 
-    @classmethod
-    def selects(cls, dims: ParallelDims, parallelism: ParallelismConfig) -> bool:
-        return whole_model_here(dims) and dims.data == 1 and dims.tensor == 1
+    def __init__(self, model, optimizer: Optimizer, collectives: Collectives | None = None):
+        super().__init__(model, optimizer)
+        if collectives is not None:
+            self.reduction = Reduction(collectives, average=False)
 
     @classmethod
     def build(cls, parts: LayoutParts) -> SingleRank:
-        return cls(parts.model, replicated_optimizer(parts))
+        return cls(parts.model, replicated_optimizer(parts), parts.collectives)
 
     def reduce_grads(self, local: LocalGradients) -> tuple[Tensor, list[Tensor]]:
-        return local.loss, list(local.grads)
+        if self.record is None:  # one process: every gradient whole and this rank's
+            return local.loss, list(local.grads)
+        return local.loss, self.reducer.reduce_whole(local.grads)
 
 
 class DataParallel(StepLayout):
@@ -108,14 +96,7 @@ class DataParallel(StepLayout):
                  parallelism: ParallelismConfig):
         self.loss = DataParallelLoss(collectives, parallelism)
         super().__init__(model, optimizer, loss_divisor=self.loss.divisor)
-        self.sync = GradientSync(collectives, [tuple(p.shape) for p in self.params],
-                                 average=self.loss.average,
-                                 reduce_dtype=reduce_dtype(parallelism))
-
-    @classmethod
-    def selects(cls, dims: ParallelDims, parallelism: ParallelismConfig) -> bool:
-        return (whole_model_here(dims) and dims.data > 1 and dims.data_shard == 1
-                and dims.tensor == 1)
+        self.reduction = Reduction.of(collectives, parallelism)
 
     @classmethod
     def build(cls, parts: LayoutParts) -> DataParallel:
@@ -126,7 +107,7 @@ class DataParallel(StepLayout):
         return f"data parallel {self.loss.size} (replicated)"
 
     def reduce_grads(self, local: LocalGradients) -> tuple[Tensor, list[Tensor]]:
-        return self.loss(local.loss), list(self.sync(local.grads))
+        return self.loss(local.loss), self.reducer.reduce_whole(local.grads)
 
     def evaluated_loss(self, loss: Tensor) -> Tensor:
         return self.loss.mean(loss)
@@ -141,10 +122,6 @@ class TensorParallel(DataParallel):
         self.group = group
 
     @classmethod
-    def selects(cls, dims: ParallelDims, parallelism: ParallelismConfig) -> bool:
-        return whole_model_here(dims) and dims.tensor > 1 and dims.data_shard == 1
-
-    @classmethod
     def build(cls, parts: LayoutParts) -> TensorParallel:
         if parts.tensor_group is None:
             raise ValueError("TensorParallel needs the tensor-parallel group")
@@ -154,8 +131,4 @@ class TensorParallel(DataParallel):
     def describe(self) -> str:
         data = f", {super().describe()}" if self.loss.size > 1 else ""
         return f"tensor parallel {self.group.size} (sequence parallel){data}"
-
-    def reduce_grads(self, local: LocalGradients) -> tuple[Tensor, list[Tensor]]:
-        grads = reduce_sequence_parallel_grads(self.params, tuple(local.grads), self.group)
-        return self.loss(local.loss), list(self.sync(grads))
 

@@ -13,11 +13,13 @@ rank) above one, `parallelism.data_parallel_shard_strategy` decides:
   group's size divides the vocabulary, the embedding table and an untied head stay split by
   rows instead, never gathered: the tokens travel to them (`sharded_vocabulary`).
 
-mf-parallel's `ShardedDataParallel` / `FullyShardedDataParallel` reduce the gradients to this
-rank's slice; `optim.ShardedAdamW` updates it. The global norm is `StepLayout`'s: each rank
-sums the squares of the chunks of its slices it owns (the placement record: the slices of a
-shard group partition every gradient, padding is zero; of HSDP replicas and of tensor ranks
-holding equal chunks, the first), one all-reduce over the world.
+mf-parallel's `ShardedDataParallel` / `FullyShardedDataParallel` lay the parameters out in flat
+buffers, whose gradients mf-parallel's `ShardedGradients` and `GradientReducer` reduce to this
+rank's slice (as the placement record routes them); `optim.ShardedAdamW` updates it. The
+global norm is `StepLayout`'s: each rank sums the squares of the chunks of its slices it owns
+(the placement record: the slices of a shard group partition every gradient, padding is zero;
+of HSDP replicas and of tensor ranks holding equal chunks, the first), one all-reduce over the
+world.
 
 With tensor parallelism (`parallelism.tensor_parallel` > 1) each strategy runs on the plan's
 groups as they are: the shard group is over ranks of the same tensor coordinate, so each rank's
@@ -26,7 +28,8 @@ its shard group; FSDP gathers and frees those shards (the layers' custom-bprop c
 untouched: they hold no parameters) and `whole_model()` gathers the model each rank holds under
 plain tensor parallelism, which is what its checkpoint saves. Before the data-parallel
 reduction, the partial gradients of the sequence-parallel parameters (norm weights,
-row-parallel biases) are summed over the tensor group, as `TensorParallel` does.
+row-parallel biases) are summed over the tensor group, as under `TensorParallel` (the
+record's `grad_partial`).
 
 What the sharded strategies cannot run yet is refused before any rank starts (`problems`):
 Muon (its Newton-Schulz step needs whole matrices, the slices cut them), optimizers other than
@@ -40,7 +43,7 @@ from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from typing import Any
 
-from mindspore import Parameter, Tensor, nn, ops
+from mindspore import Parameter, Tensor, nn
 
 from mf_config import OptimizerConfig, ParallelismConfig
 from mf_config.component_settings import settings_error
@@ -51,17 +54,13 @@ from mf_parallel.runtime import Collectives
 from mf_parallel.runtime.flat_shard import EXPERT_DATA_GROUPS, preslice
 from mf_parallel.runtime.grad_shards import ShardedGradients
 from mf_parallel.runtime.sharded_vocabulary import ShardedVocabulary
-from mf_parallel.runtime.tensor_parallel import (
-    SEQUENCE_PARALLEL_ATTRIBUTE,
-    TensorGroup,
-)
+from mf_parallel.runtime.tensor_parallel import TensorGroup
 from mf_parallel.vocabulary_rows import keeps_vocabulary_rows
 
-from ..gradient_norm import Owned, OwnedNorm
+from ..gradient_norm import Owned
 from ..optim import AdamW, Muon, ShardedAdamW
 from ..optim.adamw import adamw_settings
 from ..optim.base import adam_hyperparameters, decay_flags
-from ..optim.protocol import FLOAT32
 from ..registry import OPTIMIZERS
 from .contract import (
     LayoutParts,
@@ -69,37 +68,17 @@ from .contract import (
     LocalGradients,
     MicroBatch,
     Problem,
+    Reduction,
     StepLayout,
     StepObserver,
+    reduce_dtype,
 )
 from .expert_parallel import EXPERT_MARK, expert_holders
-from .replicated import DataParallelLoss, reduce_dtype, whole_model_here
+from .replicated import DataParallelLoss
 
 NAMES = {"optim": "ZeRO-1", "optim_grads": "ZeRO-2", "optim_grads_params": "FSDP"}
 FSDP_STRATEGY = "optim_grads_params"
 STRATEGY_PATH = ("parallelism", "data_parallel_shard_strategy")
-
-
-def reduce_to_slice(sharded: Any, collectives: Collectives, grads: Sequence[Tensor],
-                    norm: OwnedNorm | None = None) -> tuple[Tensor, Tensor]:
-    """This rank's slice of the reduced gradients, and their global norm.
-
-    Args:
-        sharded: mf-parallel's `ShardedDataParallel` or `FullyShardedDataParallel`.
-        collectives: this rank's collectives (the norm sums over the world).
-        grads: this rank's local gradients, aligned with the sharded parameters (under
-            tensor parallelism, with the sequence-parallel partial sums already added up).
-        norm: the norm of the slice (None: every element of it owned by this rank).
-
-    Returns:
-        The float32 slice (all buffers end to end) and the L2 norm of the whole gradient (a
-        0-d tensor).
-    """
-    slices = sharded.reduce_grads(list(grads))
-    grad = ops.cast(slices[0] if len(slices) == 1 else ops.cat(slices), FLOAT32)
-    if norm is None:
-        norm = OwnedNorm([True], lambda squares: collectives.all_reduce(squares, "world"))
-    return grad, norm([grad])
 
 
 class ZeRO(StepLayout):
@@ -116,21 +95,15 @@ class ZeRO(StepLayout):
         self.strategy, self.dims = parallelism.data_parallel_shard_strategy, dims
         self.reshard_policy = parallelism.reshard_after_forward_policy
         self.group = group if group is not None and group.size > 1 else None
+        self.reduction = Reduction.of(collectives, parallelism)
         buffers = self.sharded.buffers
-        experts = {id(p) for buffer in buffers if holds_experts(buffer) for p in buffer.params}
-        self._tensor_partial = {i for i, p in enumerate(self.params) if id(p) not in experts
-                                and getattr(p, SEQUENCE_PARALLEL_ATTRIBUTE, False)}
         self.grads = ShardedGradients(
-            buffers, self.params, self.sharded.reduce_bucket, average=self.sharded.average,
-            prepare=self._sequence_parallel_sum if self.group is not None else None,
+            buffers, self.params, lambda bucket, grads: self.reducer.reduce_flat(bucket, grads),
+            prepare=lambda index, grad: self.reducer.partial_sum(index, grad),
             optional=[i for i, p in enumerate(self.params) if EXPERT_MARK in p.name],
             after=_experts_after(model, buffers))
-        """Reduces the gradients buffer by buffer; during backward for ZeRO-2 and FSDP."""
-
-    @classmethod
-    def selects(cls, dims: ParallelDims, parallelism: ParallelismConfig) -> bool:
-        return (whole_model_here(dims) and dims.data_shard > 1
-                and parallelism.data_parallel_shard_strategy != FSDP_STRATEGY)
+        """Reduces the gradients buffer by buffer (`GradientReducer.reduce_flat`, the partial
+        sums first); during backward for ZeRO-2 and FSDP."""
 
     @classmethod
     def problems(cls, dims: ParallelDims, sections: LayoutSections) -> list[Problem]:
@@ -170,7 +143,6 @@ class ZeRO(StepLayout):
             units=[layer.trainable_params() for layer in layers],
             expert_units=[list(holder.get_parameters())
                           for _, holder in expert_holders(layers, experts)],
-            average=not parts.parallelism.disable_gradient_division,
             reduce_dtype=reduce_dtype(parts.parallelism))
 
     def describe(self) -> str:
@@ -259,22 +231,8 @@ class ZeRO(StepLayout):
         """Free what the forward and backward passes gathered (FSDP's units); ZeRO keeps
         whole parameters: nothing."""
 
-    def _sequence_parallel_sum(self, index: int, grad: Tensor) -> Tensor:
-        """A sequence-parallel parameter's partial gradient summed over the tensor group;
-        not a routed expert's in a buffer of its own (expert parallelism: the expert-data
-        group it is reduced over holds the tensor ranks)."""
-        if index in self._tensor_partial:
-            return self.group.all_reduce(grad)
-        return grad
-
-
 class FSDP(ZeRO):
     """FSDP: parameters sharded too, unit by unit, gathered around each unit's passes."""
-
-    @classmethod
-    def selects(cls, dims: ParallelDims, parallelism: ParallelismConfig) -> bool:
-        return (whole_model_here(dims) and dims.data_shard > 1
-                and parallelism.data_parallel_shard_strategy == FSDP_STRATEGY)
 
     @classmethod
     def problems(cls, dims: ParallelDims, sections: LayoutSections) -> list[Problem]:
@@ -311,7 +269,6 @@ class FSDP(ZeRO):
             expert_units=expert_holders(layers, experts),
             reshard_after_forward_policy=parts.parallelism.reshard_after_forward_policy,
             pipeline_parallel=parts.dims.pipeline,
-            average=not parts.parallelism.disable_gradient_division,
             keep_tensors=parts.compiled,
             vocabulary_tables=parts.model.vocabulary_tables() if vocabulary else (),
             reduce_dtype=reduce_dtype(parts.parallelism))

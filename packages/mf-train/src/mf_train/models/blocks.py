@@ -135,7 +135,7 @@ def is_sequence_parallel(group: TensorGroup | None) -> bool:
 def mark_tensor_partial(param: Parameter) -> Parameter:
     """Mark a tensor-replicated parameter whose gradient on each rank is only part of the
     total (used on sequence slices, or on this rank's heads): the training loop sums it over
-    the tensor group with mf-parallel's `reduce_sequence_parallel_grads`."""
+    the tensor group (the placement record's `grad_partial`, mf-parallel's `GradientReducer`)."""
     return mark_sequence_parallel(param)
 
 

@@ -216,7 +216,7 @@ class DeepseekV3ForCausalLM(CausalLMPieces, nn.Cell):
 
     Under tensor parallelism (module docstring) `logits` is this rank's vocabulary slice,
     `tokens_per_expert()` counts this rank's sequence slice, and the training loop must sum
-    the gradients of marked parameters over the group (`reduce_sequence_parallel_grads`).
+    the gradients of marked parameters over the group (`GradientReducer.partial_sum`).
     """
 
     compile_blocker = ("its MoE layers read the routing back to the host to give each expert "

@@ -282,7 +282,7 @@ class Qwen3ForCausalLM(CausalLMPieces, nn.Cell):
     (`gate_up`, `down`). Parameter names: `weight_maps()`.
 
     Under tensor parallelism (a `TensorGroup` of size > 1) the training loop must sum the
-    gradients of marked parameters over the group (`reduce_sequence_parallel_grads`).
+    gradients of marked parameters over the group (`GradientReducer.partial_sum`).
     """
 
     def __init__(self, settings: Qwen3Settings, *, tensor_group: TensorGroup | None = None,
