@@ -53,3 +53,12 @@ def together(data_prefix, tmp_path_factory):
     base = session_directory(tmp_path_factory) / "runs"
     base.mkdir(exist_ok=True)
     return RunsTogether(base, data_prefix)
+
+
+@pytest.fixture(scope="module")
+def layout_runs(request, runs, together):
+    """The runs of the test file's `CASES` and their comparison with one process
+    (tests/train/runs.py `LayoutRuns`)."""
+    from runs import LayoutRuns
+
+    return LayoutRuns(runs, together, request.module.CASES)
