@@ -72,7 +72,7 @@ MATRIX = {
 }
 """Each layout the trainer runs, alone and composed, on the tiny Qwen3 and DeepSeek-V3."""
 
-PYNATIVE_HERE = {"ZeRO-1 on 4", "ZeRO-2 on 4", "HSDP 2 x 2", "DeepSeek-V3 experts x ZeRO-2"}
+PYNATIVE_HERE = {"ZeRO-1 on 4", "ZeRO-2 on 4", "DeepSeek-V3 experts x ZeRO-2"}
 """The layouts whose PyNative run no other test file trains: trained in the job of their
 compiled runs."""
 
