@@ -9,6 +9,11 @@ runs the suite in several worker processes, the workers share the runs too: a ru
 is named from its settings, and a file lock lets one worker train it while another that needs
 it waits (`shared_directory`).
 
+A layout test file declares its layouts as data: `CASES`, name -> `Case` (model, settings,
+layout, ranks, what to compare), and its tests ask the `layout_runs` fixture for a case's run,
+its one-process run, or their comparison (`LayoutRuns.check`); the cases of one file and rank
+count are trained in one msrun job (`RunsTogether`), those other files read too by `Runs`.
+
 Every run here reads the session's tiny corpus (`data_prefix`) and saves its checkpoints under
 `<output>/ckpt`; the settings below shrink the examples so that a step takes well under a
 second on 2 CPU cores.
