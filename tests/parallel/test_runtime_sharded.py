@@ -4,8 +4,8 @@ run workers/scenario_sharded.py in the runtime suite's jobs (rank_jobs.py)."""
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
+from same_tensors import assert_same_tensors
 
 pytest.importorskip("mindspore")
 
@@ -26,15 +26,11 @@ def hsdp(runtime_suite) -> list[dict]:
     return runtime_suite.results(4, "sharded_hsdp", shard=2, steps=STEPS)
 
 
-def assert_same_weights(a: dict, b: dict) -> None:
-    for x, y in zip(a["weights"], b["weights"], strict=True):
-        np.testing.assert_allclose(np.array(x), np.array(y), rtol=0, atol=1e-6)
-
-
 @pytest.mark.parametrize("strategy", ("optim", "optim_grads", *FSDP))
 def test_each_strategy_on_two_ranks_equals_plain_data_parallel(two, strategy) -> None:
     for rank in two:
-        assert_same_weights(rank[strategy], rank["plain"])
+        assert_same_tensors(rank[strategy]["weights"], rank["plain"]["weights"], rel=0,
+                            atol=1e-6)
 
 
 def test_state_kept_between_steps_shrinks_with_the_strategy(two) -> None:
@@ -82,4 +78,5 @@ def test_hsdp_groups(hsdp) -> None:
 @pytest.mark.parametrize("strategy", ("optim_grads", "fsdp_default"))
 def test_hsdp_on_four_ranks_equals_plain_data_parallel(hsdp, strategy) -> None:
     for rank in hsdp:
-        assert_same_weights(rank[strategy], rank["plain"])
+        assert_same_tensors(rank[strategy]["weights"], rank["plain"]["weights"], rel=0,
+                            atol=1e-6)

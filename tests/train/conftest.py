@@ -56,9 +56,18 @@ def together(data_prefix, tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
-def layout_runs(runs, together):
-    """Every layout's runs (PyNative, compiled, evaluated): `layout_runs(name, variant)` ->
-    output directory (tests/train/layout_runs.py)."""
-    from layout_runs import LayoutRuns
+def matrix_runs(runs, together):
+    """Every layout of the compile x layout matrix's runs (PyNative, compiled, evaluated):
+    `matrix_runs(name, variant)` -> output directory (tests/train/matrix_runs.py)."""
+    from matrix_runs import MatrixRuns
 
-    return LayoutRuns(runs, together)
+    return MatrixRuns(runs, together)
+
+
+@pytest.fixture(scope="module")
+def layout_runs(request, runs, together):
+    """The runs of the test file's `CASES` and their comparison with one process
+    (tests/train/runs.py `LayoutRuns`)."""
+    from runs import LayoutRuns
+
+    return LayoutRuns(runs, together, request.module.CASES)

@@ -9,6 +9,11 @@ runs the suite in several worker processes, the workers share the runs too: a ru
 is named from its settings, and a file lock lets one worker train it while another that needs
 it waits (`shared_directory`).
 
+A layout test file declares its layouts as data: `CASES`, name -> `Case` (model, settings,
+layout, ranks, what to compare), and its tests ask the `layout_runs` fixture for a case's run,
+its one-process run, or their comparison (`LayoutRuns.check`); the cases of one file and rank
+count are trained in one msrun job (`RunsTogether`), those other files read too by `Runs`.
+
 Every run here reads the session's tiny corpus (`data_prefix`) and saves its checkpoints under
 `<output>/ckpt`; the settings below shrink the examples so that a step takes well under a
 second on 2 CPU cores.
@@ -27,6 +32,7 @@ import attrs
 import numpy as np
 import pytest
 from safetensors.numpy import load_file
+from same_tensors import assert_same_tensors
 from session_files import shared_directory
 
 from mf_config.validate import config_from_source, load_source
@@ -163,6 +169,90 @@ class RunsTogether:
 SUITE = Path(__file__).resolve().parent / "workers" / "trainer_suite.py"
 
 
+# ------------------------------------------------------------------ layout x model cases
+
+@attrs.frozen
+class Case:
+    """A layout run that must equal the one-process run of the same model and settings: what a
+    layout test file declares (its `CASES`, name -> case) instead of training runs itself.
+
+    Args:
+        config: the example (`QWEN3`, `DEEPSEEK`).
+        shape: the settings of both runs (the model's size, the data, the batch).
+        layout: the layout's settings, on top of `shape`.
+        nproc: the layout run's ranks.
+        weights: the relative tolerance within which the step-4 weights (those the layout
+            saved whole: `assert_same_weights`) equal one process's; None: not compared.
+        log: what rank 0's log says of the layout; None: not read.
+        alone: trained by `runs`, alone in its msrun job, because other test files read the
+            same run; otherwise trained in one job with its file's other cases of its rank
+            count and `job`.
+        job: the cases of one rank count and one `job` are trained together (the `slow`
+            ones apart, so that `-m "not slow"` trains none of them).
+    """
+
+    config: Path
+    shape: tuple[str, ...]
+    layout: tuple[str, ...] = ()
+    nproc: int = 2
+    weights: float | None = None
+    log: str | None = None
+    alone: bool = False
+    job: str = ""
+
+    @property
+    def settings(self) -> tuple[str, ...]:
+        return (*self.shape, *self.layout)
+
+
+class LayoutRuns:
+    """The runs of one test file's `CASES`: each case's one-process run (the session's
+    `runs`, shared by every file) and its layout run (see `Case.alone`), each trained on
+    first use, and the comparison of the two (`check`).
+
+    Args:
+        runs: the session's `Runs`.
+        together: the session's `RunsTogether`.
+        cases: name -> `Case`.
+    """
+
+    def __init__(self, runs: Runs, together: RunsTogether, cases: dict[str, Case]):
+        self.runs, self.together, self.cases = runs, together, cases
+        self.done: dict[str, Path] = {}
+
+    def one_process(self, name: str) -> Path:
+        """The one-process run of case `name`'s model and settings."""
+        case = self.cases[name]
+        return self.runs(case.config, *case.shape)
+
+    def __call__(self, name: str) -> Path:
+        """The output directory of case `name`'s layout run."""
+        case = self.cases[name]
+        if case.alone:
+            return self.runs(case.config, *case.settings, nproc=case.nproc)
+        if name not in self.done:
+            group = [other for other, entry in self.cases.items() if not entry.alone
+                     and (entry.nproc, entry.job) == (case.nproc, case.job)]
+            outputs = self.together([(self.cases[other].config, self.cases[other].settings)
+                                     for other in group], case.nproc)
+            self.done.update(zip(group, outputs, strict=True))
+        return self.done[name]
+
+    def check(self, name: str) -> Path:
+        """Case `name`'s layout run equals one process (`assert_same_run`; the weights
+        within `Case.weights`), every rank logged, rank 0's log says `Case.log`; returns the
+        layout run's output directory for the test's own further checks."""
+        case = self.cases[name]
+        got, one = self(name), self.one_process(name)
+        assert_same_run(got, one)
+        if case.weights is not None:
+            assert_same_weights(got, one, rel=case.weights, whole=True)
+        assert all((got / "logs" / f"worker_{rank}.log").exists() for rank in range(case.nproc))
+        if case.log is not None:
+            assert case.log in worker_log(got)
+        return got
+
+
 # ------------------------------------------------------------------ reading a finished run
 
 def steps(output: Path) -> list[dict]:
@@ -226,13 +316,15 @@ def assert_same_run(got: Path, want: Path, rel: float = 1e-5, count: int = 4) ->
             "the layout's step read tensors back to the host (tests/train/test_host_reads.py)"
 
 
-def assert_same_weights(got: Path, want: Path, rel: float = 1e-5, step: int = 4) -> None:
-    """The step-`step` checkpoint of `got` holds `want`'s weights within `rel`: every tensor
-    `got` saved whole (under tensor parallelism, those every tensor place holds whole)."""
-    mine, theirs = saved_tensors(got, step), saved_tensors(want, step)
+def assert_same_weights(got: Path, want: Path, rel: float = 1e-5, step: int = 4,
+                        kind: str = "model", whole: bool = False) -> None:
+    """The step-`step` checkpoint of `got` holds `want`'s weights (`kind` "opt": optimizer
+    state) within `rel`: every tensor `got` saved whole (under tensor parallelism, those every
+    tensor place holds whole); with `whole`, every tensor `want` saved, no more and no fewer."""
+    mine, theirs = saved_tensors(got, step, kind), saved_tensors(want, step, kind)
     assert mine and mine.keys() <= theirs.keys()
-    for name, array in mine.items():
-        np.testing.assert_allclose(array, theirs[name], rtol=rel, atol=1e-6, err_msg=name)
+    assert_same_tensors(mine, theirs if whole else {name: theirs[name] for name in mine},
+                        rel=rel, what=kind)
 
 
 def assert_same_pieces(got: Path, want: Path, world: int, prefix: str, rel: float = 1e-5,
@@ -243,11 +335,8 @@ def assert_same_pieces(got: Path, want: Path, world: int, prefix: str, rel: floa
         for rank in range(world):
             mine = rank_pieces(got, step, kind, rank, world, prefix)
             theirs = rank_pieces(want, step, kind, rank, world, prefix)
-            assert mine.keys() == theirs.keys(), (kind, rank)
-            for piece, values in mine.items():
-                np.testing.assert_allclose(values, theirs[piece], rtol=rel,
-                                           atol=1e-6 if rel else 0.0,
-                                           err_msg=f"{kind} rank {rank}: {piece.name}")
+            assert_same_tensors(mine, theirs, rel=rel, atol=1e-6 if rel else 0.0,
+                                what=f"{kind} rank {rank}")
 
 
 def assert_resumed_across_layouts(resumed: Path, whole: Path, rel: float = 1e-5) -> None:

@@ -23,7 +23,6 @@ from runs import (
     assert_pieces_follow_record,
     assert_resumed_across_layouts,
     steps,
-    train,
 )
 from test_train_pipeline import PIPELINE_X_TENSOR
 
@@ -38,102 +37,81 @@ ONE_SAMPLE = "training.local_batch_size=1"
 """On 4 data-parallel ranks: the global batch of 4 as one sample per rank."""
 
 
-def continued(saved: Path, config: Path, output: Path, prefix: str, *sets: str,
-              nproc: int = 1) -> Path:
-    """`output` trained from `saved`'s step-2 checkpoint to step 4, saving nothing."""
-    load = f"checkpoint.load_path={saved / 'ckpt' / iteration_name(2)}"
-    train(config, output, prefix, *sets, load, "checkpoint.enable_save=false", nproc=nproc,
-          timeout=300)
-    return output
-
-
-@pytest.fixture(scope="module")
-def single(runs) -> Path:
-    """The 2-layer tiny Qwen3 on one process (tests/train/runs.py)."""
-    return runs(QWEN3, *QWEN3_2_LAYERS)
-
-
-def test_one_process_checkpoint_continues_under_tensor_parallelism(data_prefix, single,
-                                                                   tmp_path) -> None:
-    """Each tensor rank cuts its shard of every split weight (fused qkv and gate_up
-    included) and of its moments out of the whole saved tensors. 4 ranks: tensor parallel 2
-    x data parallel 2, one sample per rank, the layers compiled (`context.compile`: the
-    regions' collectives inside the graphs, over tensor groups smaller than the world)."""
-    continued(single, QWEN3, tmp_path, data_prefix, *QWEN3_2_LAYERS, TENSOR_2, ONE_SAMPLE,
-              "context.compile=true", nproc=4)
-    assert_resumed_across_layouts(tmp_path, single)
-    assert steps(tmp_path)[0]["compiled_graphs"] >= 2  # both layers, forward and backward
-
-
-def test_tensor_parallel_checkpoint_continues_on_one_process(data_prefix, runs, single,
-                                                             tmp_path) -> None:
-    """One process gathers each weight from the two tensor places' shards."""
-    saved = runs(QWEN3, *QWEN3_2_LAYERS, TENSOR_2, nproc=2)
-    continued(saved, QWEN3, tmp_path, data_prefix, *QWEN3_2_LAYERS)
-    assert_resumed_across_layouts(tmp_path, single)
-
-
-def test_zero_1_on_two_ranks_continues_as_zero_2_on_four(data_prefix, runs, single,
-                                                         tmp_path) -> None:
-    """The slices move to another shard degree: each of 4 ranks reads the ranges of its
-    slices from the 2 saved ones (one sample per rank, the same global batch)."""
-    saved = runs(QWEN3, *QWEN3_2_LAYERS, "parallelism.data_parallel_shard_strategy=optim",
-                 nproc=2)
-    continued(saved, QWEN3, tmp_path, data_prefix, *QWEN3_2_LAYERS, ONE_SAMPLE,
-              "parallelism.data_parallel_shard_strategy=optim_grads", nproc=4)
-    assert_resumed_across_layouts(tmp_path, single)
-
-
-def test_pipeline_and_tensor_checkpoint_continues_under_fsdp_on_four(data_prefix, runs,
-                                                                     tmp_path) -> None:
-    """Stages x tensor shards in, FSDP slices out: each FSDP rank reads its ranges of the
-    weights gathered from the two tensor places of the stage that saved them."""
-    saved = runs(QWEN3, *QWEN3_4_LAYERS, *PIPELINE_X_TENSOR, nproc=4)
-    continued(saved, QWEN3, tmp_path, data_prefix, *QWEN3_4_LAYERS, ONE_SAMPLE,
-              "parallelism.data_parallel_shard_strategy=optim_grads_params", nproc=4)
-    assert_resumed_across_layouts(tmp_path, runs(QWEN3, *QWEN3_4_LAYERS))
-
-
-def test_context_parallel_checkpoint_continues_on_one_process(data_prefix, runs, single,
-                                                              tmp_path) -> None:
-    saved = runs(QWEN3, *QWEN3_2_LAYERS, "parallelism.context_parallel=2", nproc=2)
-    continued(saved, QWEN3, tmp_path, data_prefix, *QWEN3_2_LAYERS)
-    assert_resumed_across_layouts(tmp_path, single)
-
-
-@pytest.fixture(scope="module")
-def experts(runs) -> Path:
-    """DeepSeek-V3 (3 layers, two with 4 routed experts) with expert parallelism 2."""
-    return runs(DEEPSEEK, *DEEPSEEK_3_LAYERS, "parallelism.expert_parallel=2", nproc=2)
-
-
-def test_expert_parallel_checkpoint_continues_on_one_process(data_prefix, runs, experts,
-                                                             tmp_path) -> None:
-    """One process reads every expert from the rank that held it; the routers' expert
-    bias carries over."""
-    continued(experts, DEEPSEEK, tmp_path, data_prefix, *DEEPSEEK_3_LAYERS)
-    assert_resumed_across_layouts(tmp_path, runs(DEEPSEEK, *DEEPSEEK_3_LAYERS))
-
-
-def test_expert_parallel_checkpoint_continues_with_tensor_parallelism(data_prefix, runs,
-                                                                      experts,
-                                                                      tmp_path) -> None:
-    """4 ranks, experts over 2 x tensor parallel 2: each rank cuts its tensor shard of its
-    experts (and of multi-head latent attention) out of the whole saved tensors."""
-    continued(experts, DEEPSEEK, tmp_path, data_prefix, *DEEPSEEK_3_LAYERS,
-              "parallelism.expert_parallel=2", TENSOR_2, nproc=4)
-    assert_resumed_across_layouts(tmp_path, runs(DEEPSEEK, *DEEPSEEK_3_LAYERS))
-
-
-SAVED = {
-    "tensor": (QWEN3, QWEN3_2_LAYERS, [TENSOR_2], 2),
-    "zero_1": (QWEN3, QWEN3_2_LAYERS, ["parallelism.data_parallel_shard_strategy=optim"], 2),
-    "fsdp": (QWEN3, QWEN3_2_LAYERS,
-             ["parallelism.data_parallel_shard_strategy=optim_grads_params"], 2),
-    "context": (QWEN3, QWEN3_2_LAYERS, ["parallelism.context_parallel=2"], 2),
-    "pipeline_x_tensor": (QWEN3, QWEN3_4_LAYERS, list(PIPELINE_X_TENSOR), 4),
-    "experts": (DEEPSEEK, DEEPSEEK_3_LAYERS, ["parallelism.expert_parallel=2"], 2),
+FSDP = "parallelism.data_parallel_shard_strategy=optim_grads_params"
+SOURCES = {
+    "single": (QWEN3, QWEN3_2_LAYERS, (), 1),
+    "tensor": (QWEN3, QWEN3_2_LAYERS, (TENSOR_2,), 2),
+    "zero_1": (QWEN3, QWEN3_2_LAYERS, ("parallelism.data_parallel_shard_strategy=optim",), 2),
+    "fsdp": (QWEN3, QWEN3_2_LAYERS, (FSDP,), 2),
+    "pipeline_x_tensor": (QWEN3, QWEN3_4_LAYERS, PIPELINE_X_TENSOR, 4),
+    "context": (QWEN3, QWEN3_2_LAYERS, ("parallelism.context_parallel=2",), 2),
+    "experts": (DEEPSEEK, DEEPSEEK_3_LAYERS, ("parallelism.expert_parallel=2",), 2),
 }
+"""The runs whose step-2 checkpoints are continued: (example, shape, layout, ranks), each a
+run other test files train too, with its one-process run (the shape alone)."""
+CONTINUED = {
+    # 4 ranks: tensor parallel 2 x data parallel 2, one sample per rank, the layers compiled
+    "single on tensor x data": ("single", (TENSOR_2, ONE_SAMPLE, "context.compile=true"), 4),
+    "tensor on one process": ("tensor", (), 1),
+    "zero_1 as zero_2 on four": ("zero_1", (ONE_SAMPLE, "parallelism.data_parallel_shard_"
+                                            "strategy=optim_grads"), 4),
+    "pipeline_x_tensor as fsdp on four": ("pipeline_x_tensor", (ONE_SAMPLE, FSDP), 4),
+    "context on one process": ("context", (), 1),
+    "experts on one process": ("experts", (), 1),
+    "experts with tensor": ("experts", ("parallelism.expert_parallel=2", TENSOR_2), 4),
+}
+"""Each continuation: the source (`SOURCES`), the layout it continues on, its ranks; those of
+one rank count are trained in one msrun job."""
+
+
+@pytest.fixture(scope="module")
+def continued(runs, together):
+    """`continued(name)` -> the output directories of the `CONTINUED` run `name` (trained
+    from its source's step-2 checkpoint to step 4, saving nothing) and of its source's
+    one-process run."""
+    done: dict[str, Path] = {}
+
+    def source(name: str) -> tuple[Path, Path]:
+        config, shape, layout, nproc = SOURCES[name]
+        return runs(config, *shape, *layout, nproc=nproc), runs(config, *shape)
+
+    def settings(name: str) -> tuple[Path, tuple[str, ...]]:
+        origin, layout, _ = CONTINUED[name]
+        config, shape, _, _ = SOURCES[origin]
+        load = f"checkpoint.load_path={source(origin)[0] / 'ckpt' / iteration_name(2)}"
+        return config, (*shape, *layout, load, "checkpoint.enable_save=false")
+
+    def get(name: str) -> tuple[Path, Path]:
+        origin, _, nproc = CONTINUED[name]
+        if nproc == 1:
+            config, sets = settings(name)
+            done[name] = runs(config, *sets)
+        elif name not in done:
+            group = [other for other, entry in CONTINUED.items() if entry[2] == nproc]
+            done.update(zip(group, together([settings(other) for other in group], nproc),
+                            strict=True))
+        return done[name], source(origin)[1]
+
+    return get
+
+
+@pytest.mark.parametrize("name", list(CONTINUED))
+def test_a_checkpoint_continues_on_another_layout(continued, name) -> None:
+    """Tensor parallelism cuts each rank's shard of every split weight (fused qkv and gate_up
+    included) and of its moments out of the whole saved tensors, compiled too (the regions'
+    collectives inside the graphs, over tensor groups smaller than the world); one process
+    gathers each weight from the tensor places' shards, every expert from the rank that held
+    it (the routers' expert bias carries over); ZeRO and FSDP slices move to another shard
+    degree, each rank reading the ranges of its slices from the saved ones; stages x tensor
+    shards in, FSDP slices out; experts over 2 x tensor parallel 2 cut each rank's tensor
+    shard of its experts (and of multi-head latent attention)."""
+    output, single = continued(name)
+    assert_resumed_across_layouts(output, single)
+    if "context.compile=true" in CONTINUED[name][1]:
+        assert steps(output)[0]["compiled_graphs"] >= 2  # both layers, forward and backward
+
+
+SAVED = {name: source for name, source in SOURCES.items() if name != "single"}
 """Runs of other tests, each with its one-process run: (example, shape, layout, ranks)."""
 
 

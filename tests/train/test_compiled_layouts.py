@@ -4,7 +4,7 @@ optimizer state after them, within 1e-5. A layout cannot be compiled without bei
 here; where its layers cannot be compiled, the start line says why and the run equals
 PyNative all the same.
 
-The layouts and their runs are tests/train/layout_runs.py's: the compiled runs of one rank
+The layouts and their runs are tests/train/matrix_runs.py's: the compiled runs of one rank
 count are trained in one msrun job; the PyNative runs and the one-process runs are the ones
 the layouts' own test files compare, plus a few only this matrix needs."""
 
@@ -14,7 +14,7 @@ import pytest
 
 pytest.importorskip("mindspore")
 
-from layout_runs import MATRIX
+from matrix_runs import MATRIX
 from runs import (
     PREFIXES,
     assert_same_pieces,
@@ -31,10 +31,10 @@ reason."""
 
 
 @pytest.mark.parametrize("name", list(MATRIX))
-def test_compiled_layout_equals_pynative_and_one_process(layout_runs, name) -> None:
+def test_compiled_layout_equals_pynative_and_one_process(matrix_runs, name) -> None:
     config, _, _, nproc = MATRIX[name]
-    got, pynative = layout_runs(name, "compiled"), layout_runs(name, "pynative")
-    one = layout_runs(name, "one")
+    got, pynative = matrix_runs(name, "compiled"), matrix_runs(name, "pynative")
+    one = matrix_runs(name, "one")
     assert_same_run(got, pynative)
     assert_same_run(got, one)
     assert_same_pieces(got, pynative, nproc, PREFIXES[config])

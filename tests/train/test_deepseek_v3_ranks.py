@@ -15,7 +15,7 @@ import pytest
 
 pytest.importorskip("mindspore")
 
-from runs import DEEPSEEK, SHORT, saved_tensors, steps, train
+from runs import DEEPSEEK, SHORT, Case, saved_tensors, steps
 
 LAYOUTS = {"replicated": "parallelism.data_parallel_shard=1",
            "fsdp": "parallelism.data_parallel_shard_strategy=optim_grads_params",
@@ -29,6 +29,7 @@ SETTINGS = (*SHORT, "model.seq_length=32", "model.moe_router_bias_update_rate=0.
 that it moves visibly, no group limit (with the example's two groups of two experts the loads
 come in pairs and the bias here swings back to 0 every other step), tokens per expert recorded
 every step, a checkpoint at step 4."""
+CASES = {layout: Case(DEEPSEEK, SETTINGS, (setting,)) for layout, setting in LAYOUTS.items()}
 pytestmark = pytest.mark.ranks
 
 
@@ -38,15 +39,10 @@ def biases(output: Path) -> dict[str, np.ndarray]:
             if name.endswith("e_score_correction_bias")}
 
 
-@pytest.fixture(scope="module")
-def single(runs) -> Path:
-    return runs(DEEPSEEK, *SETTINGS)
-
-
 @pytest.mark.parametrize("layout", list(LAYOUTS))
-def test_two_ranks_move_the_bias_as_one_process(data_prefix, single, tmp_path, layout) -> None:
-    train(DEEPSEEK, tmp_path, data_prefix, *SETTINGS, LAYOUTS[layout], nproc=2, timeout=300)
-    one, two = steps(single), steps(tmp_path)
+def test_two_ranks_move_the_bias_as_one_process(layout_runs, layout) -> None:
+    single, output = layout_runs.one_process(layout), layout_runs(layout)
+    one, two = steps(single), steps(output)
     assert len(one) == len(two) == 4
     # Host reads inside a step: one routing table per MoE layer (2) and forward; one
     # micro-batch a rank, or, in 2 stages, 2 micro-batches x (F, and B's recompute) x 1 layer.
@@ -65,11 +61,11 @@ def test_two_ranks_move_the_bias_as_one_process(data_prefix, single, tmp_path, l
         bias = want[f"decoder_layers.{layer}.mlp.router.e_score_correction_bias"]
         np.testing.assert_allclose(bias, np.float32(0.01) * np.sum(moves, 0), atol=1e-7)
         assert np.abs(bias).max() > 0
-    got = biases(tmp_path)
+    got = biases(output)
     assert got.keys() == want.keys()
     for name in want:
         np.testing.assert_allclose(got[name], want[name], atol=1e-5, err_msg=name)
-    logged = {rank: own_counts(tmp_path, rank) for rank in (0, 1)}
+    logged = {rank: own_counts(output, rank) for rank in (0, 1)}
     if layout == "pipeline":  # stage 0: layers 0-1, stage 1: layer 2; each routes the batch
         for step in two:  # rank 0's metrics have both stages' layers
             for layer, rank in ((1, 0), (2, 1)):

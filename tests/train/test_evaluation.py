@@ -1,7 +1,7 @@
 """The Evaluate callback: the validation loss is the model's loss on the next samples of the
 valid split (the test loss, on the test split's first samples after the last step), it
 changes nothing of the training, a resumed run evaluates the samples the uninterrupted one
-did, every layout reports the one-process value (its runs are tests/train/layout_runs.py's,
+did, every layout reports the one-process value (its runs are tests/train/matrix_runs.py's,
 in the msrun jobs the compiled layouts' test shares), and what cannot be evaluated is said
 before launch."""
 
@@ -18,7 +18,7 @@ import pytest
 
 pytest.importorskip("mindspore")
 
-from layout_runs import EVALUATE, EVALUATED, MATRIX, RESUMED, with_evaluate
+from matrix_runs import EVALUATE, EVALUATED, MATRIX, RESUMED, with_evaluate
 from mindspore import Tensor
 from runs import (
     DATA,
@@ -52,16 +52,16 @@ TESTED = EVALUATE.replace("iters: 1}", "iters: 1, test: true}")
 
 
 @pytest.fixture(scope="module")
-def evaluated(layout_runs) -> Path:
-    """The 2-layer tiny Qwen3 on one process with Evaluate (layout_runs.with_evaluate: after steps
+def evaluated(matrix_runs) -> Path:
+    """The 2-layer tiny Qwen3 on one process with Evaluate (matrix_runs.with_evaluate: after steps
     2 and 4, one global batch of 4 samples, 2 micro-batches of 2)."""
-    return layout_runs("single", "evaluated")
+    return matrix_runs("single", "evaluated")
 
 
 @pytest.fixture(scope="module")
-def plain(layout_runs) -> Path:
+def plain(matrix_runs) -> Path:
     """The same run without Evaluate."""
-    return layout_runs("single", "pynative")
+    return matrix_runs("single", "pynative")
 
 
 def model_loss(config, output: Path, step: int, samples: list[dict]) -> float:
@@ -169,13 +169,13 @@ def test_an_empty_split_is_refused_in_one_line(data_prefix, tmp_path, capsys, wi
 @pytest.mark.parametrize("name", [
     pytest.param(name, marks=[pytest.mark.ranks] if MATRIX[name][3] > 1 else [])
     for name in MATRIX if name in EVALUATED])
-def test_every_layout_evaluates_the_one_process_value_and_trains_alike(layout_runs,
+def test_every_layout_evaluates_the_one_process_value_and_trains_alike(matrix_runs,
                                                                       name) -> None:
     """val_loss within 1e-5 of one process's; the training losses, norms and every rank's
     saved pieces (weights and optimizer state) bit for bit those of the run without it."""
     config, _, _, nproc = MATRIX[name]
-    on, off = layout_runs(name, "evaluated"), layout_runs(name, "pynative")
-    got, one = steps(on), steps(layout_runs(name, "one evaluated"))
+    on, off = matrix_runs(name, "evaluated"), matrix_runs(name, "pynative")
+    got, one = steps(on), steps(matrix_runs(name, "one evaluated"))
     assert [s["step"] for s in got if "val_loss" in s] == [2, 4]
     assert [s.get("val_loss", 0.0) for s in got] == pytest.approx(
         [s.get("val_loss", 0.0) for s in one], abs=1e-5)
@@ -186,9 +186,9 @@ def test_every_layout_evaluates_the_one_process_value_and_trains_alike(layout_ru
 
 
 @pytest.mark.ranks
-def test_a_resumed_layout_evaluates_the_samples_the_uninterrupted_one_did(layout_runs) -> None:
+def test_a_resumed_layout_evaluates_the_samples_the_uninterrupted_one_did(matrix_runs) -> None:
     """Each rank's place in the valid split comes back from the checkpoint."""
-    resumed, whole = layout_runs(RESUMED, "resumed"), layout_runs(RESUMED, "evaluated")
+    resumed, whole = matrix_runs(RESUMED, "resumed"), matrix_runs(RESUMED, "evaluated")
     again = {s["step"]: s for s in steps(resumed)}
     assert sorted(again) == [3, 4]
     assert again[4]["val_loss"] == {s["step"]: s for s in steps(whole)}[4]["val_loss"]

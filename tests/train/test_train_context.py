@@ -6,9 +6,6 @@ experts; a run resumes bit for bit; what cannot run is refused before any rank s
 
 from __future__ import annotations
 
-from pathlib import Path
-
-import numpy as np
 import pytest
 
 pytest.importorskip("mindspore")
@@ -19,131 +16,117 @@ from runs import (
     DEEPSEEK_3_LAYERS,
     QWEN3,
     QWEN3_2_LAYERS,
+    Case,
     assert_resumed_exactly,
-    assert_same_run,
     saved_tensors,
     steps,
     train,
-    worker_log,
 )
+from same_tensors import assert_same_tensors
 
 from mf_train.checkpoint.layout import iteration_name
 from mf_train.cli import run
 
 PACKING = {
-    "plain": [],
-    "compact": [f"{DATA}reset_position_ids=true", f"{DATA}reset_attention_mask=true",
-                f"{DATA}create_compressed_eod_mask=true", f"{DATA}eod_mask_loss=true"],
-    "dense": [f"{DATA}reset_position_ids=true", f"{DATA}reset_attention_mask=true",
-              f"{DATA}create_attention_mask=true"],
+    "plain": (),
+    "compact": (f"{DATA}reset_position_ids=true", f"{DATA}reset_attention_mask=true",
+                f"{DATA}create_compressed_eod_mask=true", f"{DATA}eod_mask_loss=true"),
+    "dense": (f"{DATA}reset_position_ids=true", f"{DATA}reset_attention_mask=true",
+              f"{DATA}create_attention_mask=true"),
 }
+CP_2 = "parallelism.context_parallel=2"
 METHODS = {
-    "colossal": (2, ["parallelism.context_parallel=2"]),
-    "ulysses": (2, ["parallelism.context_parallel=2",
-                    "parallelism.context_parallel_method=ulysses"]),
-    "hybrid": (4, ["parallelism.context_parallel=4", "parallelism.context_parallel_method=hybrid",
-                   "parallelism.ulysses_degree_in_cp=2"]),
+    "colossal": (2, (CP_2,)),
+    "ulysses": (2, (CP_2, "parallelism.context_parallel_method=ulysses")),
+    "hybrid": (4, ("parallelism.context_parallel=4", "parallelism.context_parallel_method=hybrid",
+                   "parallelism.ulysses_degree_in_cp=2")),
 }
-SIZES = {QWEN3: QWEN3_2_LAYERS, DEEPSEEK: DEEPSEEK_3_LAYERS}
-"""A tiny model (Qwen3: 2 layers, 4 heads of 8, 2 key/value heads) on sequences of 32, 4 steps,
-a checkpoint at steps 2 and 4."""
+EACH_METHOD = [("colossal", "compact", "causal", True), ("ulysses", "plain", "full", False),
+               ("ulysses", "dense", "causal", False), ("hybrid", "compact", "causal", True)]
+"""(method, packing, `context_parallel_mask_type`, `context_parallel_async`)."""
+BALANCED = ("model.aux_loss_alpha=0.1",)
+"""A balance-loss coefficient large enough to move the gradients."""
+
+
+def qwen3(packing: str, *layout: str, nproc: int = 2, **more) -> Case:
+    """The tiny Qwen3 (2 layers, 4 heads of 8, 2 key/value heads) on sequences of 32,
+    documents packed as `packing` says, 4 steps, a checkpoint at steps 2 and 4."""
+    return Case(QWEN3, (*QWEN3_2_LAYERS, *PACKING[packing]), layout, nproc, **more)
+
+
+CASES = {
+    # colossal on plain sequences: the test_compiled_layouts.py matrix's run too
+    "colossal": qwen3("plain", CP_2, alone=True, log=(
+        "context parallel 2 (keys and values all-gathered over 2 (colossal)) x data "
+        "parallel 2 (replicated) over data x context")),
+    **{f"{method}-{packing}": qwen3(
+        packing, *METHODS[method][1], f"parallelism.context_parallel_mask_type={mask}",
+        f"parallelism.context_parallel_async={str(overlap).lower()}",
+        nproc=METHODS[method][0],
+        log="overlapped with attention over this rank's keys" if overlap else None)
+       for method, packing, mask, overlap in EACH_METHOD},
+    "data": qwen3("compact", CP_2, "parallelism.data_parallel_shard=1", nproc=4),
+    "deepseek": Case(DEEPSEEK, (*DEEPSEEK_3_LAYERS, *BALANCED, *PACKING["compact"]),
+                     METHODS["ulysses"][1]),
+    "tensor": qwen3("plain", CP_2, "parallelism.tensor_parallel=2", nproc=4, job="slow"),
+    "fsdp": qwen3("plain", CP_2, "parallelism.data_parallel_shard=2", nproc=4, job="slow"),
+    "deepseek experts": Case(DEEPSEEK, (*DEEPSEEK_3_LAYERS, *BALANCED),
+                             (CP_2, "parallelism.expert_parallel=2"), 4, job="slow"),
+}
 pytestmark = pytest.mark.ranks
 
 
-def launch(prefix: str, output: Path, nproc: int, *more: str, config: Path = QWEN3) -> Path:
-    return train(config, output, prefix, *SIZES[config], *more, nproc=nproc)
-
-
-@pytest.fixture(scope="module")
-def single(runs):
-    """The one-process run of each packing, launched once on first use."""
-    return lambda packing: runs(QWEN3, *QWEN3_2_LAYERS, *PACKING[packing])
-
-
-@pytest.fixture(scope="module")
-def colossal(runs) -> Path:
-    """Colossal CP 2 on plain sequences: the run the resume test continues."""
-    return runs(QWEN3, *QWEN3_2_LAYERS, *METHODS["colossal"][1], nproc=2)
-
-
-def test_packing_changes_the_loss(single) -> None:
+def test_packing_changes_the_loss(runs) -> None:
     """The tiny corpus has ends of documents inside the 32-token samples: the document masks
     and restarting positions change every step's loss."""
-    plain, compact, dense = (steps(single(name)) for name in ("plain", "compact", "dense"))
+    plain, compact, dense = (steps(runs(QWEN3, *QWEN3_2_LAYERS, *PACKING[name]))
+                             for name in ("plain", "compact", "dense"))
     assert all(abs(p["loss"] - c["loss"]) > 1e-4 for p, c in zip(plain, compact, strict=True))
     assert all(abs(p["loss"] - d["loss"]) > 1e-4 for p, d in zip(plain, dense, strict=True))
 
 
-def test_colossal_matches_one_process(single, colossal) -> None:
-    assert_same_run(colossal, single("plain"))
-    log = worker_log(colossal)
-    assert ("context parallel 2 (keys and values all-gathered over 2 (colossal)) x data "
-            "parallel 2 (replicated) over data x context") in log
+def test_colossal_matches_one_process(layout_runs) -> None:
+    layout_runs.check("colossal")
 
 
-@pytest.mark.parametrize(("method", "packing", "mask_type", "overlap"), [
-    ("colossal", "compact", "causal", True), ("ulysses", "plain", "full", False),
-    ("ulysses", "dense", "causal", False), ("hybrid", "compact", "causal", True)])
-def test_each_method_matches_one_process(data_prefix, single, tmp_path, method, packing,
-                                         mask_type, overlap) -> None:
+@pytest.mark.parametrize(("method", "packing", "mask_type", "overlap"), EACH_METHOD)
+def test_each_method_matches_one_process(layout_runs, method, packing, mask_type,
+                                         overlap) -> None:
     """`context_parallel_mask_type: full` splits the sequence into contiguous chunks (no load
     balancing); attention is still causal, by global token index. `context_parallel_async`
     attends to this rank's keys while the others' are gathered and merges the two parts
     (the blocking gather runs in the other tests: colossal, CP x DP, CP x TP)."""
-    nproc, sets = METHODS[method]
-    output = launch(data_prefix, tmp_path, nproc, *sets, *PACKING[packing],
-                    f"parallelism.context_parallel_mask_type={mask_type}",
-                    f"parallelism.context_parallel_async={str(overlap).lower()}")
-    assert_same_run(output, single(packing))
-    if overlap:
-        assert "overlapped with attention over this rank's keys" in worker_log(output)
+    layout_runs.check(f"{method}-{packing}")
 
 
-def test_context_and_data_parallel_on_four_ranks(data_prefix, single, tmp_path) -> None:
+def test_context_and_data_parallel_on_four_ranks(layout_runs) -> None:
     """CP 2 x DP 2 (replicated): the gradients are averaged over data x context."""
-    output = launch(data_prefix, tmp_path, 4, "parallelism.context_parallel=2",
-                    "parallelism.data_parallel_shard=1", *PACKING["compact"])
-    assert_same_run(output, single("compact"))
+    layout_runs.check("data")
 
 
-def test_a_context_parallel_run_resumes_bit_for_bit(data_prefix, colossal, tmp_path) -> None:
-    launch(data_prefix, tmp_path, 2, *METHODS["colossal"][1],
-           f"checkpoint.load_path={colossal / 'ckpt' / iteration_name(2)}")
+def test_a_context_parallel_run_resumes_bit_for_bit(data_prefix, layout_runs, tmp_path) -> None:
+    colossal = layout_runs("colossal")
+    train(QWEN3, tmp_path, data_prefix, *QWEN3_2_LAYERS, *METHODS["colossal"][1],
+          f"checkpoint.load_path={colossal / 'ckpt' / iteration_name(2)}", nproc=2)
     assert_resumed_exactly(tmp_path, colossal)
-    got, want = saved_tensors(tmp_path, 4), saved_tensors(colossal, 4)
-    assert got.keys() == want.keys()
-    for key in want:
-        np.testing.assert_array_equal(got[key], want[key], err_msg=key)
+    assert_same_tensors(saved_tensors(tmp_path, 4), saved_tensors(colossal, 4), rel=0, atol=0)
 
 
-def test_deepseek_v3_with_context_parallel(data_prefix, runs, tmp_path) -> None:
+def test_deepseek_v3_with_context_parallel(layout_runs) -> None:
     """MLA's heads exchanged (ulysses), the balance loss counted over the whole sequences
     (a coefficient large enough to move the gradients), packed documents."""
-    sets = ["model.aux_loss_alpha=0.1", *PACKING["compact"]]
-    one = runs(DEEPSEEK, *DEEPSEEK_3_LAYERS, *sets)
-    two = launch(data_prefix, tmp_path / "two", 2, *sets, *METHODS["ulysses"][1],
-                 config=DEEPSEEK)
-    assert_same_run(two, one)
+    layout_runs.check("deepseek")
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("sets", [
-    ["parallelism.tensor_parallel=2"],
-    ["parallelism.data_parallel_shard=2"],
-], ids=["tensor", "fsdp"])
-def test_context_parallel_with_tensor_or_fsdp_on_four_ranks(data_prefix, single, tmp_path,
-                                                            sets) -> None:
-    output = launch(data_prefix, tmp_path, 4, "parallelism.context_parallel=2", *sets)
-    assert_same_run(output, single("plain"))
+@pytest.mark.parametrize("name", ["tensor", "fsdp"])
+def test_context_parallel_with_tensor_or_fsdp_on_four_ranks(layout_runs, name) -> None:
+    layout_runs.check(name)
 
 
 @pytest.mark.slow
-def test_deepseek_v3_with_context_and_expert_parallel(data_prefix, runs, tmp_path) -> None:
-    sets = ["model.aux_loss_alpha=0.1"]
-    one = runs(DEEPSEEK, *DEEPSEEK_3_LAYERS, *sets)
-    four = launch(data_prefix, tmp_path / "four", 4, *sets, "parallelism.context_parallel=2",
-                  "parallelism.expert_parallel=2", config=DEEPSEEK)
-    assert_same_run(four, one)
+def test_deepseek_v3_with_context_and_expert_parallel(layout_runs) -> None:
+    layout_runs.check("deepseek experts")
 
 
 def test_ulysses_needs_heads_it_can_split(tmp_path, capsys) -> None:

@@ -6,14 +6,13 @@ rank starts."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import numpy as np
 import pytest
 
 pytest.importorskip("mindspore")
 
-from runs import DEEPSEEK, DEEPSEEK_3_LAYERS, arguments, saved_tensors, steps, worker_log
+from runs import DEEPSEEK, DEEPSEEK_3_LAYERS, Case, arguments, saved_tensors
+from same_tensors import assert_same_tensors
 
 from mf_train.cli import run
 from mf_train.models.blocks import fuse_rows
@@ -43,64 +42,43 @@ def merge_tensor_shards(shards: list[dict[str, np.ndarray]]) -> dict[str, np.nda
     return merged
 
 
-@pytest.fixture(scope="module")
-def single(runs) -> Path:
-    """The example (3 layers: one dense, two MoE; balance loss on), 4 steps of 2 micro-batches
-    of 2 x 32 tokens, checkpoints at steps 2 and 4."""
-    return runs(DEEPSEEK, *DEEPSEEK_3_LAYERS)
+TENSOR_2 = "parallelism.tensor_parallel=2"
+CASES = {
+    # the example (3 layers: one dense, two MoE; balance loss on), 4 steps of 2 micro-batches
+    # of 2 x 32 tokens, checkpoints at steps 2 and 4; tensor parallel 2 on 2 ranks (sequence
+    # parallel; no data parallelism)
+    "tensor parallel": Case(DEEPSEEK, DEEPSEEK_3_LAYERS, (TENSOR_2,), log="tensor parallel 2"),
+    # tensor parallel 2 x FSDP 2 on 4 ranks (tensor innermost: ranks 0 and 1 a tensor group,
+    # 0 and 2 a shard group)
+    "with FSDP": Case(DEEPSEEK, DEEPSEEK_3_LAYERS, (
+        TENSOR_2, "parallelism.data_parallel_shard_strategy=optim_grads_params"), 4,
+        log="FSDP over 2 ranks, tensor parallel 2 (sequence parallel)"),
+}
 
 
-@pytest.fixture(scope="module")
-def tensor_parallel(runs) -> Path:
-    """Tensor parallel 2 on 2 ranks (sequence parallel; no data parallelism)."""
-    return runs(DEEPSEEK, *DEEPSEEK_3_LAYERS, "parallelism.tensor_parallel=2", nproc=2)
-
-
-@pytest.fixture(scope="module")
-def with_fsdp(runs) -> Path:
-    """Tensor parallel 2 x FSDP 2 on 4 ranks (tensor innermost: ranks 0 and 1 a tensor
-    group, 0 and 2 a shard group)."""
-    return runs(DEEPSEEK, *DEEPSEEK_3_LAYERS, "parallelism.tensor_parallel=2",
-                "parallelism.data_parallel_shard_strategy=optim_grads_params", nproc=4)
-
-
-def assert_same_steps(one: list[dict], other: list[dict]) -> None:
-    assert len(one) == len(other) == 4
-    assert [s["loss"] for s in other] == pytest.approx([s["loss"] for s in one], rel=1e-5)
-    assert [s["grad_norm"] for s in other] == pytest.approx([s["grad_norm"] for s in one],
-                                                            rel=1e-5)
-    assert one[-1]["loss"] < one[0]["loss"]
-
-
-def assert_same_weights(single: Path, output: Path) -> None:
+def assert_shards_merge_into_one_process(layout_runs, name: str) -> None:
     """The checkpoint's shards of the two tensor places merge into the one-process weights
     after 4 steps."""
-    want = saved_tensors(single, 4)
-    merged = merge_tensor_shards([saved_tensors(output, 4, place=(r, 2)) for r in (0, 1)])
-    assert merged.keys() == want.keys()
-    for name, array in want.items():
-        assert merged[name].shape == array.shape, name
-        np.testing.assert_allclose(merged[name], array, rtol=1e-5, atol=1e-6, err_msg=name)
+    merged = merge_tensor_shards([saved_tensors(layout_runs(name), 4, place=(r, 2))
+                                  for r in (0, 1)])
+    assert_same_tensors(merged, saved_tensors(layout_runs.one_process(name), 4))
 
 
-def test_tensor_parallel_matches_one_process(single, tensor_parallel) -> None:
-    assert_same_steps(steps(single), steps(tensor_parallel))
-    assert "tensor parallel 2" in worker_log(tensor_parallel)
+def test_tensor_parallel_matches_one_process(layout_runs) -> None:
+    layout_runs.check("tensor parallel")
 
 
-def test_tensor_parallel_weights_merge_into_the_one_process_weights(single,
-                                                                    tensor_parallel) -> None:
-    assert_same_weights(single, tensor_parallel)
+def test_tensor_parallel_weights_merge_into_the_one_process_weights(layout_runs) -> None:
+    assert_shards_merge_into_one_process(layout_runs, "tensor parallel")
 
 
-def test_tensor_parallel_with_fsdp_matches_one_process(single, with_fsdp) -> None:
-    assert_same_steps(steps(single), steps(with_fsdp))
-    assert "FSDP over 2 ranks, tensor parallel 2 (sequence parallel)" in worker_log(with_fsdp)
+def test_tensor_parallel_with_fsdp_matches_one_process(layout_runs) -> None:
+    layout_runs.check("with FSDP")
 
 
 def test_tensor_parallel_with_fsdp_weights_merge_into_the_one_process_weights(
-        single, with_fsdp) -> None:
-    assert_same_weights(single, with_fsdp)
+        layout_runs) -> None:
+    assert_shards_merge_into_one_process(layout_runs, "with FSDP")
 
 
 def test_a_tensor_size_not_dividing_the_heads_is_refused_before_the_ranks_start(

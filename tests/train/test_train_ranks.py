@@ -5,46 +5,42 @@ stops the job with that rank's error."""
 from __future__ import annotations
 
 import re
-from pathlib import Path
 
 import pytest
 
 pytest.importorskip("mindspore")
 
-from runs import CONSOLE, QWEN3, QWEN3_2_LAYERS, arguments, assert_same_run, steps, worker_log
+from runs import CONSOLE, QWEN3, QWEN3_2_LAYERS, Case, arguments, steps, worker_log
 
 from mf_train.cli import run
 
 REPLICATED = "parallelism.data_parallel_shard=1"
+CASES = {  # other test files read both runs too
+    "data parallel": Case(QWEN3, QWEN3_2_LAYERS, (REPLICATED,), alone=True),
+    "tensor parallel": Case(QWEN3, QWEN3_2_LAYERS, ("parallelism.tensor_parallel=2",),
+                            alone=True),
+}
 pytestmark = pytest.mark.ranks
 
 
-@pytest.fixture(scope="module")
-def single(runs) -> Path:
-    return runs(QWEN3, *QWEN3_2_LAYERS)
-
-
-def test_two_rank_data_parallel_matches_one_process(runs, single) -> None:
+def test_two_rank_data_parallel_matches_one_process(layout_runs) -> None:
     """Replicated data parallelism (data_parallel_shard 1; the sharded strategies are
     test_train_sharded.py's)."""
-    two = runs(QWEN3, *QWEN3_2_LAYERS, REPLICATED, nproc=2)
-    assert_same_run(two, single)
-    assert (two / "logs" / "worker_1.log").exists()
+    layout_runs.check("data parallel")
 
 
-def test_two_rank_tensor_parallel_matches_one_process(runs, single) -> None:
+def test_two_rank_tensor_parallel_matches_one_process(layout_runs) -> None:
     """Tensor parallel 2 with sequence parallelism (vocabulary-parallel embedding and loss,
     column/row-parallel attention and MLP) against the single-process run."""
-    assert_same_run(runs(QWEN3, *QWEN3_2_LAYERS, "parallelism.tensor_parallel=2", nproc=2),
-                    single)
+    layout_runs.check("tensor parallel")
 
 
-def test_summed_and_averaged_gradients_give_the_same_update(runs) -> None:
+def test_summed_and_averaged_gradients_give_the_same_update(runs, layout_runs) -> None:
     """`disable_gradient_division` true (the default, MindFormers'): gradients summed over the
     ranks, each rank's loss divided by 2 first; false: the reduced gradients averaged. With
     two ranks both scalings are exact powers of two, so the runs agree bit for bit. (The
     summed run is the default one the data-parallel test compares.)"""
-    summed = steps(runs(QWEN3, *QWEN3_2_LAYERS, REPLICATED, nproc=2))
+    summed = steps(layout_runs("data parallel"))
     averaged = steps(runs(QWEN3, *QWEN3_2_LAYERS, REPLICATED,
                           "parallelism.disable_gradient_division=false", nproc=2))
     assert len(summed) == 4
@@ -72,19 +68,19 @@ FLOAT16_REDUCTION = (*QWEN3_2_LAYERS, REPLICATED, "recompute.select_module={mlp:
 have no effect (recompute.mode stays None) make it the run of the console test too."""
 
 
-def test_gradients_reduced_in_float16_stay_near_float32(runs, single) -> None:
+def test_gradients_reduced_in_float16_stay_near_float32(runs, layout_runs) -> None:
     """`reduce_dtype: float16` casts each bucket to float16 for the all-reduce (the exact sums
     against numpy: tests/parallel/test_runtime_collectives.py): the first step's loss is the
     float32 run's (same weights); every gradient norm differs from float32's (the cast
     happened) by float16's rounding (measured: 2e-5 relative), and the losses stay within
     1e-5 of float32's and of one process (measured: equal in float32)."""
     half = steps(runs(QWEN3, *FLOAT16_REDUCTION, nproc=2))
-    full = steps(runs(QWEN3, *QWEN3_2_LAYERS, REPLICATED, nproc=2))
+    full = steps(layout_runs("data parallel"))
     assert half[0]["loss"] == full[0]["loss"]
     for one, other in zip(half, full, strict=True):
         assert one["grad_norm"] != other["grad_norm"]
         assert one["grad_norm"] == pytest.approx(other["grad_norm"], rel=1e-4)
-    for reference in (full, steps(single)):
+    for reference in (full, steps(layout_runs.one_process("data parallel"))):
         assert [s["loss"] for s in half] == pytest.approx([s["loss"] for s in reference],
                                                           rel=1e-5)
 

@@ -18,15 +18,17 @@ from checkpoint_samples import as_format_2
 from runs import (
     QWEN3,
     QWEN3_2_LAYERS,
+    Case,
     arguments,
     assert_resumed_across_layouts,
     assert_resumed_exactly,
+    assert_same_weights,
     rank_pieces,
     saved_tensors,
     steps,
     train,
-    worker_log,
 )
+from same_tensors import assert_same_tensors
 from tensor_groups import tensor_group
 
 from mf_config import load_config
@@ -49,48 +51,29 @@ def strategy_setting(strategy: str) -> str:
             else f"parallelism.data_parallel_shard_strategy={strategy}")
 
 
-@pytest.fixture(scope="module")
-def single(runs) -> Path:
-    """The 2-layer tiny Qwen3, 4 steps, checkpoints at steps 2 and 4 (tests/train/runs.py)."""
-    return runs(QWEN3, *QWEN3_2_LAYERS)
-
-
-@pytest.fixture(scope="module")
-def sharded(runs):
-    """Each strategy's 2-rank run, launched once on first use."""
-    return lambda strategy: runs(QWEN3, *QWEN3_2_LAYERS, strategy_setting(strategy), nproc=2)
-
-
 def two_ranks(prefix: str, output: Path, *more: str) -> None:
     train(QWEN3, output, prefix, *QWEN3_2_LAYERS, *more, nproc=2, timeout=300)
 
 
 @pytest.mark.parametrize("strategy", list(STRATEGIES))
-def test_each_strategy_matches_one_process(single, sharded, strategy) -> None:
-    output = sharded(strategy)
-    one, two = steps(single), steps(output)
-    assert len(one) == len(two) == 4
-    assert [s["loss"] for s in two] == pytest.approx([s["loss"] for s in one], rel=1e-5)
-    assert [s["grad_norm"] for s in two] == pytest.approx([s["grad_norm"] for s in one],
-                                                          rel=1e-5)
-    assert one[-1]["loss"] < one[0]["loss"]
-    assert one[0]["grad_norm"] > 1.0  # max_norm 1: the first steps are clipped
-    assert STRATEGIES[strategy] in worker_log(output)
+def test_each_strategy_matches_one_process(layout_runs, strategy) -> None:
+    layout_runs.check(strategy)
+    assert steps(layout_runs.one_process(strategy))[0]["grad_norm"] > 1.0  # max_norm 1: the
+    # first steps are clipped
 
 
 @pytest.mark.parametrize("strategy", ["optim", "optim_grads_params"])
-def test_each_rank_saves_its_slices_of_the_one_process_checkpoint(single, sharded,
+def test_each_rank_saves_its_slices_of_the_one_process_checkpoint(layout_runs,
                                                                    strategy) -> None:
     """Each rank writes the ranges of every tensor (weights, AdamW moments) its slices
     hold, nothing gathered and nothing twice; together they are the one-process run's
     checkpoint (float32 parameters: no separate masters)."""
-    output = sharded(strategy)
+    output, single = layout_runs(strategy), layout_runs.one_process(strategy)
     for kind in ("model", "opt"):
-        want, got = saved_tensors(single, 4, kind), saved_tensors(output, 4, kind)
-        assert got.keys() == want.keys()
-        for name, array in want.items():
-            np.testing.assert_allclose(got[name], array, rtol=1e-4, atol=1e-6, err_msg=name)
-        assert not any(name.startswith("main_param.") for name in got)
+        assert_same_weights(output, single, rel=1e-4, kind=kind, whole=True)
+        want = saved_tensors(single, 4, kind)
+        assert not any(name.startswith("main_param.")
+                       for name in saved_tensors(output, 4, kind))
         ranges: dict[str, list[tuple[int, int]]] = {}
         for rank in (0, 1):
             held = rank_pieces(output, 4, kind, rank, world=2)
@@ -104,9 +87,9 @@ def test_each_rank_saves_its_slices_of_the_one_process_checkpoint(single, sharde
             assert all(a[1] == b[0] for a, b in itertools.pairwise(ends)), name
 
 
-def test_fsdp_resumes_exactly(data_prefix, sharded, tmp_path) -> None:
+def test_fsdp_resumes_exactly(data_prefix, layout_runs, tmp_path) -> None:
     """Steps 3-4 resumed from FSDP's step-2 checkpoint equal the uninterrupted run's."""
-    whole = sharded("optim_grads_params")
+    whole = layout_runs(FSDP_STRATEGY)
     resumed = tmp_path / "resumed"
     two_ranks(data_prefix, resumed, "parallelism.data_parallel_shard_strategy="
                                     "optim_grads_params",
@@ -115,41 +98,43 @@ def test_fsdp_resumes_exactly(data_prefix, sharded, tmp_path) -> None:
     assert_resumed_exactly(resumed, whole)
 
 
-def test_fsdp_checkpoint_resumes_on_one_process(data_prefix, single, sharded,
-                                                 tmp_path) -> None:
+def test_fsdp_checkpoint_resumes_on_one_process(data_prefix, layout_runs, tmp_path) -> None:
     """FSDP's step-2 checkpoint (each rank's slices) continued by one process: steps 3-4
     are the uninterrupted one-process run's (weights, moments, step count, data position)."""
-    saved = sharded("optim_grads_params") / "ckpt" / iteration_name(2)
+    saved = layout_runs(FSDP_STRATEGY) / "ckpt" / iteration_name(2)
     train(QWEN3, tmp_path, data_prefix, *QWEN3_2_LAYERS, f"checkpoint.load_path={saved}",
           "checkpoint.enable_save=false")
-    assert_resumed_across_layouts(tmp_path, single)
+    assert_resumed_across_layouts(tmp_path, layout_runs.one_process(FSDP_STRATEGY))
 
 
-def test_one_process_checkpoint_resumes_under_zero_2(data_prefix, single, tmp_path) -> None:
+def test_one_process_checkpoint_resumes_under_zero_2(data_prefix, runs, tmp_path) -> None:
     """One process's step-2 checkpoint continued by ZeRO-2 on 2 ranks, each reading only the
     ranges of its slices."""
+    single = runs(QWEN3, *QWEN3_2_LAYERS)
     two_ranks(data_prefix, tmp_path, "parallelism.data_parallel_shard_strategy=optim_grads",
               f"checkpoint.load_path={single / 'ckpt' / iteration_name(2)}",
               "checkpoint.enable_save=false")
     assert_resumed_across_layouts(tmp_path, single)
 
 
-def test_a_format_2_checkpoint_resumes_on_its_own_layout(data_prefix, single,
+def test_a_format_2_checkpoint_resumes_on_its_own_layout(data_prefix, runs,
                                                         tmp_path) -> None:
     """A checkpoint an earlier mf wrote (format 2: per-rank files, no piece index) still
     resumes on the layout that wrote it, bit for bit."""
+    single = runs(QWEN3, *QWEN3_2_LAYERS)
     old = as_format_2(single / "ckpt" / iteration_name(2), tmp_path / "old" / iteration_name(2))
     train(QWEN3, tmp_path / "run", data_prefix, *QWEN3_2_LAYERS, f"checkpoint.load_path={old}",
           "checkpoint.enable_save=false")
     assert_resumed_exactly(tmp_path / "run", single)
 
 
-def test_a_format_2_checkpoint_is_converted_without_training(data_prefix, single,
+def test_a_format_2_checkpoint_is_converted_without_training(data_prefix, runs,
                                                              tmp_path, capsys) -> None:
     """On another world size a format-2 checkpoint is refused in one line giving the command
     that converts it; that command (its layout, `training.steps` at the saved step, a new
     output directory) trains nothing and saves the same tensors in the sharded format, which
     then continues on 2 ranks under ZeRO-2 as the uninterrupted run."""
+    single = runs(QWEN3, *QWEN3_2_LAYERS)
     old = as_format_2(single / "ckpt" / iteration_name(2), tmp_path / "old" / iteration_name(2))
     capsys.readouterr()
     refused = arguments(QWEN3, tmp_path / "refused", data_prefix,
@@ -165,22 +150,21 @@ def test_a_format_2_checkpoint_is_converted_without_training(data_prefix, single
           "training.steps=2")
     assert steps(converted) == []
     for kind in ("model", "opt"):
-        got, want = saved_tensors(converted, 2, kind), saved_tensors(single, 2, kind)
-        assert got.keys() == want.keys()
-        for name in want:
-            np.testing.assert_array_equal(got[name], want[name], err_msg=name)
+        assert_same_tensors(saved_tensors(converted, 2, kind), saved_tensors(single, 2, kind),
+                            rel=0, atol=0, what=kind)
     two_ranks(data_prefix, tmp_path / "zero2",
               "parallelism.data_parallel_shard_strategy=optim_grads",
               f"checkpoint.load_path={converted / 'ckpt'}", "checkpoint.enable_save=false")
     assert_resumed_across_layouts(tmp_path / "zero2", single)
 
 
-def test_a_format_2_checkpoint_that_does_not_fit_names_its_conversion(data_prefix, single,
+def test_a_format_2_checkpoint_that_does_not_fit_names_its_conversion(data_prefix, runs,
                                                                        tmp_path,
                                                                        capsys) -> None:
     """On the same world size a format-2 checkpoint cannot tell a layout change from a model
     change (it has no configuration): the parameters that do not fit are listed, then the
     command that converts it on the layout that saved it."""
+    single = runs(QWEN3, *QWEN3_2_LAYERS)
     old = as_format_2(single / "ckpt" / iteration_name(2), tmp_path / "old" / iteration_name(2))
     capsys.readouterr()
     args = arguments(QWEN3, tmp_path / "run", data_prefix,
@@ -196,18 +180,19 @@ def test_a_format_2_checkpoint_that_does_not_fit_names_its_conversion(data_prefi
     assert "Traceback" not in err
 
 
-def test_fsdp_loads_weights_saved_by_zero(data_prefix, single, sharded, tmp_path) -> None:
+def test_fsdp_loads_weights_saved_by_zero(data_prefix, layout_runs, tmp_path) -> None:
     """Weights only (`no_load_optim`): FSDP gathers its model, loads the whole model ZeRO-1
     saved at step 2 and takes its slices from it; it then trains as one process does from its
     own step-2 weights. The FSDP run compiles its layers (`context.compile`): the graphs
     keep their parameter tensors, whose storage FSDP frees and refills around each pass."""
+    single = layout_runs.one_process("optim")
     common = ("checkpoint.no_load_optim=true", "checkpoint.enable_save=false",
               "training.steps=2")
     one, two = tmp_path / "one", tmp_path / "two"
     saved_by_one = single / "ckpt" / iteration_name(2)
     train(QWEN3, one, data_prefix, *QWEN3_2_LAYERS, f"checkpoint.load_path={saved_by_one}",
           *common)
-    saved_by_zero = sharded("optim") / "ckpt" / iteration_name(2)
+    saved_by_zero = layout_runs("optim") / "ckpt" / iteration_name(2)
     two_ranks(data_prefix, two, f"checkpoint.load_path={saved_by_zero}",
               "parallelism.data_parallel_shard_strategy=optim_grads_params",
               "context.compile=true", *common)
@@ -233,17 +218,31 @@ def with_tensor_parallel_settings(strategy: str) -> tuple[str, ...]:
             f"parallelism.data_parallel_shard_strategy={strategy}")
 
 
-def run_with_tensor_parallel(prefix: str, output: Path, strategy: str, *more: str,
-                             nproc: int = 4) -> None:
-    """`nproc` ranks as data parallel (sharded by `strategy`) x tensor parallel 2."""
-    train(QWEN3, output, prefix, *with_tensor_parallel_settings(strategy), *more, nproc=nproc)
-
-
-@pytest.fixture(scope="module")
-def with_tensor_parallel(runs):
-    """Each strategy's 4-rank run (data parallel 2 x tensor parallel 2), launched once on
-    first use: ranks 0 and 1 form a tensor group, 0 and 2 a shard group."""
-    return lambda strategy: runs(QWEN3, *with_tensor_parallel_settings(strategy), nproc=4)
+ONE_SAMPLE = "training.local_batch_size=1"
+"""On 4 data-parallel ranks: the global batch of 4 as one sample per rank."""
+HSDP = (strategy_setting(FSDP_STRATEGY), "parallelism.data_parallel_shard=2")
+"""Data parallel 4 = replicate 2 x shard 2 (FSDP)."""
+CASES = {
+    # the 2-layer tiny Qwen3, 4 steps, checkpoints at steps 2 and 4: each strategy on 2
+    # ranks (the test_compiled_layouts.py matrix and test_checkpoint_layouts.py read them too)
+    **{strategy: Case(QWEN3, QWEN3_2_LAYERS, (strategy_setting(strategy),), alone=True,
+                      log=line) for strategy, line in STRATEGIES.items()},
+    # data parallel 2 (sharded by the strategy) x tensor parallel 2 on 4 ranks: ranks 0 and 1
+    # form a tensor group, 0 and 2 a shard group (FSDP's is the matrix's run too)
+    **{f"tensor {strategy}": Case(QWEN3, QWEN3_2_LAYERS,
+                                  with_tensor_parallel_settings(strategy)[len(QWEN3_2_LAYERS):],
+                                  4, log=line, alone=strategy == FSDP_STRATEGY)
+       for strategy, line in TP_STRATEGIES.items()},
+    # 4 (8) ranks, one sample per data-parallel rank, against one process taking the same 4
+    # samples one by one (HSDP alone is the matrix's run too)
+    "HSDP": Case(QWEN3, (*QWEN3_2_LAYERS, ONE_SAMPLE), HSDP, 4, weights=1e-4, alone=True, log=(
+        "FSDP over 2 ranks x 2 replicas, reshard policy default, vocabulary split over the "
+        "shard group")),
+    "HSDP x tensor": Case(QWEN3, (*QWEN3_2_LAYERS, ONE_SAMPLE), (
+        "parallelism.tensor_parallel=2", f"parallelism.data_parallel_shard_strategy="
+        f"{FSDP_STRATEGY}", "parallelism.data_parallel_shard=2"), 8,
+        log="FSDP over 2 ranks x 2 replicas, tensor parallel 2"),
+}
 
 
 def as_tensor_shards(whole: dict[str, np.ndarray], data_prefix: str,
@@ -269,37 +268,24 @@ def assert_tensor_shards_of(single: Path, output: Path, data_prefix: str,
     weights `single` saved) that place trains with; returns those shards."""
     want = as_tensor_shards(saved_tensors(single, 4), data_prefix, 2)
     for place in range(2):
-        model = saved_tensors(output, 4, place=(place, 2))
-        assert model.keys() == want[place].keys()
-        for name, array in want[place].items():
-            np.testing.assert_allclose(model[name], array, rtol=1e-4, atol=1e-6,
-                                       err_msg=f"tensor place {place}: {name}")
+        assert_same_tensors(saved_tensors(output, 4, place=(place, 2)), want[place], rel=1e-4,
+                            what=f"tensor place {place}")
     return want
 
 
-def assert_same_steps(one: list[dict], other: list[dict]) -> None:
-    assert len(one) == len(other) == 4
-    assert [s["loss"] for s in other] == pytest.approx([s["loss"] for s in one], rel=1e-5)
-    assert [s["grad_norm"] for s in other] == pytest.approx([s["grad_norm"] for s in one],
-                                                            rel=1e-5)
-
-
 @pytest.mark.parametrize("strategy", list(TP_STRATEGIES))
-def test_sharding_with_tensor_parallelism_matches_one_process(single, with_tensor_parallel,
-                                                              strategy) -> None:
-    output = with_tensor_parallel(strategy)
-    assert_same_steps(steps(single), steps(output))
-    assert TP_STRATEGIES[strategy] in worker_log(output)
+def test_sharding_with_tensor_parallelism_matches_one_process(layout_runs, strategy) -> None:
+    layout_runs.check(f"tensor {strategy}")
 
 
 @pytest.mark.parametrize("strategy", ["optim_grads", "optim_grads_params"])
 def test_sharding_with_tensor_parallelism_saves_each_ranks_tensor_shards(
-        data_prefix, single, with_tensor_parallel, strategy) -> None:
+        data_prefix, layout_runs, strategy) -> None:
     """The final weights equal the one-process run's, cut into tensor shards: the checkpoint
     holds each tensor place's shards, each rank writing its slices of its place's shards
     (a weight tensor parallelism does not split: the first tensor place's ranks alone)."""
-    output = with_tensor_parallel(strategy)
-    want = assert_tensor_shards_of(single, output, data_prefix)
+    output = layout_runs(f"tensor {strategy}")
+    want = assert_tensor_shards_of(layout_runs.one_process(strategy), output, data_prefix)
     for rank in range(4):  # tensor innermost: rank r is tensor place r % 2
         for piece in rank_pieces(output, 4, "model", rank, world=4):
             assert piece.tensor in (None, (rank % 2, 2)), piece
@@ -309,53 +295,32 @@ def test_sharding_with_tensor_parallelism_saves_each_ranks_tensor_shards(
         set(want[1])
 
 
-def test_fsdp_with_tensor_parallelism_resumes_exactly(data_prefix, with_tensor_parallel,
+def test_fsdp_with_tensor_parallelism_resumes_exactly(data_prefix, layout_runs,
                                                       tmp_path) -> None:
     """Steps 3-4 resumed on 4 ranks from the step-2 checkpoint equal the uninterrupted run's
     bit for bit."""
-    whole = with_tensor_parallel(FSDP_STRATEGY)
+    whole = layout_runs(f"tensor {FSDP_STRATEGY}")
     resumed = tmp_path / "resumed"
-    run_with_tensor_parallel(data_prefix, resumed, FSDP_STRATEGY,
-                             f"checkpoint.load_path={whole / 'ckpt' / iteration_name(2)}",
-                             "checkpoint.enable_save=false")
-    again, reference = steps(resumed), steps(whole)[2:]
-    assert [s["step"] for s in again] == [3, 4]
-    assert [(s["loss"], s["grad_norm"]) for s in again] == \
-        [(s["loss"], s["grad_norm"]) for s in reference]
+    train(QWEN3, resumed, data_prefix, *with_tensor_parallel_settings(FSDP_STRATEGY),
+          f"checkpoint.load_path={whole / 'ckpt' / iteration_name(2)}",
+          "checkpoint.enable_save=false", nproc=4)
+    assert_resumed_exactly(resumed, whole)
 
 
-def test_hsdp_keeps_the_vocabulary_as_rows_and_matches_one_process(data_prefix, runs,
-                                                                   tmp_path) -> None:
+def test_hsdp_keeps_the_vocabulary_as_rows_and_matches_one_process(layout_runs) -> None:
     """4 ranks: data parallel 4 = replicate 2 x shard 2 (FSDP), no tensor parallelism, one
     sample per rank: the embedding stays as rows over the shard group (the tokens travel) and
     its rows' gradient is summed over the replicas; losses, norms and the final weights equal
     one process taking the same 4 samples one by one."""
-    batch = "training.local_batch_size=1"
-    one = runs(QWEN3, *QWEN3_2_LAYERS, batch)
-    four = train(QWEN3, tmp_path / "four", data_prefix, *QWEN3_2_LAYERS, batch,
-                 strategy_setting(FSDP_STRATEGY), "parallelism.data_parallel_shard=2",
-                 nproc=4, timeout=300)
-    assert_same_steps(steps(one), steps(four))
-    assert ("FSDP over 2 ranks x 2 replicas, reshard policy default, vocabulary split over "
-            "the shard group") in worker_log(four)
-    want, got = saved_tensors(one, 4), saved_tensors(four, 4)
-    assert got.keys() == want.keys()
-    for name, array in want.items():
-        np.testing.assert_allclose(got[name], array, rtol=1e-4, atol=1e-6, err_msg=name)
+    layout_runs.check("HSDP")
 
 
-def test_hsdp_with_tensor_parallelism_matches_one_process(data_prefix, runs, tmp_path) -> None:
+def test_hsdp_with_tensor_parallelism_matches_one_process(data_prefix, layout_runs) -> None:
     """8 ranks: data parallel 4 = replicate 2 x shard 2 (FSDP), x tensor parallel 2, one
     sample per data-parallel rank, against one process taking the same 4 samples one by
     one; the final weights too."""
-    eight = tmp_path / "eight"
-    batch = "training.local_batch_size=1"
-    one = runs(QWEN3, *QWEN3_2_LAYERS, batch)
-    run_with_tensor_parallel(data_prefix, eight, FSDP_STRATEGY, batch,
-                             "parallelism.data_parallel_shard=2", nproc=8)
-    assert_same_steps(steps(one), steps(eight))
-    assert "FSDP over 2 ranks x 2 replicas, tensor parallel 2" in worker_log(eight)
-    assert_tensor_shards_of(one, eight, data_prefix)
+    output = layout_runs.check("HSDP x tensor")
+    assert_tensor_shards_of(layout_runs.one_process("HSDP x tensor"), output, data_prefix)
 
 
 REFUSED = {

@@ -68,7 +68,7 @@ MATRIX = {
 }
 """Each layout the trainer runs, alone and composed, on the tiny Qwen3 and DeepSeek-V3."""
 
-PYNATIVE_HERE = {"ZeRO-1 on 4", "ZeRO-2 on 4", "HSDP 2 x 2", "DeepSeek-V3 experts x ZeRO-2"}
+PYNATIVE_HERE = {"ZeRO-1 on 4", "ZeRO-2 on 4", "DeepSeek-V3 experts x ZeRO-2"}
 """The layouts whose PyNative run no other test file trains: trained in the shared job."""
 
 EVALUATED = {"single", "data parallel", "ZeRO-2", "FSDP", "tensor parallel", "pipeline gpipe",
@@ -94,7 +94,7 @@ def with_evaluate(prefix: str) -> tuple[str, ...]:
             EVALUATE)
 
 
-class LayoutRuns:
+class MatrixRuns:
     """The output directory of a layout's run (`MATRIX` name, variant), trained on first use:
     variant "pynative", "compiled", "evaluated" (PyNative with `with_evaluate`), "resumed" (the
     evaluated run of `RESUMED` again from its step-2 checkpoint), or "one" (the one-process
