@@ -16,6 +16,12 @@ each number of ranks (1, 2, 4) and each data-parallel strategy (plain, `optim` =
   whole run, checkpoint included (psutil), which also serves code that logs no memory;
 - **estimate**: `mf_memory.estimate(config, world_size).total` for the same configuration.
 
+`--composed fsdp2_tp2,fsdp2_pp2` adds FSDP over 2 ranks x tensor (or pipeline) parallel 2 on 4
+ranks; `--floor` a model of almost no parameters (what MindSpore holds itself); `--jsonl FILE`
+appends each run's figures (each rank's polled peak too); `--table FILE` runs nothing and
+prints a recorded file's runs beside the installed mf-memory's estimates (`build_peak` against
+built, `total` against training) with the error of each.
+
 `--from-hf` starts every run from Hugging Face weights of the model (random, bfloat16, written
 by `hf_import.write_checkpoint`; `checkpoint.load_path` at them, `no_load_optim`), so that the
 figures include loading them.
@@ -195,6 +201,41 @@ def prepare(tmp: Path, revisions: str | None,
     return config, codes, trees
 
 
+def estimate_table(records: Path) -> str:
+    """The runs `--jsonl` recorded, each beside the installed mf-memory's estimate of its
+    configuration (made again: the recorded one is the estimator's of its day), as a
+    Markdown table: each rank's polled peak over the whole run (the largest first), the
+    largest rank's built and training peaks, the estimates and their error relative to the
+    measurement."""
+    import expert_memory  # a sibling script (which imports this one)
+
+    from mf_config import load_config
+    from mf_memory.estimate import estimate
+
+    texts = {"127m": config_text(Path("data")),
+             "floor": config_text(Path("data"), FLOOR_SIZES),
+             "deepseek_121m": expert_memory.config_text(Path("data"))}
+    lines = ["| model | layout | ranks | ranks' peaks | built | estimate | error | training | "
+             "estimate | error |", "|---|---|---|---|---|---|---|---|---|---|"]
+    with tempfile.TemporaryDirectory() as tmp:
+        for line in records.read_text().splitlines():
+            run = json.loads(line)
+            config = Path(tmp, f"{run['model']}.yaml")
+            config.write_text(texts[run["model"]])
+            result = estimate(load_config(config, run["sets"]), run["ranks"])
+            built, training = result.build_peak / GIB, result.total / GIB
+            peaks = ", ".join(f"{peak:.2f}" for peak in run["rank_peaks"][:run["ranks"]])
+            lines.append(f"| {run['model']} | {run['layout']} | {run['ranks']} | {peaks} | "
+                         f"{_gib(run['built'])} | {built:.2f} | {_error(built, run['built'])} | "
+                         f"{_gib(run['training'])} | {training:.2f} | "
+                         f"{_error(training, run['training'])} |")
+    return "\n".join(lines)
+
+
+def _error(estimate: float, measured: float | None) -> str:
+    return "-" if not measured else f"{100 * (estimate - measured) / measured:+.0f} %"
+
+
 def runs(ranks: str, strategies: str, composed: str) -> list[tuple[int, str, str | None]]:
     """(ranks, strategy, composed layout) of each run the options ask for."""
     plain = [(int(r), strategy, None) for r in ranks.split(",") for strategy in
@@ -218,7 +259,13 @@ def main() -> None:
     parser.add_argument("--revisions", help="git revisions to measure, comma-separated "
                                             "(default: the installed packages)")
     parser.add_argument("--jsonl", type=Path, help="append each run's figures to this file")
+    parser.add_argument("--table", type=Path, metavar="JSONL",
+                        help="run nothing: the runs a --jsonl file recorded beside the "
+                             "installed mf-memory's estimates, as a Markdown table")
     args = parser.parse_args()
+    if args.table:
+        print(estimate_table(args.table))
+        return
     tmp = Path(tempfile.mkdtemp(prefix="mf-layout-memory-"))  # kept if a run fails: its logs
     config, codes, trees = prepare(tmp, args.revisions)
     start = []
