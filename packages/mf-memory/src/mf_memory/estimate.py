@@ -393,7 +393,7 @@ def _stage_estimate(config: TrainConfig, shape: ModelShape, seq: int, plan: Plan
     activations = saved + transient + working
     logits = sum(s.bytes for s in output_tensors(shape, geo)) if stage == last else 0
     moe = shape.experts
-    runtime = runtime_bytes(config.context.device_target, d.world_size)
+    runtime = runtime_bytes(config.context.device_target)
     return MemoryEstimate(
         stage=stage, num_stages=d.pipeline, layers=tuple(layers), params=rank.params(),
         grads=rank.grads(), optimizer=rank.optimizer(config.optimizer.type),

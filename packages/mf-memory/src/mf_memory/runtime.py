@@ -6,8 +6,7 @@ the same budget as the parameters; on Ascend and GPU they live in host memory, b
 device's, and count for nothing here. The figures are measured, not derived: the resident
 memory of an mf-train run of a model of almost no parameters (`benchmarks/layout_memory.py
 --floor`, whose table in benchmarks/README.md gives the values), once everything is built and
-through its steps, on one rank and on several (each msrun rank starts the communication
-library too). Pure Python.
+through its steps. Pure Python.
 """
 
 from __future__ import annotations
@@ -26,22 +25,18 @@ class Runtime(NamedTuple):
     """Through the steps (kernels run at least once)."""
 
 
-CPU_RUNTIME = {False: Runtime(built=452 * MIB, training=499 * MIB),
-               True: Runtime(built=452 * MIB, training=499 * MIB)}
-"""MindSpore 2.10 on the CPU backend, one process (False) and one rank of several (True):
-measured by `benchmarks/layout_memory.py --floor`."""
+CPU_RUNTIME = Runtime(built=452 * MIB, training=499 * MIB)
+"""MindSpore 2.10 on the CPU backend, one process (`benchmarks/layout_memory.py --floor`); a
+rank of several holds about as much (its built peak less its share: benchmarks/README.md)."""
 
 
-def runtime_bytes(device_target: str, world_size: int) -> Runtime:
+def runtime_bytes(device_target: str) -> Runtime:
     """The framework's own memory a device's budget carries.
 
     Args:
         device_target: `context.device_target` (`CPU`, `Ascend`, `GPU`, `auto`).
-        world_size: the number of ranks of the job.
 
     Returns:
         `CPU_RUNTIME` on the CPU backend; zero elsewhere (host memory, not the device's).
     """
-    if str(device_target).upper() != "CPU":
-        return Runtime(0, 0)
-    return CPU_RUNTIME[world_size > 1]
+    return CPU_RUNTIME if str(device_target).upper() == "CPU" else Runtime(0, 0)
