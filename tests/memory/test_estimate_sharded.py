@@ -186,13 +186,15 @@ def test_rank_summary() -> None:
 
 
 def test_replicated_data_parallel_updates_from_an_all_reduced_copy() -> None:
-    """Replicated data parallelism sums the whole gradients into new tensors: the update
-    holds them beside the local ones (one process holds the local ones only)."""
+    """Replicated data parallelism sums the whole gradients into new tensors, a bucket at a
+    time (each concatenated first): the update holds them beside the local ones (one process
+    holds the local ones only)."""
     small = {"model__seq_length": 2, "training__local_batch_size": 1,
              "parallelism__data_parallel_shard": 1}
     four = on_ranks("optim", training__global_batch_size=4, **small)
-    assert four.step == 2 * 4 * P
-    assert four.total == four.step_peak == four.runtime + 4 * P + 8 * P + 2 * 4 * P
+    gate_up = 1920                                  # the largest tensor: its bucket's input
+    assert four.step == 2 * 4 * P + 4 * gate_up
+    assert four.total == four.step_peak == four.runtime + 4 * P + 8 * P + four.step
     one = on_ranks("optim", ranks=1, training__global_batch_size=1, **small)
     assert one.step == one.step_peak == 0 and one.grads == 4 * P
 

@@ -407,8 +407,10 @@ class DataParallelRank:
         after the backward pass (activations, logits and gathered parameters freed).
 
         - Replicated over more than one rank (`all_reduced`): the local whole gradients and
-          their all-reduced copies, 2·Σ P·p (one process: 0, its update works on the whole
-          gradients the backward pass already held).
+          their all-reduced copies, 2·Σ P·p, and while a bucket is summed its concatenated
+          input beside, at most the largest parameter group's P_g·p (the buckets of the
+          small tensors are smaller here); one process: 0, its update works on the whole
+          gradients the backward pass already held.
 
         - Reducing whole gradients (ZeRO-1; any strategy under pipeline or expert
           parallelism), buffer by buffer in `reduction_order`: at its k-th buffer the
@@ -427,8 +429,11 @@ class DataParallelRank:
             step = max(reduction, 4·N + G_out + max(8·max n_b, ZeRO: max_b P_b·p))
         """
         if not self.sharded:
-            whole = self.elements(self.groups, lambda g: g.trainable) * self.param_bytes
-            return 2 * whole if self.all_reduced else 0
+            if not self.all_reduced:
+                return 0
+            trainable = [g for g in self.groups if g.trainable]
+            bucket = max((self.elements([g]) for g in trainable), default=0)
+            return (2 * self.elements(trainable) + bucket) * self.param_bytes
         p, c = self.param_bytes, self.reduce_copy
         sizes, slices = self.buffers, self.slices
         outside = self._outside(True) * p
