@@ -202,8 +202,9 @@ def prepare(tmp: Path, revisions: str | None,
 
 
 def estimate_table(records: Path) -> str:
-    """The runs `--jsonl` recorded, each beside the installed mf-memory's estimate of its
-    configuration (made again: the recorded one is the estimator's of its day), as a
+    """The runs `--jsonl` recorded (those that ended well), each beside the installed
+    mf-memory's estimate of its configuration (made again: the recorded one is the
+    estimator's of its day), as a
     Markdown table: each rank's polled peak over the whole run (the largest first), the
     largest rank's built and training peaks, the estimates and their error relative to the
     measurement."""
@@ -220,6 +221,8 @@ def estimate_table(records: Path) -> str:
     with tempfile.TemporaryDirectory() as tmp:
         for line in records.read_text().splitlines():
             run = json.loads(line)
+            if run["exit"]:  # a failed run measured nothing whole
+                continue
             config = Path(tmp, f"{run['model']}.yaml")
             config.write_text(texts[run["model"]])
             result = estimate(load_config(config, run["sets"]), run["ranks"])
