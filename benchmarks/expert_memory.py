@@ -5,6 +5,7 @@ experts of width 1024, top 2, one shared expert; vocabulary 512; float32, AdamW,
 128): 101M routed-expert parameters of 121M. One real `mf-train --nproc N` run per layout,
 global batch 4 (one micro-batch per rank), 2 steps and a checkpoint:
 
+- `one`: one process (local batch 4);
 - `ep2`: expert parallel 2 on 2 ranks (each holds 8 experts, no other rank holds them: their
   AdamW state whole; the rest under FSDP over the 2);
 - `ep2_fsdp2`: expert parallel 2 x FSDP 2 on 4 ranks (the rest sliced over 4; each rank's
@@ -23,12 +24,11 @@ Usage: python benchmarks/expert_memory.py [--layouts ep2,ep2_fsdp,fsdp] [--revis
 from __future__ import annotations
 
 import argparse
+import json
 import shutil
 import sys
 import tempfile
 from pathlib import Path
-
-import attrs
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import layout_memory  # a sibling script: corpus, polling, worktrees
@@ -36,6 +36,7 @@ import layout_memory  # a sibling script: corpus, polling, worktrees
 SIZES = {"hidden_size": 512, "moe_intermediate_size": 1024, "intermediate_size": 1408,
          "num_hidden_layers": 5, "n_routed_experts": 16}
 LAYOUTS = {  # name: (ranks, --set arguments)
+    "one": (1, ["training.local_batch_size=4"]),
     "ep2": (2, ["parallelism.expert_parallel=2", "training.local_batch_size=2"]),
     "ep2_fsdp2": (4, ["parallelism.expert_parallel=2"]),
     "ep2_zero2": (4, ["parallelism.expert_parallel=2",
@@ -60,16 +61,9 @@ def estimate(config_path: Path, layout: str) -> tuple[float | None, float | None
     from mf_config import load_config
     from mf_memory.estimate import estimate as memory_estimate
 
-    loaded = load_config(config_path)
-    config = loaded[0] if isinstance(loaded, tuple) else loaded
     ranks, sets = LAYOUTS[layout]
-    values = dict(item.split("=", 1) for item in sets)
-    parallelism = attrs.evolve(
-        config.parallelism, expert_parallel=int(values.get("parallelism.expert_parallel", 1)))
-    training = attrs.evolve(config.training, local_batch_size=4 // ranks)
     try:
-        result = memory_estimate(attrs.evolve(config, parallelism=parallelism,
-                                              training=training), ranks)
+        result = memory_estimate(load_config(config_path, sets), ranks)
     except Exception as exc:  # an estimate that fails is reported, not fatal
         print(f"estimate failed: {exc}", file=sys.stderr)
         return None, None
@@ -81,6 +75,7 @@ def main() -> None:
     parser.add_argument("--layouts", default=",".join(LAYOUTS))
     parser.add_argument("--revisions", help="git revisions to measure, comma-separated "
                                             "(default: the installed packages)")
+    parser.add_argument("--jsonl", type=Path, help="append each run's figures to this file")
     args = parser.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="mf-expert-memory-"))  # kept if a run fails
     _, codes, trees = layout_memory.prepare(tmp, args.revisions)
@@ -92,13 +87,21 @@ def main() -> None:
         for code, env in codes:
             output = tmp / f"{code}-{layout}"
             ranks, sets = LAYOUTS[layout]
+            launch = ["--nproc", str(ranks)] if ranks > 1 else []
             command = ["mf-train", "--config", str(config), "--output-dir", str(output),
-                       "--nproc", str(ranks), *[arg for item in sets for arg in ("--set", item)]]
-            rc, whole = layout_memory.polled_peak(command, env, tmp / f"{output.name}.log")
+                       *launch, *[arg for item in sets for arg in ("--set", item)]]
+            rc, peaks = layout_memory.polled_peaks(command, env, tmp / f"{output.name}.log")
             built, training = layout_memory.metrics_peaks(output) if rc == 0 else (None, None)
             failed |= rc != 0
-            rows.append((code, layout, built, training, whole, total, optimizer, rc))
+            rows.append((code, layout, built, training, max(peaks, default=None), total,
+                         optimizer, rc))
             print(rows[-1], flush=True)
+            if args.jsonl:
+                with args.jsonl.open("a") as out:
+                    out.write(json.dumps({
+                        "code": code, "model": "deepseek_121m", "ranks": ranks,
+                        "layout": layout, "sets": sets, "built": built, "training": training,
+                        "rank_peaks": peaks, "estimate": total, "exit": rc}) + "\n")
     layout_memory.remove_worktrees(trees)
     print("| code | layout | built GiB | training GiB | whole run GiB | estimate GiB | "
           "optimizer state (estimate) GiB | exit |")

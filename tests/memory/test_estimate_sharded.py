@@ -14,9 +14,11 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+from test_estimate import PARAMS as PARAMS_ONE_LAYER
 from test_estimate import config
 
 from mf_memory.estimate import EstimateError, estimate, rank_summary
+from mf_memory.runtime import CPU_RUNTIME
 
 P_L, P_R = 4668, 2424
 P = 2 * P_L + P_R
@@ -154,7 +156,8 @@ def test_the_optimizer_step_can_set_the_peak() -> None:
     result = on_ranks("optim", model__vocab_size=5000, model__seq_length=2,
                       training__local_batch_size=1, training__global_batch_size=4)
     assert result.step_peak > result.backward_peak
-    assert result.total == result.step_peak == result.params + result.optimizer + result.step
+    assert result.total == result.step_peak == (result.runtime + result.params + result.optimizer
+                                                + result.step)
 
 
 def test_pipeline_stages_accumulate_whole_gradients() -> None:
@@ -180,3 +183,48 @@ def test_rank_summary() -> None:
     assert rank_summary(staged, 2).peak_bytes == estimate(staged, 2).total
     with pytest.raises(EstimateError, match="rank 2 does not exist"):
         rank_summary(staged, 2, rank=2)
+
+
+def test_replicated_data_parallel_updates_from_an_all_reduced_copy() -> None:
+    """Replicated data parallelism sums the whole gradients into new tensors, a bucket at a
+    time (each concatenated first): the update holds them beside the local ones (one process
+    holds the local ones only)."""
+    small = {"model__seq_length": 2, "training__local_batch_size": 1,
+             "parallelism__data_parallel_shard": 1}
+    four = on_ranks("optim", training__global_batch_size=4, **small)
+    gate_up = 1920                                  # the largest tensor: its bucket's input
+    assert four.step == 2 * 4 * P + 4 * gate_up
+    assert four.total == four.step_peak == four.runtime + 4 * P + 8 * P + four.step
+    one = on_ranks("optim", ranks=1, training__global_batch_size=1, **small)
+    assert one.step == one.step_peak == 0 and one.grads == 4 * P
+
+
+def test_the_framework_counts_in_the_budget_on_cpu_only() -> None:
+    """On the CPU backend the framework's own memory (measured once) shares the process's
+    memory with the tensors, on every rank."""
+    device = estimate(config(), world_size=1)
+    cpu = estimate(config(context__device_target="CPU"), world_size=1)
+    assert device.runtime == device.runtime_built == 0
+    assert (cpu.runtime_built, cpu.runtime) == CPU_RUNTIME
+    assert cpu.total - device.total == CPU_RUNTIME.training
+    assert on_ranks("optim").runtime == CPU_RUNTIME.training
+
+
+def test_build_peak_is_the_share_plus_what_is_cut_late() -> None:
+    """ZeRO builds whole parameters and sliced state; FSDP cuts each layer as it is built
+    and the root unit once the model exists, so the root and one layer are whole at once."""
+    zero = on_ranks("optim_grads")
+    assert zero.build_peak == zero.runtime_built + 4 * P + 12 * N
+    fsdp = on_ranks("optim_grads_params")
+    assert 4 * (P_R + P_L) > 8 * N                    # here the whole root and layer weigh more
+    assert fsdp.build_peak == fsdp.runtime_built + 4 * N + 4 * (P_R + P_L)
+
+
+def test_a_tied_table_is_whole_three_times_at_the_end_of_backward() -> None:
+    """The head's gradient, the embedding's dense one and their sum (V·h = 1200 each): two
+    tables beside the one the whole gradients count, in one process as under ZeRO-1."""
+    tied = estimate(config(model__tie_word_embeddings=True), world_size=1)
+    assert tied.parameter_count == PARAMS_ONE_LAYER - 1200
+    assert tied.grads == 4 * (PARAMS_ONE_LAYER - 1200) + 2 * 4 * 1200
+    untied = estimate(config(), world_size=1)
+    assert untied.grads == 4 * PARAMS_ONE_LAYER

@@ -73,7 +73,8 @@ def describe(result: MemoryEstimate, tips: Sequence[tuple[str, int]] = ()) -> st
              + (f"; {result.in_flight} micro-batch input(s) in flight, one chunk's "
                 "activations at a time (the backward recomputes its chunk)"
                 if result.num_stages > 1 else "")]
-    rows = [("parameters", result.params), ("gradients", result.grads),
+    rows = [*([("MindSpore's own (CPU)", result.runtime)] if result.runtime else []),
+            ("parameters", result.params), ("gradients", result.grads),
             ("optimizer state", result.optimizer),
             ("FSDP gathered parameters", result.gathered_params),
             ("activations", result.activations), ("logits and loss", result.logits)]
@@ -89,6 +90,7 @@ def describe(result: MemoryEstimate, tips: Sequence[tuple[str, int]] = ()) -> st
                   f"optimizer state and {size(result.step)} of gradients and the step's "
                   "buffers)"]
     lines.append(f"  {'total':<26}{size(result.total):>16}")
+    lines.append(f"  {'once built (before step 1)':<26}{size(result.build_peak):>16}")
     lines.append("activations per layer (one micro-batch):")
     for first, last, la in _runs(result.layer_activations):
         span = f"layer {first}" if first == last else f"layers {first}-{last}"

@@ -121,6 +121,10 @@ class DataParallelRank:
     vocabulary_rows: bool = False
     """FSDP keeps the vocabulary tables as this rank's rows, in buffers of their own, never
     gathered (see the module docstring)."""
+    all_reduced: bool = False
+    """Replicated data parallelism over more than one rank: the whole gradients all-reduced
+    into new tensors (mf-parallel's `GradientSync`, bucket by bucket), which the update reads
+    while the local ones are still held."""
 
     def is_table(self, group: ParamGroup) -> bool:
         """Whether a root group is a vocabulary table kept as rows (`vocabulary_rows`)."""
@@ -255,10 +259,26 @@ class DataParallelRank:
         p = self.param_bytes
         if not self.scatters:
             copies = 2 if self.micro_batches > 1 else 1
-            return copies * self.elements(self.groups, lambda g: g.trainable) * p
+            return (copies * self.elements(self.groups, lambda g: g.trainable) * p
+                    + self.tied_sum())
         sliced = self.experts() if self.sliced_experts else 0  # in flight, layer by layer
         return (4 * sum(self.slices) + self.in_flight_grads() + (self._outside(True) - sliced) * p
                 + self._expert_sums())
+
+    def tied_sum(self) -> int:
+        """2·P_table·p: what a tied table's gradient adds at the end of the backward pass,
+        when its embedding and head are on this stage and it is not kept as rows. MindSpore's
+        autograd holds the head's gradient from the start of the backward pass, forms the
+        embedding's as a dense table at its end and adds the two into a third, before any
+        hook sees the sum; the two beside the one the other figures count are whole at once.
+        On the CPU backend's pool they add to the backward pass's peak (the blocks the
+        activations freed are too small to hold them). 0 otherwise."""
+        if not self.tied or (self.vocabulary_rows and self.fsdp):
+            return 0
+        tables = [g for g in self.root if g.name == "embedding"]
+        if not tables or any(g.name == "head" for g in self.root):
+            return 0
+        return 2 * self.elements(tables) * self.param_bytes
 
     def _expert_sums(self) -> int:
         """4·⌈E / E_d⌉: the float32 sums of the experts' slices (`sliced_experts`; 0
@@ -297,7 +317,7 @@ class DataParallelRank:
         late_root = self.elements(self.root, lambda g: self.in_buffers(g)
                                   and (g.name != "embedding" or self.tied)) * p
         return max(late_root + experts + c * max(early, default=0),
-                   sum(tail) + (c - 1) * max(tail, default=0), c * experts)
+                   sum(tail) + (c - 1) * max(tail, default=0) + self.tied_sum(), c * experts)
 
     def _in_flight_with_rows(self, experts: int) -> int:
         """`in_flight_grads` with the vocabulary tables kept as rows: the head's rows and the
@@ -371,11 +391,26 @@ class DataParallelRank:
                 kept += gathered
         return (root + peak) * self.param_bytes
 
+    def build_transient(self) -> int:
+        """Whole parameters the build holds beside this rank's share before cutting them:
+        FSDP cuts each decoder layer as it is built, and the root unit (embedding, final
+        norm, head) once the model exists, so the root and one layer are whole at once,
+        (P_root + max_i P_i)·p; under ZeRO and replicated parameters are whole anyway (0).
+        """
+        if not self.fsdp:
+            return 0
+        root = self.count(self.root)
+        return (root + max(self.buffers[:len(self.units)], default=0)) * self.param_bytes
+
     def step(self) -> int:
         """Bytes the optimizer step holds beside the parameters and the optimizer state,
-        after the backward pass (activations, logits and gathered parameters freed); 0 for
-        replicated data parallelism (not modelled: its update works on the whole gradients
-        the backward pass already held).
+        after the backward pass (activations, logits and gathered parameters freed).
+
+        - Replicated over more than one rank (`all_reduced`): the local whole gradients and
+          their all-reduced copies, 2·Σ P·p, and while a bucket is summed its concatenated
+          input beside, at most the largest parameter group's P_g·p (the buckets of the
+          small tensors are smaller here); one process: 0, its update works on the whole
+          gradients the backward pass already held.
 
         - Reducing whole gradients (ZeRO-1; any strategy under pipeline or expert
           parallelism), buffer by buffer in `reduction_order`: at its k-th buffer the
@@ -394,7 +429,11 @@ class DataParallelRank:
             step = max(reduction, 4·N + G_out + max(8·max n_b, ZeRO: max_b P_b·p))
         """
         if not self.sharded:
-            return 0
+            if not self.all_reduced:
+                return 0
+            trainable = [g for g in self.groups if g.trainable]
+            bucket = max((self.elements([g]) for g in trainable), default=0)
+            return (2 * self.elements(trainable) + bucket) * self.param_bytes
         p, c = self.param_bytes, self.reduce_copy
         sizes, slices = self.buffers, self.slices
         outside = self._outside(True) * p
@@ -436,7 +475,8 @@ def data_parallel_rank(config: TrainConfig, plan: Plan, units: list[list[ParamGr
         and (d.expert == 1 or expert_data > 1),
         tied=tied, reduce_copy=1 if config.context.device_target == "CPU" else 2,
         micro_batches=plan.batch.accumulation_steps(), expert_data=expert_data,
-        vocabulary_rows=keeps_vocabulary_rows(vocab_size, d.data_shard, d.tensor, d.pipeline))
+        vocabulary_rows=keeps_vocabulary_rows(vocab_size, d.data_shard, d.tensor, d.pipeline),
+        all_reduced=d.data_shard == 1 and d.data > 1)
 
 
 def expert_shard_degree(plan: Plan) -> int:

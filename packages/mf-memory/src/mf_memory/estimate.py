@@ -68,6 +68,7 @@ from .model_shape import (
     parameter_count,
     shape_of,
 )
+from .runtime import runtime_bytes
 
 DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2, "fp32": 4, "fp16": 2, "bf16": 2}
 GIB, MIB = 1024**3, 1024**2
@@ -152,17 +153,34 @@ class MemoryEstimate:
     held_params: int = 0
     """Parameter elements this device holds between steps (its tensor-parallel shards, its
     stage, its experts; under FSDP its slices): `DataParallelRank.held_params`."""
+    runtime: int = 0
+    """The framework's own memory through the steps, where it shares the device's budget
+    (the CPU backend: `runtime.runtime_bytes`); 0 elsewhere."""
+    runtime_built: int = 0
+    """The same once the model and optimizer are built, before the first step."""
+    build_transient: int = 0
+    """Whole tensors the build holds beside the rank's share before cutting them
+    (`DataParallelRank.build_transient`)."""
 
     @property
     def backward_peak(self) -> int:
         """Bytes held during the backward pass: the sum of the components."""
-        return (self.params + self.grads + self.optimizer + self.gathered_params
-                + self.activations + self.logits)
+        return (self.runtime + self.params + self.grads + self.optimizer
+                + self.gathered_params + self.activations + self.logits)
 
     @property
     def step_peak(self) -> int:
-        """Bytes held in the optimizer step (sharded strategies; 0 replicated)."""
-        return self.params + self.optimizer + self.step if self.step else 0
+        """Bytes held in the optimizer step (0 when it holds nothing beside the parameters
+        and the optimizer state)."""
+        return self.runtime + self.params + self.optimizer + self.step if self.step else 0
+
+    @property
+    def build_peak(self) -> int:
+        """Bytes held once the model and the optimizer are built, before the first step: the
+        framework, the rank's parameters and optimizer state, or while building, its
+        parameters with the whole tensors not cut yet, whichever is more."""
+        return self.runtime_built + max(self.params + self.optimizer,
+                                        self.params + self.build_transient)
 
     @property
     def total(self) -> int:
@@ -188,6 +206,7 @@ class MemoryEstimate:
             "gathered_params": self.gathered_params, "activations": self.activations,
             "logits": self.logits, "step": self.step, "backward_peak": self.backward_peak,
             "step_peak": self.step_peak, "total": self.total, "held_params": self.held_params,
+            "runtime": self.runtime, "build_peak": self.build_peak,
             "in_flight": self.in_flight,
             "transient": self.transient, "working": self.working,
             "layer_activations": [
@@ -374,6 +393,7 @@ def _stage_estimate(config: TrainConfig, shape: ModelShape, seq: int, plan: Plan
     activations = saved + transient + working
     logits = sum(s.bytes for s in output_tensors(shape, geo)) if stage == last else 0
     moe = shape.experts
+    runtime = runtime_bytes(config.context.device_target)
     return MemoryEstimate(
         stage=stage, num_stages=d.pipeline, layers=tuple(layers), params=rank.params(),
         grads=rank.grads(), optimizer=rank.optimizer(config.optimizer.type),
@@ -390,7 +410,9 @@ def _stage_estimate(config: TrainConfig, shape: ModelShape, seq: int, plan: Plan
         defaulted=defaulted_fields(config.model, shape),
         routed_experts=None if moe is None else (
             moe.routed_experts, moe.routed_experts // d.expert, expert_shard_degree(plan)),
-        step=rank.step(), held_params=rank.held_params())
+        step=rank.step(), held_params=rank.held_params(),
+        runtime=runtime.training, runtime_built=runtime.built,
+        build_transient=rank.build_transient())
 
 
 def _model_notes(config: TrainConfig, shape: ModelShape, ep: int) -> list[str]:
