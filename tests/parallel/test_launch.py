@@ -229,6 +229,29 @@ def test_a_job_ends_when_every_rank_has_succeeded(tmp_path) -> None:
 
 
 @pytest.mark.ranks
+def test_a_rank_late_to_its_first_collective_by_more_than_30_s_is_waited_for(tmp_path) -> None:
+    """Rank 1 reaches the first all-reduce 35 s after rank 0 (a rank compiling its layers on
+    a loaded host): with MindSpore's CPU default (30 s) rank 0 fails with "AllReduce failed";
+    the launcher's ranks wait `CPU_COLLECTIVE_WAIT` and both sum."""
+    pytest.importorskip("mindspore")
+    try:
+        run_ranks(WORKERS / "late_rank.py", 2, log_dir=tmp_path, timeout=150, args=["35"])
+    finally:
+        _assert_none_left(tmp_path)
+    sums = [[line for line in (tmp_path / f"worker_{rank}.log").read_text().splitlines()
+             if line.startswith("sum ")] for rank in (0, 1)]
+    assert sums == [["sum 2"], ["sum 2"]]
+
+
+def test_the_cpu_collective_wait_is_the_launchers_unless_the_environment_sets_it(
+        monkeypatch) -> None:
+    monkeypatch.delenv("MS_CPU_COMM_OP_TIMEOUT", raising=False)
+    assert child_env(None, echo=False)["MS_CPU_COMM_OP_TIMEOUT"] == "1800"
+    monkeypatch.setenv("MS_CPU_COMM_OP_TIMEOUT", "45")
+    assert child_env(None, echo=False)["MS_CPU_COMM_OP_TIMEOUT"] == "45"
+
+
+@pytest.mark.ranks
 def test_a_rank_that_fails_as_it_ends_still_fails_the_job(tmp_path) -> None:
     """Rank 1 exits with status 3 as rank 0 exits with 0: the job does not count as ended
     well, and rank 1 is named."""

@@ -68,12 +68,23 @@ heartbeat from each of thousands of ranks every second would load the scheduler)
 an environment that sets either variable (MindSpore lowers the lower bound to the upper)."""
 
 
+CPU_COLLECTIVE_WAIT = {"MS_CPU_COMM_OP_TIMEOUT": "1800"}
+"""Seconds a collective of MindSpore's CPU backend waits for a peer's message before it fails
+with a bare "AllReduce failed" (MindSpore's default: 30). A rank still compiling its layers or
+loading weights while its peers wait in their first collective can take longer than 30 s on a
+loaded host, and a stopped rank is found by the launcher's hang watch (`--hang-timeout`,
+default 600 s), which names it; so the wait is longer than the watch's, unless the
+environment sets it. Other backends do not read the variable."""
+
+
 def child_env(env: dict[str, str] | None, *, echo: bool, one_node: bool = False
               ) -> dict[str, str]:
     """The ranks' environment: msrun starts a bare `python`, so this interpreter's directory
     comes first on PATH; when echoing, unbuffered output unless the caller says otherwise;
-    in a job of `one_node`, `ONE_NODE_HEARTBEAT` unless the caller sets either variable."""
+    `CPU_COLLECTIVE_WAIT` and, in a job of `one_node`, `ONE_NODE_HEARTBEAT`, unless the caller
+    sets those variables."""
     base = {"PYTHONUNBUFFERED": "1"} if echo else {}
+    base.update(CPU_COLLECTIVE_WAIT)
     given = {**os.environ, **(env or {})}
     if one_node and not ONE_NODE_HEARTBEAT.keys() & given.keys():
         base.update(ONE_NODE_HEARTBEAT)
