@@ -3,7 +3,8 @@ share: in PyNative, compiled (`context.compile: true`), and with the `Evaluate` 
 
 A layout's PyNative run is the one its own test file trains (`runs`, one msrun job each),
 except those in `PYNATIVE_HERE`. Everything else of one rank count (the compiled runs, the
-PyNative runs of `PYNATIVE_HERE`, the evaluated runs of `EVALUATED` and the resumed one of
+PyNative runs of `PYNATIVE_HERE`, the evaluated runs of `EVALUATED` and
+`COMPILED_EVALUATED`, and the resumed one of
 `RESUMED`) is trained in ONE msrun job (`RunsTogether`): test_compiled_layouts.py and
 test_evaluation.py ask for the same job, which the session trains once.
 """
@@ -76,6 +77,10 @@ EVALUATED = {"single", "data parallel", "ZeRO-2", "FSDP", "tensor parallel", "pi
              "DeepSeek-V3 experts all-to-all", "ZeRO-2 on 4", "pipeline x tensor parallel"}
 """The layouts also trained with `Evaluate` (`with_evaluate`), in PyNative."""
 
+COMPILED_EVALUATED = {"single", "FSDP", "pipeline 1f1b", "ZeRO-2 on 4"}
+"""The layouts also trained with `Evaluate` under `context.compile` (the evaluation's forward
+runs the compiled layers)."""
+
 RESUMED = "FSDP"
 """The layout whose evaluated run is also resumed from its step-2 checkpoint (in the job)."""
 
@@ -96,7 +101,8 @@ def with_evaluate(prefix: str) -> tuple[str, ...]:
 
 class MatrixRuns:
     """The output directory of a layout's run (`MATRIX` name, variant), trained on first use:
-    variant "pynative", "compiled", "evaluated" (PyNative with `with_evaluate`), "resumed" (the
+    variant "pynative", "compiled", "evaluated" (PyNative with `with_evaluate`), "compiled
+    evaluated" (compiled with `with_evaluate`), "resumed" (the
     evaluated run of `RESUMED` again from its step-2 checkpoint), or "one" (the one-process
     run the layout is compared with; "one evaluated" with `Evaluate`).
 
@@ -116,6 +122,8 @@ class MatrixRuns:
         more = {"compiled": (COMPILE,)}.get(variant, ())
         if variant in ("evaluated", "resumed", "one evaluated"):
             more = with_evaluate(self.runs.prefix)
+        if variant == "compiled evaluated":
+            more = (COMPILE, *with_evaluate(self.runs.prefix))
         return (*base, *layout, *more)
 
     def __call__(self, name: str, variant: str) -> Path:
@@ -133,6 +141,7 @@ class MatrixRuns:
         jobs = [(name, "compiled") for name in names]
         jobs += [(name, "pynative") for name in names if name in PYNATIVE_HERE]
         jobs += [(name, "evaluated") for name in names if name in EVALUATED]
+        jobs += [(name, "compiled evaluated") for name in names if name in COMPILED_EVALUATED]
         entries = [(MATRIX[name][0], self.settings(name, variant)) for name, variant in jobs]
         if MATRIX[RESUMED][3] == nproc:
             source = jobs.index((RESUMED, "evaluated"))

@@ -18,7 +18,14 @@ import pytest
 
 pytest.importorskip("mindspore")
 
-from matrix_runs import EVALUATE, EVALUATED, MATRIX, RESUMED, with_evaluate
+from matrix_runs import (
+    COMPILED_EVALUATED,
+    EVALUATE,
+    EVALUATED,
+    MATRIX,
+    RESUMED,
+    with_evaluate,
+)
 from mindspore import Tensor
 from runs import (
     DATA,
@@ -166,15 +173,13 @@ def test_an_empty_split_is_refused_in_one_line(data_prefix, tmp_path, capsys, wi
     assert "Traceback" not in err
 
 
-@pytest.mark.parametrize("name", [
-    pytest.param(name, marks=[pytest.mark.ranks] if MATRIX[name][3] > 1 else [])
-    for name in MATRIX if name in EVALUATED])
-def test_every_layout_evaluates_the_one_process_value_and_trains_alike(matrix_runs,
-                                                                      name) -> None:
-    """val_loss within 1e-5 of one process's; the training losses, norms and every rank's
-    saved pieces (weights and optimizer state) bit for bit those of the run without it."""
+def assert_evaluated_like_one_process(matrix_runs, name: str, evaluated: str, plain: str
+                                      ) -> None:
+    """The `evaluated` run of layout `name` reports val_loss after steps 2 and 4 within 1e-5
+    of one process's, and trains bit for bit as its `plain` run: losses, norms and every
+    rank's saved pieces (weights and optimizer state)."""
     config, _, _, nproc = MATRIX[name]
-    on, off = matrix_runs(name, "evaluated"), matrix_runs(name, "pynative")
+    on, off = matrix_runs(name, evaluated), matrix_runs(name, plain)
     got, one = steps(on), steps(matrix_runs(name, "one evaluated"))
     assert [s["step"] for s in got if "val_loss" in s] == [2, 4]
     assert [s.get("val_loss", 0.0) for s in got] == pytest.approx(
@@ -183,6 +188,26 @@ def test_every_layout_evaluates_the_one_process_value_and_trains_alike(matrix_ru
         [(s["loss"], s["grad_norm"]) for s in steps(off)]
     for step in (2, 4):
         assert_same_pieces(on, off, nproc, PREFIXES[config], rel=0, step=step)
+
+
+@pytest.mark.parametrize("name", [
+    pytest.param(name, marks=[pytest.mark.ranks] if MATRIX[name][3] > 1 else [])
+    for name in MATRIX if name in EVALUATED])
+def test_every_layout_evaluates_the_one_process_value_and_trains_alike(matrix_runs,
+                                                                      name) -> None:
+    """val_loss within 1e-5 of one process's; the training losses, norms and every rank's
+    saved pieces (weights and optimizer state) bit for bit those of the run without it."""
+    assert_evaluated_like_one_process(matrix_runs, name, "evaluated", "pynative")
+
+
+@pytest.mark.parametrize("name", [
+    pytest.param(name, marks=[pytest.mark.ranks] if MATRIX[name][3] > 1 else [])
+    for name in MATRIX if name in COMPILED_EVALUATED])
+def test_a_compiled_layout_evaluates_the_one_process_value_and_trains_alike(matrix_runs,
+                                                                           name) -> None:
+    """Under `context.compile` too: val_loss within 1e-5 of one process's (PyNative), and the
+    training and saved pieces bit for bit those of the compiled run without `Evaluate`."""
+    assert_evaluated_like_one_process(matrix_runs, name, "compiled evaluated", "compiled")
 
 
 @pytest.mark.ranks
