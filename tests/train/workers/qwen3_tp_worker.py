@@ -25,6 +25,7 @@ from mf_parallel.runtime.tensor_parallel import TensorGroup, reduce_sequence_par
 from mf_train.models import build_model
 from mf_train.models.blocks import split_rows
 from mf_train.models.hf_weights import ArraysSource, local_value
+from mf_train.parallelize import build_parallel_model
 
 out_dir = Path(sys.argv[1])
 world = int(os.environ["MS_WORKER_NUM"])
@@ -52,7 +53,7 @@ result = {}
 for case, (sequence_parallel, overrides) in CASES.items():
     config = ModelConfig(model_type="qwen3", extras=SIZES | overrides)
     group = TensorGroup(collectives, sequence_parallel=sequence_parallel)
-    model = build_model(config, tensor_group=group, seed=5)
+    model = build_parallel_model(config, tensor_group=group, seed=5)
     twin = build_model(config, seed=5)
     params = model.trainable_params()
     loss, grads = loss_and_grads(model, params)

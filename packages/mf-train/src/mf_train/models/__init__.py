@@ -99,5 +99,6 @@ def build_model(config: ModelConfig, *, tensor_group: TensorGroup | None = None,
         options["context_group"] = context_group
     if layer_built is not None:
         options["layer_built"] = layer_built
-    return cls.from_config(config, tensor_group=tensor_group, source=source, seed=seed,
-                           **options)
+    if tensor_group is not None:
+        options["tensor_group"] = tensor_group
+    return cls.from_config(config, source=source, seed=seed, **options)

@@ -642,7 +642,10 @@ def flash_attention_available(compute_dtype: ms.Type) -> bool:
 
 class SwiGLU(nn.Cell):
     """`down(silu(gate) * up)` with gate and up from one fused linear `gate_up` (rows
-    `[gate; up]`, per tensor-parallel rank `[gate_r; up_r]`, see `fuse_rows`)."""
+    `[gate; up]`, per tensor-parallel rank `[gate_r; up_r]`, see `fuse_rows`); `local` gate
+    rows (`tensor_counts`: a tensor-parallel rank's share)."""
+
+    tensor_counts = ("local",)
 
     def __init__(self, gate: np.ndarray, up: np.ndarray, down: np.ndarray,
                  group: TensorGroup | None = None):
