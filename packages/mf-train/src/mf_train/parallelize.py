@@ -24,6 +24,7 @@ never holds the whole model's weights at once.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 from typing import Any
 
@@ -40,10 +41,12 @@ from mf_parallel.runtime.tensor_parallel import (
     ColumnParallelLinear,
     CopyToTensorRegion,
     GatherFromSequenceRegion,
+    ReduceFromTensorRegion,
     RowParallelLinear,
     TensorGroup,
     VocabParallelEmbedding,
     mark_sequence_parallel,
+    mark_tensor_sharded,
 )
 
 from .models import ModelPart, build_model, model_class, sharding_table
@@ -51,10 +54,6 @@ from .models.attention_inputs import AttentionPlaces
 from .models.blocks import Embedding, Linear, fuse_rows, split_rows
 from .models.context_attention import SequenceExchange
 from .models.gathered_heads import GatheredHeads
-
-PLAIN = "plain_model"
-"""A model class with this attribute True takes its settings only; this module parallelizes
-it (others still take their process groups in the constructor)."""
 
 
 def build_parallel_model(config: ModelConfig, *, tensor_group: TensorGroup | None = None,
@@ -84,16 +83,8 @@ def build_parallel_model(config: ModelConfig, *, tensor_group: TensorGroup | Non
     """
     tensor = tensor_group if tensor_group is not None and tensor_group.size > 1 else None
     context = context_group if context_group is not None and context_group.size > 1 else None
-    cls: Any = model_class(config, source)
-    if not getattr(cls, PLAIN, False):
-        options: dict[str, Any] = {}
-        if expert_group is not None:
-            options["expert_group"] = expert_group
-        if context is not None:
-            options["context_group"] = context
-        return build_model(config, source=source, seed=seed, part=part,
-                           layer_built=layer_built, tensor_group=tensor_group, **options)
-    settings = cls.settings_of(config, source)
+    experts = expert_group if expert_group is not None and expert_group.size > 1 else None
+    settings = model_class(config, source).settings_of(config, source)
     found = (settings.tensor_parallel_problems(_size(tensor))
              + settings.context_parallel_problems(
                  _size(tensor), 1 if context is None else context.ulysses))
@@ -105,6 +96,10 @@ def build_parallel_model(config: ModelConfig, *, tensor_group: TensorGroup | Non
         hooks.append(lambda layer: tensor_parallel_layer(layer, table, tensor))
     if layer_built is not None:
         hooks.append(layer_built)
+    if experts is not None:  # only this rank's routed experts are built
+        part = dataclasses.replace(part or ModelPart.whole(settings.num_hidden_layers),
+                                   experts=tuple(experts.local_experts(
+                                       settings.n_routed_experts)))
     model = build_model(config, source=source, seed=seed, part=part,
                         layer_built=_each(hooks) if hooks else None)
     if tensor is not None:
@@ -112,6 +107,8 @@ def build_parallel_model(config: ModelConfig, *, tensor_group: TensorGroup | Non
         tensor_parallel_model(model, table, tensor)
     if context is not None:
         context_parallel(model, context)
+    if experts is not None:
+        expert_parallel(model, experts)
     return model
 
 
@@ -145,22 +142,62 @@ def _layer_specs(table: ShardingTable) -> dict[str, ParameterSpec]:
 
 def tensor_parallel_layer(layer: nn.Cell, table: ShardingTable, group: TensorGroup) -> None:
     """Cut a freshly built decoder layer (its parameter names relative to it) to this tensor
-    rank's part (the module docstring says what changes)."""
+    rank's part.
+
+    A cell's declarations say what the sharding table cannot: `gathers_input` (its `entry`
+    brings the input into the tensor region once, and its row-split projections then need
+    no communication: MLA), `tensor_counts` (attributes counting heads or rows, divided by
+    the group size once the cell's linears are split) and `tensor_partial` (replicated cells
+    differentiated through this rank's heads only: their gradient is summed over the group).
+    Under sequence parallelism every replicated trainable parameter runs on this rank's
+    sequence slice and is marked for that sum too; an MoE learns its balance loss spans the
+    group's slices.
+    """
     specs = _layer_specs(table)
-    for path, cell in list(layer.cells_and_names()):
-        if isinstance(cell, Linear):
-            spec = specs.get(f"{path}.weight")
-            if spec is not None and spec.axis is not None:
-                _replace(layer, path, _split_linear(cell, spec, group))
+    cells = list(layer.cells_and_names())
+    gathering = [path for path, cell in cells if getattr(cell, "gathers_input", False)]
+    split: set[str] = set()
+    for path, cell in cells:
+        spec = specs.get(f"{path}.weight") if isinstance(cell, Linear) else None
+        if spec is None or spec.axis is None:
+            continue
+        if spec.axis == 0 and any(path.startswith(f"{outer}.") for outer in gathering):
+            new = _named(Linear(group.shard(_whole(cell), 0)), cell)
+            mark_tensor_sharded(new.weight)
+        else:
+            new = _split_linear(cell, spec, group)
+        _replace(layer, path, new)
+        split.add(path)
+    for path, cell in cells:
+        if not any(inner == path or inner.startswith(f"{path}.") or not path
+                   for inner in split):
+            continue
         for counted in getattr(cell, "tensor_counts", ()):
             setattr(cell, counted, getattr(cell, counted) // group.size)
+        if getattr(cell, "gathers_input", False):
+            cell.entry = _entry(group)
         if getattr(cell, "gathered", None) is not None:
             cell.gathered = GatheredHeads(cell.heads, cell.kv_heads, cell.head_dim)
-        for name in getattr(cell, "per_head", ()):  # each rank's norms see only its heads
-            mark_sequence_parallel(getattr(cell, name).weight)
-    if group.sequence_parallel:  # the norms run on this rank's sequence slice
-        for name in getattr(layer, "sequence_norms", ()):
-            mark_sequence_parallel(getattr(layer, name).weight)
+        for name in getattr(cell, "tensor_partial", ()):
+            if getattr(cell, name, None) is not None:
+                mark_sequence_parallel(getattr(cell, name).weight)
+    if not group.sequence_parallel:
+        return
+    for name, param in layer.parameters_and_names():
+        spec = specs.get(name)
+        if param.requires_grad and (spec is None or spec.axis is None):
+            mark_sequence_parallel(param)
+    for _, cell in layer.cells_and_names():
+        if hasattr(cell, "sequence_group"):
+            cell.sequence_group = group
+            cell.sequence_sum = ReduceFromTensorRegion(group)
+
+
+def _entry(group: TensorGroup) -> nn.Cell:
+    """What brings activations into the tensor region: the gather of the sequence slices,
+    or a copy (identity forward, all-reduce backward)."""
+    return GatherFromSequenceRegion(group) if group.sequence_parallel \
+        else CopyToTensorRegion(group)
 
 
 def tensor_parallel_model(model: nn.Cell, table: ShardingTable, group: TensorGroup) -> None:
@@ -175,8 +212,7 @@ def tensor_parallel_model(model: nn.Cell, table: ShardingTable, group: TensorGro
             spec = next(spec for spec in table.params if spec.name == "head.weight")
             model.head = _split_linear(model.head, spec, group)
         else:
-            model.head_entry = (GatherFromSequenceRegion(group) if group.sequence_parallel
-                                else CopyToTensorRegion(group))
+            model.head_entry = _entry(group)
         if group.sequence_parallel:
             mark_sequence_parallel(model.final_norm.weight)
 
@@ -230,5 +266,18 @@ def context_parallel(model: nn.Cell, group: ContextGroup) -> None:
     for layer in model.decoder_layers:
         attention = layer.attention
         attention.exchange = SequenceExchange(group, attention.exchange.core)
-        attention.gathered = None
+        if hasattr(attention, "gathered"):
+            attention.gathered = None
+        if hasattr(layer.mlp, "context"):  # an MoE's balance loss spans the group
+            layer.mlp.context = group
+
+
+# --- expert parallelism -------------------------------------------------------------------
+
+def expert_parallel(model: nn.Cell, group: ExpertGroup) -> None:
+    """Each MoE layer (built with this rank's routed experts only, `ModelPart.experts`)
+    dispatches the tokens to the ranks of their experts."""
+    for layer in model.decoder_layers:
+        if hasattr(layer.mlp, "expert_group"):
+            layer.mlp.expert_group = group
 

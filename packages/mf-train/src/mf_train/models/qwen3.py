@@ -138,12 +138,12 @@ class Qwen3Attention(nn.Cell):
     """Grouped-query causal self-attention with per-head q/k RMSNorm and rotary embeddings.
 
     Input and output `[seq, batch, hidden]`; `qkv` holds `heads` query heads and `kv_heads`
-    key and value heads (`tensor_counts`: a tensor-parallel rank holds its share of them,
-    and `per_head` are the norms each head's slice passes through).
+    key and value heads (`tensor_counts`: a tensor-parallel rank holds its share of them;
+    `tensor_partial`: the norms each rank then runs on its heads only).
     """
 
     tensor_counts = ("heads", "kv_heads")
-    per_head = ("q_norm", "k_norm")
+    tensor_partial = ("q_norm", "k_norm")
 
     def __init__(self, s: Qwen3Settings, w: dict[str, np.ndarray], prefix: str,
                  rotary: RotaryEmbedding, core: AttentionCore):
