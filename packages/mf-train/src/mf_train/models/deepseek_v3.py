@@ -19,14 +19,15 @@ key of DeepSeek's own config.json (Megatron calls it `moe_aux_loss_coeff`); it d
 The `model` keys are `settings.deepseek_v3.DeepseekV3Settings` (MindSpore-free, so that
 `mf-config validate` checks them). Not implemented, rejected at the configuration:
 multi-token prediction (`num_nextn_predict_layers`/`mtp_num_layers` > 0) and YaRN
-(`rope_scaling` not null). Expert parallelism (an `ExpertGroup`) builds only this rank's routed
-experts and dispatches tokens to the others' (moe.py). The auxiliary-loss-free
+(`rope_scaling` not null). Expert parallelism (applied from outside, `mf_train.parallelize`)
+builds only this rank's routed experts (`ModelPart.experts`) and dispatches tokens to the
+others' (moe.py). The auxiliary-loss-free
 bias (`e_score_correction_bias`, a non-trainable Parameter saved with the model) chooses the
 experts; with `moe_router_enable_expert_bias` and `moe_router_bias_update_rate` > 0 the trainer
 moves it after every step (`update_expert_bias`, driven by `mf_train.expert_bias`).
 
-Tensor parallelism (a `TensorGroup` of size t > 1, always with sequence parallelism in the
-trainer), as Megatron-core splits DeepSeek-V3: the embedding, the untied head and the
+Tensor parallelism (applied from outside, a tensor group of size t > 1, always with sequence
+parallelism in the trainer), as Megatron-core splits DeepSeek-V3: the embedding, the untied head and the
 cross-entropy are vocabulary parallel and the activations between layers are sequence slices
 `[s/t, b, h]`, as in Qwen3; attention is split by heads (mla.py says how); the dense MLP and
 the shared experts are column (`gate_up`) / row (`down`) parallel SwiGLUs; the router and the
@@ -34,7 +35,7 @@ routed experts are replicated over the tensor group (no expert tensor parallelis
 this rank's sequence slice, and the balance loss is summed over the slices (moe.py). Every
 replicated parameter whose gradient on a rank covers only part of the work (the norms, the
 router, the routed experts on sequence slices; MLA's down projections on its heads) is marked
-(`mark_tensor_partial`), and the training loop sums its gradient over the tensor group. The
+(`mf_train.parallelize`), and the training loop sums its gradient over the tensor group. The
 settings refuse, before launch, a t that does not divide the heads, the vocabulary or an MLP
 width (`DeepseekV3Settings.tensor_parallel_problems`).
 

@@ -17,7 +17,8 @@ Sub-cells keep Hugging Face's names (`q_a_proj`, `kv_b_proj`, `o_proj`, ...), so
 checkpoint name of `attention.X.weight` is `self_attn.X.weight`. Activations are
 `[sequence, batch, hidden]` (blocks.py's layout).
 
-Tensor parallelism (a `TensorGroup` of size t > 1), split as Megatron-core's MLA splits it:
+Tensor parallelism (applied from outside by `mf_train.parallelize` with a tensor group of
+size t > 1), split as Megatron-core's MLA splits it:
 the heads are divided by t (rank r holds heads `[r h/t, (r+1) h/t)`). The input is gathered
 along the sequence once (sequence parallelism; a copy into the tensor region without it);
 the low-rank down projections `q_a_proj` and `kv_a_proj_with_mqa` and their RMSNorms
@@ -26,8 +27,8 @@ latent and the one-head `k_rope` exist whole on every rank; the up projections (
 `q_b_proj`, and `kv_b_proj`, head-major rows) keep this rank's heads' rows and need no
 communication; `o_proj` is row-parallel (reduce-scatter back to the sequence slice). Each rank
 differentiates the replicated weights through its own heads only, so their gradients are
-partial: they are marked (`mark_tensor_partial`) and summed over the tensor group by the
-training loop, as Megatron sums the gradients of sequence-parallel parameters. Megatron runs
+partial: they are marked (`tensor_partial`) and summed over the tensor group by the training
+loop, as Megatron sums the gradients of sequence-parallel parameters. Megatron runs
 the down projections on the sequence slice and gathers their smaller outputs instead; the
 result is the same, this way gathers one tensor, not three.
 
