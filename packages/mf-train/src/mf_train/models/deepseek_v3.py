@@ -27,17 +27,17 @@ experts; with `moe_router_enable_expert_bias` and `moe_router_bias_update_rate` 
 moves it after every step (`update_expert_bias`, driven by `mf_train.expert_bias`).
 
 Tensor parallelism (applied from outside, a tensor group of size t > 1, always with sequence
-parallelism in the trainer), as Megatron-core splits DeepSeek-V3: the embedding, the untied head and the
-cross-entropy are vocabulary parallel and the activations between layers are sequence slices
-`[s/t, b, h]`, as in Qwen3; attention is split by heads (mla.py says how); the dense MLP and
-the shared experts are column (`gate_up`) / row (`down`) parallel SwiGLUs; the router and the
-routed experts are replicated over the tensor group (no expert tensor parallelism) and run on
-this rank's sequence slice, and the balance loss is summed over the slices (moe.py). Every
-replicated parameter whose gradient on a rank covers only part of the work (the norms, the
-router, the routed experts on sequence slices; MLA's down projections on its heads) is marked
-(`mf_train.parallelize`), and the training loop sums its gradient over the tensor group. The
-settings refuse, before launch, a t that does not divide the heads, the vocabulary or an MLP
-width (`DeepseekV3Settings.tensor_parallel_problems`).
+parallelism in the trainer), as Megatron-core splits DeepSeek-V3: the embedding, the untied
+head and the cross-entropy are vocabulary parallel and the activations between layers are
+sequence slices `[s/t, b, h]`, as in Qwen3; attention is split by heads (mla.py says how); the
+dense MLP and the shared experts are column (`gate_up`) / row (`down`) parallel SwiGLUs; the
+router and the routed experts are replicated over the tensor group (no expert tensor
+parallelism) and run on this rank's sequence slice, and the balance loss is summed over the
+slices (moe.py). Every replicated parameter whose gradient on a rank covers only part of the
+work (the norms, the router, the routed experts on sequence slices; MLA's down projections on
+its heads) is marked (`mf_train.parallelize`), and the training loop sums its gradient over the
+tensor group. The settings refuse, before launch, a t that does not divide the heads, the
+vocabulary or an MLP width (`DeepseekV3Settings.tensor_parallel_problems`).
 
 Parameter names (stable; checkpoints use them) and their Hugging Face names (`i` a layer,
 `e` an expert; `hf_names()` gives the whole table for a built model):
@@ -93,7 +93,7 @@ from .blocks import (
     resolve_compute_dtype,
 )
 from .causal_lm import CausalLMPieces
-from .hf_weights import WeightMap, WeightSource
+from .hf_weights import WeightMap, WeightSource, held_elsewhere
 from .hf_weights import hf_names as _hf_names
 from .hf_weights import hf_state as _hf_state
 from .hf_weights import load_hf_state as _load_hf_state
@@ -232,10 +232,10 @@ class DeepseekV3ForCausalLM(CausalLMPieces, nn.Cell):
             if not self.tied:
                 self.head = Linear(init.normal("lm_head.weight", vocab))
             self.head_entry = None
-        self.hf_ignored = (("lm_head.weight",) if self.tied else ()) + _other_ranks_experts(
-            s, self.part) + _other_stages_weights(s, self.part)
         self.last_balance_loss: Tensor | None = None
         _cast_parameters(self, self.params_dtype)
+        self.hf_ignored = (("lm_head.weight",) if self.tied else ()) + held_elsewhere(
+            settings_weight_maps(s), self)
 
     @classmethod
     def from_config(cls, config: ModelConfig, *, source: Source | None = None,
@@ -501,50 +501,11 @@ def hf_parameter_names(ours: str) -> tuple[str, ...]:
     return (prefix + ".".join(parts),)
 
 
-def _other_ranks_experts(s: DeepseekV3Settings, part: ModelPart) -> tuple[str, ...]:
-    """The Hugging Face names of the routed experts other ranks hold (expert parallelism) in
-    the part's decoder layers: a rank loads its own share of a whole checkpoint."""
-    if part.experts is None:
-        return ()
-    held = set(part.experts)
-    return tuple(f"model.layers.{layer}.mlp.experts.{e}.{proj}.weight"
-                 for layer in part.layers if layer >= s.first_k_dense_replace
-                 for e in range(s.n_routed_experts) if e not in held
-                 for proj in ("gate_proj", "up_proj", "down_proj"))
-
-
 def layer_hf_names(s: DeepseekV3Settings, layer: int) -> tuple[str, ...]:
     """The Hugging Face names of decoder layer `layer`'s weights (every routed expert's),
-    from the settings alone: what a pipeline stage that does not build the layer leaves to
-    the stage that does."""
-    prefix = f"model.layers.{layer}."
-    attention = (("q_proj",) if s.q_lora_rank is None else ("q_a_proj", "q_a_layernorm",
-                                                            "q_b_proj")) + (
-        "kv_a_proj_with_mqa", "kv_a_layernorm", "kv_b_proj", "o_proj")
-    swiglu = ("gate_proj", "up_proj", "down_proj")
-    if layer < s.first_k_dense_replace:
-        mlp = [f"mlp.{proj}.weight" for proj in swiglu]
-    else:
-        mlp = ["mlp.gate.weight", "mlp.gate.e_score_correction_bias"]
-        mlp += [f"mlp.experts.{e}.{proj}.weight" for e in range(s.n_routed_experts)
-                for proj in swiglu]
-        if s.n_shared_experts:
-            mlp += [f"mlp.shared_experts.{proj}.weight" for proj in swiglu]
-    names = ["input_layernorm.weight", "post_attention_layernorm.weight",
-             *(f"self_attn.{name}.weight" for name in attention), *mlp]
-    return tuple(prefix + name for name in names)
-
-
-def _other_stages_weights(s: DeepseekV3Settings, part: ModelPart) -> tuple[str, ...]:
-    """The Hugging Face names of the weights other pipeline stages hold (a stage loading a
-    whole checkpoint takes its own and leaves these)."""
-    names = [name for layer in range(s.num_hidden_layers) if layer not in part.layers
-             for name in layer_hf_names(s, layer)]
-    if not (part.embedding or (part.head and s.tie_word_embeddings)):
-        names.append("model.embed_tokens.weight")
-    if not part.head:
-        names += ["model.norm.weight"] + ([] if s.tie_word_embeddings else ["lm_head.weight"])
-    return tuple(names)
+    from the settings alone."""
+    return tuple(name for entry in settings_weight_maps(s)
+                 if entry.ours.startswith(f"decoder_layers.{layer}.") for name in entry.hf)
 
 
 def _cast_parameters(model: nn.Cell, dtype: ms.Type) -> None:

@@ -52,7 +52,7 @@ from .blocks import (
 from .causal_lm import CausalLMPieces
 from .context_attention import SequenceExchange
 from .gathered_heads import GatheredHeads
-from .hf_weights import WeightMap
+from .hf_weights import WeightMap, held_elsewhere
 from .kv_cache import LayerCache
 from .parts import LayerStack, ModelPart, each_built
 from .sharding import table_from_maps
@@ -311,7 +311,7 @@ class Qwen3ForCausalLM(CausalLMPieces, nn.Cell):
         if self.params_dtype != ms.float32:
             for param in self.get_parameters():
                 param.set_dtype(self.params_dtype)
-        self.hf_ignored += self._other_stages_weights()
+        self.hf_ignored += held_elsewhere(weight_maps(settings), self)
 
     @classmethod
     def from_config(cls, config: ModelConfig, *, source: Source | None = None,
@@ -433,13 +433,6 @@ class Qwen3ForCausalLM(CausalLMPieces, nn.Cell):
             hidden = self.decoder_layers.by_id(index)(hidden, cos, sin, attending.mask,
                                                       attending.lengths)
         return hidden, None
-
-    def _other_stages_weights(self) -> tuple[str, ...]:
-        """HF names of the weights other pipeline stages hold (a stage loading a whole HF
-        checkpoint takes its own and leaves these)."""
-        held = {entry.ours for entry in self.weight_maps()}
-        return tuple(name for entry in weight_maps(self.settings) if entry.ours not in held
-                     for name in entry.hf)
 
     def _head_logits(self, x: Tensor) -> Tensor:
         x = self.final_norm(x)
