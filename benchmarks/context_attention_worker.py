@@ -6,7 +6,7 @@ Usage: context_attention_worker.py OUT_DIR STEPS WARMUP CONFIG [--set KEY=VALUE 
 The pieces are built as the trainer builds them: the configuration through mf-config with the
 `--set` overrides, the plan (`make_job_plan`), communication and the plan's groups
 (`init_communication`), `Collectives`, `ContextGroup` when `parallelism.context_parallel` > 1,
-and a one-layer `Qwen3ForCausalLM` with `context_group=`. The block measured is that layer's
+and a one-layer `Qwen3ForCausalLM` built with `context_group=`. The block measured is that layer's
 `attention` cell (`Qwen3Attention.construct(x, cos, sin, mask)`: the fused qkv projection, q/k
 norms, rotary, the context exchanges, the softmax attention, the output projection), on the
 inputs the model gives: `model.attending(input_ids)` (`AttentionPlaces`: this rank's rotary
@@ -51,7 +51,7 @@ from mf_parallel.runtime.collectives import Collectives, Pending
 from mf_parallel.runtime.comm import init_communication
 from mf_parallel.runtime.context_parallel import ContextGroup
 from mf_train.job import make_job_plan
-from mf_train.models.qwen3 import Qwen3ForCausalLM
+from mf_train.parallelize import build_parallel_model
 from mf_train.trainer import launch_synchronously_on_cpu
 
 EXCHANGE = {"seconds": 0.0, "depth": 0}
@@ -101,8 +101,8 @@ def build(config_path: str, overrides: list[str], world: int):
     context = (ContextGroup(Collectives(comm), plan.dims.context_causal,
                             plan.dims.context_overlap)
                if plan.dims.context > 1 else None)
-    model = Qwen3ForCausalLM.from_config(config.model, seed=config.training.seed,
-                                         context_group=context)
+    model = build_parallel_model(config.model, seed=config.training.seed,
+                                 context_group=context)
     attention = model.decoder_layers.by_id(0).attention
     seq = sequence_length(config) // plan.dims.context
     hidden = model.settings.hidden_size

@@ -138,14 +138,14 @@ def deepseek_worker(variant: str, expert_group=None, seed: int = 0
     import mindspore as ms
     import numpy as np
 
-    from mf_train.models.deepseek_v3 import DeepseekV3ForCausalLM
+    from mf_train.parallelize import build_parallel_model
 
     if expert_group is None:  # otherwise init_communication has set them
         ms.set_context(mode=ms.PYNATIVE_MODE)
         ms.set_device("CPU")
     config = deepseek_config(variant)
     batch = config.training.local_batch_size
-    model = DeepseekV3ForCausalLM.from_config(config.model, seed=0, expert_group=expert_group)
+    model = build_parallel_model(config.model, seed=0, expert_group=expert_group)
     params = {p.data_ptr() for p in model.get_parameters()}
     current = ["outside"]
     saved: dict[str, dict[int, int]] = {}

@@ -29,6 +29,7 @@ from mf_train.models.deepseek_v3 import (
 )
 from mf_train.models.hf_weights import HFWeightsError
 from mf_train.models.parts import ModelPart, PipelineModel
+from mf_train.parallelize import build_parallel_model
 from mf_train.registry import MODELS
 
 HERE = Path(__file__).resolve().parent
@@ -339,7 +340,8 @@ def test_a_tensor_size_that_does_not_divide_the_heads_is_refused() -> None:
     odd = {**ref.LORA, "num_attention_heads": 3, "num_key_value_heads": None}
     with pytest.raises(ConfigError, match=r"model\.num_attention_heads: 3 is not divisible by "
                                           r"parallelism\.tensor_parallel \(2\)"):
-        DeepseekV3ForCausalLM.from_config(ModelConfig(extras=odd), tensor_group=_Group())
+        build_parallel_model(ModelConfig(model_type="deepseek_v3", extras=odd),
+                             tensor_group=_Group())
     data = {"model": {"model_type": "deepseek_v3", **odd}, "training": {},
             "train_dataset": {"dataloader": {"type": "x"}},
             "parallelism": {"tensor_parallel": 2}}

@@ -26,6 +26,7 @@ from mf_memory.recompute import apply_recompute, apply_recompute_comm
 from mf_parallel.runtime.tensor_parallel import SEQUENCE_PARALLEL_ATTRIBUTE
 from mf_train.models import HFWeightsError, build_model, hf_names, hf_state, load_hf_state
 from mf_train.models.qwen3 import Qwen3ForCausalLM, qwen3_settings
+from mf_train.parallelize import build_parallel_model
 
 GOLDEN = Path(__file__).resolve().parent / "golden"
 sys.path.insert(0, str(GOLDEN))
@@ -345,7 +346,7 @@ def test_seed_defaults_to_mindsporess_global_seed() -> None:
 
 def test_tensor_parallel_shards_put_together_equal_the_single_process_weights() -> None:
     single = build_model(config(attention_bias=True), seed=2)
-    ranks = [build_model(config(attention_bias=True), seed=2, tensor_group=tensor_group(r))
+    ranks = [build_parallel_model(config(attention_bias=True), seed=2, tensor_group=tensor_group(r))
              for r in range(2)]
     weights = hf_state(single)
     for rank, model in enumerate(ranks):
@@ -373,7 +374,7 @@ def test_tensor_parallel_shards_put_together_equal_the_single_process_weights() 
 def test_tensor_parallel_marks_the_parameters_whose_gradients_need_a_sum(
         sequence_parallel) -> None:
     group = tensor_group(0, sequence_parallel=sequence_parallel)
-    model = build_model(config(), tensor_group=group)
+    model = build_parallel_model(config(), tensor_group=group)
     marked = {name for name, param in model.parameters_and_names()
               if getattr(param, SEQUENCE_PARALLEL_ATTRIBUTE, False)}
     per_head = {f"decoder_layers.{i}.attention.{n}_norm.weight" for i in range(2) for n in "qk"}
@@ -383,7 +384,7 @@ def test_tensor_parallel_marks_the_parameters_whose_gradients_need_a_sum(
 
 
 def test_recompute_comm_finds_the_gathers_of_the_fused_projections() -> None:
-    model = build_model(config(), tensor_group=tensor_group(0))
+    model = build_parallel_model(config(), tensor_group=tensor_group(0))
     wrapped = apply_recompute_comm(model, RecomputeCommConfig(
         enable=True, select_module={"attention.qkv": [LayerSpec.parse("0-1")],
                                     "mlp.gate_up": [LayerSpec.parse("1")]}))
@@ -392,7 +393,7 @@ def test_recompute_comm_finds_the_gathers_of_the_fused_projections() -> None:
 
 
 def test_a_tensor_group_of_one_is_the_single_process_model() -> None:
-    model = build_model(config(), seed=2, tensor_group=tensor_group(0, size=1))
+    model = build_parallel_model(config(), seed=2, tensor_group=tensor_group(0, size=1))
     assert model.tensor_group is None
     ids, labels = tokens()
     want = build_model(config(), seed=2)(Tensor(ids), Tensor(labels)).asnumpy()
@@ -401,7 +402,7 @@ def test_a_tensor_group_of_one_is_the_single_process_model() -> None:
 
 def test_tensor_parallel_sizes_must_divide_heads_and_vocabulary() -> None:
     with pytest.raises(ConfigError) as error:
-        build_model(config(num_key_value_heads=1, vocab_size=95),
+        build_parallel_model(config(num_key_value_heads=1, vocab_size=95),
                     tensor_group=tensor_group(0))
     text = str(error.value)
     assert "model.num_key_value_heads: 1 is not divisible by parallelism.tensor_parallel" in text

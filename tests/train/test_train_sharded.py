@@ -36,6 +36,7 @@ from mf_train.checkpoint.layout import iteration_name
 from mf_train.checkpoint.params import apply_model_params, model_arrays
 from mf_train.cli import run
 from mf_train.models import build_model, hf_state, load_hf_state
+from mf_train.parallelize import build_parallel_model
 
 FSDP_STRATEGY = "optim_grads_params"
 STRATEGIES = {"optim": "ZeRO-1 over 2 ranks", "optim_grads": "ZeRO-2 over 2 ranks",
@@ -256,7 +257,7 @@ def as_tensor_shards(whole: dict[str, np.ndarray], data_prefix: str,
     weights = hf_state(model)
     shards = []
     for rank in range(size):
-        shard = build_model(config.model, tensor_group=tensor_group(rank, size))
+        shard = build_parallel_model(config.model, tensor_group=tensor_group(rank, size))
         load_hf_state(shard, weights)
         shards.append(model_arrays(shard.parameters_and_names()))
     return shards

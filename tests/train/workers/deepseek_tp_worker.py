@@ -21,11 +21,13 @@ from mindspore import Tensor
 
 from mf_config import ModelConfig, ParallelismConfig, TrainingConfig
 from mf_parallel import make_plan
-from mf_parallel.runtime import Collectives, init_communication
-from mf_parallel.runtime.tensor_parallel import TensorGroup, reduce_sequence_parallel_grads
-from mf_train.models import build_model
+from mf_parallel.placement import place_parameters
+from mf_parallel.runtime import Collectives, GradientReducer, init_communication
+from mf_parallel.runtime.tensor_parallel import TensorGroup
+from mf_train.models import build_model, sharding_table
 from mf_train.models.blocks import split_rows
 from mf_train.models.hf_weights import ArraysSource, local_value
+from mf_train.parallelize import build_parallel_model
 
 out_dir = Path(sys.argv[1])
 world = int(os.environ["MS_WORKER_NUM"])
@@ -57,11 +59,13 @@ result = {}
 for case, (sequence_parallel, overrides) in CASES.items():
     config = ModelConfig(model_type="deepseek_v3", extras=SIZES | overrides)
     group = TensorGroup(collectives, sequence_parallel=sequence_parallel)
-    model = build_model(config, tensor_group=group, seed=5)
+    model = build_parallel_model(config, tensor_group=group, seed=5)
     twin = build_model(config, seed=5)
     params = model.trainable_params()
     loss, grads = loss_and_grads(model, params)
-    grads = reduce_sequence_parallel_grads(params, grads, group)
+    record = place_parameters(sharding_table(config), plan)  # the trainer's reduction
+    grads = GradientReducer(collectives, [record[p.name].grad_partial for p in params],
+                            [p.shape for p in params], average=False).reduce_whole(grads)
     balance = model.balance_loss()
     twin_params = twin.trainable_params()
     twin_loss, twin_grads = loss_and_grads(twin, twin_params)

@@ -97,10 +97,11 @@ from .lr_scheduler import build_lr_schedule
 from .lr_schedules import LrSchedule
 from .micro_batches import MicroBatchStream, build_stream, evaluation_stream
 from .model_flops import flops_per_token, matmul_weights_per_token
-from .models import build_model, sharding_table
+from .models import sharding_table
 from .models.hf_weights import HFPieces, checked_entries
 from .monitor import standard_callbacks
 from .optim import Optimizer
+from .parallelize import build_parallel_model
 from .peak_flops import RANKS_ON_HOST, cached_peak, given_peak, peak_dtype
 from .process_memory import (
     largest_peak,
@@ -370,12 +371,11 @@ class Trainer:
                                            self.plan.dims.context_overlap)
                               if self.plan.dims.context > 1 else None)
         rank_progress.phase("build_model")
-        self.model = build_model(config.model, tensor_group=self.tensor_group, source=source,
-                                 seed=config.training.seed,
-                                 part=stage_part(self.plan, self.comm.rank),
-                                 expert_group=self.expert_group,
-                                 context_group=self.context_group,
-                                 layer_built=self._layer_slicer(config.parallelism))
+        self.model = build_parallel_model(
+            config.model, tensor_group=self.tensor_group, source=source,
+            seed=config.training.seed, part=stage_part(self.plan, self.comm.rank),
+            expert_group=self.expert_group, context_group=self.context_group,
+            layer_built=self._layer_slicer(config.parallelism))
         self.swap = self._apply_memory()
         self.layout = build_layout(LayoutParts(
             self.model, config.optimizer, config.parallelism, self.plan.dims, self.collectives,

@@ -2,8 +2,9 @@
 
 The type is `model.architectures`, else `model.model_type` (Hugging Face's names). A model
 class registered in `MODELS` (in code or through the `mf_train.models` entry points) provides
-`from_config(config: ModelConfig, *, tensor_group, source, seed) -> nn.Cell`. Importing this
-package imports MindSpore and registers the built-in models.
+`from_config(config: ModelConfig, *, source, seed, part, layer_built) -> nn.Cell`, built from
+its settings alone (`mf_train.parallelize` cuts it to a rank's part), and `settings_of(config,
+source)`. Importing this package imports MindSpore and registers the built-in models.
 """
 
 from __future__ import annotations
@@ -22,10 +23,6 @@ from .parts import ModelPart, PipelineModel
 
 if TYPE_CHECKING:
     from mindspore import nn
-
-    from mf_parallel.runtime.context_parallel import ContextGroup
-    from mf_parallel.runtime.expert_dispatch import ExpertGroup
-    from mf_parallel.runtime.tensor_parallel import TensorGroup
 
 __all__ = [
     "HFWeightsError",
@@ -59,27 +56,20 @@ def sharding_table(config: ModelConfig, source: Source | None = None) -> Shardin
     return cls.sharding_table(config, source)
 
 
-def build_model(config: ModelConfig, *, tensor_group: TensorGroup | None = None,
-                source: Source | None = None, seed: int | None = None,
+def build_model(config: ModelConfig, *, source: Source | None = None, seed: int | None = None,
                 part: ModelPart | None = None,
-                expert_group: ExpertGroup | None = None,
-                context_group: ContextGroup | None = None,
                 layer_built: Callable[[nn.Cell], object] | None = None) -> nn.Cell:
-    """The model the `model` section describes (its class from the `MODELS` registry).
+    """The model the `model` section describes (its class from the `MODELS` registry), as one
+    process runs it: `mf_train.parallelize.build_parallel_model` cuts it to a rank's part.
 
     Args:
         config: the `model` section.
-        tensor_group: this rank's tensor-parallel group (None: no tensor parallelism).
         source: the YAML source, for error lines.
         seed: draws the initial weights (default: MindSpore's global seed, else 0).
-        part: what a pipeline stage builds (None: the whole model); the model class must be a
-            `parts.PipelineModel`.
-        expert_group: this rank's expert-parallel group (None: every expert on every rank);
-            the model class must take `expert_group` (a mixture-of-experts model).
-        context_group: this rank's context-parallel group (None: the whole sequence here);
-            the model class must take `context_group`.
-        layer_built: called with each decoder layer as soon as it is built (fully sharded
-            data parallelism cuts it to this rank's slice there); the model class must take
+        part: what a pipeline stage (or an expert-parallel rank) builds (None: the whole
+            model); the model class must be a `parts.PipelineModel`.
+        layer_built: called with each decoder layer as soon as it is built (what applies
+            parallelism cuts it to this rank's part there); the model class must take
             `layer_built`.
 
     Returns:
@@ -93,11 +83,6 @@ def build_model(config: ModelConfig, *, tensor_group: TensorGroup | None = None,
     options: dict[str, Any] = {}
     if part is not None:
         options["part"] = part
-    if expert_group is not None:
-        options["expert_group"] = expert_group
-    if context_group is not None and context_group.size > 1:
-        options["context_group"] = context_group
     if layer_built is not None:
         options["layer_built"] = layer_built
-    return cls.from_config(config, tensor_group=tensor_group, source=source, seed=seed,
-                           **options)
+    return cls.from_config(config, source=source, seed=seed, **options)

@@ -24,11 +24,12 @@ the `actual_seq_qlen` of the kernel's TND layout), and no mask is built.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 from mindspore import Tensor, ops
 
-from mf_parallel.runtime.context_parallel import ULYSSES, ContextGroup
+from mf_parallel.runtime.context_parallel import ULYSSES
 
 
 @dataclass(frozen=True)
@@ -56,7 +57,7 @@ class AttentionPlaces:
             (`AttentionCore.flash`): the compact form is passed on, not turned into a mask.
     """
 
-    def __init__(self, context: ContextGroup | None = None, varlen: bool = False):
+    def __init__(self, context: Any = None, varlen: bool = False):
         self.context = context if context is not None and context.size > 1 else None
         self.varlen = varlen
         self._orders: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}

@@ -6,10 +6,10 @@ Layout: activations are `[sequence, batch, ...]` (Megatron's layout) in every mo
 without tensor parallelism, so one code path serves both: mf-parallel's sequence parallelism
 splits dim 0. Attention works on `[batch, heads, sequence, head_dim]`.
 
-Weights are created from numpy arrays in Hugging Face's `[out_features, in_features]` layout.
-With a `TensorGroup` of size > 1 the linear layers, the embedding and the cross-entropy are
-mf-parallel's tensor-parallel ones; with `None` (or size 1) they are plain cells and nothing
-communicates.
+Weights are created from numpy arrays in Hugging Face's `[out_features, in_features]` layout,
+whole: the cells here are one process's. `mf_train.parallelize` replaces the linear layers
+and the embedding with mf-parallel's tensor-parallel ones and gives the model its groups; the
+loss then takes the model's `tensor_group` and `context_group` (None: nothing communicates).
 
 Dtypes: parameters are kept in `params_dtype`; activations run in the compute dtype, the
 linear layers cast their weight to the activation's dtype, and RMSNorm, softmax and the loss
@@ -21,25 +21,14 @@ from __future__ import annotations
 import logging
 import zlib
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import mindspore as ms
 import numpy as np
 from mindspore import Parameter, Tensor, mint, nn, ops
 
 from mf_config.component_settings import settings_error
-from mf_parallel.runtime.context_parallel import ContextGroup
-from mf_parallel.runtime.tensor_parallel import (
-    ColumnParallelLinear,
-    CopyToTensorRegion,
-    GatherFromSequenceRegion,
-    RowParallelLinear,
-    TensorGroup,
-    VocabParallelEmbedding,
-    linear_rows,
-    mark_sequence_parallel,
-    mark_tensor_sharded,
-    vocab_parallel_cross_entropy,
-)
+from mf_parallel.runtime.tensor_parallel import linear_rows, vocab_parallel_cross_entropy
 
 from .gathered_heads import SwiGLUActivation, swiglu_activation
 
@@ -116,27 +105,16 @@ class ParamInit:
         return np.ones(tuple(shape), np.float32)
 
 
-# --- tensor parallelism --------------------------------------------------------------------
+# --- tensor parallelism (set on a model from outside, `mf_train.parallelize`) -------------
 
-def tensor_size(group: TensorGroup | None) -> int:
-    """Tensor-parallel degree; 1 without a group."""
+def tensor_size(group: Any) -> int:
+    """Tensor-parallel degree of a model's `tensor_group`; 1 without one."""
     return 1 if group is None else group.size
 
 
-def is_parallel(group: TensorGroup | None) -> bool:
-    return tensor_size(group) > 1
-
-
-def is_sequence_parallel(group: TensorGroup | None) -> bool:
+def is_sequence_parallel(group: Any) -> bool:
     """Whether activations outside the tensor-parallel regions are split along the sequence."""
-    return is_parallel(group) and bool(group.sequence_parallel)
-
-
-def mark_tensor_partial(param: Parameter) -> Parameter:
-    """Mark a tensor-replicated parameter whose gradient on each rank is only part of the
-    total (used on sequence slices, or on this rank's heads): the training loop sums it over
-    the tensor group (the placement record's `grad_partial`, mf-parallel's `GradientReducer`)."""
-    return mark_sequence_parallel(param)
+    return tensor_size(group) > 1 and bool(group.sequence_parallel)
 
 
 def fuse_rows(parts: Sequence[np.ndarray], shards: int = 1) -> np.ndarray:
@@ -218,35 +196,6 @@ def tiles_broadcasts() -> bool:
     return ms.get_context("device_target") == "CPU"
 
 
-def column_linear(weight: np.ndarray, bias: np.ndarray | None,
-                  group: TensorGroup | None) -> nn.Cell:
-    """A linear whose output features are split over the tensor group (plain without one).
-    `weight` is the full `[out, in]` array; fused weights come from `fuse_rows(.., shards)`."""
-    if not is_parallel(group):
-        return Linear(weight, bias)
-    return ColumnParallelLinear(weight, bias, group)
-
-
-def shard_rows_linear(weight: np.ndarray, group: TensorGroup | None) -> Linear:
-    """A linear holding this rank's equal block of `weight`'s rows (output features), with
-    no communication of its own: a column-parallel projection whose input the caller has
-    already brought into the tensor region (MLA gathers its input once for all its
-    projections). Plain without a group."""
-    if not is_parallel(group):
-        return Linear(weight)
-    cell = Linear(group.shard(weight, 0))
-    mark_tensor_sharded(cell.weight)
-    return cell
-
-
-def row_linear(weight: np.ndarray, bias: np.ndarray | None,
-               group: TensorGroup | None) -> nn.Cell:
-    """A linear whose input features are split over the tensor group (plain without one)."""
-    if not is_parallel(group):
-        return Linear(weight, bias)
-    return RowParallelLinear(weight, bias, group)
-
-
 class Embedding(nn.Cell):
     """Row lookup in a `[vocab, hidden]` table (`mint.nn.Embedding` has no CPU kernel)."""
 
@@ -256,21 +205,6 @@ class Embedding(nn.Cell):
 
     def construct(self, ids: Tensor) -> Tensor:
         return ops.gather(self.weight, ids, 0)
-
-
-def embedding(table: np.ndarray, group: TensorGroup | None) -> nn.Cell:
-    """The token embedding; vocabulary-parallel over a tensor group (ids `[seq, batch]`)."""
-    if not is_parallel(group):
-        return Embedding(table)
-    return VocabParallelEmbedding(table, group)
-
-
-def head_entry(group: TensorGroup | None) -> nn.Cell | None:
-    """The communication in front of a tied output head on a tensor group (gather of the
-    sequence slices, or copy), as a `ColumnParallelLinear` has; None without a group."""
-    if not is_parallel(group):
-        return None
-    return GatherFromSequenceRegion(group) if group.sequence_parallel else CopyToTensorRegion(group)
 
 
 class RMSNorm(nn.Cell):
@@ -642,15 +576,16 @@ def flash_attention_available(compute_dtype: ms.Type) -> bool:
 
 class SwiGLU(nn.Cell):
     """`down(silu(gate) * up)` with gate and up from one fused linear `gate_up` (rows
-    `[gate; up]`, per tensor-parallel rank `[gate_r; up_r]`, see `fuse_rows`)."""
+    `[gate; up]`, per tensor-parallel rank `[gate_r; up_r]`, see `fuse_rows`); `local` gate
+    rows (`tensor_counts`: a tensor-parallel rank's share)."""
 
-    def __init__(self, gate: np.ndarray, up: np.ndarray, down: np.ndarray,
-                 group: TensorGroup | None = None):
+    tensor_counts = ("local",)
+
+    def __init__(self, gate: np.ndarray, up: np.ndarray, down: np.ndarray):
         super().__init__()
-        shards = tensor_size(group)
-        self.local = gate.shape[0] // shards
-        self.gate_up = column_linear(fuse_rows([gate, up], shards), None, group)
-        self.down = row_linear(down, None, group)
+        self.local = gate.shape[0]
+        self.gate_up = Linear(fuse_rows([gate, up]))
+        self.down = Linear(down)
         self.activations: dict[tuple[int, int], SwiGLUActivation] | None = (
             {} if tiles_broadcasts() else None)
 
@@ -672,19 +607,19 @@ class SwiGLU(nn.Cell):
 # --- loss ----------------------------------------------------------------------------------
 
 def token_cross_entropy(logits: Tensor, labels: Tensor,
-                        group: TensorGroup | None = None) -> Tensor:
+                        group: Any = None) -> Tensor:
     """Per-token `logsumexp(logits) - logits[label]` in float32; `logits` `[..., V]` (this
     rank's vocabulary slice over a tensor group), `labels` `[...]` in [0, V)."""
     logits = logits.astype(ms.float32)
-    if is_parallel(group):
+    if tensor_size(group) > 1:
         return vocab_parallel_cross_entropy(logits, labels, group)
     log_probs = ops.log_softmax(logits, -1)
     return -ops.gather_elements(log_probs, -1, labels.expand_dims(-1)).squeeze(-1)
 
 
 def causal_lm_loss(logits: Tensor, labels: Tensor, loss_mask: Tensor | None = None,
-                   group: TensorGroup | None = None,
-                   context: ContextGroup | None = None) -> Tensor:
+                   group: Any = None,
+                   context: Any = None) -> Tensor:
     """`sum(ce * mask) / max(sum(mask), 1)`, a float32 scalar (MindFormers' masked mean).
 
     `labels` are the targets at each position (already shifted: the data gives
@@ -700,7 +635,7 @@ def causal_lm_loss(logits: Tensor, labels: Tensor, loss_mask: Tensor | None = No
 
 def masked_token_mean(cross_entropy: Callable[[Tensor], Tensor], labels: Tensor,
                       loss_mask: Tensor | None = None,
-                      context: ContextGroup | None = None) -> Tensor:
+                      context: Any = None) -> Tensor:
     """`causal_lm_loss` from a per-token cross-entropy: `cross_entropy(targets)` gives each
     token's loss for `targets` in [0, V) (the labels with the masked ones set to 0)."""
     valid = labels >= 0
@@ -716,7 +651,7 @@ def masked_token_mean(cross_entropy: Callable[[Tensor], Tensor], labels: Tensor,
 
 
 def check_input_ids(input_ids: Tensor, seq_length: int | None,
-                    max_position_embeddings: int, group: TensorGroup | None = None,
+                    max_position_embeddings: int, group: Any = None,
                     context_size: int = 1) -> int:
     """The sequence length of `input_ids` ([batch, seq], this rank's `seq / context_size`
     tokens of each sample); `ValueError` when the shape is wrong, the sequence is longer than

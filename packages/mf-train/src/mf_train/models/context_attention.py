@@ -17,12 +17,12 @@ attention is the plain path's; with a fused flash kernel the blocking path runs.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import mindspore as ms
 from mindspore import Tensor, nn, ops
 
 from mf_parallel.runtime.context_parallel import (
-    ContextGroup,
     GatherSequence,
     HeadsToSequence,
     JoinGathered,
@@ -44,7 +44,7 @@ class SequenceExchange(nn.Cell):
         core: the attention core (its plain path computes the overlapped partials).
     """
 
-    def __init__(self, context: ContextGroup | None, core: AttentionCore):
+    def __init__(self, context: Any, core: AttentionCore):
         super().__init__()
         ulysses = context is not None and context.ulysses > 1
         ring = context is not None and context.ring > 1

@@ -19,24 +19,25 @@ key of DeepSeek's own config.json (Megatron calls it `moe_aux_loss_coeff`); it d
 The `model` keys are `settings.deepseek_v3.DeepseekV3Settings` (MindSpore-free, so that
 `mf-config validate` checks them). Not implemented, rejected at the configuration:
 multi-token prediction (`num_nextn_predict_layers`/`mtp_num_layers` > 0) and YaRN
-(`rope_scaling` not null). Expert parallelism (an `ExpertGroup`) builds only this rank's routed
-experts and dispatches tokens to the others' (moe.py). The auxiliary-loss-free
+(`rope_scaling` not null). Expert parallelism (applied from outside, `mf_train.parallelize`)
+builds only this rank's routed experts (`ModelPart.experts`) and dispatches tokens to the
+others' (moe.py). The auxiliary-loss-free
 bias (`e_score_correction_bias`, a non-trainable Parameter saved with the model) chooses the
 experts; with `moe_router_enable_expert_bias` and `moe_router_bias_update_rate` > 0 the trainer
 moves it after every step (`update_expert_bias`, driven by `mf_train.expert_bias`).
 
-Tensor parallelism (a `TensorGroup` of size t > 1, always with sequence parallelism in the
-trainer), as Megatron-core splits DeepSeek-V3: the embedding, the untied head and the
-cross-entropy are vocabulary parallel and the activations between layers are sequence slices
-`[s/t, b, h]`, as in Qwen3; attention is split by heads (mla.py says how); the dense MLP and
-the shared experts are column (`gate_up`) / row (`down`) parallel SwiGLUs; the router and the
-routed experts are replicated over the tensor group (no expert tensor parallelism) and run on
-this rank's sequence slice, and the balance loss is summed over the slices (moe.py). Every
-replicated parameter whose gradient on a rank covers only part of the work (the norms, the
-router, the routed experts on sequence slices; MLA's down projections on its heads) is marked
-(`mark_tensor_partial`), and the training loop sums its gradient over the tensor group. The
-settings refuse, before launch, a t that does not divide the heads, the vocabulary or an MLP
-width (`DeepseekV3Settings.tensor_parallel_problems`).
+Tensor parallelism (applied from outside, a tensor group of size t > 1, always with sequence
+parallelism in the trainer), as Megatron-core splits DeepSeek-V3: the embedding, the untied
+head and the cross-entropy are vocabulary parallel and the activations between layers are
+sequence slices `[s/t, b, h]`, as in Qwen3; attention is split by heads (mla.py says how); the
+dense MLP and the shared experts are column (`gate_up`) / row (`down`) parallel SwiGLUs; the
+router and the routed experts are replicated over the tensor group (no expert tensor
+parallelism) and run on this rank's sequence slice, and the balance loss is summed over the
+slices (moe.py). Every replicated parameter whose gradient on a rank covers only part of the
+work (the norms, the router, the routed experts on sequence slices; MLA's down projections on
+its heads) is marked (`mf_train.parallelize`), and the training loop sums its gradient over the
+tensor group. The settings refuse, before launch, a t that does not divide the heads, the
+vocabulary or an MLP width (`DeepseekV3Settings.tensor_parallel_problems`).
 
 Parameter names (stable; checkpoints use them) and their Hugging Face names (`i` a layer,
 `e` an expert; `hf_names()` gives the whole table for a built model):
@@ -73,36 +74,26 @@ import numpy as np
 from mindspore import Tensor, mint, nn, ops
 
 from mf_config import ModelConfig
-from mf_config.component_settings import settings_error
 from mf_config.components import structure_model_settings
 from mf_config.errors import Path
 from mf_config.yaml_source import Source
 from mf_parallel.placement import ShardingTable
-from mf_parallel.runtime.context_parallel import ContextGroup
-from mf_parallel.runtime.expert_dispatch import ExpertGroup
-from mf_parallel.runtime.flat_shard import built_shape
-from mf_parallel.runtime.tensor_parallel import TensorGroup
 
 from ..registry import MODELS
 from ..settings.deepseek_v3 import DeepseekV3Settings
 from .attention_inputs import Attending, AttentionPlaces
 from .blocks import (
+    Embedding,
+    Linear,
     ParamInit,
     RMSNorm,
     RotaryEmbedding,
     SwiGLU,
-    column_linear,
-    embedding,
-    head_entry,
-    is_parallel,
-    is_sequence_parallel,
     linear,
-    mark_tensor_partial,
     resolve_compute_dtype,
-    tensor_size,
 )
 from .causal_lm import CausalLMPieces
-from .hf_weights import WeightMap, WeightSource
+from .hf_weights import WeightMap, WeightSource, held_elsewhere
 from .hf_weights import hf_names as _hf_names
 from .hf_weights import hf_state as _hf_state
 from .hf_weights import load_hf_state as _load_hf_state
@@ -130,8 +121,7 @@ class DeepseekV3DecoderLayer(nn.Cell):
     """
 
     def __init__(self, s: DeepseekV3Settings, index: int, init: ParamInit,
-                 compute_dtype: ms.Type, group: TensorGroup | None = None,
-                 expert_group: ExpertGroup | None = None, context: ContextGroup | None = None):
+                 compute_dtype: ms.Type, experts: Sequence[int] | None = None):
         super().__init__()
         hf = f"model.layers.{index}"
         self.is_moe = index >= s.first_k_dense_replace
@@ -143,21 +133,14 @@ class DeepseekV3DecoderLayer(nn.Cell):
             v_head_dim=s.v_head_dim, rms_norm_eps=s.rms_norm_eps,
             rope_interleave=s.rope_interleave, use_flash_attention=s.use_flash_attention,
             compute_dtype=compute_dtype,
-            normal=lambda name, shape: init.normal(f"{hf}.self_attn.{name}.weight", shape),
-            group=group, context=context)
+            normal=lambda name, shape: init.normal(f"{hf}.self_attn.{name}.weight", shape))
         self.post_norm = RMSNorm(s.hidden_size, s.rms_norm_eps)
-        sequence_group = group if is_sequence_parallel(group) else None
-        if sequence_group is not None:  # the norms run on this rank's sequence slice
-            mark_tensor_partial(self.input_norm.weight)
-            mark_tensor_partial(self.post_norm.weight)
 
         def make_mlp(name: str, size: int) -> SwiGLU:
-            """Dense and shared MLPs split over the tensor group; routed experts whole."""
             prefix = f"{hf}.mlp.{name}" if name else f"{hf}.mlp"
             return SwiGLU(init.normal(f"{prefix}.gate_proj.weight", (size, s.hidden_size)),
                           init.normal(f"{prefix}.up_proj.weight", (size, s.hidden_size)),
-                          init.normal(f"{prefix}.down_proj.weight", (s.hidden_size, size)),
-                          None if name.startswith("experts.") else group)
+                          init.normal(f"{prefix}.down_proj.weight", (s.hidden_size, size)))
 
         if not self.is_moe:
             self.mlp = make_mlp("", s.intermediate_size)
@@ -169,12 +152,7 @@ class DeepseekV3DecoderLayer(nn.Cell):
             routed_scaling_factor=s.routed_scaling_factor, aux_loss_alpha=s.aux_loss_alpha,
             router_weight=init.normal(f"{hf}.mlp.gate.weight",
                                       (s.n_routed_experts, s.hidden_size)),
-            make_mlp=make_mlp, sequence_group=sequence_group,
-            expert_group=expert_group, context=context)
-        if sequence_group is not None:  # replicated, run on this rank's sequence slice
-            for cell in (self.mlp.router, self.mlp.experts):
-                for param in cell.trainable_params():
-                    mark_tensor_partial(param)
+            make_mlp=make_mlp, experts=experts)
 
     def construct(self, x: Tensor, cos: Tensor, sin: Tensor, mask: Tensor | None = None,
                   lengths: tuple[int, ...] | None = None) -> tuple[Tensor, Tensor]:
@@ -222,76 +200,59 @@ class DeepseekV3ForCausalLM(CausalLMPieces, nn.Cell):
     compile_blocker = ("its MoE layers read the routing back to the host to give each expert "
                        "its tokens (one read per layer; the routing runs on the device)")
 
-    def __init__(self, settings: DeepseekV3Settings, *, tensor_group: TensorGroup | None = None,
-                 seed: int | None = None, source: Source | None = None,
-                 expert_group: ExpertGroup | None = None,
-                 context_group: ContextGroup | None = None,
-                 part: ModelPart | None = None,
+    plain_model = True
+    tensor_group = None
+    context_group = None
+
+    def __init__(self, settings: DeepseekV3Settings, *, seed: int | None = None,
+                 source: Source | None = None, part: ModelPart | None = None,
                  layer_built: Callable[[nn.Cell], object] | None = None):
         super().__init__()
-        group = tensor_group if is_parallel(tensor_group) else None
-        context = context_group if context_group is not None and context_group.size > 1 \
-            else None
-        found = settings.tensor_parallel_problems(tensor_size(group)) + \
-            settings.context_parallel_problems(tensor_size(group),
-                                               1 if context is None else context.ulysses)
-        if found:
-            raise settings_error(found, source)
         s = self.settings = settings
-        self.tensor_group, self.context_group = group, context
         self.rotary = RotaryEmbedding(s.qk_rope_head_dim, s.rope_theta,
                                       s.max_position_embeddings)
         self.part = part or ModelPart.whole(s.num_hidden_layers)
         self.layer_ids, self.model_layers = self.part.layers, s.num_hidden_layers
         target = ms.get_context("device_target")
         self.compute_dtype = resolve_compute_dtype(s.compute_dtype, target)
-        params_dtype = resolve_compute_dtype(s.params_dtype, target, "model.params_dtype")
-        if group is not None and params_dtype != self.compute_dtype:
-            raise settings_error([(("model", "params_dtype"), f"must equal compute_dtype "
-                                   f"({s.compute_dtype}) with tensor parallelism (mf-parallel's "
-                                   f"layers do not cast), got {s.params_dtype}")], source)
+        self.params_dtype = resolve_compute_dtype(s.params_dtype, target, "model.params_dtype")
         init = ParamInit(_seed(seed), s.initializer_range)
         vocab = (s.vocab_size, s.hidden_size)
         self.tied = s.tie_word_embeddings
         if self.part.embedding or (self.part.head and self.tied):
-            self.embedding = embedding(init.normal("model.embed_tokens.weight", vocab), group)
+            self.embedding = Embedding(init.normal("model.embed_tokens.weight", vocab))
         self.decoder_layers = LayerStack({
-            index: each_built(DeepseekV3DecoderLayer(s, index, init, self.compute_dtype, group,
-                                                     expert_group, context), layer_built)
+            index: each_built(DeepseekV3DecoderLayer(s, index, init, self.compute_dtype,
+                                                     self.part.experts), layer_built)
             for index in self.part.layers})
         flash = any(layer.attention.core.flash for layer in self.decoder_layers)
-        self.places = AttentionPlaces(context, varlen=flash)
+        self.places = AttentionPlaces(None, varlen=flash)
         if self.part.head:
             self.final_norm = RMSNorm(s.hidden_size, s.rms_norm_eps)
-            if is_sequence_parallel(group):
-                mark_tensor_partial(self.final_norm.weight)
             if not self.tied:
-                self.head = column_linear(init.normal("lm_head.weight", vocab), None, group)
-            self.head_entry = head_entry(group) if self.tied else None
-        self.hf_ignored = (("lm_head.weight",) if self.tied else ()) + _other_ranks_experts(
-            s, expert_group, self.part.layers) + _other_stages_weights(s, self.part)
+                self.head = Linear(init.normal("lm_head.weight", vocab))
+            self.head_entry = None
         self.last_balance_loss: Tensor | None = None
-        _cast_parameters(self, params_dtype)
-        self.built_shapes = {name: built_shape(param) for name, param in
-                             self.parameters_and_names()}
-        """Each parameter's shape as built (FSDP empties the parameters it shards)."""
+        _cast_parameters(self, self.params_dtype)
+        self.hf_ignored = (("lm_head.weight",) if self.tied else ()) + held_elsewhere(
+            settings_weight_maps(s), self)
 
     @classmethod
-    def from_config(cls, config: ModelConfig, *, tensor_group: TensorGroup | None = None,
-                    source: Source | None = None, seed: int | None = None,
-                    expert_group: ExpertGroup | None = None,
-                    context_group: ContextGroup | None = None,
-                    part: ModelPart | None = None,
+    def from_config(cls, config: ModelConfig, *, source: Source | None = None,
+                    seed: int | None = None, part: ModelPart | None = None,
                     layer_built: Callable[[nn.Cell], object] | None = None,
                     ) -> "DeepseekV3ForCausalLM":
-        """The model the `model` section describes (keys checked, see `DeepseekV3Settings`),
-        split over `tensor_group` when it has more than one rank. `seed` draws the initial
-        weights (default: MindSpore's global seed, else 0); `expert_group` splits the routed
-        experts (None: all on this rank); only `part` of the model on a pipeline stage;
-        `layer_built` is called with each decoder layer once built."""
-        return cls(deepseek_v3_settings(config, source), tensor_group=tensor_group, seed=seed,
-                   source=source, expert_group=expert_group, context_group=context_group,
-                   part=part, layer_built=layer_built)
+        """The model the `model` section describes (keys checked, see `DeepseekV3Settings`).
+        `seed` draws the initial weights (default: MindSpore's global seed, else 0); only
+        `part` of the model (its layers, its routed experts) on a pipeline stage or an
+        expert-parallel rank; `layer_built` is called with each decoder layer once built."""
+        return cls(deepseek_v3_settings(config, source), seed=seed, source=source, part=part,
+                   layer_built=layer_built)
+
+    @staticmethod
+    def settings_of(config: ModelConfig, source: Source | None = None) -> DeepseekV3Settings:
+        """The `model` section's settings, checked."""
+        return deepseek_v3_settings(config, source)
 
     def compilable_parts(self) -> list[tuple[str, int, nn.Cell, bool]]:
         """The cells of the decoder layers that compile on their own (`context.compile`),
@@ -401,19 +362,10 @@ class DeepseekV3ForCausalLM(CausalLMPieces, nn.Cell):
         return sharding_table(deepseek_v3_settings(config, source))
 
     def weight_maps(self) -> list[WeightMap]:
-        """Each parameter with the Hugging Face weights it holds (module table), their full
-        shapes and the axis tensor parallelism splits them along."""
-        maps = []
-        shards = tensor_size(self.tensor_group)
-        for name, _ in self.parameters_and_names():
-            hf = hf_parameter_names(name)
-            axis = tensor_split_axis(name)
-            full = list(self.built_shapes[name])
-            if axis is not None:
-                full[axis] *= shards
-            shapes = tuple((full[0] // len(hf), *full[1:]) for _ in hf)
-            maps.append(WeightMap(name, hf, shapes, axis))
-        return maps
+        """The parameters this model (or its part) holds, with their Hugging Face names, full
+        shapes and the axis tensor parallelism splits them along (`settings_weight_maps`)."""
+        names = {name for name, _ in self.parameters_and_names()}
+        return [entry for entry in settings_weight_maps(self.settings) if entry.ours in names]
 
     def hf_skipped(self, names: Iterable[str]) -> tuple[set[str], str]:
         """The multi-token-prediction tensors among HF `names` and why they are left out.
@@ -549,51 +501,11 @@ def hf_parameter_names(ours: str) -> tuple[str, ...]:
     return (prefix + ".".join(parts),)
 
 
-def _other_ranks_experts(s: DeepseekV3Settings, expert_group: ExpertGroup | None,
-                         layers: Iterable[int]) -> tuple[str, ...]:
-    """The Hugging Face names of the routed experts other ranks hold (expert parallelism) in
-    these decoder `layers`: a rank loads its own share of a whole checkpoint."""
-    if expert_group is None or expert_group.size == 1:
-        return ()
-    held = set(expert_group.local_experts(s.n_routed_experts))
-    return tuple(f"model.layers.{layer}.mlp.experts.{e}.{proj}.weight"
-                 for layer in layers if layer >= s.first_k_dense_replace
-                 for e in range(s.n_routed_experts) if e not in held
-                 for proj in ("gate_proj", "up_proj", "down_proj"))
-
-
 def layer_hf_names(s: DeepseekV3Settings, layer: int) -> tuple[str, ...]:
     """The Hugging Face names of decoder layer `layer`'s weights (every routed expert's),
-    from the settings alone: what a pipeline stage that does not build the layer leaves to
-    the stage that does."""
-    prefix = f"model.layers.{layer}."
-    attention = (("q_proj",) if s.q_lora_rank is None else ("q_a_proj", "q_a_layernorm",
-                                                            "q_b_proj")) + (
-        "kv_a_proj_with_mqa", "kv_a_layernorm", "kv_b_proj", "o_proj")
-    swiglu = ("gate_proj", "up_proj", "down_proj")
-    if layer < s.first_k_dense_replace:
-        mlp = [f"mlp.{proj}.weight" for proj in swiglu]
-    else:
-        mlp = ["mlp.gate.weight", "mlp.gate.e_score_correction_bias"]
-        mlp += [f"mlp.experts.{e}.{proj}.weight" for e in range(s.n_routed_experts)
-                for proj in swiglu]
-        if s.n_shared_experts:
-            mlp += [f"mlp.shared_experts.{proj}.weight" for proj in swiglu]
-    names = ["input_layernorm.weight", "post_attention_layernorm.weight",
-             *(f"self_attn.{name}.weight" for name in attention), *mlp]
-    return tuple(prefix + name for name in names)
-
-
-def _other_stages_weights(s: DeepseekV3Settings, part: ModelPart) -> tuple[str, ...]:
-    """The Hugging Face names of the weights other pipeline stages hold (a stage loading a
-    whole checkpoint takes its own and leaves these)."""
-    names = [name for layer in range(s.num_hidden_layers) if layer not in part.layers
-             for name in layer_hf_names(s, layer)]
-    if not (part.embedding or (part.head and s.tie_word_embeddings)):
-        names.append("model.embed_tokens.weight")
-    if not part.head:
-        names += ["model.norm.weight"] + ([] if s.tie_word_embeddings else ["lm_head.weight"])
-    return tuple(names)
+    from the settings alone."""
+    return tuple(name for entry in settings_weight_maps(s)
+                 if entry.ours.startswith(f"decoder_layers.{layer}.") for name in entry.hf)
 
 
 def _cast_parameters(model: nn.Cell, dtype: ms.Type) -> None:

@@ -54,6 +54,14 @@ class WeightMap:
         return [shape[0] for shape in self.shapes]
 
 
+def held_elsewhere(maps: Iterable[WeightMap], model: Any) -> tuple[str, ...]:
+    """The Hugging Face names of the whole model's weights (`maps`) that `model` does not
+    hold: other pipeline stages' and other expert-parallel ranks' (a rank loading a whole
+    checkpoint takes its own and leaves these)."""
+    held = {name for name, _ in model.parameters_and_names()}
+    return tuple(name for entry in maps if entry.ours not in held for name in entry.hf)
+
+
 def hf_names(model: Any) -> dict[str, tuple[str, ...]]:
     """Our parameter name -> the HF names it holds (one, or the fused parts in row order)."""
     return {entry.ours: entry.hf for entry in model.weight_maps()}

@@ -17,7 +17,8 @@ Sub-cells keep Hugging Face's names (`q_a_proj`, `kv_b_proj`, `o_proj`, ...), so
 checkpoint name of `attention.X.weight` is `self_attn.X.weight`. Activations are
 `[sequence, batch, hidden]` (blocks.py's layout).
 
-Tensor parallelism (a `TensorGroup` of size t > 1), split as Megatron-core's MLA splits it:
+Tensor parallelism (applied from outside by `mf_train.parallelize` with a tensor group of
+size t > 1), split as Megatron-core's MLA splits it:
 the heads are divided by t (rank r holds heads `[r h/t, (r+1) h/t)`). The input is gathered
 along the sequence once (sequence parallelism; a copy into the tensor region without it);
 the low-rank down projections `q_a_proj` and `kv_a_proj_with_mqa` and their RMSNorms
@@ -26,8 +27,8 @@ latent and the one-head `k_rope` exist whole on every rank; the up projections (
 `q_b_proj`, and `kv_b_proj`, head-major rows) keep this rank's heads' rows and need no
 communication; `o_proj` is row-parallel (reduce-scatter back to the sequence slice). Each rank
 differentiates the replicated weights through its own heads only, so their gradients are
-partial: they are marked (`mark_tensor_partial`) and summed over the tensor group by the
-training loop, as Megatron sums the gradients of sequence-parallel parameters. Megatron runs
+partial: they are marked (`tensor_partial`) and summed over the tensor group by the training
+loop, as Megatron sums the gradients of sequence-parallel parameters. Megatron runs
 the down projections on the sequence slice and gathers their smaller outputs instead; the
 result is the same, this way gathers one tensor, not three.
 
@@ -45,22 +46,7 @@ import mindspore as ms
 import numpy as np
 from mindspore import Tensor, ops
 
-from mf_parallel.runtime.context_parallel import ContextGroup
-from mf_parallel.runtime.tensor_parallel import TensorGroup
-
-from .blocks import (
-    AttentionCore,
-    Linear,
-    RMSNorm,
-    apply_rotary,
-    head_entry,
-    is_parallel,
-    mark_tensor_partial,
-    row_linear,
-    shard_rows_linear,
-    tensor_size,
-    tiles_broadcasts,
-)
+from .blocks import AttentionCore, Linear, RMSNorm, apply_rotary, tiles_broadcasts
 from .context_attention import SequenceExchange
 from .kv_cache import LayerCache
 
@@ -70,49 +56,45 @@ Normal = Callable[[str, tuple[int, ...]], np.ndarray]
 
 class MultiLatentAttention(ms.nn.Cell):
     """`[seq, batch, hidden]` -> `[seq, batch, hidden]`, causal (this rank's sequence slice
-    in and out under sequence parallelism; `group`: the tensor group, module docstring)."""
+    in and out under sequence parallelism, module docstring).
+
+    For tensor parallelism applied from outside (`mf_train.parallelize`): `entry` (None
+    here) brings the input into the tensor region once for every projection
+    (`gathers_input`), `num_heads` counts this rank's heads (`tensor_counts`), and
+    `tensor_partial` names the replicated cells differentiated through this rank's heads only.
+    """
+
+    gathers_input = True
+    tensor_counts = ("num_heads",)
+    tensor_partial = ("q_a_proj", "q_a_layernorm", "kv_a_proj_with_mqa", "kv_a_layernorm")
 
     def __init__(self, *, hidden_size: int, num_heads: int, q_lora_rank: int | None,
                  kv_lora_rank: int, qk_nope_head_dim: int, qk_rope_head_dim: int,
                  v_head_dim: int, rms_norm_eps: float, rope_interleave: bool,
-                 use_flash_attention: bool, compute_dtype: ms.Type, normal: Normal,
-                 group: TensorGroup | None = None, context: ContextGroup | None = None):
+                 use_flash_attention: bool, compute_dtype: ms.Type, normal: Normal):
         super().__init__()
-        if num_heads % tensor_size(group):
-            raise ValueError(f"num_attention_heads ({num_heads}) is not divisible by "
-                             f"tensor_parallel ({tensor_size(group)})")
-        self.num_heads = num_heads // tensor_size(group)
-        self.entry = head_entry(group)
+        self.num_heads = num_heads
+        self.entry = None
         self.nope, self.rope_dim, self.v_dim = qk_nope_head_dim, qk_rope_head_dim, v_head_dim
         self.kv_lora_rank = kv_lora_rank
         self.rope_interleave = rope_interleave
         qk_head_dim = qk_nope_head_dim + qk_rope_head_dim
-        replicated = []
         if q_lora_rank is None:
-            self.q_proj = shard_rows_linear(
-                normal("q_proj", (num_heads * qk_head_dim, hidden_size)), group)
+            self.q_proj = Linear(normal("q_proj", (num_heads * qk_head_dim, hidden_size)))
         else:
             self.q_a_proj = Linear(normal("q_a_proj", (q_lora_rank, hidden_size)))
             self.q_a_layernorm = RMSNorm(q_lora_rank, rms_norm_eps)
-            self.q_b_proj = shard_rows_linear(
-                normal("q_b_proj", (num_heads * qk_head_dim, q_lora_rank)), group)
-            replicated += [self.q_a_proj, self.q_a_layernorm]
+            self.q_b_proj = Linear(normal("q_b_proj", (num_heads * qk_head_dim, q_lora_rank)))
         self.q_lora = q_lora_rank is not None
         self.kv_a_proj_with_mqa = Linear(
             normal("kv_a_proj_with_mqa", (kv_lora_rank + qk_rope_head_dim, hidden_size)))
         self.kv_a_layernorm = RMSNorm(kv_lora_rank, rms_norm_eps)
-        replicated += [self.kv_a_proj_with_mqa, self.kv_a_layernorm]
-        self.kv_b_proj = shard_rows_linear(
-            normal("kv_b_proj", (num_heads * (qk_nope_head_dim + v_head_dim), kv_lora_rank)),
-            group)
-        self.o_proj = row_linear(normal("o_proj", (hidden_size, num_heads * v_head_dim)), None,
-                                 group)
-        if is_parallel(group):  # differentiated through this rank's heads only
-            for cell in replicated:
-                mark_tensor_partial(cell.weight)
+        self.kv_b_proj = Linear(
+            normal("kv_b_proj", (num_heads * (qk_nope_head_dim + v_head_dim), kv_lora_rank)))
+        self.o_proj = Linear(normal("o_proj", (hidden_size, num_heads * v_head_dim)))
         self.tile = tiles_broadcasts()
         self.core = AttentionCore(qk_head_dim ** -0.5, use_flash_attention, compute_dtype)
-        self.exchange = SequenceExchange(context, self.core)
+        self.exchange = SequenceExchange(None, self.core)
 
     def construct(self, x: Tensor, cos: Tensor, sin: Tensor, mask: Tensor | None = None,
                   lengths: tuple[int, ...] | None = None) -> Tensor:

@@ -48,15 +48,12 @@ so the loss and each rank's share of its gradient are one process's.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import mindspore as ms
 import numpy as np
 from mindspore import Parameter, Tensor, mint, nn, ops
-
-from mf_parallel.runtime.context_parallel import ContextGroup
-from mf_parallel.runtime.expert_dispatch import ExpertGroup
-from mf_parallel.runtime.tensor_parallel import ReduceFromTensorRegion, TensorGroup
 
 from .parts import LayerStack
 
@@ -149,8 +146,8 @@ class Router(nn.Cell):
 
 
 def balance_loss(scores: Tensor, indices: Tensor, seq: int, alpha: float,
-                 group: TensorGroup | None = None,
-                 context: ContextGroup | None = None) -> Tensor:
+                 group: Any = None, context: Any = None,
+                 group_sum: Callable[[Tensor], Tensor] | None = None) -> Tensor:
     """DeepSeek-V3's sequence-wise balance loss (module docstring) of one MoE layer, on the
     device.
 
@@ -165,6 +162,8 @@ def balance_loss(scores: Tensor, indices: Tensor, seq: int, alpha: float,
         context: the context group whose ranks hold the other parts of every sequence, or
             None. Its ranks' losses are averaged by the step (as the language-model loss,
             `blocks.causal_lm_loss`), so each returns its part times the group size.
+        group_sum: `group`'s all-reduce forward, identity backward (mf-parallel's
+            `ReduceFromTensorRegion`), with `group`.
 
     Returns:
         The float32 scalar loss, the same on every rank of `group`.
@@ -186,8 +185,8 @@ def balance_loss(scores: Tensor, indices: Tensor, seq: int, alpha: float,
     fraction = counts * float(np.float32(n_experts / (top_k * whole)))
     probability = normalised.reshape(seq, batch, n_experts).sum(0) / whole
     part = (fraction * probability).sum(-1).mean() * alpha
-    if group is not None:
-        part = ReduceFromTensorRegion(group)(part)
+    if group_sum is not None:
+        part = group_sum(part)
     return part if context is None else part * context.size
 
 
@@ -199,26 +198,27 @@ class MoE(nn.Cell):
     (`shared_experts`; None when `n_shared_experts` is 0). `last_tokens_per_expert` holds the
     counts of this rank's routing in the last forward, `last_expert_load` the (token, expert)
     pairs this rank's experts computed (the same without expert parallelism).
-    `sequence_group`: the tensor group over which the input is a sequence slice (module
-    docstring), or None; `context`: the context group holding the other parts of the
-    sequences, or None.
+
+    Parallelism is set from outside (`mf_train.parallelize`): `expert_group` dispatches the
+    tokens to the ranks of their experts (None: every expert here); `sequence_group` is the
+    tensor group over which the input is a sequence slice (module docstring) and
+    `sequence_sum` its forward all-reduce; `context` the context group holding the other
+    parts of the sequences.
     """
 
     def __init__(self, *, moe_intermediate_size: int, n_routed_experts: int,
                  num_experts_per_tok: int, n_shared_experts: int, n_group: int, topk_group: int,
                  norm_topk_prob: bool, routed_scaling_factor: float, aux_loss_alpha: float,
                  router_weight: np.ndarray, make_mlp: MakeMlp,
-                 expert_group: ExpertGroup | None = None,
-                 sequence_group: TensorGroup | None = None,
-                 context: ContextGroup | None = None):
+                 experts: Sequence[int] | None = None):
         super().__init__()
         self.n_experts, self.top_k = n_routed_experts, num_experts_per_tok
-        self.expert_group = expert_group if expert_group and expert_group.size > 1 else None
-        held = (range(n_routed_experts) if self.expert_group is None
-                else self.expert_group.local_experts(n_routed_experts))
+        held = range(n_routed_experts) if experts is None else experts
         self.aux_loss_alpha = aux_loss_alpha
-        self.sequence_group = sequence_group  # the balance loss's whole sequences span it
-        self.context = context  # and the context group
+        self.expert_group: Any = None
+        self.sequence_group: Any = None
+        self.sequence_sum: nn.Cell | None = None
+        self.context: Any = None
         self.router = Router(router_weight, num_experts_per_tok, n_group, topk_group,
                              norm_topk_prob, routed_scaling_factor)
         self.experts = LayerStack({e: make_mlp(f"experts.{e}", moe_intermediate_size)
@@ -238,7 +238,7 @@ class MoE(nn.Cell):
         if self.aux_loss_alpha == 0:
             return out, ops.zeros((), ms.float32)
         return out, balance_loss(scores, indices, seq, self.aux_loss_alpha,
-                                 self.sequence_group, self.context)
+                                 self.sequence_group, self.context, self.sequence_sum)
 
     def _routed(self, flat: Tensor, indices: Tensor, weights: Tensor) -> Tensor:
         """Sum over each token's k experts of weight * expert(token), exactly; the layer's

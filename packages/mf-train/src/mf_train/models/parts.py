@@ -31,6 +31,9 @@ class ModelPart:
     """The token embedding (the stage runs the first virtual stage)."""
     head: bool
     """The final norm, the output head and the loss (the stage runs the last virtual stage)."""
+    experts: tuple[int, ...] | None = None
+    """Global indices of the routed experts each MoE layer builds (expert parallelism), or
+    None: every one."""
 
     @classmethod
     def whole(cls, num_layers: int) -> ModelPart:

@@ -31,36 +31,28 @@ from mf_config.errors import Path
 from mf_config.sections import declared_fields
 from mf_config.yaml_source import Source
 from mf_parallel.placement import ShardingTable
-from mf_parallel.runtime.context_parallel import ContextGroup
-from mf_parallel.runtime.tensor_parallel import TensorGroup
 
 from ..registry import MODELS
 from ..settings.qwen3 import Qwen3Settings
 from .attention_inputs import Attending, AttentionPlaces
 from .blocks import (
     AttentionCore,
+    Embedding,
+    Linear,
     ParamInit,
     RMSNorm,
     RotaryEmbedding,
     SwiGLU,
     apply_rotary,
-    column_linear,
-    embedding,
     fuse_rows,
-    head_entry,
-    is_parallel,
-    is_sequence_parallel,
     linear,
-    mark_tensor_partial,
     resolve_compute_dtype,
-    row_linear,
     same_dtype,
-    tensor_size,
 )
 from .causal_lm import CausalLMPieces
 from .context_attention import SequenceExchange
 from .gathered_heads import GatheredHeads
-from .hf_weights import WeightMap
+from .hf_weights import WeightMap, held_elsewhere
 from .kv_cache import LayerCache
 from .parts import LayerStack, ModelPart, each_built
 from .sharding import table_from_maps
@@ -68,17 +60,11 @@ from .sharding import table_from_maps
 PATH: Path = ("model",)
 
 
-def qwen3_settings(raw: dict[str, Any], source: Source | None = None,
-                   tensor_parallel: int = 1) -> Qwen3Settings:
+def qwen3_settings(raw: dict[str, Any], source: Source | None = None) -> Qwen3Settings:
     """The `model` section's structure keys as `Qwen3Settings`; `ConfigError` listing every
-    problem (unknown key, wrong type, missing size, unsupported value, a width
-    `tensor_parallel` does not divide) at `model.<key>`."""
-    settings = structure_settings(Qwen3Settings, raw, PATH, source, owner="model type 'qwen3'",
-                                  also_allowed=declared_fields(ModelConfig))
-    found = settings.tensor_parallel_problems(tensor_parallel)
-    if found:
-        raise settings_error(found, source)
-    return settings
+    problem (unknown key, wrong type, missing size, unsupported value) at `model.<key>`."""
+    return structure_settings(Qwen3Settings, raw, PATH, source, owner="model type 'qwen3'",
+                              also_allowed=declared_fields(ModelConfig))
 
 
 # --- weights and their Hugging Face names -------------------------------------------------
@@ -151,34 +137,32 @@ def initial_weights(maps: list[WeightMap], init: ParamInit) -> dict[str, np.ndar
 class Qwen3Attention(nn.Cell):
     """Grouped-query causal self-attention with per-head q/k RMSNorm and rotary embeddings.
 
-    Input and output `[seq, batch, hidden]` (this rank's sequence slice under sequence
-    parallelism); `qkv` is column-parallel (this rank's heads), `out` row-parallel.
+    Input and output `[seq, batch, hidden]`; `qkv` holds `heads` query heads and `kv_heads`
+    key and value heads (`tensor_counts`: a tensor-parallel rank holds its share of them;
+    `tensor_partial`: the norms each rank then runs on its heads only).
     """
 
+    tensor_counts = ("heads", "kv_heads")
+    tensor_partial = ("q_norm", "k_norm")
+
     def __init__(self, s: Qwen3Settings, w: dict[str, np.ndarray], prefix: str,
-                 rotary: RotaryEmbedding, core: AttentionCore, group: TensorGroup | None,
-                 context: ContextGroup | None = None):
+                 rotary: RotaryEmbedding, core: AttentionCore):
         super().__init__()
-        shards = tensor_size(group)
         self.head_dim = s.head_size()
-        self.heads, self.kv_heads = s.num_attention_heads // shards, s.kv_heads() // shards
+        self.heads, self.kv_heads = s.num_attention_heads, s.kv_heads()
         p = prefix + "self_attn."
         qkv = [w[f"{p}{name}_proj.weight"] for name in "qkv"]
         bias = ([w[f"{p}{name}_proj.bias"] for name in "qkv"] if s.attention_bias else None)
-        self.qkv = column_linear(fuse_rows(qkv, shards),
-                                 None if bias is None else fuse_rows(bias, shards), group)
+        self.qkv = Linear(fuse_rows(qkv), None if bias is None else fuse_rows(bias))
         self.q_norm = RMSNorm(self.head_dim, s.rms_norm_eps)
         self.k_norm = RMSNorm(self.head_dim, s.rms_norm_eps)
-        self.out = row_linear(w[p + "o_proj.weight"],
-                              w[p + "o_proj.bias"] if s.attention_bias else None, group)
-        if is_parallel(group):  # each rank's norms see only its heads
-            mark_tensor_partial(self.q_norm.weight)
-            mark_tensor_partial(self.k_norm.weight)
+        self.out = Linear(w[p + "o_proj.weight"],
+                          w[p + "o_proj.bias"] if s.attention_bias else None)
         self.tile = rotary.tile
         self.rotary = rotary
-        self.exchange = SequenceExchange(context, core)
+        self.exchange = SequenceExchange(None, core)
         self.gathered = (GatheredHeads(self.heads, self.kv_heads, self.head_dim)
-                         if self.tile and context is None and not core.flash else None)
+                         if self.tile and not core.flash else None)
 
     def prepare_for_graph(self, dynamic: bool = False) -> None:
         """Before this layer is compiled: the strided views (see `gathered_heads`; the
@@ -237,21 +221,20 @@ class Qwen3Attention(nn.Cell):
 
 class Qwen3DecoderLayer(nn.Cell):
     """Pre-norm residual block: `h = x + attention(input_norm(x))`,
-    `out = h + mlp(post_norm(h))`."""
+    `out = h + mlp(post_norm(h))`. `sequence_norms` run on the whole hidden state (a
+    sequence slice of it under sequence parallelism)."""
+
+    sequence_norms = ("input_norm", "post_norm")
 
     def __init__(self, s: Qwen3Settings, w: dict[str, np.ndarray], index: int,
-                 rotary: RotaryEmbedding, core: AttentionCore, group: TensorGroup | None,
-                 context: ContextGroup | None = None):
+                 rotary: RotaryEmbedding, core: AttentionCore):
         super().__init__()
         p = f"model.layers.{index}."
         self.input_norm = RMSNorm(s.hidden_size, s.rms_norm_eps)
-        self.attention = Qwen3Attention(s, w, p, rotary, core, group, context)
+        self.attention = Qwen3Attention(s, w, p, rotary, core)
         self.post_norm = RMSNorm(s.hidden_size, s.rms_norm_eps)
         self.mlp = SwiGLU(w[p + "mlp.gate_proj.weight"], w[p + "mlp.up_proj.weight"],
-                          w[p + "mlp.down_proj.weight"], group)
-        if is_sequence_parallel(group):  # the norms run on this rank's sequence slice
-            mark_tensor_partial(self.input_norm.weight)
-            mark_tensor_partial(self.post_norm.weight)
+                          w[p + "mlp.down_proj.weight"])
 
     def construct(self, x: Tensor, cos: Tensor, sin: Tensor, mask: Tensor | None = None,
                   lengths: tuple[int, ...] | None = None) -> Tensor:
@@ -273,76 +256,78 @@ class Qwen3ForCausalLM(CausalLMPieces, nn.Cell):
     vocabulary slice under tensor parallelism). `input_ids`, `labels`: int32 `[b, s]`, labels
     already shifted. Packed documents: `position_ids` `[b, s]` restart the rotary positions,
     `actual_seq_len` (document ends) or `attention_mask` (dense, True = masked) keep each
-    document to itself (`attention_inputs.AttentionPlaces`). Under context parallelism
-    (`context_group`) the inputs are this rank's tokens (`ContextGroup.spans`).
+    document to itself (`attention_inputs.AttentionPlaces`).
+
+    Built from its settings alone, it is one process's model; `mf_train.parallelize` cuts it
+    to a rank's part from outside (tensor, sequence and context parallelism), setting
+    `tensor_group` and `context_group`; under context parallelism the inputs are this rank's
+    tokens (`ContextGroup.spans`).
 
     Layer contract (mf-memory): `decoder_layers` (a `LayerStack`), `layer_ids`, `model_layers`;
     each layer has
     `input_norm`, `attention` (`qkv`, `q_norm`, `k_norm`, `out`), `post_norm`, `mlp`
     (`gate_up`, `down`). Parameter names: `weight_maps()`.
 
-    Under tensor parallelism (a `TensorGroup` of size > 1) the training loop must sum the
-    gradients of marked parameters over the group (`GradientReducer.partial_sum`).
+    Under tensor parallelism the training loop must sum the gradients of marked parameters
+    over the group (the placement record's `grad_partial`, `GradientReducer`).
     """
 
-    def __init__(self, settings: Qwen3Settings, *, tensor_group: TensorGroup | None = None,
-                 seed: int | None = None, source: Source | None = None,
-                 part: ModelPart | None = None, context_group: ContextGroup | None = None,
+    plain_model = True
+    tensor_group = None
+    context_group = None
+
+    def __init__(self, settings: Qwen3Settings, *, seed: int | None = None,
+                 source: Source | None = None, part: ModelPart | None = None,
                  layer_built: Callable[[nn.Cell], object] | None = None):
         super().__init__()
-        group = tensor_group if is_parallel(tensor_group) else None
-        context = context_group if context_group is not None and context_group.size > 1 \
-            else None
-        found = (settings.problems(PATH) + settings.tensor_parallel_problems(tensor_size(group))
-                 + settings.context_parallel_problems(
-                     tensor_size(group), 1 if context is None else context.ulysses))
+        found = settings.problems(PATH)
         if found:
             raise settings_error(found, source)
         self.part = part or ModelPart.whole(settings.num_hidden_layers)
-        self.settings, self.tensor_group, self.context_group = settings, group, context
+        self.settings = settings
         self.layer_ids, self.model_layers = self.part.layers, settings.num_hidden_layers
         self.hf_ignored = ("lm_head.weight",) if settings.tie_word_embeddings else ()
-        self.compute_dtype, params_dtype = _dtypes(settings, group, source)
+        self.compute_dtype, self.params_dtype = _dtypes(settings)
         init = ParamInit(_seed(seed), settings.initializer_range)
         rotary = self.rotary = RotaryEmbedding(settings.head_size(), settings.rope_theta,
                                                settings.max_position_embeddings)
         core = AttentionCore(settings.head_size() ** -0.5, settings.use_flash_attention,
                              self.compute_dtype)
-        self.places = AttentionPlaces(context, varlen=core.flash)
+        self.places = AttentionPlaces(None, varlen=core.flash)
         vocab = (settings.vocab_size, settings.hidden_size)
         self.tied = settings.tie_word_embeddings
         if self.part.embedding or (self.part.head and self.tied):
-            self.embedding = embedding(init.normal("model.embed_tokens.weight", vocab), group)
+            self.embedding = Embedding(init.normal("model.embed_tokens.weight", vocab))
         self.decoder_layers = LayerStack({
             i: each_built(Qwen3DecoderLayer(
                 settings, initial_weights(layer_weight_maps(settings, i), init), i, rotary,
-                core, group, context), layer_built)
+                core), layer_built)
             for i in self.part.layers})
         if self.part.head:
             self.final_norm = RMSNorm(settings.hidden_size, settings.rms_norm_eps)
             if not self.tied:
-                self.head = column_linear(init.normal("lm_head.weight", vocab), None, group)
-            self.head_entry = head_entry(group) if self.tied else None
-            if is_sequence_parallel(group):
-                mark_tensor_partial(self.final_norm.weight)
-        if params_dtype != ms.float32:
+                self.head = Linear(init.normal("lm_head.weight", vocab))
+            self.head_entry = None
+        if self.params_dtype != ms.float32:
             for param in self.get_parameters():
-                param.set_dtype(params_dtype)
-        self.hf_ignored += self._other_stages_weights()
+                param.set_dtype(self.params_dtype)
+        self.hf_ignored += held_elsewhere(weight_maps(settings), self)
 
     @classmethod
-    def from_config(cls, config: ModelConfig, *, tensor_group: TensorGroup | None = None,
-                    source: Source | None = None, seed: int | None = None,
-                    part: ModelPart | None = None,
-                    context_group: ContextGroup | None = None,
+    def from_config(cls, config: ModelConfig, *, source: Source | None = None,
+                    seed: int | None = None, part: ModelPart | None = None,
                     layer_built: Callable[[nn.Cell], object] | None = None,
                     ) -> "Qwen3ForCausalLM":
         """The model the `model` section describes (keys checked, see `Qwen3Settings`); only
         `part` of it on a pipeline stage; `layer_built` called with each decoder layer once
         built."""
-        settings = qwen3_settings(config.extras, source, tensor_size(tensor_group))
-        return cls(settings, tensor_group=tensor_group, seed=seed, source=source, part=part,
-                   context_group=context_group, layer_built=layer_built)
+        return cls(cls.settings_of(config, source), seed=seed, source=source, part=part,
+                   layer_built=layer_built)
+
+    @staticmethod
+    def settings_of(config: ModelConfig, source: Source | None = None) -> Qwen3Settings:
+        """The `model` section's settings, checked."""
+        return qwen3_settings(config.extras, source)
 
     @classmethod
     def sharding_table(cls, config: ModelConfig, source: Source | None = None,
@@ -449,13 +434,6 @@ class Qwen3ForCausalLM(CausalLMPieces, nn.Cell):
                                                       attending.lengths)
         return hidden, None
 
-    def _other_stages_weights(self) -> tuple[str, ...]:
-        """HF names of the weights other pipeline stages hold (a stage loading a whole HF
-        checkpoint takes its own and leaves these)."""
-        held = {entry.ours for entry in self.weight_maps()}
-        return tuple(name for entry in weight_maps(self.settings) if entry.ours not in held
-                     for name in entry.hf)
-
     def _head_logits(self, x: Tensor) -> Tensor:
         x = self.final_norm(x)
         if not self.tied:
@@ -465,16 +443,11 @@ class Qwen3ForCausalLM(CausalLMPieces, nn.Cell):
         return linear(x, self.embedding.weight)
 
 
-def _dtypes(s: Qwen3Settings, group: TensorGroup | None,
-            source: Source | None) -> tuple[ms.Type, ms.Type]:
+def _dtypes(s: Qwen3Settings) -> tuple[ms.Type, ms.Type]:
+    """The compute and parameter dtypes on this backend."""
     target = ms.get_context("device_target")
-    compute = resolve_compute_dtype(s.compute_dtype, target, "model.compute_dtype")
-    params = resolve_compute_dtype(s.params_dtype, target, "model.params_dtype")
-    if group is not None and compute != params:
-        raise settings_error([((*PATH, "params_dtype"), f"must equal compute_dtype "
-                               f"({s.compute_dtype}) with tensor parallelism (mf-parallel's "
-                               f"layers do not cast), got {s.params_dtype}")], source)
-    return compute, params
+    return (resolve_compute_dtype(s.compute_dtype, target, "model.compute_dtype"),
+            resolve_compute_dtype(s.params_dtype, target, "model.params_dtype"))
 
 
 def _seed(seed: int | None) -> int:
