@@ -50,8 +50,8 @@ from mf_parallel.runtime import context_parallel
 from mf_parallel.runtime.collectives import Collectives, Pending
 from mf_parallel.runtime.comm import init_communication
 from mf_parallel.runtime.context_parallel import ContextGroup
-from mf_train.job import make_job_plan
 from mf_train.parallelize import build_parallel_model
+from mf_train.preflight.job import make_job_plan
 from mf_train.trainer import launch_synchronously_on_cpu
 
 EXCHANGE = {"seconds": 0.0, "depth": 0}

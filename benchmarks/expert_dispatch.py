@@ -41,7 +41,7 @@ from collections import defaultdict
 from pathlib import Path
 
 from mf_parallel.launch import run_ranks
-from mf_train.cli import LAUNCHED
+from mf_train.launch.cli import LAUNCHED
 
 ROOT = Path(__file__).resolve().parents[1]
 WORKER = Path(__file__).resolve().parent / "expert_dispatch_worker.py"

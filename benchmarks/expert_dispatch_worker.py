@@ -24,7 +24,7 @@ from pathlib import Path
 
 from mf_parallel.runtime import expert_exchange
 from mf_parallel.runtime.expert_dispatch import ExpertGroup
-from mf_train.cli import run_training
+from mf_train.launch.cli import run_training
 from mf_train.models.moe import MoE
 from mf_train.trainer import TrainStep
 

@@ -4,7 +4,7 @@
   `Evaluate` callback runs, `StepLayout.evaluate`) against its forward and backward with
   gradients (what a training step runs per micro-batch), both in PyNative, median of 5 after a
   warm-up;
-- **generation**: greedy tokens/s of `mf_train.generation.generate` with the key/value cache
+- **generation**: greedy tokens/s of `mf_train.export.generation.generate` with the key/value cache
   (one position's forward per token) and without it (the whole sequence per token), a
   16-token prompt and 64 new tokens.
 
@@ -29,7 +29,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from speed import MODELS
 
 from mf_config import ModelConfig
-from mf_train.generation import generate
+from mf_train.export.generation import generate
 from mf_train.models import build_model
 
 PROMPT, NEW = 16, 64

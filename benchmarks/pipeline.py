@@ -58,7 +58,7 @@ from mf_parallel.launch import run_ranks
 from mf_parallel.pipeline_program import Transfer, stage_programs
 from mf_parallel.pipeline_schedules import Kind, build_schedule, message_of
 from mf_parallel.pipeline_simulator import simulate, unit_times
-from mf_train.cli import LAUNCHED
+from mf_train.launch.cli import LAUNCHED
 
 ROOT = Path(__file__).resolve().parents[1]
 WORKER = Path(__file__).resolve().parent / "pipeline_worker.py"

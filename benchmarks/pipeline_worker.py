@@ -31,7 +31,7 @@ if PIN:
     cores = {RANK % os.cpu_count()} if PIN == "rank" else {int(c) for c in PIN.split(",")}
     os.sched_setaffinity(0, cores)
 
-from mf_train.cli import run_training  # noqa: E402  (after pinning: MindSpore's threads)
+from mf_train.launch.cli import run_training  # noqa: E402  (after pinning: MindSpore's threads)
 from mf_train.layouts.pipeline_executor import StageRunner  # noqa: E402
 from mf_train.trainer import TrainStep  # noqa: E402
 

@@ -139,8 +139,8 @@ CTX: Context
 
 def command(args: Sequence[str], prologue: str | None = None) -> list[str]:
     if prologue is None:
-        return [sys.executable, "-m", "mf_train.cli", *args]
-    return [sys.executable, "-c", prologue + "\nfrom mf_train.cli import run\n"
+        return [sys.executable, "-m", "mf_train.launch.cli", *args]
+    return [sys.executable, "-c", prologue + "\nfrom mf_train.launch.cli import run\n"
             "raise SystemExit(run(sys.argv[1:]))\n", *args]
 
 

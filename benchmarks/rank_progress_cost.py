@@ -47,7 +47,7 @@ def main() -> None:
         subprocess.run([sys.executable, "-m", "mf_data", "preprocess", "--input",
                         str(ROOT / "examples" / "data" / "tiny.jsonl"), "--output-prefix",
                         str(corpus)], check=True, capture_output=True)
-        from mf_train.cli import run
+        from mf_train.launch.cli import run
 
         before = rank_progress.read(scratch / "progress", 0).beats
         output = scratch / "run"

@@ -71,7 +71,7 @@ WRAPPER = ("import sys, time\n"
            "print(f'MF_T python {time.time():.6f}', file=sys.stderr, flush=True)\n"
            "import mf_train.models, mf_train.trainer\n"
            "print(f'MF_T imported {time.time():.6f}', file=sys.stderr, flush=True)\n"
-           "from mf_train.cli import run\n"
+           "from mf_train.launch.cli import run\n"
            "raise SystemExit(run(sys.argv[1:]))\n")
 
 
@@ -173,8 +173,8 @@ class HandLoop:
         import mindspore as ms
 
         from mf_memory.recompute import apply_recompute
-        from mf_train.lr_scheduler import build_lr_schedule
         from mf_train.models import build_model
+        from mf_train.optim.lr_scheduler import build_lr_schedule
 
         self.name = "hand loop, MindSpore AdamW" if mindspore_adamw else "hand loop"
         self.model = build_model(config.model, seed=config.training.seed)

@@ -101,5 +101,5 @@ def test_validate_with_the_trainers_pre_launch_checks_imports_no_numpy_or_mindsp
     code = (f"from mf_config.cli import main\n"
             f"assert main(['validate', {str(SKELETON)!r}, '--nproc', '2']) == 0\n")
     modules = modules_after(code, tmp_path)
-    assert "mf_train.validation" in modules
+    assert "mf_train.preflight.validation" in modules
     assert starting_with(modules, HEAVY) == []

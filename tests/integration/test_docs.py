@@ -79,13 +79,13 @@ def test_every_training_command_is_valid(page: str, command: str, workdir: Path,
     trainer supports and its input files: what mf-train checks before starting any rank.
     A checkpoint the command loads is taken to be there (an earlier command of the page saved
     it)."""
-    from mf_train.cli import _parser, _validated
+    from mf_train.launch.cli import _parser, _validated
 
     arguments = _arguments(command)
     if arguments[0] == "export-hf":
         return
     if arguments[0] == "generate":  # its flags are its own parser's
-        from mf_train.generate_command import _parser as generate_parser
+        from mf_train.launch.generate_command import _parser as generate_parser
         generate_parser().parse_args(arguments[1:])
         return
     args = _parser().parse_args(arguments)
@@ -230,7 +230,7 @@ def test_the_pipeline_bubbles_are_the_simulators() -> None:
 def test_the_readme_train_yaml_trains(workdir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """The README's train.yaml, as its sentence says to run it (2 steps), on the corpus at the
     path it names: a real one-process run whose loss is finite."""
-    from mf_train.cli import run as mf_train
+    from mf_train.launch.cli import run as mf_train
 
     block = re.search(r"```yaml\n(.*?)```", (ROOT / "README.md").read_text(), re.DOTALL)
     (workdir / "train.yaml").write_text(block.group(1))

@@ -132,12 +132,12 @@ def test_a_callback_type_that_names_no_callback_is_refused(tmp_path: Path) -> No
                         "  - type: mf_train.monitor.wandb:WandbWriter\n"
                         "    projct: x\n"
                         "  - type: wandb\n"
-                        "  - type: mf_train.callbacks:LossLogger\n"), encoding="utf-8")
+                        "  - type: mf_train.observe.callbacks:LossLogger\n"), encoding="utf-8")
     result = validate(path)
     assert result.returncode == 1
     assert result.stderr.splitlines() == [
         f"{path}:22: callbacks[0].type: 'collections:OrderedDict' is not a callback: a "
-        "subclass of mf_train.callbacks.Callback is required",
+        "subclass of mf_train.observe.callbacks.Callback is required",
         f"{path}:23: callbacks[1].type: unknown callback type 'NoSuchCallback'; registered: "
         "Evaluate, wandb; or give a 'module:Class' path",
         f"{path}:24: callbacks[2].type: cannot load callback type 'no_such_module:Thing': No "

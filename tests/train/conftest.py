@@ -14,7 +14,7 @@ from session_files import session_directory, shared_directory
 ROOT = Path(__file__).resolve().parents[2]
 os.environ["MF_COUNT_HOST_READS"] = "1"
 """Every training run of these tests counts the reads to the host inside its steps
-(`mf_train.host_reads`): metrics.jsonl's `host_reads`, which the layouts' comparisons with one
+(`mf_train.step.host_reads`): metrics.jsonl's `host_reads`, which the layouts' comparisons with one
 process check (runs.assert_same_run)."""
 
 

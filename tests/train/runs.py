@@ -39,9 +39,9 @@ from mf_config.validate import config_from_source, load_source
 from mf_parallel.placement import place_parameters, rank_view
 from mf_train.checkpoint.layout import RUN_CONFIG, iteration_name, rank_file
 from mf_train.checkpoint.pieces import Piece, PieceIndex
-from mf_train.cli import run
-from mf_train.job import make_job_plan
+from mf_train.launch.cli import run
 from mf_train.models import sharding_table
+from mf_train.preflight.job import make_job_plan
 
 ROOT = Path(__file__).resolve().parents[2]
 QWEN3 = ROOT / "examples" / "qwen3_tiny.yaml"
@@ -150,7 +150,7 @@ class RunsTogether:
 
         def launch(directory: Path) -> None:
             from mf_parallel.launch import run_ranks
-            from mf_train.stop_signals import LAUNCHED
+            from mf_train.launch.stop_signals import LAUNCHED
 
             directory.mkdir(parents=True)
             listed = [{"output": str(output),

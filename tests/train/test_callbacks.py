@@ -13,7 +13,7 @@ import pytest
 from mf_config import CallbackConfig, ConfigError, load_config
 from mf_config.sections import Section, section, setting
 from mf_config.validate import load_source
-from mf_train.callbacks import (
+from mf_train.observe.callbacks import (
     Callback,
     CallbackList,
     LossLogger,
@@ -81,7 +81,7 @@ def test_loss_line_of_small_norms_skips_and_nan() -> None:
 
 
 def test_loss_logger_logs_on_rank_0_only(tmp_path: Path, caplog) -> None:
-    caplog.set_level(logging.INFO, logger="mf_train.callbacks")
+    caplog.set_level(logging.INFO, logger="mf_train.observe.callbacks")
     record = make_record()
     LossLogger().on_step_end(TrainContext(output_dir=tmp_path, total_steps=100, rank=1,
                                           world_size=2), record)
@@ -237,7 +237,7 @@ def test_missing_type_and_unloadable_path() -> None:
 def test_a_class_that_is_not_a_callback() -> None:
     assert problems(config(f"{__name__}:NotACallback")) == [
         f"callbacks[0].type: '{__name__}:NotACallback' is not a callback: a subclass of "
-        "mf_train.callbacks.Callback is required"]
+        "mf_train.observe.callbacks.Callback is required"]
 
 
 def test_unknown_key() -> None:

@@ -29,7 +29,7 @@ from test_train_pipeline import PIPELINE_X_TENSOR
 from mf_train.checkpoint import load_hf_weights
 from mf_train.checkpoint.layout import iteration_name
 from mf_train.checkpoint.pieces import Piece
-from mf_train.cli import run
+from mf_train.launch.cli import run
 
 pytestmark = pytest.mark.ranks
 TENSOR_2 = "parallelism.tensor_parallel=2"

@@ -17,15 +17,15 @@ from mindspore import Parameter, Tensor
 from runs import steps
 
 from mf_config import OptimizerConfig, load_config
-from mf_train.compiled_layers import (
+from mf_train.layouts.context_parallel import ContextParallel
+from mf_train.models import build_model
+from mf_train.optim import build_optimizer
+from mf_train.step.compiled_layers import (
     CompileReport,
     compile_layers,
     compile_optimizer,
     graphs_compiled,
 )
-from mf_train.layouts.context_parallel import ContextParallel
-from mf_train.models import build_model
-from mf_train.optim import build_optimizer
 from mf_train.trainer import Trainer
 
 ROOT = Path(__file__).resolve().parents[2]

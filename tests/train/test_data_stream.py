@@ -17,8 +17,8 @@ from mf_config.components import model_shape
 from mf_config.validate import config_from_source, load_source
 from mf_data import build_datasets
 from mf_data.errors import DataError
-from mf_train.job import make_job_plan
-from mf_train.micro_batches import build_stream
+from mf_train.preflight.job import make_job_plan
+from mf_train.step.micro_batches import build_stream
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "qwen3_tiny.yaml"
@@ -97,7 +97,7 @@ def test_a_token_outside_the_vocabulary_names_the_file(data_prefix) -> None:
 
 def test_mf_train_says_it_in_one_line(data_prefix, tmp_path: Path) -> None:
     result = subprocess.run(
-        [sys.executable, "-m", "mf_train.cli", "--config", str(EXAMPLE), "--output-dir",
+        [sys.executable, "-m", "mf_train.launch.cli", "--config", str(EXAMPLE), "--output-dir",
          str(tmp_path / "out"), "--set", "model.vocab_size=200", "--set",
          f"train_dataset.dataloader.config.data_path=['1','{data_prefix}']"],
         capture_output=True, text=True, timeout=300)

@@ -44,12 +44,12 @@ from session_files import session_directory, shared_directory
 from mf_config import load_config
 from mf_data.builder import build_datasets
 from mf_train.checkpoint.layout import iteration_name
-from mf_train.cli import run
-from mf_train.evaluation import evaluation_issues
-from mf_train.job import make_job_plan
+from mf_train.launch.cli import run
+from mf_train.launch.summary import summary_lines
 from mf_train.layouts import SingleRank
 from mf_train.models import build_model
-from mf_train.summary import summary_lines
+from mf_train.observe.evaluation import evaluation_issues
+from mf_train.preflight.job import make_job_plan
 
 VALID = (f"{DATA}split='9, 1, 0'", "train_dataset.dataloader.sizes=[4000, 40, 0]")
 """A valid split of 40 samples (a tenth of the documents) beside the training split."""

@@ -30,7 +30,7 @@ from mf_train.checkpoint.hf_write import parse_size
 from mf_train.checkpoint.layout import read_common
 from mf_train.checkpoint.params import apply_model_params
 from mf_train.checkpoint.pieces import PieceIndex
-from mf_train.cli import run
+from mf_train.launch.cli import run
 from mf_train.models import ModelPart, build_model, load_hf_state
 from mf_train.models.hf_weights import local_value
 

@@ -35,7 +35,7 @@ def command(prefix: str, output: Path) -> list[str]:
             "model.max_position_embeddings=32", "recompute.mode=None",
             "recompute.select_module=null", "lr_scheduler.warmup_steps=1",
             "checkpoint.save_interleaved_steps=2", "parallelism.data_parallel_shard=1"]
-    return [sys.executable, "-m", "mf_train.cli", "--config", str(EXAMPLE), "--output-dir",
+    return [sys.executable, "-m", "mf_train.launch.cli", "--config", str(EXAMPLE), "--output-dir",
             str(output), "--nproc", "2", "--timeout", "600",
             *[arg for value in sets for arg in ("--set", value)]]
 
@@ -212,7 +212,7 @@ SLOW_RANK_1_DATA = f"""
 import os
 if os.environ.get("RANK_ID") == "1" and os.environ.get("MS_ROLE") == "MS_WORKER":
     import time
-    from mf_train.micro_batches import MicroBatchStream
+    from mf_train.step.micro_batches import MicroBatchStream
 
     real = MicroBatchStream.__next__
 

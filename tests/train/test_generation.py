@@ -16,8 +16,8 @@ from mindspore import Tensor
 from runs import DEEPSEEK, DEEPSEEK_3_LAYERS, QWEN3, QWEN3_2_LAYERS
 from test_qwen3 import loaded_model, np_logits
 
-from mf_train.cli import run
-from mf_train.generation import GenerateError, Sampling, choose, generate, load_model
+from mf_train.export.generation import GenerateError, Sampling, choose, generate, load_model
+from mf_train.launch.cli import run
 from mf_train.models.kv_cache import KVCache
 
 PROMPT = [3, 1, 4, 1, 5, 9, 2, 6]

@@ -14,10 +14,10 @@ import pytest
 pytest.importorskip("mindspore")
 
 from mf_config import HealthCheckpointConfig
-from mf_train.callbacks import StepRecord, TrainContext
 from mf_train.checkpoint import load_hf_weights
 from mf_train.checkpoint.reading import read_files
 from mf_train.monitor.health import EmbeddingHealthMonitor
+from mf_train.observe.callbacks import StepRecord, TrainContext
 
 
 def step(monitor: EmbeddingHealthMonitor, tmp_path: Path, grads: dict[str, np.ndarray]

@@ -1,4 +1,4 @@
-"""Reads of device tensors back to the host inside a training step (`mf_train.host_reads`):
+"""Reads of device tensors back to the host inside a training step (`mf_train.step.host_reads`):
 counted by wrapping MindSpore's readers while the step is launched. The norm, the clip, the
 skip decision, the monitors' norms and losses and the MoE routing stay on the device; a
 DeepSeek-V3 MoE layer reads its chosen experts once per forward (each expert runs on a slice
@@ -15,7 +15,7 @@ import numpy as np
 from mindspore import Tensor
 from runs import DEEPSEEK, DEEPSEEK_3_LAYERS, QWEN3, SHORT, steps, train
 
-from mf_train.host_reads import counted_reads
+from mf_train.step.host_reads import counted_reads
 
 MONITORS = ("training.use_skip_step_on_nan=true", "monitor.train_state.local_loss=true",
             "monitor.train_state.device_loss=true", "monitor.train_state.local_norm=true",

@@ -1,5 +1,5 @@
-"""The files a run reads are checked before anything is built (`mf_train.input_checks`): each
-missing one is a line naming the YAML value (file and line) and what is accepted, and
+"""The files a run reads are checked before anything is built (`mf_train.preflight.input_checks`):
+each missing one is a line naming the YAML value (file and line) and what is accepted, and
 `mf-train` stops with them before it builds a model or starts a rank."""
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from mf_config import ConfigError
 from mf_config.errors import ConfigIssue
 from mf_config.validate import config_from_source, load_source
 from mf_data import write_indexed
-from mf_train.input_checks import check_inputs
+from mf_train.preflight.input_checks import check_inputs
 
 ROOT = Path(__file__).resolve().parents[2]
 QWEN3 = ROOT / "examples" / "qwen3_tiny.yaml"
@@ -199,7 +199,7 @@ def test_an_empty_load_path_is_a_fresh_start(tmp_path: Path) -> None:
     check(config_file(tmp_path, f'      data_path: ["{prefix}"]', load_path=""))
 
 
-@pytest.mark.parametrize("module", ["mf_train.input_checks", "mf_train.cli"])
+@pytest.mark.parametrize("module", ["mf_train.preflight.input_checks", "mf_train.launch.cli"])
 def test_the_checks_and_the_command_line_do_not_import_mindspore(module: str) -> None:
     """`mf-train --help` and usage errors answer without MindSpore's 2-3 s import (the
     command line once imported it through the checkpoint readers and the monitors)."""
@@ -214,7 +214,7 @@ def test_mf_train_stops_before_building_the_model(tmp_path: Path) -> None:
     model first) and leaves the output directory untouched."""
     pytest.importorskip("mindspore")
     output = tmp_path / "out"
-    result = subprocess.run([sys.executable, "-m", "mf_train.cli", "--config", str(SPEC),
+    result = subprocess.run([sys.executable, "-m", "mf_train.launch.cli", "--config", str(SPEC),
                              "--output-dir", str(output)], capture_output=True, text=True,
                             cwd=tmp_path, timeout=120)
     assert result.returncode == 2
@@ -230,7 +230,7 @@ def test_mf_train_stops_before_building_the_model(tmp_path: Path) -> None:
 
 def test_the_launcher_stops_before_any_rank_starts(tmp_path: Path, capsys) -> None:
     pytest.importorskip("mindspore")
-    from mf_train.cli import run
+    from mf_train.launch.cli import run
 
     status = run(["--config", str(QWEN3), "--output-dir", str(tmp_path / "out"), "--nproc", "2",
                   "--set", f"{DATA}data_path=['1','{tmp_path}/none']",

@@ -17,7 +17,7 @@ from mf_config import load_config
 from mf_config.components import model_settings
 from mf_config.validate import check_source, load_source
 from mf_memory.layers import ContractError, resolve_module
-from mf_train.cli import run
+from mf_train.launch.cli import run
 from mf_train.models import build_model
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -27,7 +27,6 @@ from mf_config import (
     TrainStateConfig,
 )
 from mf_config.validate import check_source, load_source
-from mf_train.callbacks import Callback, StepRecord, TrainContext
 from mf_train.models import build_model
 from mf_train.monitor import (
     MetricsWriter,
@@ -39,6 +38,7 @@ from mf_train.monitor import (
 )
 from mf_train.monitor.metrics import read_steps
 from mf_train.monitor.train_state import NameFilter, grad_norms
+from mf_train.observe.callbacks import Callback, StepRecord, TrainContext
 
 QWEN3_EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "qwen3_tiny.yaml"
 
@@ -524,7 +524,7 @@ def test_tensorboard_writes_without_importing_pytorch(tmp_path: Path) -> None:
     script = (
         "import sys\n"
         "from pathlib import Path\n"
-        "from mf_train.callbacks import TrainContext\n"
+        "from mf_train.observe.callbacks import TrainContext\n"
         "from mf_train.monitor import TensorboardWriter\n"
         f"ctx = TrainContext(output_dir=Path({str(tmp_path)!r}), total_steps=1)\n"
         "writer = TensorboardWriter()\n"

@@ -15,9 +15,9 @@ from mf_config.converter import converter
 from mf_config.yaml_source import load_text
 from mf_train.optim import AdamW, Muon, build_optimizer, gets_weight_decay, rule_matches
 from mf_train.optim.muon import MuonSettings, ns_schedule
+from mf_train.preflight.support import support_issues
+from mf_train.preflight.support_rules import Target
 from mf_train.registry import OPTIMIZERS
-from mf_train.support import support_issues
-from mf_train.support_rules import Target
 
 ms.set_context(mode=ms.PYNATIVE_MODE)
 

@@ -17,10 +17,10 @@ import mindspore as ms
 from mindspore import Tensor
 
 from mf_config import ModelConfig
-from mf_train.batch_fields import attention_fields
 from mf_train.models import build_model
 from mf_train.models.attention_inputs import AttentionPlaces, cumulative_lengths
 from mf_train.models.blocks import AttentionCore
+from mf_train.step.batch_fields import attention_fields
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))

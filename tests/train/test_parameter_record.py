@@ -16,10 +16,10 @@ from runs import DEEPSEEK, QWEN3
 
 from mf_config.validate import config_from_source, load_source
 from mf_parallel.placement import FlatRange, Replicate, Shard, owns, place_parameters, region
-from mf_train.job import make_job_plan
 from mf_train.layouts.expert_parallel import expert_index
 from mf_train.layouts.pipelined import stage_part
 from mf_train.models import build_model, sharding_table
+from mf_train.preflight.job import make_job_plan
 
 
 def record(example: Path, world: int, *overrides: str):

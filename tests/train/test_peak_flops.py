@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from mf_train.peak_flops import (
+from mf_train.observe.peak_flops import (
     RANKS_ON_HOST,
     RATED,
     PeakError,
@@ -17,7 +17,7 @@ from mf_train.peak_flops import (
     check_given,
     given_peak,
 )
-from mf_train.throughput import PeakFlops
+from mf_train.observe.throughput import PeakFlops
 
 
 def test_a_rated_device_gives_its_peak_for_the_dtype() -> None:
@@ -63,7 +63,7 @@ def test_the_measured_peak_is_measured_once_per_machine(tmp_path: Path, monkeypa
 
 
 def test_an_unknown_device_is_refused_before_anything_starts(capsys) -> None:
-    from mf_train.cli import run
+    from mf_train.launch.cli import run
 
     assert run(["--config", "unused.yaml", "--peak", "X100"]) == 2
     assert capsys.readouterr().err.strip() == (
@@ -75,7 +75,7 @@ def test_a_given_peak_is_the_runs_mfu_peak(data_prefix, tmp_path: Path) -> None:
     pytest.importorskip("mindspore")
     from runs import QWEN3, QWEN3_2_LAYERS, arguments, steps
 
-    from mf_train.cli import run
+    from mf_train.launch.cli import run
 
     output = tmp_path / "out"
     sets = [*QWEN3_2_LAYERS, "training.steps=2", "checkpoint.enable_save=false"]

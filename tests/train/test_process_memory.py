@@ -1,4 +1,4 @@
-"""Host memory handling of a rank (`mf_train.process_memory`)."""
+"""Host memory handling of a rank (`mf_train.observe.process_memory`)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import sys
 import psutil
 import pytest
 
-from mf_train.process_memory import cpu_pool_block, overcommit_mode
+from mf_train.observe.process_memory import cpu_pool_block, overcommit_mode
 
 GLIBC = sys.platform.startswith("linux") and platform.libc_ver()[0] == "glibc"
 
@@ -18,7 +18,7 @@ GLIBC = sys.platform.startswith("linux") and platform.libc_ver()[0] == "glibc"
 def test_glibc_takes_the_fixed_mmap_threshold() -> None:
     """In a fresh process: glibc accepts the threshold (mallopt answers 0 for a parameter or
     value it refuses)."""
-    script = ("from mf_train.process_memory import map_large_allocations\n"
+    script = ("from mf_train.observe.process_memory import map_large_allocations\n"
               "print(map_large_allocations())\n")
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
                             timeout=120, check=True)
@@ -32,7 +32,7 @@ def test_cpu_pool_is_one_block_of_the_machines_memory() -> None:
     machine's memory (a second call, as a second trainer in the process makes, leaves it);
     another backend leaves MindSpore's defaults."""
     script = ("from mindspore._c_expression import RuntimeConf\n"
-              "from mf_train.process_memory import one_block_cpu_pool\n"
+              "from mf_train.observe.process_memory import one_block_cpu_pool\n"
               "print(one_block_cpu_pool('Ascend'), RuntimeConf.get_instance()"
               ".is_memory_configured())\n"
               "print(one_block_cpu_pool('CPU'), RuntimeConf.get_instance()"

@@ -22,9 +22,9 @@ from mindspore import ops
 from mindspore.profiler import AicoreMetrics, ProfilerActivity, ProfilerLevel
 
 from mf_config import ConfigError, ProfilerConfig
-from mf_train import profiling
-from mf_train.callbacks import Callback, StepRecord, TrainContext
-from mf_train.profiling import (
+from mf_train.observe import profiling
+from mf_train.observe.callbacks import Callback, StepRecord, TrainContext
+from mf_train.observe.profiling import (
     ProfilerCallback,
     profile_options,
     profiler_callbacks,
@@ -95,9 +95,9 @@ def trace_counts(run: Path) -> Counter:
 
 def test_records_exactly_the_configured_steps_under_the_default_directory(tmp_path, caplog):
     callback = ProfilerCallback(config(start_step=2, end_step=3))
-    with caplog.at_level(logging.WARNING, logger="mf_train.profiling"):
+    with caplog.at_level(logging.WARNING, logger="mf_train.observe.profiling"):
         train(callback, TrainContext(output_dir=tmp_path, total_steps=4))
-    ours = [r for r in caplog.records if r.name == "mf_train.profiling"]
+    ours = [r for r in caplog.records if r.name == "mf_train.observe.profiling"]
     assert ours == []  # a complete range: no "training ended" warning
 
     run = run_dir(tmp_path / "profile" / "rank_0")
@@ -125,7 +125,7 @@ def test_resumed_run_relative_path_other_rank_level_and_memory(tmp_path, monkeyp
                                        profile_memory=True))
     ctx = TrainContext(output_dir=tmp_path / "out", total_steps=5, rank=1, world_size=2,
                        start_step=2)
-    with caplog.at_level(logging.WARNING, logger="mf_train.profiling"):
+    with caplog.at_level(logging.WARNING, logger="mf_train.observe.profiling"):
         train(callback, ctx)
 
     assert "training runs steps 3..5: profiling steps 3..4" in caplog.text
@@ -141,7 +141,7 @@ def test_resumed_run_relative_path_other_rank_level_and_memory(tmp_path, monkeyp
 
 def test_early_stop_flushes_the_steps_recorded(tmp_path, caplog):
     callback = ProfilerCallback(config(start_step=2, end_step=4))
-    with caplog.at_level(logging.WARNING, logger="mf_train.profiling"):
+    with caplog.at_level(logging.WARNING, logger="mf_train.observe.profiling"):
         train(callback, TrainContext(output_dir=tmp_path, total_steps=5), stop_after=3)
 
     assert "the profile holds steps 2..3" in caplog.text
@@ -151,7 +151,7 @@ def test_early_stop_flushes_the_steps_recorded(tmp_path, caplog):
 def test_end_step_past_the_last_step_warns_at_start_and_profiles_to_the_end(tmp_path, caplog):
     callback = ProfilerCallback(config(start_step=3, end_step=10))
     ctx = TrainContext(output_dir=tmp_path, total_steps=3)
-    with caplog.at_level(logging.WARNING, logger="mf_train.profiling"):
+    with caplog.at_level(logging.WARNING, logger="mf_train.observe.profiling"):
         callback.on_train_begin(ctx)
         assert "steps 3..10 were asked, but training runs steps 1..3: profiling steps 3..3" \
             in caplog.text
@@ -175,7 +175,7 @@ def test_end_step_past_the_last_step_warns_at_start_and_profiles_to_the_end(tmp_
 ])
 def test_nothing_is_written(tmp_path, caplog, changes, rank):
     callback = ProfilerCallback(config(**changes))
-    with caplog.at_level(logging.WARNING, logger="mf_train.profiling"):
+    with caplog.at_level(logging.WARNING, logger="mf_train.observe.profiling"):
         train(callback, TrainContext(output_dir=tmp_path, total_steps=3, rank=rank,
                                      world_size=2))
     assert list(tmp_path.iterdir()) == []
@@ -191,7 +191,7 @@ def test_training_ending_before_the_range_records_nothing_and_mstx_warns_once(tm
     is the step before the range)."""
     callback = ProfilerCallback(config(start_step=4, end_step=4, mstx=True), device="CPU")
     ctx = TrainContext(output_dir=tmp_path, total_steps=4)
-    with caplog.at_level(logging.WARNING, logger="mf_train.profiling"):
+    with caplog.at_level(logging.WARNING, logger="mf_train.observe.profiling"):
         train(callback, ctx, stop_after=1)
     assert caplog.text.count("profiler.mstx: mstx markers exist on Ascend only; ignored on "
                              "the CPU backend") == 1
@@ -201,7 +201,7 @@ def test_training_ending_before_the_range_records_nothing_and_mstx_warns_once(tm
 
 def test_rank_outside_the_job_is_warned_on_rank_0(tmp_path, caplog):
     callback = ProfilerCallback(config(start_step=9, end_step=9, profiler_rank=[0, 3]))
-    with caplog.at_level(logging.WARNING, logger="mf_train.profiling"):
+    with caplog.at_level(logging.WARNING, logger="mf_train.observe.profiling"):
         callback.on_train_begin(TrainContext(output_dir=tmp_path, total_steps=2,
                                              world_size=2))
     assert "profiler.profiler_rank: ranks [3] are not in this job of 2 ranks" in caplog.text

@@ -1,5 +1,5 @@
-"""QK-clip (mf_train.qk_clip, Kimi K2's MuonClip) on DeepSeek-V3's multi-head latent attention:
-each head's largest logit as the attention records it, against the independent numpy
+"""QK-clip (mf_train.optim.qk_clip, Kimi K2's MuonClip) on DeepSeek-V3's multi-head latent
+attention: each head's largest logit as the attention records it, against the independent numpy
 DeepSeek-V3 (deepseek_v3_reference.py); the weights after a clip against the rescaling written
 out in numpy; the clipped heads' largest logit is then the threshold; nothing changes below the
 threshold or on a skipped step; the attention's output and gradients do not change by
@@ -24,7 +24,7 @@ from mf_parallel.runtime import Collectives, init_communication
 from mf_train.models.blocks import AttentionCore
 from mf_train.models.deepseek_v3 import DeepseekV3ForCausalLM
 from mf_train.optim import Muon
-from mf_train.qk_clip import QKClip
+from mf_train.optim.qk_clip import QKClip
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))

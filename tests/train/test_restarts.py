@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from mf_train.restarts import backoff, logged_step, not_retried, record_restart
+from mf_train.launch.restarts import backoff, logged_step, not_retried, record_restart
 
 
 def test_an_input_error_or_the_same_step_failing_twice_is_not_retried() -> None:

@@ -16,7 +16,7 @@ pytest.importorskip("mindspore")
 
 from runs import QWEN3, QWEN3_2_LAYERS, arguments, steps
 
-from mf_train.cli import run
+from mf_train.launch.cli import run
 from mf_train.monitor.metrics import read_steps
 
 

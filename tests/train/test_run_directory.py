@@ -29,23 +29,23 @@ from mf_config import CheckpointConfig
 from mf_config.validate import config_from_source, load_source
 from mf_data.indexed import IndexedDataset
 from mf_memory.estimate import size
-from mf_train.callbacks import TrainContext
 from mf_train.checkpoint import CheckpointManager, writer
 from mf_train.checkpoint.atomic import write_text
 from mf_train.checkpoint.errors import CheckpointError
 from mf_train.checkpoint.layout import iteration_name
-from mf_train.cli import run
-from mf_train.host_memory import estimated_bytes, host_limit
+from mf_train.launch.cli import run
+from mf_train.launch.host_memory import estimated_bytes, host_limit
 from mf_train.monitor.metrics import MetricsWriter
 from mf_train.no_follow import LinkRefused
-from mf_train.run_directory import RunDirectoryError, claim
+from mf_train.observe.callbacks import TrainContext
+from mf_train.preflight.run_directory import RunDirectoryError, claim
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "qwen3_tiny.yaml"
 HOLD = """
 import sys, time
 from mf_config import CheckpointConfig
-from mf_train.run_directory import claim
+from mf_train.preflight.run_directory import claim
 saves = {"save_path": sys.argv[2]} if len(sys.argv) > 2 else {}  # else <output>/checkpoint
 held = claim(sys.argv[1], CheckpointConfig(**saves))  # kept: the lock lives with it
 print("claimed", flush=True)
@@ -176,7 +176,7 @@ def test_runs_one_after_the_other_resume_and_append(data_prefix, tmp_path: Path,
 FAILING_SAVE = """
 import sys
 import mf_train.checkpoint.writer as writer
-from mf_train.cli import run
+from mf_train.launch.cli import run
 
 real = writer.write_safetensors_streamed
 
@@ -529,7 +529,7 @@ def test_a_model_too_large_for_the_host_is_refused_before_building(data_prefix, 
 LIMITED = """
 import resource, sys
 resource.setrlimit(resource.RLIMIT_AS, (2**30, resource.RLIM_INFINITY))
-from mf_train.cli import run
+from mf_train.launch.cli import run
 sys.exit(run(sys.argv[1:]))
 """
 

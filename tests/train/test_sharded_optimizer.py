@@ -35,8 +35,8 @@ from mf_train.checkpoint import CheckpointManager, RunProgress
 from mf_train.checkpoint.layout import read_common
 from mf_train.checkpoint.pieces import Deferred, Piece, PieceIndex
 from mf_train.checkpoint.regions import RankRegions
-from mf_train.gradient_norm import OwnedNorm
 from mf_train.layouts import FSDP, LayoutParts, MicroBatch, SingleRank, ZeRO
+from mf_train.layouts.gradient_norm import OwnedNorm
 from mf_train.models import build_model
 from mf_train.optim import OptimizerStateError, ShardedAdamW, build_optimizer
 from mf_train.optim.protocol import counted

@@ -12,7 +12,7 @@ pytest.importorskip("mindspore")
 
 from runs import QWEN3, QWEN3_2_LAYERS, steps
 
-from mf_train.step_times import PHASES, REPORTED, format_step_times, step_times
+from mf_train.observe.step_times import PHASES, REPORTED, format_step_times, step_times
 
 
 def test_the_phases_sum_to_the_time_between_step_lines(runs) -> None:

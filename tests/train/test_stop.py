@@ -26,7 +26,7 @@ pytest.importorskip("mindspore")
 from runs import QWEN3, QWEN3_2_LAYERS, arguments, losses, steps
 
 from mf_train.checkpoint.layout import check_complete, iteration_name
-from mf_train.cli import run
+from mf_train.launch.cli import run
 
 STEP_ONE = re.compile(r" step \[\s*1/\d+\]")
 """The log line of the first step."""
@@ -42,7 +42,7 @@ def mf_train(output: Path, prefix: str, *sets: str, nproc: int = 1) -> list[str]
 
 def signalled(args: Sequence[str], signals: Sequence[int], *, watch: str,
               after: re.Pattern = STEP_ONE, gap: float = 0.0,
-              program: Sequence[str] = ("-m", "mf_train.cli")) -> tuple[int, str]:
+              program: Sequence[str] = ("-m", "mf_train.launch.cli")) -> tuple[int, str]:
     """Run `python program args` (`mf-train args`) in a new process, send it `signals` (`gap`
     seconds apart) once a line of its `watch` stream ("stdout" or "stderr") matches `after`,
     and wait for it to end (killed after 600 s). Returns its exit status and whole stderr."""
@@ -113,7 +113,7 @@ def test_a_signal_stops_the_run_at_a_step_and_the_same_command_resumes(
 SLOW_STEPS = """
 import sys, time
 from mf_train import trainer
-from mf_train.cli import run
+from mf_train.launch.cli import run
 
 real = trainer.Trainer.run_step
 
@@ -156,8 +156,8 @@ def console_script(module: str) -> tuple[str, ...]:
             f"import sys; from {module} import main; sys.exit(main())")
 
 
-@pytest.mark.parametrize(("program", "module"), [("mf-train", "mf_train.script"),
-                                                 ("mf-train-rank", "mf_train.rank_worker")])
+@pytest.mark.parametrize(("program", "module"), [("mf-train", "mf_train.launch.script"),
+                                                 ("mf-train-rank", "mf_train.launch.rank_worker")])
 def test_ctrl_c_while_starting_is_one_line(data_prefix, tmp_path: Path, monkeypatch,
                                            program, module) -> None:
     """Ctrl-C in the seconds the program's own modules import (before the run's handlers
@@ -223,7 +223,7 @@ def test_a_launcher_killed_takes_every_process_of_its_job_with_it(data_prefix,
     """kill -9 of the launcher: msrun, its scheduler and the ranks are gone within seconds,
     and the lock on the output and checkpoint directories is held until they are."""
     out = tmp_path / "out"
-    command = [sys.executable, "-m", "mf_train.cli",
+    command = [sys.executable, "-m", "mf_train.launch.cli",
                *mf_train(out, data_prefix, REPLICATED, "training.steps=50", nproc=2)]
     launcher = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
                                 text=True)

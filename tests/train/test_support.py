@@ -21,17 +21,17 @@ from mf_config.components import KINDS, settings_class
 from mf_config.components import installed_entry_points as entry_points
 from mf_config.sections import Section, declared_fields
 from mf_config.validate import check_source, config_from_source, load_source
-from mf_train.cli import run
-from mf_train.job import (
+from mf_train.launch.cli import run
+from mf_train.preflight.job import (
     BACKENDS,
     check_support,
     device_issues,
     installed_backends,
     make_job_plan,
 )
-from mf_train.support import FIELDS, launch_issues, support_issues, support_table
-from mf_train.support_rules import Rule, Target
-from mf_train.validation import pre_launch_issues
+from mf_train.preflight.support import FIELDS, launch_issues, support_issues, support_table
+from mf_train.preflight.support_rules import Rule, Target
+from mf_train.preflight.validation import pre_launch_issues
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "qwen3_tiny.yaml"
@@ -117,19 +117,19 @@ SETTINGS_READERS = {
     "Qwen3Settings": ("mf_train.models.qwen3", "mf_train.settings.qwen3"),
     "DeepseekV3Settings": ("mf_train.models.deepseek_v3", "mf_train.settings.deepseek_v3"),
     "AdamWSettings": (),
-    "MuonSettings": ("mf_train.optim.muon", "mf_train.qk_clip"),
+    "MuonSettings": ("mf_train.optim.muon", "mf_train.optim.qk_clip"),
     "MegatronLoaderSettings": ("mf_data.builder", "mf_data.loader_config"),
     "MegatronDatasetSettings": ("mf_data.builder", "mf_data.loader_config"),
     "WandbSettings": ("mf_train.monitor.wandb",),
-    "EvaluateSettings": ("mf_train.evaluation",),
+    "EvaluateSettings": ("mf_train.observe.evaluation",),
 }
 """Where each component's settings are read (the settings module counts: its checks refuse
-values, its `shape()` feeds the plan); the schedules are read in mf_train.lr_schedules."""
+values, its `shape()` feeds the plan); the schedules are read in mf_train.optim.lr_schedules."""
 
 
 def readers_of(cls: type) -> tuple[str, ...]:
     if cls.__module__ == "mf_train.settings.lr_schedules":
-        return ("mf_train.lr_schedules", "mf_train.settings.lr_schedules")
+        return ("mf_train.optim.lr_schedules", "mf_train.settings.lr_schedules")
     return SETTINGS_READERS[cls.__name__]
 
 
@@ -222,12 +222,12 @@ def test_refusals_come_before_any_rank_starts(tmp_path: Path, capsys) -> None:
 def test_the_launcher_says_what_has_no_effect_once(data_prefix, tmp_path: Path, capsys,
                                                    monkeypatch: pytest.MonkeyPatch) -> None:
     """The warnings reach the user from the launcher, before msrun is started."""
-    import mf_train.cli
+    import mf_train.launch.cli
 
     def no_ranks(*args: Any, **kwargs: Any) -> None:
         print("msrun would start here", flush=True)
 
-    monkeypatch.setattr(mf_train.cli, "run_ranks", no_ranks)
+    monkeypatch.setattr(mf_train.launch.cli, "run_ranks", no_ranks)
     status = run(["--config", str(EXAMPLE), "--output-dir", str(tmp_path / "out"),
                   "--set", "parallelism.cpu_offload=true", "--nproc", "2",
                   "--set", f"train_dataset.dataloader.config.data_path=['1','{data_prefix}']"])
@@ -331,9 +331,9 @@ def test_a_global_batch_rounded_down_over_data_parallel_ranks_is_said(
         data_prefix, tmp_path: Path, capsys, monkeypatch: pytest.MonkeyPatch) -> None:
     """6 samples a step in micro-batches of 2 on 2 data-parallel ranks: each step uses 4.
     mf-config cannot know the data-parallel size; the launcher says it, once, before msrun."""
-    import mf_train.cli
+    import mf_train.launch.cli
 
-    monkeypatch.setattr(mf_train.cli, "run_ranks", lambda *args, **kwargs: None)
+    monkeypatch.setattr(mf_train.launch.cli, "run_ranks", lambda *args, **kwargs: None)
     status = run(["--config", str(EXAMPLE), "--output-dir", str(tmp_path / "out"),
                   "--set", "training.global_batch_size=6", "--nproc", "2",
                   "--set", f"train_dataset.dataloader.config.data_path=['1','{data_prefix}']"])

@@ -14,7 +14,7 @@ pytest.importorskip("mindspore")
 from runs import DEEPSEEK, DEEPSEEK_3_LAYERS, Case, arguments, saved_tensors
 from same_tensors import assert_same_tensors
 
-from mf_train.cli import run
+from mf_train.launch.cli import run
 from mf_train.models.blocks import fuse_rows
 from mf_train.models.deepseek_v3 import hf_parameter_names, tensor_split_axis
 

@@ -15,7 +15,7 @@ from runs import QWEN3, QWEN3_4_LAYERS, steps
 from runs import arguments as train_arguments
 
 from mf_parallel.msrun import free_port, kill_group
-from mf_train.cli import run
+from mf_train.launch.cli import run
 
 SETS = (*QWEN3_4_LAYERS, "training.steps=3", "checkpoint.enable_save=false",
         "parallelism.data_parallel_shard=1")
@@ -90,7 +90,7 @@ def test_two_nodes_on_one_host_match_one_process(data_prefix, tmp_path) -> None:
     nodes: list[subprocess.Popen] = []
     try:
         for rank in (0, 1):
-            command = [sys.executable, "-m", "mf_train.cli",
+            command = [sys.executable, "-m", "mf_train.launch.cli",
                        *arguments(data_prefix, tmp_path / f"node{rank}"), "--nnodes", "2",
                        "--node-rank", str(rank), "--master-addr", "127.0.0.1",
                        "--master-port", str(port), "--timeout", "120"]
@@ -127,7 +127,7 @@ def test_a_busy_master_port_ends_every_node_with_one_line(data_prefix, tmp_path)
         nodes: list[subprocess.Popen] = []
         try:
             for rank in (0, 1):
-                command = [sys.executable, "-m", "mf_train.cli",
+                command = [sys.executable, "-m", "mf_train.launch.cli",
                            *arguments(data_prefix, tmp_path / f"node{rank}"), "--nnodes", "2",
                            "--node-rank", str(rank), "--master-addr", "127.0.0.1",
                            "--master-port", str(port), "--timeout", "300",

@@ -25,7 +25,7 @@ from runs import (
 from same_tensors import assert_same_tensors
 
 from mf_train.checkpoint.layout import iteration_name
-from mf_train.cli import run
+from mf_train.launch.cli import run
 
 PIPELINE_2 = "parallelism.pipeline_parallel=2"
 SCHEDULES = {

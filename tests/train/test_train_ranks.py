@@ -12,7 +12,7 @@ pytest.importorskip("mindspore")
 
 from runs import CONSOLE, QWEN3, QWEN3_2_LAYERS, Case, arguments, steps, worker_log
 
-from mf_train.cli import run
+from mf_train.launch.cli import run
 
 REPLICATED = "parallelism.data_parallel_shard=1"
 CASES = {  # other test files read both runs too

@@ -34,7 +34,7 @@ from tensor_groups import tensor_group
 from mf_config import load_config
 from mf_train.checkpoint.layout import iteration_name
 from mf_train.checkpoint.params import apply_model_params, model_arrays
-from mf_train.cli import run
+from mf_train.launch.cli import run
 from mf_train.models import build_model, hf_state, load_hf_state
 from mf_train.parallelize import build_parallel_model
 

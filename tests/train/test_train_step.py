@@ -15,8 +15,8 @@ from mindspore import Tensor
 from regression_model import Regression, batch
 
 from mf_config import OptimizerConfig
-from mf_train.gradient_norm import OwnedNorm, clip_coefficient, update_kept
 from mf_train.layouts import MicroBatch, SingleRank
+from mf_train.layouts.gradient_norm import OwnedNorm, clip_coefficient, update_kept
 from mf_train.optim import build_optimizer
 from mf_train.trainer import TrainStep
 

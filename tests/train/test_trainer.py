@@ -15,7 +15,7 @@ import pytest
 pytest.importorskip("mindspore")
 
 from mf_config import load_config
-from mf_train.cli import run
+from mf_train.launch.cli import run
 from mf_train.trainer import Trainer
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -16,8 +16,8 @@ pytest.importorskip("mindspore")
 from runs import QWEN3, QWEN3_4_LAYERS, steps
 from runs import arguments as train_arguments
 
-from mf_train.callbacks import StepRecord, TrainContext
-from mf_train.cli import run
+from mf_train.launch.cli import run
+from mf_train.observe.callbacks import StepRecord, TrainContext
 
 SETS = (*QWEN3_4_LAYERS, "training.steps=3", "checkpoint.enable_save=false")
 

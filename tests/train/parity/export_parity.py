@@ -2,7 +2,7 @@
 and transformers): the tiny Qwen3 and DeepSeek-V3 examples are trained for 2 steps, exported,
 loaded with `AutoModelForCausalLM.from_pretrained`, and their logits compared with
 mf's own model loaded from the mf checkpoint (at most 1e-5 apart, float32, eager attention);
-then `mf-train generate`'s greedy tokens on the checkpoint (`mf_train.generation`), with the
+then `mf-train generate`'s greedy tokens on the checkpoint (`mf_train.export.generation`), with the
 key/value cache and without, are compared with transformers' `generate` on the export, 32 new
 tokens after an 8-token prompt (DeepSeek-V3, trained at 32 positions, is given 64 on both
 sides for it; the Qwen3 starts from weights of std 0.1, not 0.02: at 0.02 its greedy tokens
@@ -23,8 +23,8 @@ from transformers import AutoModelForCausalLM
 from mf_config.validate import config_from_source, load_source
 from mf_train.checkpoint import load_checkpoint
 from mf_train.checkpoint.params import apply_model_params
-from mf_train.cli import run
-from mf_train.generation import generate, load_model
+from mf_train.export.generation import generate, load_model
+from mf_train.launch.cli import run
 from mf_train.models import build_model
 
 ROOT = Path(__file__).resolve().parents[3]

@@ -5,7 +5,7 @@ Usage: trainer_suite.py RUNS_JSON
 
 One job for many runs instead of one `mf-train --nproc N` each: each msrun job costs 10-20 s
 before its first step (msrun, a scheduler and every rank import MindSpore, then wait for the
-cluster), more than a run of the tests' tiny models takes. Each run is `mf_train.cli`'s
+cluster), more than a run of the tests' tiny models takes. Each run is `mf_train.launch.cli`'s
 `run_training`, what `mf-train-rank` runs on a rank (MindSpore's communication starts once,
 each run's plan makes the groups it needs); each run's log lines go to its own
 `<output>/logs/worker_<rank>.log` too, as msrun's log of a job of its own. A run's exit
@@ -20,7 +20,7 @@ from pathlib import Path
 
 from mindspore import communication
 
-from mf_train.cli import run_training
+from mf_train.launch.cli import run_training
 
 
 def main() -> int:

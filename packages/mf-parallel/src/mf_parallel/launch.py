@@ -16,7 +16,7 @@ stream as it grows (`log_echo`); on request, a signal forwarded to every worker 
 launcher's way to ask the ranks to stop at their next step); and a job that never outlives its
 launcher: msrun is started so that the kernel sends it SIGINT when the launcher dies, even by
 `kill -9` (`parent_death`), and msrun's SIGINT handler kills its workers and scheduler before
-it exits (the ranks, for their part, die with msrun: `mf_train.rank_worker`).
+it exits (the ranks, for their part, die with msrun: `mf_train.launch.rank_worker`).
 
 Pure Python: it starts MindSpore in other processes but never imports it here.
 """

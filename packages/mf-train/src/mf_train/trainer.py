@@ -24,7 +24,7 @@ every rank at the same one, after a checkpoint.
 With `training.use_skip_step_on_nan` a step whose norm is not finite, or above
 `monitor.health_checkpoint.global_norm_skip_threshold`, is skipped: no update, the
 optimizer's step count unchanged. The expert bias is still updated on a skipped step, as
-Megatron does (`mf_train.expert_bias` says why).
+Megatron does (`mf_train.step.expert_bias` says why).
 """
 
 from __future__ import annotations
@@ -59,8 +59,6 @@ from mf_parallel.runtime.context_parallel import ContextGroup
 from mf_parallel.runtime.expert_dispatch import ExpertGroup
 from mf_parallel.runtime.tensor_parallel import TensorGroup
 
-from . import world_group
-from .callbacks import CallbackList, StepRecord, TrainContext, build_callbacks
 from .checkpoint import (
     CheckpointError,
     CheckpointManager,
@@ -73,13 +71,7 @@ from .checkpoint import (
 from .checkpoint.layout import read_common
 from .checkpoint.reader import conversion
 from .checkpoint.regions import RankRegions
-from .compiled_layers import CompileReport, compile_layers, compile_optimizer
-from .evaluation import CONSUMED_VALID, Evaluate, Evaluation
-from .expert_bias import ExpertBiasUpdate, NoExpertBiasUpdate
-from .gradient_norm import clip_coefficient, update_kept
-from .host_reads import counted_reads, counting_asked
-from .input_checks import check_inputs
-from .job import check_support, make_job_plan, resolve_device
+from .export.tensor_recut import RecutIndex
 from .layouts import (
     LayoutParts,
     LayoutRecord,
@@ -92,29 +84,37 @@ from .layouts import (
     layout_for,
     stage_part,
 )
+from .layouts.gradient_norm import clip_coefficient, update_kept
 from .layouts.saved_model import load_model_pieces, model_pieces
-from .lr_scheduler import build_lr_schedule
-from .lr_schedules import LrSchedule
-from .micro_batches import MicroBatchStream, build_stream, evaluation_stream
-from .model_flops import flops_per_token, matmul_weights_per_token
 from .models import sharding_table
 from .models.hf_weights import HFPieces, checked_entries
 from .monitor import standard_callbacks
-from .optim import Optimizer
-from .parallelize import build_parallel_model
-from .peak_flops import RANKS_ON_HOST, cached_peak, given_peak, peak_dtype
-from .process_memory import (
+from .monitor.step_monitors import MonitorObserver
+from .observe.callbacks import CallbackList, StepRecord, TrainContext, build_callbacks
+from .observe.evaluation import CONSUMED_VALID, Evaluate, Evaluation
+from .observe.model_flops import flops_per_token, matmul_weights_per_token
+from .observe.peak_flops import RANKS_ON_HOST, cached_peak, given_peak, peak_dtype
+from .observe.process_memory import (
     largest_peak,
     map_large_allocations,
     one_block_cpu_pool,
     return_freed_host_memory,
 )
-from .qk_clip import QKClip, clip_settings
-from .run_directory import checkpoint_root
-from .step_monitors import MonitorObserver
-from .step_times import own_times, step_times
-from .tensor_recut import RecutIndex
-from .throughput import PeakFlops, RunPace, Throughput, measure_peak_flops
+from .observe.step_times import own_times, step_times
+from .observe.throughput import PeakFlops, RunPace, Throughput, measure_peak_flops
+from .optim import Optimizer
+from .optim.lr_scheduler import build_lr_schedule
+from .optim.lr_schedules import LrSchedule
+from .optim.qk_clip import QKClip, clip_settings
+from .parallelize import build_parallel_model
+from .preflight.input_checks import check_inputs
+from .preflight.job import check_support, make_job_plan, resolve_device
+from .preflight.run_directory import checkpoint_root
+from .step import world_group
+from .step.compiled_layers import CompileReport, compile_layers, compile_optimizer
+from .step.expert_bias import ExpertBiasUpdate, NoExpertBiasUpdate
+from .step.host_reads import counted_reads, counting_asked
+from .step.micro_batches import MicroBatchStream, build_stream, evaluation_stream
 
 LOG = logging.getLogger("mf_train")
 

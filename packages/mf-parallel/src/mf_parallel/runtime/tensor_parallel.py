@@ -51,7 +51,7 @@ def linear_rows(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor
     one-process peak this MatMul seemed to raise (127M Qwen3: 3.94 GiB against 3.06 with
     Dense) was MindSpore's CPU memory pool spreading tensors over 1 GiB blocks, which any
     change of allocation order moves; mf-train gives the pool one block
-    (`mf_train.process_memory.one_block_cpu_pool`): 3.13 GiB with this MatMul.
+    (`mf_train.observe.process_memory.one_block_cpu_pool`): 3.13 GiB with this MatMul.
     """
     rows = x if x.ndim == 2 else x.reshape(-1, x.shape[-1])
     y = (_MATMUL_TRANSPOSED_B(rows, weight) if bias is None

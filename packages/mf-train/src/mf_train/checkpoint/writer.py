@@ -101,7 +101,7 @@ class CheckpointManager:
         rank: this rank.
         world_size: the number of ranks.
         barrier: waits for all ranks (required when `world_size > 1`; e.g.
-            `mf_train.world_group.barrier`).
+            `mf_train.step.world_group.barrier`).
         source: the YAML source, for error lines.
         run_config: the run's effective configuration as YAML, saved beside each
             checkpoint (`layout.RUN_CONFIG`) so readers (`export-hf`, a resumed run) need

@@ -32,7 +32,6 @@ from mf_config import ParallelismConfig
 from mf_parallel.dims import ParallelDims
 from mf_parallel.runtime import Collectives
 
-from ..gradient_norm import Owned
 from .contract import (
     LayoutParts,
     LayoutRecord,
@@ -41,6 +40,7 @@ from .contract import (
     Problem,
     StepLayout,
 )
+from .gradient_norm import Owned
 
 
 def without_context(dims: ParallelDims) -> ParallelDims:

@@ -40,8 +40,8 @@ from mf_parallel.runtime.flat_shard import FlatBucket, built_shape
 from mf_parallel.runtime.grad_reduce import DEFAULT_BUCKET_BYTES
 from mf_parallel.runtime.tensor_parallel import TensorGroup
 
-from ..gradient_norm import Owned, OwnedNorm
 from ..optim import Optimizer
+from .gradient_norm import Owned, OwnedNorm
 
 
 @dataclass(frozen=True)
@@ -83,7 +83,7 @@ Problem = tuple[Path, str]
 
 
 class StepObserver(Protocol):
-    """What the monitors see inside a step (`mf_train.step_monitors.MonitorObserver`)."""
+    """What the monitors see inside a step (`mf_train.monitor.step_monitors.MonitorObserver`)."""
 
     def micro_batch(self, index: int, loss: Tensor, grads: Sequence[Tensor]) -> None: ...
 
@@ -240,7 +240,7 @@ class StepLayout(ABC):
     not, each decoder layer is a graph of its own."""
     evaluates: ClassVar[bool] = False
     """Whether `evaluate` runs under this layout (the Evaluate callback is refused before
-    launch where it does not: `mf_train.evaluation`)."""
+    launch where it does not: `mf_train.observe.evaluation`)."""
     record: LayoutRecord | None = None
     """The placement record, once `use_record` gave it (None on one process: every gradient
     element is this rank's)."""

@@ -46,7 +46,6 @@ from mf_parallel.dims import ParallelDims
 from mf_parallel.runtime import Collectives
 from mf_parallel.runtime.flat_shard import EXPERT_DATA_GROUPS, preslice
 
-from ..gradient_norm import Owned
 from ..optim import ShardedAdamW, build_optimizer
 from ..optim.base import rules_unchecked, warn_unmatched_rules
 from ..optim.joined import JoinedOptimizer
@@ -61,6 +60,7 @@ from .contract import (
     StepLayout,
     StepObserver,
 )
+from .gradient_norm import Owned
 
 EXPERT_MARK = ".mlp.experts."
 """What the names of routed-expert parameters contain (`decoder_layers.3.mlp.experts.5.`)."""

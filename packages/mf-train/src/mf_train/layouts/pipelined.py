@@ -30,7 +30,6 @@ from mf_parallel import Plan
 from mf_parallel.dims import ParallelDims
 from mf_parallel.runtime import Collectives
 
-from ..gradient_norm import Owned
 from ..models.parts import ModelPart, PipelineModel
 from .contract import (
     LayoutParts,
@@ -42,6 +41,7 @@ from .contract import (
     StepLayout,
     StepObserver,
 )
+from .gradient_norm import Owned
 from .pipeline_executor import StageRunner
 
 

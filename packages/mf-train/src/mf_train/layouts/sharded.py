@@ -57,7 +57,6 @@ from mf_parallel.runtime.sharded_vocabulary import ShardedVocabulary
 from mf_parallel.runtime.tensor_parallel import TensorGroup
 from mf_parallel.vocabulary_rows import keeps_vocabulary_rows
 
-from ..gradient_norm import Owned
 from ..optim import AdamW, Muon, ShardedAdamW
 from ..optim.adamw import adamw_settings
 from ..optim.base import adam_hyperparameters, decay_flags
@@ -74,6 +73,7 @@ from .contract import (
     reduce_dtype,
 )
 from .expert_parallel import EXPERT_MARK, expert_holders
+from .gradient_norm import Owned
 from .replicated import DataParallelLoss
 
 NAMES = {"optim": "ZeRO-1", "optim_grads": "ZeRO-2", "optim_grads_params": "FSDP"}

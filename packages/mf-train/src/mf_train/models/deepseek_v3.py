@@ -24,7 +24,7 @@ builds only this rank's routed experts (`ModelPart.experts`) and dispatches toke
 others' (moe.py). The auxiliary-loss-free
 bias (`e_score_correction_bias`, a non-trainable Parameter saved with the model) chooses the
 experts; with `moe_router_enable_expert_bias` and `moe_router_bias_update_rate` > 0 the trainer
-moves it after every step (`update_expert_bias`, driven by `mf_train.expert_bias`).
+moves it after every step (`update_expert_bias`, driven by `mf_train.step.expert_bias`).
 
 Tensor parallelism (applied from outside, a tensor group of size t > 1, always with sequence
 parallelism in the trainer), as Megatron-core splits DeepSeek-V3: the embedding, the untied
@@ -337,7 +337,7 @@ class DeepseekV3ForCausalLM(CausalLMPieces, nn.Cell):
 
         Args:
             counts: global layer index -> the step's tokens per expert summed over every rank
-                that routes different tokens (float32, `mf_train.expert_counts.global_counts`).
+                that routes different tokens (float32, `mf_train.step.expert_counts.global_counts`).
         """
         for index, layer in self._layers():
             if layer.is_moe and index in counts:

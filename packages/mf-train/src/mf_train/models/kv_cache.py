@@ -1,5 +1,5 @@
 """What a decoding model keeps per attention layer, so that a new token costs one position's
-forward (`mf-train generate`, `mf_train.generation`).
+forward (`mf-train generate`, `mf_train.export.generation`).
 
 Each layer's entry holds, for every position run so far, what its attention needs of that
 position again: Qwen3's rotated keys and its values (`[positions, batch, kv_heads, head_dim]`),

@@ -25,7 +25,7 @@ Auxiliary-loss-free balancing (report, section 2.1.2; Megatron's `moe_router_ena
 after each training step, `b += gamma * sign(mean_i(c_i) - c)` with `c` the tokens routed to each
 expert in the whole step (every micro-batch, every rank that routes different tokens), so an
 overloaded expert's bias falls and an underloaded one's rises; `updated_expert_bias` is the
-rule, `mf_train.expert_bias` gathers the counts and applies it.
+rule, `mf_train.step.expert_bias` gathers the counts and applies it.
 
 Expert parallelism (`expert_group`, mf-parallel's `ExpertGroup`): this rank builds only its
 share of the routed experts (named by their global index, `experts.5`, so checkpoints keep

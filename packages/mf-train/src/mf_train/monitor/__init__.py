@@ -11,7 +11,7 @@
   only when a `callbacks:` item names `type: wandb` (it needs `mf-train[wandb]`).
 
 `standard_callbacks(monitor, user)` is the list a run uses: collectors, then the user's
-callbacks, then the writers (see `mf_train.callbacks` for the hook points and the order).
+callbacks, then the writers (see `mf_train.observe.callbacks` for the hook points and the order).
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from mf_config import MonitorConfig, ProfilerConfig
 from mf_config.yaml_source import Source
 
-from ..callbacks import Callback, CallbackList, LossLogger
+from ..observe.callbacks import Callback, CallbackList, LossLogger
 from .health import EmbeddingHealthMonitor
 from .metrics import MetricsWriter
 from .moe import MoeMonitor
@@ -46,7 +46,7 @@ def standard_callbacks(monitor: MonitorConfig, user: Sequence[Callback] = (),
     collectors with `callbacks.find(TrainStateMonitor)` and so on."""
     profiling: list[Callback] = []
     if profiler is not None and profiler.enable_profiling:
-        from ..profiling import profiler_callbacks  # imports MindSpore
+        from ..observe.profiling import profiler_callbacks  # imports MindSpore
 
         profiling = profiler_callbacks(profiler, source)
     return CallbackList([

@@ -18,7 +18,7 @@ from typing import Any
 
 from mf_config import HealthCheckpointConfig
 
-from ..callbacks import Callback, StepRecord, TrainContext
+from ..observe.callbacks import Callback, StepRecord, TrainContext
 from .train_state import grad_norm
 
 logger = logging.getLogger(__name__)

@@ -14,7 +14,7 @@ an `event` key:
 * `{"event": "start", "step": 0, ...}` opens a new run (`build_peak_memory_gib`: the largest
   rank's peak memory once the model, optimizer and resumed state were built;
   `model_flops_per_token`, `peak_tflops` and `peak_source`: what `tflops` and `mfu` are made
-  of, `mf_train.throughput`);
+  of, `mf_train.observe.throughput`);
 * `{"event": "resume", "step": N, ...}` marks a run resumed after N steps: the steps after the
   resumed checkpoint that the earlier run had already logged stay above the marker; for each
   step, the last line written is the one that counts;
@@ -29,11 +29,11 @@ an `event` key:
 * `{"event": "spike", "step": N, "metric": "loss", "value": ..., "average": ..., "factor":
   ...}` follows a step whose loss or gradient norm spiked (`monitor.spikes`);
 * `{"event": "restart", "attempt": K, "step": N, "cause": ..., "wait_s": ...}`: the launcher
-  started the job again after a failure (`mf_train.restarts`).
+  started the job again after a failure (`mf_train.launch.restarts`).
 
 The file is only ever appended to, never truncated: a run owns its output directory
-(`mf_train.run_directory`), and a resumed run continues its predecessor's file. It is never
-opened through a symbolic link (`mf_train.no_follow`). Each line is flushed as it is written
+(`mf_train.preflight.run_directory`), and a resumed run continues its predecessor's file. It is
+never opened through a symbolic link (`mf_train.no_follow`). Each line is flushed as it is written
 (line-buffered file), so a crash loses no finished step.
 Non-finite numbers are written as `null` (strict JSON; `skipped` says why a step has no loss).
 """
@@ -47,8 +47,8 @@ import time
 from pathlib import Path
 from typing import IO, Any
 
-from ..callbacks import Callback, StepRecord, TrainContext
 from ..no_follow import open_no_follow
+from ..observe.callbacks import Callback, StepRecord, TrainContext
 
 FILE_NAME = "metrics.jsonl"
 

@@ -6,7 +6,7 @@
 tokens * num_experts_per_tok; `DeepseekV3ForCausalLM` provides it) for the `target_layers`
 (null = every MoE layer; an int N = layers 0..N-1, as MindFormers; a list = those layers) and
 puts into `record.extra` the counts of the whole step: summed over its micro-batches and over
-every rank that routes different tokens (the loss and tensor groups, `mf_train.expert_counts`),
+every rank that routes different tokens (the loss and tensor groups, `mf_train.step.expert_counts`),
 the numbers the auxiliary-loss-free bias update sees:
 
     moe/layer{L}/expert{e}              tokens routed to expert e of layer L in the step
@@ -51,9 +51,9 @@ from mf_config.component_settings import settings_error
 from mf_config.model_shape import ModelSettings
 from mf_config.yaml_source import Source
 
-from ..callbacks import Callback, StepRecord, TrainContext
-from ..expert_counts import StepCounts, across_stages, per_rank_counts
 from ..no_follow import open_no_follow
+from ..observe.callbacks import Callback, StepRecord, TrainContext
+from ..step.expert_counts import StepCounts, across_stages, per_rank_counts
 
 logger = logging.getLogger(__name__)
 

@@ -13,7 +13,7 @@ import logging
 import sys
 from typing import IO, Any
 
-from ..callbacks import Callback, StepRecord, TrainContext
+from ..observe.callbacks import Callback, StepRecord, TrainContext
 
 
 class ProgressBar(Callback):

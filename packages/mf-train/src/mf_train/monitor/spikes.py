@@ -15,7 +15,7 @@ import logging
 import math
 from collections import deque
 
-from ..callbacks import Callback, StepRecord, TrainContext
+from ..observe.callbacks import Callback, StepRecord, TrainContext
 
 logger = logging.getLogger(__name__)
 WINDOW = 20

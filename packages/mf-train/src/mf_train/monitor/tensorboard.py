@@ -37,7 +37,7 @@ from typing import Any
 
 from mf_config import TensorboardConfig
 
-from ..callbacks import Callback, StepRecord, TrainContext
+from ..observe.callbacks import Callback, StepRecord, TrainContext
 
 DEFAULT_DIR = "tensorboard"
 _NOT_IN_TAG = re.compile(r"[^A-Za-z0-9_./\-]")

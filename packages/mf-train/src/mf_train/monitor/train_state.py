@@ -36,7 +36,7 @@ unconditionally; numbers may be floats, numpy scalars or 0-d tensors):
 Norms are computed here (`grad_norms`), for the selected parameters only: numpy arrays in
 float64, MindSpore tensors on their device in float32 (sum of squares). Tensors stay on the
 device during the step and are read in `on_step_end`, after the step's update is queued
-(nothing the monitor records makes the step wait: `mf_train.host_reads`).
+(nothing the monitor records makes the step wait: `mf_train.step.host_reads`).
 """
 
 from __future__ import annotations
@@ -51,7 +51,7 @@ import numpy as np
 
 from mf_config import TrainStateConfig
 
-from ..callbacks import Callback, StepRecord, TrainContext
+from ..observe.callbacks import Callback, StepRecord, TrainContext
 
 logger = logging.getLogger(__name__)
 

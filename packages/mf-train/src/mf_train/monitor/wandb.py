@@ -19,7 +19,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from ..callbacks import Callback, StepRecord, TrainContext
+from ..observe.callbacks import Callback, StepRecord, TrainContext
 from ..settings.wandb import WandbSettings
 
 

@@ -26,8 +26,8 @@ Differences from MindFormers (`mindformers/pynative/optimizer/muon.py`):
 - `adamw_betas` / `adamw_eps` default to `betas` / `eps` (MindFormers: (0.95, 0.95) and 1e-8;
   it passes `eps` on as the Newton-Schulz epsilon, called `ns_eps` here).
 - QK-clip (`qk_clip_enabled`, MindFormers' default true for its MLA models) defaults to false
-  here; true runs `mf_train.qk_clip` after each step, on DeepSeek-V3's multi-head latent
-  attention (what it is refused for is `mf_train.support`'s).
+  here; true runs `mf_train.optim.qk_clip` after each step, on DeepSeek-V3's multi-head latent
+  attention (what it is refused for is `mf_train.preflight.support`'s).
 - 3-D grouped expert weights are updated by AdamW, not by Muon; there are no communication
   strategies (mf-parallel gathers what it shards).
 - The `adamw_include` default adds Hugging Face names ("*embed*", "*lm_head*") to MindFormers'

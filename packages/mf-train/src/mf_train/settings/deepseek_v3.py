@@ -15,7 +15,7 @@ which MindFormers' Megatron-style configuration also uses: `moe_router_enable_ex
 `moe_router_bias_update_rate` (default 0.001, DeepSeek-V3's gamma; MindFormers' older
 `moe_config.topk_bias_update_rate`). After every step each MoE layer's
 `e_score_correction_bias` moves by `rate * sign(mean(counts) - counts)`, from the tokens per
-expert of the whole step (every micro-batch, every rank); `mf_train.expert_bias` does it. A
+expert of the whole step (every micro-batch, every rank); `mf_train.step.expert_bias` does it. A
 rate of 0 or the switch off turns it off (the rate then has no effect, and `mf-train` says so).
 
 No `from __future__ import annotations` here: cattrs reads the field types at run time.

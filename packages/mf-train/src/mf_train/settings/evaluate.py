@@ -1,5 +1,5 @@
 """The keys of a `callbacks:` item of type `Evaluate` (the validation loss during training;
-the callback is `mf_train.evaluation.Evaluate`).
+the callback is `mf_train.observe.evaluation.Evaluate`).
 
 No `from __future__ import annotations` here: cattrs reads the field types at run time.
 """

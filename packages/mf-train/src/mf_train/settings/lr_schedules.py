@@ -1,5 +1,5 @@
 """The keys each learning-rate schedule reads under `lr_scheduler` (MindFormers' names and
-defaults; the formulas are in `mf_train.lr_schedules`), and what they must satisfy together.
+defaults; the formulas are in `mf_train.optim.lr_schedules`), and what they must satisfy together.
 
 Each class says which step counts its schedule requires (`required`: a count or its ratio of
 `total_steps`) and which rates must stay below `learning_rate` (`below_rate`); `fit_problems`

@@ -67,7 +67,7 @@ def main(argv: Sequence[str]) -> int:
     from mf_data.errors import DataError
     from mf_data.text_tokenizer import load_tokenizer
 
-    from .generation import GenerateError, Sampling  # MindSpore
+    from ..export.generation import GenerateError, Sampling  # MindSpore
 
     sampling = Sampling(args.temperature, args.top_k, args.top_p, args.seed)
     problems = sampling.problems() + ([f"--max-new-tokens must be >= 1, got "
@@ -92,7 +92,7 @@ def main(argv: Sequence[str]) -> int:
 def _generate(args: argparse.Namespace, prompt: list[int], sampling, tokenizer) -> int:
     import mindspore as ms
 
-    from .generation import caches, generate, load_model
+    from ..export.generation import caches, generate, load_model
 
     ms.set_context(mode=ms.PYNATIVE_MODE)
     ms.set_device("CPU")

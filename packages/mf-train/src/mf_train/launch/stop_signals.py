@@ -67,7 +67,7 @@ def aborted_line(signum: int, checkpoints: Path | None) -> str:
     head = f"second {name(signum)}: stopped at once, nothing saved"
     if checkpoints is None:
         return head
-    from .checkpoint.layout import complete_iterations  # pure Python, on first use
+    from ..checkpoint.layout import complete_iterations  # pure Python, on first use
 
     complete = complete_iterations(checkpoints)
     if not complete:

@@ -1,4 +1,5 @@
-"""The `lr_scheduler` section -> an `LrSchedule` (`mf_train.lr_schedules`) over the run's steps.
+"""The `lr_scheduler` section -> an `LrSchedule` (`mf_train.optim.lr_schedules`) over the run's
+steps.
 
 The schedule class comes from the `LR_SCHEDULERS` registry; its keys are its `Settings`
 (`mf_train.settings.lr_schedules`, which `mf-config validate` checks too), structured and
@@ -14,8 +15,8 @@ from mf_config.component_settings import settings_error, structure_settings
 from mf_config.sections import declared_fields
 from mf_config.yaml_source import Source
 
+from ..registry import LR_SCHEDULERS
 from .lr_schedules import PATH, ConstantLR, LrSchedule, SettingProblems
-from .registry import LR_SCHEDULERS
 
 
 def build_lr_schedule(config: LrSchedulerConfig, total_steps: int,

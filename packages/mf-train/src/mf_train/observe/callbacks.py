@@ -51,7 +51,7 @@ from mf_config.component_settings import settings_error, structure_settings
 from mf_config.errors import Path as YamlPath
 from mf_config.yaml_source import Source
 
-from .registry import CALLBACKS
+from ..registry import CALLBACKS
 from .throughput import duration
 
 logger = logging.getLogger(__name__)
@@ -66,13 +66,13 @@ class StepRecord:
     `step` is the 1-based optimizer step just finished; `tokens` counts the step's tokens over
     all ranks; `step_time` is in seconds; `tokens_per_s` defaults to `tokens / step_time`.
     `skipped` marks a step whose update was skipped (non-finite loss or gradient norm, spike).
-    `peak_memory_gib` is the largest rank's peak memory so far (`mf_train.process_memory`) and
-    `peak_memory_rank` that rank (None in a one-process run).
+    `peak_memory_gib` is the largest rank's peak memory so far (`mf_train.observe.process_memory`)
+    and `peak_memory_rank` that rank (None in a one-process run).
     `tokens_per_s_per_rank` is `tokens_per_s` over the world size; `tflops` the achieved TFLOP/s
-    of a rank (model FLOPs per token x `tokens_per_s_per_rank`, `mf_train.model_flops`); `mfu`
-    is `tflops` over the peak TFLOP/s of a rank (a fraction); `elapsed_s` the seconds since the
-    run's first step began and `eta_s` the seconds left (`mf_train.throughput`). The trainer
-    sets them; each is None when not known.
+    of a rank (model FLOPs per token x `tokens_per_s_per_rank`, `mf_train.observe.model_flops`);
+    `mfu` is `tflops` over the peak TFLOP/s of a rank (a fraction); `elapsed_s` the seconds since
+    the run's first step began and `eta_s` the seconds left (`mf_train.observe.throughput`). The
+    trainer sets them; each is None when not known.
     `extra` holds the monitors' values (`local_loss/micro1`, `moe/layer3/expert0`, ...);
     its keys never repeat a field name. Numbers are converted with `float()`/`int()`, so a
     numpy scalar or a 0-d tensor is accepted.
@@ -148,7 +148,7 @@ class TrainContext:
     build_peak_memory_gib: float | None = None
     """The largest rank's peak memory once everything was built and loaded (before step 1)."""
     model_flops_per_token: int | None = None
-    """Model FLOPs of training on one token (`mf_train.model_flops`), None when unknown."""
+    """Model FLOPs of training on one token (`mf_train.observe.model_flops`), None when unknown."""
     peak_tflops: float | None = None
     """The peak TFLOP/s of a rank that MFU divides by, None when unknown."""
     peak_source: str | None = None
@@ -156,7 +156,7 @@ class TrainContext:
     this machine (...)`: `peak_flops`)."""
     evaluate: Callable[[int], float] | None = dataclasses.field(default=None, repr=False)
     """The valid split's mean loss over its next `iters` global batches (a collective; the
-    `Evaluate` callback calls it, `mf_train.evaluation`); None when the run evaluates
+    `Evaluate` callback calls it, `mf_train.observe.evaluation`); None when the run evaluates
     nothing."""
     evaluate_test: Callable[[int], float] | None = dataclasses.field(default=None, repr=False)
     """The test split's mean loss over its first `iters` global batches (as `evaluate`);
@@ -265,7 +265,7 @@ def callback_class(type_name: Any, type_path: YamlPath,
     cls = CALLBACKS.get(type_name, type_path, source)
     if not (isinstance(cls, type) and issubclass(cls, Callback)):
         raise settings_error([(type_path, f"{type_name!r} is not a callback: a subclass of "
-                                          "mf_train.callbacks.Callback is required")], source)
+                                          "mf_train.observe.callbacks.Callback is required")], source)
     return cls
 
 
@@ -295,7 +295,7 @@ def _build_one(config: CallbackConfig, index: int, source: Source | None) -> Cal
 
 
 class LossLogger(Callback):
-    """One MindFormers-like line per step on rank 0 (logger `mf_train.callbacks`); with
+    """One MindFormers-like line per step on rank 0 (logger `mf_train.observe.callbacks`); with
     `step_times`, followed by where the step's time went (`step_times.format_step_times`)."""
 
     def __init__(self, step_times: bool = False):

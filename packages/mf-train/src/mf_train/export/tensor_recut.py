@@ -20,8 +20,8 @@ from typing import Any
 
 import numpy as np
 
-from .checkpoint.pieces import PieceIndex
-from .models.hf_weights import (
+from ..checkpoint.pieces import PieceIndex
+from ..models.hf_weights import (
     ArraysSource,
     Place,
     TensorPlace,

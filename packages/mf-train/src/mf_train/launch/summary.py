@@ -10,9 +10,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from .checkpoint import layout
-from .monitor.metrics import FILE_NAME as METRICS
-from .throughput import duration
+from ..checkpoint import layout
+from ..monitor.metrics import FILE_NAME as METRICS
+from ..observe.throughput import duration
 
 
 def summary_lines(output_dir: Path, checkpoints: Path, tensorboard: Path,

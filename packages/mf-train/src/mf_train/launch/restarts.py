@@ -21,9 +21,9 @@ import os
 import time
 from pathlib import Path
 
-from .monitor.metrics import FILE_NAME as METRICS
-from .monitor.metrics import read_steps
-from .no_follow import open_no_follow
+from ..monitor.metrics import FILE_NAME as METRICS
+from ..monitor.metrics import read_steps
+from ..no_follow import open_no_follow
 
 DETERMINISTIC = ("ConfigError", "DataError", "PlanError", "SettingsError")
 """Exception names whose failure the same command meets again: never retried."""

@@ -1,6 +1,6 @@
 """Learning-rate schedules: `lr_scheduler` -> a pure function of the optimizer step.
 
-`mf_train.lr_scheduler.build_lr_schedule(config, total_steps)` returns an `LrSchedule`;
+`mf_train.optim.lr_scheduler.build_lr_schedule(config, total_steps)` returns an `LrSchedule`;
 `schedule(step)` is the rate for the update after `step` updates (0 for the first:
 MindFormers evaluates `lr(global_step)` before incrementing it). The trainer passes the float
 to the optimizer each step, so a schedule is plain Python: exact (float64, where MindFormers
@@ -54,8 +54,8 @@ from typing import Any, ClassVar
 
 from mf_config.sections import Section
 
-from .registry import LR_SCHEDULERS
-from .settings.lr_schedules import (
+from ..registry import LR_SCHEDULERS
+from ..settings.lr_schedules import (
     WARMUP,
     ConstantWarmUpLRSettings,
     ConstantWithCoolDownLRSettings,

@@ -35,9 +35,9 @@ from mf_config import ConfigError, ModelConfig
 from mf_config.validate import config_from_source, load_source
 from mf_config.yaml_source import UnreadableFile
 
-from .checkpoint import layout
-from .checkpoint.errors import CheckpointError
-from .models.kv_cache import KVCache
+from ..checkpoint import layout
+from ..checkpoint.errors import CheckpointError
+from ..models.kv_cache import KVCache
 
 LOG = logging.getLogger(__name__)
 
@@ -158,9 +158,9 @@ def load_model(checkpoint: str | os.PathLike[str], config_file: str | None = Non
     Raises:
         GenerateError: nothing loadable there, or weights that do not fit the model.
     """
-    from .checkpoint.hf import HFCheckpoint, is_hf_checkpoint
-    from .models import build_model
-    from .models.hf_weights import HFWeightsError, load_hf_state
+    from ..checkpoint.hf import HFCheckpoint, is_hf_checkpoint
+    from ..models import build_model
+    from ..models.hf_weights import HFWeightsError, load_hf_state
 
     path = Path(checkpoint)
     if not path.exists():

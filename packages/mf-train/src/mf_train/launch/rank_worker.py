@@ -23,8 +23,8 @@ import os
 import signal
 import sys
 
-from mf_train.script import stopped_while_starting
-from mf_train.stop_signals import LAUNCHED, LAUNCHER_PID, LAUNCHER_STOP, StopSignals
+from mf_train.launch.script import stopped_while_starting
+from mf_train.launch.stop_signals import LAUNCHED, LAUNCHER_PID, LAUNCHER_STOP, StopSignals
 
 PROGRAM = "mf-train-rank"
 
@@ -39,7 +39,7 @@ def main() -> int:
         die_with_parent(signal.SIGKILL)
         if os.getppid() != parent or not _launcher_alive():
             return 1  # msrun or the launcher died before this rank started: nothing to join
-        from mf_train.cli import run_training
+        from mf_train.launch.cli import run_training
     if os.environ.get("MS_ROLE") != "MS_SCHED":  # the launcher reads where the rank is
         from mf_parallel.rank_progress import start_recording
 

@@ -9,8 +9,8 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from .checkpoint.errors import CheckpointError
-from .checkpoint.hf_write import DTYPES
+from ..checkpoint.errors import CheckpointError
+from ..checkpoint.hf_write import DTYPES
 
 COMMAND = "export-hf"
 
@@ -44,7 +44,7 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str]) -> int:
     """Entry point of `mf-train export-hf`."""
     args = _parser().parse_args(argv)
-    from .hf_export import ExportError, export_hf  # MindSpore
+    from ..export.hf_export import ExportError, export_hf  # MindSpore
 
     try:
         written = export_hf(args.checkpoint, args.config, args.output, dtype=args.dtype,
@@ -53,7 +53,7 @@ def main(argv: Sequence[str]) -> int:
     except (ExportError, CheckpointError) as exc:
         print(f"mf-train {COMMAND}: {exc}", file=sys.stderr)
         return 2
-    from .checkpoint import layout
+    from ..checkpoint import layout
 
     source = layout.find_checkpoint(args.checkpoint)
     print(f"mf-train {COMMAND}: wrote {written} from {source}", file=sys.stderr)

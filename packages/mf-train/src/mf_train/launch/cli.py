@@ -52,16 +52,23 @@ from mf_parallel.launch import Forward, HangSettings, JobHung, LaunchError, Node
 from mf_parallel.log_echo import MINDSPORE_INFO
 from mf_parallel.msrun import path_with_interpreter
 
+from ..monitor.tensorboard import event_dir
+from ..no_follow import open_no_follow
+from ..observe.peak_flops import (
+    RANKS_ON_HOST,
+    RATED,
+    PeakError,
+    check_given,
+    given_peak,
+    peak_dtype,
+)
+from ..preflight.input_checks import check_inputs, scan_token_ids
+from ..preflight.run_directory import HANG_DIR, TRAIN_LOG, Claim, RunDirectoryError, claim
 from . import export_command, generate_command
 from .host_memory import HostMemoryError, check_host_memory, out_of_memory, out_of_memory_line
-from .input_checks import check_inputs, scan_token_ids
-from .monitor.tensorboard import event_dir
-from .no_follow import open_no_follow
 from .node_flags import NODE_OPTIONS, FlagError, add_node_flags, nodes_from
-from .peak_flops import RANKS_ON_HOST, RATED, PeakError, check_given, given_peak, peak_dtype
 from .restarts import backoff, logged_step, not_retried, record_restart
 from .resume_changes import changes
-from .run_directory import HANG_DIR, TRAIN_LOG, Claim, RunDirectoryError, claim
 from .stop_signals import (
     EXIT_AT,
     LAUNCHED,
@@ -427,7 +434,7 @@ def _validated(args: argparse.Namespace, world_size: int, *, say_warnings: bool 
     quiet about them. The ranks of this host (`ranks`) must fit in its memory on CPU
     (`host_memory`), and with `--scan-tokens` every token id must be in the vocabulary: the
     launcher checks for its ranks (which pass no `ranks`)."""
-    from .job import check_support, make_job_plan, resolve_device  # MindSpore
+    from ..preflight.job import check_support, make_job_plan, resolve_device  # MindSpore
 
     try:
         with warnings.catch_warnings(record=True) as caught:
@@ -552,7 +559,7 @@ def _train(config: TrainConfig, source: Source, output_dir: Path, world_size: in
     (`--exit-duration`), at a step boundary (`_STOPPED`). On one process,
     bad input found while building is one line and status 2 (a failure while training, 1); a
     rank raises, and the traceback's last line is what the launcher reports."""
-    from .trainer import Trainer, TrainingStopped  # MindSpore
+    from ..trainer import Trainer, TrainingStopped  # MindSpore
 
     rank_progress.phase("build")
     try:

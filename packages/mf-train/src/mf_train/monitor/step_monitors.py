@@ -8,10 +8,10 @@ from collections.abc import Sequence
 
 from mindspore import Tensor
 
-from .callbacks import CallbackList
-from .monitor.health import EMBEDDING, EmbeddingHealthMonitor
-from .monitor.moe import MoeMonitor
-from .monitor.train_state import TrainStateMonitor
+from ..observe.callbacks import CallbackList
+from .health import EMBEDDING, EmbeddingHealthMonitor
+from .moe import MoeMonitor
+from .train_state import TrainStateMonitor
 
 
 class MonitorObserver:

@@ -37,9 +37,9 @@ from mf_data.loader import BatchLoader
 from mf_data.loader_config import megatron_settings
 from mf_parallel import Plan
 
+from ..layouts.contract import MicroBatch
+from ..registry import DATALOADERS
 from .batch_fields import attention_fields
-from .layouts.contract import MicroBatch
-from .registry import DATALOADERS
 
 LOG = logging.getLogger(__name__)
 SPLITS = ("training", "valid", "test")

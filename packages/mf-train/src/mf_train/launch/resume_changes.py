@@ -26,8 +26,8 @@ from mf_config import ConfigError, TrainConfig
 from mf_config.validate import config_from_source
 from mf_config.yaml_source import load_text
 
-from .checkpoint import layout
-from .checkpoint.errors import CheckpointError
+from ..checkpoint import layout
+from ..checkpoint.errors import CheckpointError
 
 NOT_COMPARED = frozenset({"checkpoint.load_path", "checkpoint.save_path"})
 REFUSED = ("model.",)

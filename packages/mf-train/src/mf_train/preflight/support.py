@@ -28,7 +28,7 @@ from mf_config.yaml_source import Source
 from mf_data.loader_config import megatron_settings
 from mf_parallel import Plan
 
-from .batch_fields import attention_fields
+from ..step.batch_fields import attention_fields
 from .support_rules import (
     Field,
     Rule,
@@ -101,7 +101,7 @@ def _compile_blocked(value: Any, target: Target) -> bool:
 
 
 def _qk_clip_on(target: Target) -> bool:
-    """Muon with `qk_clip_enabled: true` (`mf_train.qk_clip`)."""
+    """Muon with `qk_clip_enabled: true` (`mf_train.optim.qk_clip`)."""
     optimizer = target.config.optimizer
     return optimizer.type in ("Muon", "muon") and optimizer.extras.get("qk_clip_enabled") is True
 
@@ -222,13 +222,13 @@ def _columns_disagree(value: list[str], target: Target) -> bool:
 
 WITHOUT_PIPELINE = "has no effect without pipeline parallelism (pipeline_parallel is 1)"
 WITHOUT_CONTEXT = "has no effect without context parallelism (context_parallel is 1)"
-STREAM = "mf_train.micro_batches"
+STREAM = "mf_train.step.micro_batches"
 
 TRAINER = "mf_train.trainer"
 WRITER = "mf_train.checkpoint.writer"
 READER = "mf_train.checkpoint.reader"
 LOADER = "mf_data.loader"
-PROFILING = "mf_train.profiling"
+PROFILING = "mf_train.observe.profiling"
 PROFILER_SWITCH = "profiler.enable_profiling"
 SKIP_SWITCH = "training.use_skip_step_on_nan"
 SKIPS = " (no step is skipped, whatever the gradient norm)"
@@ -243,7 +243,7 @@ FIELDS: dict[str, Field] = {
                           "ignores the cap (measured: a 1.6 GB tensor allocates under a 1GB "
                           "cap); it is applied on Ascend and GPU",
                   {"context.max_device_memory": "1GB"}),)),
-    "context.compile": reads(TRAINER, "mf_train.compiled_layers", rules=(
+    "context.compile": reads(TRAINER, "mf_train.step.compiled_layers", rules=(
         no_effect(_compile_blocked, "has no effect here: the decoder layers stay in PyNative "
                                     "under context parallelism, activation swap or Muon's "
                                     "QK-clip (the start-up log line says why)",
@@ -422,7 +422,7 @@ FIELDS: dict[str, Field] = {
               why=" (no parameter decays)"),))
        for name in ("weight_decay_include", "weight_decay_exclude")},
     # (Muon's keys; an open section's key is checked only when it is written)
-    "optimizer.qk_clip_enabled": reads("mf_train.qk_clip", rules=(
+    "optimizer.qk_clip_enabled": reads("mf_train.optim.qk_clip", rules=(
         refused(_qk_clip_without_mla,
                 "is true, but QK-clip rescales each attention head's own query and key "
                 "weights, which multi-head latent attention (DeepSeek-V3) has: Qwen3 "
@@ -442,14 +442,14 @@ FIELDS: dict[str, Field] = {
                 {"optimizer.type": "Muon", "optimizer.qk_clip_enabled": True,
                  "model.use_flash_attention": True}, config="deepseek_v3_tiny.yaml",
                 device="Ascend"))),
-    "optimizer.qk_clip_threshold": reads("mf_train.qk_clip", rules=(
+    "optimizer.qk_clip_threshold": reads("mf_train.optim.qk_clip", rules=(
         no_effect(lambda _value, target: not _qk_clip_on(target),
                   "has no effect: optimizer.qk_clip_enabled is false",
                   {"optimizer.type": "Muon", "optimizer.qk_clip_threshold": 50}),)),
-    "lr_scheduler.type": reads("mf_train.lr_scheduler"),
-    "lr_scheduler.learning_rate": reads("mf_train.lr_scheduler"),
+    "lr_scheduler.type": reads("mf_train.optim.lr_scheduler"),
+    "lr_scheduler.learning_rate": reads("mf_train.optim.lr_scheduler"),
     # data
-    "train_dataset.dataloader.type": reads("mf_train.micro_batches"),
+    "train_dataset.dataloader.type": reads("mf_train.step.micro_batches"),
     "train_dataset.dataloader.shuffle": reads(LOADER),
     "train_dataset.dataloader.column_names": reads(LOADER, rules=(
         no_effect(_columns_disagree, "lists {value}, but mf-train takes each sample's fields "
@@ -566,7 +566,7 @@ FIELDS: dict[str, Field] = {
     "swap.op_swap[].op_name": reads("mf_memory.swap"),
     "swap.op_swap[].layers": reads("mf_memory.swap"),
     "callbacks": reads(TRAINER),
-    "callbacks[].type": reads("mf_train.callbacks"),
+    "callbacks[].type": reads("mf_train.observe.callbacks"),
 }
 
 

@@ -22,7 +22,7 @@ evaluated the same way (Megatron's evaluation of the test split after training),
 `test_loss` and `test_ppl` on the last step's record; nothing of it is kept in a checkpoint
 (it always starts at the split's first sample).
 
-Before launch (`evaluation_issues`, called by `mf_train.job.check_support`): Evaluate is
+Before launch (`evaluation_issues`, called by `mf_train.preflight.job.check_support`): Evaluate is
 refused when the valid split is empty (or, with `test: true`, the test split) or the loader
 is not the Megatron one, and under a layout that does not evaluate yet
 (`StepLayout.evaluates`); a valid split that is built while no Evaluate is configured, or a
@@ -43,10 +43,10 @@ from mf_data.errors import DataError
 from mf_data.loader_config import LOADER_TYPE, megatron_settings
 from mf_parallel import Plan
 
+from ..checkpoint.rng import capture_rng_state, restore_rng_state
+from ..layouts import StepLayout, layout_for
+from ..settings.evaluate import EvaluateSettings
 from .callbacks import Callback, StepRecord, TrainContext, callback_class
-from .checkpoint.rng import capture_rng_state, restore_rng_state
-from .layouts import StepLayout, layout_for
-from .settings.evaluate import EvaluateSettings
 
 CONSUMED_VALID = "consumed_valid_samples"
 """The key of the valid stream's position (samples read over all ranks) in the checkpoint's

@@ -14,7 +14,7 @@ Nothing is read back to the host. Under tensor parallelism each rank clips its o
 (their rows are its shards); under pipeline parallelism each stage its own layers.
 
 Muon with `qk_clip_enabled: true` turns it on (`clip_settings`); what it cannot run on is
-refused before launch (`mf_train.support`): models whose attention has no `qk_clip_scales`
+refused before launch (`mf_train.preflight.support`): models whose attention has no `qk_clip_scales`
 (Qwen3 normalises each head's query and key after the projection, so its weights cannot
 scale the logits), context parallelism and the fused attention kernel (neither gives the
 scores). It keeps the decoder layers in PyNative (`context.compile` has no effect with it).
@@ -31,10 +31,10 @@ from mf_config.component_settings import structure_settings
 from mf_config.yaml_source import Source
 from mf_parallel.runtime import Collectives
 
-from .optim import Muon
-from .optim.muon import PATH
-from .registry import OPTIMIZERS
-from .settings.muon import MuonSettings
+from ..registry import OPTIMIZERS
+from ..settings.muon import MuonSettings
+from . import Muon
+from .muon import PATH
 
 LOGITS_GROUP = "loss"
 """The ranks whose forwards saw different tokens of the same weights (data x context)."""
@@ -77,7 +77,7 @@ class QKClip:
             return None
         attentions = [cell for _, cell in model.cells_and_names()
                       if hasattr(cell, "qk_clip_scales")]
-        if not attentions:  # `mf_train.support` refuses such models before launch
+        if not attentions:  # `mf_train.preflight.support` refuses such models before launch
             raise ValueError(f"optimizer.qk_clip_enabled: {type(model).__name__} has no "
                              "attention with per-head query and key weights to clip")
         return cls(attentions, settings.qk_clip_threshold, collectives, optimizer)

@@ -25,10 +25,10 @@ from mf_config import ConfigError
 from mf_config.validate import config_from_source, load_source
 from mf_config.yaml_source import UnreadableFile
 
-from .checkpoint import layout
-from .checkpoint.hf_write import check_output, parse_size, write_hf_directory
-from .checkpoint.pieces import PieceIndex
-from .checkpoint.reader import conversion
+from ..checkpoint import layout
+from ..checkpoint.hf_write import check_output, parse_size, write_hf_directory
+from ..checkpoint.pieces import PieceIndex
+from ..checkpoint.reader import conversion
 
 MF_ONLY = frozenset({"compute_dtype", "params_dtype", "seq_length", "use_flash_attention",
                      "moe_router_enable_expert_bias", "moe_router_bias_update_rate",
@@ -65,7 +65,7 @@ def export_hf(checkpoint: str | os.PathLike[str], config_file: str | os.PathLike
     Raises:
         ExportError, CheckpointError: what cannot be exported and why.
     """
-    from .models import build_model  # MindSpore
+    from ..models import build_model  # MindSpore
 
     check_output(output, force)
     parse_size(max_shard_size)
@@ -120,7 +120,7 @@ def pieces_weights(directory: Path, common: dict[str, Any],
     (`RecutIndex` gathers the weights tensor parallelism split, whatever layout saved them:
     the configuration's parallelism is not needed). A checkpoint of format 1 or 2 (an
     earlier mf's, one file per rank) is refused, naming the command that converts it."""
-    from .models.hf_weights import HFWeightsError, gather_hf_state
+    from ..models.hf_weights import HFWeightsError, gather_hf_state
     from .tensor_recut import RecutIndex
 
     if int(common.get("version", 1)) < layout.SHARDED_VERSION:

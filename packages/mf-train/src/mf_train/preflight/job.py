@@ -17,8 +17,8 @@ from mf_config.component_settings import located_issue
 from mf_config.yaml_source import Source
 from mf_parallel import Plan
 
-from .evaluation import evaluation_issues
-from .layouts import LayoutSections, check_layout
+from ..layouts import LayoutSections, check_layout
+from ..observe.evaluation import evaluation_issues
 from .support import launch_issues
 from .validation import BACKENDS, job_plan
 

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 import mindspore as ms
 import psutil
 
-from . import world_group
+from ..step import world_group
 
 GIB = 2**30
 

@@ -52,11 +52,11 @@ import attrs
 from mf_config import CheckpointConfig, ConfigError
 from mf_config.yaml_source import load_text
 
-from .checkpoint import layout
-from .checkpoint.errors import CheckpointError
-from .checkpoint.hf import is_hf_checkpoint
-from .monitor.metrics import FILE_NAME as METRICS
-from .no_follow import LinkRefused, open_no_follow
+from ..checkpoint import layout
+from ..checkpoint.errors import CheckpointError
+from ..checkpoint.hf import is_hf_checkpoint
+from ..monitor.metrics import FILE_NAME as METRICS
+from ..no_follow import LinkRefused, open_no_follow
 
 LOCK = ".mf-run.lock"
 CHECKPOINT_DIR = "checkpoint"
