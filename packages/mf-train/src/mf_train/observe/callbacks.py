@@ -265,7 +265,8 @@ def callback_class(type_name: Any, type_path: YamlPath,
     cls = CALLBACKS.get(type_name, type_path, source)
     if not (isinstance(cls, type) and issubclass(cls, Callback)):
         raise settings_error([(type_path, f"{type_name!r} is not a callback: a subclass of "
-                                          "mf_train.observe.callbacks.Callback is required")], source)
+                                          "mf_train.observe.callbacks.Callback is required")],
+                             source)
     return cls
 
 
