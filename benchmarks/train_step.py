@@ -174,7 +174,7 @@ class HandLoop:
 
         from mf_memory.recompute import apply_recompute
         from mf_train.models import build_model
-        from mf_train.optim.lr_scheduler import build_lr_schedule
+        from mf_train.optim.lr_schedules import build_lr_schedule
 
         self.name = "hand loop, MindSpore AdamW" if mindspore_adamw else "hand loop"
         self.model = build_model(config.model, seed=config.training.seed)

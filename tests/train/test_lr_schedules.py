@@ -21,8 +21,7 @@ from hypothesis import strategies as st
 from mf_config import ConfigError, LrSchedulerConfig, load_config
 from mf_config.errors import ConfigWarning
 from mf_config.validate import check_source, config_from_source, load_source
-from mf_train.optim.lr_scheduler import build_lr_schedule
-from mf_train.optim.lr_schedules import LrSchedule
+from mf_train.optim.lr_schedules import LrSchedule, build_lr_schedule
 from mf_train.registry import LR_SCHEDULERS
 from mf_train.settings.lr_schedules import floor_of_ratio
 

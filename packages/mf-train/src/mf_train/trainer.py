@@ -103,8 +103,7 @@ from .observe.process_memory import (
 from .observe.step_times import own_times, step_times
 from .observe.throughput import PeakFlops, RunPace, Throughput, measure_peak_flops
 from .optim import Optimizer
-from .optim.lr_scheduler import build_lr_schedule
-from .optim.lr_schedules import LrSchedule
+from .optim.lr_schedules import LrSchedule, build_lr_schedule
 from .optim.qk_clip import QKClip, clip_settings
 from .parallelize import build_parallel_model
 from .preflight.input_checks import check_inputs

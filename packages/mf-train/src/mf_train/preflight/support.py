@@ -446,8 +446,8 @@ FIELDS: dict[str, Field] = {
         no_effect(lambda _value, target: not _qk_clip_on(target),
                   "has no effect: optimizer.qk_clip_enabled is false",
                   {"optimizer.type": "Muon", "optimizer.qk_clip_threshold": 50}),)),
-    "lr_scheduler.type": reads("mf_train.optim.lr_scheduler"),
-    "lr_scheduler.learning_rate": reads("mf_train.optim.lr_scheduler"),
+    "lr_scheduler.type": reads("mf_train.optim.lr_schedules"),
+    "lr_scheduler.learning_rate": reads("mf_train.optim.lr_schedules"),
     # data
     "train_dataset.dataloader.type": reads("mf_train.step.micro_batches"),
     "train_dataset.dataloader.shuffle": reads(LOADER),

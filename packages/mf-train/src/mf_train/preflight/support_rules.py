@@ -123,10 +123,6 @@ def on_cpu(value: Any, target: Target) -> bool:
     return value is not None and target.device == "CPU"
 
 
-def above_one(value: Any, _target: Target) -> bool:
-    return value > 1
-
-
 def value_at(config: Any, path: tuple[str, ...]) -> Any:
     """The value at a dotted path of a config: declared fields, then open sections' keys and
     mappings inside them; `KeyError` when an open key is not there."""
