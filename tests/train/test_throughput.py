@@ -16,9 +16,9 @@ import pytest
 from mf_config import load_config
 from mf_config.components import model_shape
 from mf_train.launch.summary import summary_lines
-from mf_train.observe.callbacks import StepRecord, format_step_line
+from mf_train.observe.callbacks import StepRecord, duration, format_step_line
 from mf_train.observe.model_flops import flops_per_token
-from mf_train.observe.throughput import PeakFlops, RunPace, Throughput, duration
+from mf_train.observe.throughput import PeakFlops, RunPace, Throughput
 
 ROOT = Path(__file__).resolve().parents[2]
 REPLICATED = "parallelism.data_parallel_shard=1"

@@ -29,15 +29,12 @@ from ..checkpoint import layout
 from ..checkpoint.hf_write import check_output, parse_size, write_hf_directory
 from ..checkpoint.pieces import PieceIndex
 from ..checkpoint.reader import conversion
+from .errors import ExportError
 
 MF_ONLY = frozenset({"compute_dtype", "params_dtype", "seq_length", "use_flash_attention",
                      "moe_router_enable_expert_bias", "moe_router_bias_update_rate",
                      "torch_dtype", "dtype", "transformers_version"})
 """Model settings that are mf's (or that the export rewrites), not `config.json` keys."""
-
-
-class ExportError(ValueError):
-    """A checkpoint or configuration that cannot be exported, with the reason."""
 
 
 def export_hf(checkpoint: str | os.PathLike[str], config_file: str | os.PathLike[str] | None,

@@ -44,7 +44,8 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str]) -> int:
     """Entry point of `mf-train export-hf`."""
     args = _parser().parse_args(argv)
-    from ..export.hf_export import ExportError, export_hf  # MindSpore
+    from ..export.errors import ExportError
+    from ..export.hf_export import export_hf  # MindSpore
 
     try:
         written = export_hf(args.checkpoint, args.config, args.output, dtype=args.dtype,

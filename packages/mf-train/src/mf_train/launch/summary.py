@@ -12,7 +12,7 @@ from pathlib import Path
 
 from ..checkpoint import layout
 from ..monitor.metrics import FILE_NAME as METRICS
-from ..observe.throughput import duration
+from ..observe.callbacks import duration
 
 
 def summary_lines(output_dir: Path, checkpoints: Path, tensorboard: Path,

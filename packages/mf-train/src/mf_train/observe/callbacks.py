@@ -52,7 +52,6 @@ from mf_config.errors import Path as YamlPath
 from mf_config.yaml_source import Source
 
 from ..registry import CALLBACKS
-from .throughput import duration
 
 logger = logging.getLogger(__name__)
 
@@ -340,6 +339,17 @@ def format_step_line(record: StepRecord) -> str:
     if record.skipped:
         parts.append("skipped")
     return " ".join(parts)
+
+
+def duration(seconds: float) -> str:
+    """`8.1s`, `3m32s`, `2h05m` (a step line's elapsed time and ETA, the summary's time)."""
+    if seconds < 60:
+        return f"{seconds:.1f}s"
+    minutes, rest = divmod(round(seconds), 60)
+    if minutes < 60:
+        return f"{minutes}m{rest:02d}s"
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours}h{minutes:02d}m"
 
 
 def _known(*fields: tuple[str, float | None, Callable[[float], str]]) -> list[str]:

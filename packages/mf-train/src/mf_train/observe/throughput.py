@@ -165,17 +165,6 @@ class Throughput:
                 "MFU = achieved TFLOP/s per rank / peak")
 
 
-def duration(seconds: float) -> str:
-    """`8.1s`, `3m32s`, `2h05m` (a step line's elapsed time and ETA, the summary's time)."""
-    if seconds < 60:
-        return f"{seconds:.1f}s"
-    minutes, rest = divmod(round(seconds), 60)
-    if minutes < 60:
-        return f"{minutes}m{rest:02d}s"
-    hours, minutes = divmod(minutes, 60)
-    return f"{hours}h{minutes:02d}m"
-
-
 def _si(value: float) -> str:
     """`2.95M`, `1.2G`, `512`."""
     for scale, unit in ((1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")):
