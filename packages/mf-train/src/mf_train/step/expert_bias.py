@@ -27,30 +27,17 @@ import logging
 from collections.abc import Sequence
 from typing import Any
 
-from mindspore import Tensor
-
 from mf_parallel.runtime import Collectives
 
+from ..layouts.contract import Unobserved
 from .expert_counts import StepCounts, global_counts
 
 LOG = logging.getLogger(__name__)
 
 
-class NoExpertBiasUpdate:
-    """The step of a model without a bias to update: nothing to do."""
-
-    def micro_batch(self, index: int, loss: Tensor, grads: Sequence[Tensor]) -> None:
-        """Nothing to record."""
-
-    def routed(self, layers: Sequence[int] | None) -> None:
-        """Nothing to count."""
-
-    def reduced(self, loss: Tensor, grads: Sequence[Tensor]) -> None:
-        """Nothing to record."""
-
-    def watches(self, name: str) -> bool:
-        """No gradient is read (the counts come from the routers)."""
-        return False
+class NoExpertBiasUpdate(Unobserved):
+    """The step of a model without a bias to update: an observer of nothing (the counts of
+    `ExpertBiasUpdate` come from the routers, no gradient is read), and nothing to update."""
 
     def update(self) -> None:
         """Nothing to update."""
