@@ -81,8 +81,8 @@ from .stop_signals import (
 )
 from .summary import stopped_line, summary_lines
 
-# `.job` and `.trainer` import MindSpore (about 2.7 s here), so they are imported where a run
-# needs them: `mf-train --help` and usage errors answer at once.
+# `preflight.job` and `trainer` import MindSpore (about 2.7 s here), so they are imported where
+# a run needs them: `mf-train --help` and usage errors answer at once.
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -149,13 +149,9 @@ def run(argv: Sequence[str] | None = None) -> int:
         return 2
     try:
         nodes = nodes_from(args)
-    except FlagError as exc:
-        print(f"mf-train: {exc}", file=sys.stderr)
-        return 2
-    try:
         if args.peak is not None:
             check_given(args.peak)
-    except PeakError as exc:
+    except (FlagError, PeakError) as exc:
         print(f"mf-train: {exc}", file=sys.stderr)
         return 2
     if args.max_restarts < 0 or args.spike_factor < 0 or (
@@ -330,7 +326,6 @@ def _ranks_phrase(nodes: Nodes, ranks: range) -> str:
         return f"{len(ranks)} ranks"
     return (f"ranks {ranks[0]}-{ranks[-1]} of {nodes.count * len(ranks)} as node "
             f"{nodes.rank} of {nodes.count} (master {nodes.master_addr}:{nodes.master_port})")
-
 
 
 def _claimed(output_dir: str, config: TrainConfig, *, lock: bool = True) -> Claim | None:
