@@ -27,10 +27,11 @@ def test_the_phases_sum_to_the_time_between_step_lines(runs) -> None:
                        ("forward_backward", "reduction", "optimizer", "readback"))
         assert launched == pytest.approx(record["step_time"], rel=0.05, abs=0.002)
         assert record["time/save"] >= 0 and record["time/data"] >= 0
-    # between two step lines (their Unix `time`, to the millisecond), one iteration
+    # between two step lines (their Unix `time`, to the millisecond), one iteration; writing
+    # the line itself falls outside it (a few ms, tens on a loaded 2-core host)
     for before, after in itertools.pairwise(records):
         assert after["time/iteration"] == pytest.approx(after["time"] - before["time"],
-                                                        rel=0.05, abs=0.003)
+                                                        rel=0.05, abs=0.03)
     # the step after a checkpoint (step 2's, synchronous here) carries its save
     saved = [line["step"] for line in lines if line.get("event") == "save"]
     assert 2 in saved and records[2]["time/save"] > 0
