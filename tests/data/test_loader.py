@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import concurrent.futures.thread as futures_thread
 import os
 import threading
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
 
 from mf_data.errors import DataError
-from mf_data.loader import BatchLoader, micro_batch_indices
+from mf_data.loader import PREFETCH_STOP_WAIT, BatchLoader, _prefetched, micro_batch_indices
 
 
 def megatron_sampler(total: int, consumed: int, micro: int, dp: int, rank: int,
@@ -210,3 +212,26 @@ def test_for_rank_takes_the_data_parallel_position_from_the_plan() -> None:
         assert loader.python_multiprocessing
         firsts.append(next(iter(loader))["input_ids"][:, 0].tolist())
     assert firsts == [[0, 1], [0, 1], [2, 3], [2, 3]]
+
+
+def test_a_prefetching_loader_closed_under_the_executor_lock_does_not_hang() -> None:
+    """The garbage collector may close a loader's prefetching iterator inside a call that
+    holds concurrent.futures' global lock (any executor's `submit` on that thread), while the
+    producer thread needs that lock for its next batch: closing returns (within the bounded
+    wait) instead of waiting for the producer forever."""
+    def batches():
+        while True:
+            with ThreadPoolExecutor(1) as pool:
+                yield pool.submit(int).result()
+
+    prefetched = _prefetched(batches(), depth=1)
+    assert next(prefetched) == 0
+
+    def close_holding_the_lock() -> None:
+        with futures_thread._global_shutdown_lock:
+            prefetched.close()
+
+    closer = threading.Thread(target=close_holding_the_lock, daemon=True)
+    closer.start()
+    closer.join(timeout=PREFETCH_STOP_WAIT + 10)
+    assert not closer.is_alive()

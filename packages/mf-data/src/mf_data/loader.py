@@ -41,6 +41,7 @@ from __future__ import annotations
 import multiprocessing
 import queue
 import threading
+import time
 from collections.abc import Iterator, Sequence
 from concurrent.futures import Executor, ProcessPoolExecutor, ThreadPoolExecutor
 from typing import Any, Protocol
@@ -287,6 +288,8 @@ def _held_sample(index: int | None) -> dict[str, np.ndarray]:
 
 
 _DONE = object()
+PREFETCH_STOP_WAIT = 2.0
+"""Seconds a closed prefetching iterator waits for its producer thread to end."""
 
 
 def _prefetched(batches: Iterator[Any], depth: int) -> Iterator[Any]:
@@ -316,7 +319,13 @@ def _prefetched(batches: Iterator[Any], depth: int) -> Iterator[Any]:
             yield item
     finally:
         stop.set()
-        while worker.is_alive():  # unblock a producer waiting on a full buffer
+        # Unblock a producer waiting on a full buffer and wait for it to end, for a bounded
+        # time: when the garbage collector closes this generator inside a call holding a lock
+        # the producer needs (concurrent.futures' global lock, taken by any executor's
+        # `submit` on this thread), the producer cannot end until this returns. It then ends
+        # at its next batch (a daemon thread, `stop` set).
+        deadline = time.monotonic() + PREFETCH_STOP_WAIT
+        while worker.is_alive() and time.monotonic() < deadline:
             try:
                 buffer.get_nowait()
             except queue.Empty:
