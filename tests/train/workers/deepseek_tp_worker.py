@@ -18,13 +18,13 @@ from pathlib import Path
 import mindspore as ms
 import numpy as np
 from mindspore import Tensor
+from tensor_reduction import reduce_tensor_partial
 
 from mf_config import ModelConfig, ParallelismConfig, TrainingConfig
 from mf_parallel import make_plan
-from mf_parallel.placement import place_parameters
-from mf_parallel.runtime import Collectives, GradientReducer, init_communication
-from mf_parallel.runtime.tensor_parallel import SEQUENCE_PARALLEL_ATTRIBUTE, TensorGroup
-from mf_train.models import build_model, sharding_table
+from mf_parallel.runtime import Collectives, init_communication
+from mf_parallel.runtime.tensor_parallel import TensorGroup
+from mf_train.models import build_model
 from mf_train.models.blocks import split_rows
 from mf_train.models.hf_weights import ArraysSource, local_value
 from mf_train.parallelize import build_parallel_model
@@ -63,15 +63,8 @@ for case, (sequence_parallel, overrides) in CASES.items():
     twin = build_model(config, seed=5)
     params = model.trainable_params()
     loss, grads = loss_and_grads(model, params)
-    partial = [("loss", "tensor") if getattr(p, SEQUENCE_PARALLEL_ATTRIBUTE, False)
-               else ("loss",) for p in params]  # as parallelize marked them
-    if sequence_parallel:  # the trainer's case (always with tensor_parallel > 1): the record
-        record = place_parameters(sharding_table(config), make_plan(
-            ParallelismConfig(tensor_parallel=world), TrainingConfig(), world,
-            num_layers=SIZES["num_hidden_layers"]))
-        assert partial == [record[p.name].grad_partial for p in params], case
-    grads = GradientReducer(collectives, partial, [p.shape for p in params],
-                            average=False).reduce_whole(grads)
+    grads = reduce_tensor_partial(collectives, config, params, grads, sequence_parallel,
+                                  world)
     balance = model.balance_loss()
     twin_params = twin.trainable_params()
     twin_loss, twin_grads = loss_and_grads(twin, twin_params)

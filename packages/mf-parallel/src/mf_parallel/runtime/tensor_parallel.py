@@ -42,16 +42,14 @@ def linear_rows(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor
 
     Why 2-D: a `[s, b, in] @ [in, out]` matmul is expanded, in compiled graphs, into a
     broadcast of the weight to `[s, in, out]` and a batched matmul, and MindSpore's CPU
-    broadcast kernel made a compiled 28M-parameter decoder layer 100x slower than PyNative.
+    broadcast kernel made a compiled decoder layer far slower than PyNative.
     Why `MatMul(transpose_b=True)`: `mint.nn.functional.linear` (MindSpore's Dense) makes
-    the transposed weight contiguous first, in its forward and backward: at the 28M model's
-    `[512, 512] x [2816, 512]^T` forward + backward 39 ms against 46 ms, the same values;
-    a 28M `mf-train` step 1.3 s against 1.8 s (Dense) and 1.7 s (`mint.matmul(x, W.T)`), at
-    the same peak. With a bias, Dense adds it (the CPU's broadcasting add is slow). The
-    one-process peak this MatMul seemed to raise (127M Qwen3: 3.94 GiB against 3.06 with
-    Dense) was MindSpore's CPU memory pool spreading tensors over 1 GiB blocks, which any
-    change of allocation order moves; mf-train gives the pool one block
-    (`mf_train.observe.process_memory.one_block_cpu_pool`): 3.13 GiB with this MatMul.
+    the transposed weight contiguous first, in its forward and backward: slower, with the
+    same values (measured in benchmarks/HISTORY.md). With a bias, Dense adds it (the CPU's
+    broadcasting add is slow). The one-process peak this MatMul seemed to raise was
+    MindSpore's CPU memory pool spreading tensors over 1 GiB blocks, which any change of
+    allocation order moves; mf-train gives the pool one block
+    (`mf_train.observe.process_memory.one_block_cpu_pool`).
     """
     rows = x if x.ndim == 2 else x.reshape(-1, x.shape[-1])
     y = (_MATMUL_TRANSPOSED_B(rows, weight) if bias is None
